@@ -1,0 +1,1 @@
+"""VC-PPO for TRL."""
