@@ -1,0 +1,279 @@
+"""Configuration for [`PPOTrainer`] (TRL ≤ 1.12 field names) and [`VCPPOTrainer`] (VC-PPO additions)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from trl.trainer.base_config import _BaseConfig
+
+
+def _require_unit_interval(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"`{name}` must be in [0, 1], got {value}.")
+
+
+@dataclass
+class PPOConfig(_BaseConfig):
+    r"""
+    Configuration for [`PPOTrainer`].
+
+    Field names and meanings follow TRL ≤ 1.12 `trl.experimental.ppo.PPOConfig`, so a user of that trainer can switch
+    by changing the import. Batch sizes follow the same arithmetic:
+
+    - `local_batch_size = per_device_train_batch_size × gradient_accumulation_steps × num_mini_batches` prompts are
+      rolled out per process and per update;
+    - `batch_size = local_batch_size × world_size` prompts per update in total;
+    - each update runs `num_ppo_epochs × num_mini_batches` optimizer steps, each over `gradient_accumulation_steps`
+      micro-batches of `per_device_train_batch_size` sequences.
+
+    Parameters:
+        num_mini_batches (`int`, defaults to `1`): Number of minibatches a rollout batch is split into.
+        total_episodes (`int`, *optional*): Total number of prompts (episodes) to train on. Defaults to
+            `num_train_epochs × len(train_dataset)`.
+        local_rollout_forward_batch_size (`int`, defaults to `64`): Per-process batch size of the no-grad forward
+            passes (and generation) during rollout.
+        num_sample_generations (`int`, defaults to `10`): How many times during training a table of sample
+            completions is printed (0 disables it).
+        response_length (`int`, defaults to `53`): Maximum number of generated tokens per response.
+        stop_token (`"eos"`, *optional*): `"eos"` stops responses at the tokenizer's EOS token. Mutually exclusive with
+            `stop_token_id`. When neither is set, the tokenizer's EOS token is used as the stop token.
+        stop_token_id (`int`, *optional*): Token id that ends a response.
+        temperature (`float`, defaults to `0.7`): Sampling temperature for rollouts (log-probabilities are computed at
+            the same temperature).
+        missing_eos_penalty (`float`, *optional*): Subtracted from the score of responses that contain no stop token.
+        num_ppo_epochs (`int`, defaults to `4`): Passes over each rollout batch.
+        whiten_rewards (`bool`, defaults to `False`): Whiten per-token rewards before GAE.
+        kl_coef (`float`, defaults to `0.05`): Coefficient of the per-token KL penalty against the reference policy.
+            With `0` no reference model is created or run.
+        kl_estimator (`"k1"` or `"k3"`, defaults to `"k1"`): KL estimator for the penalty.
+        cliprange (`float`, defaults to `0.2`): Policy ratio clip range.
+        vf_coef (`float`, defaults to `0.1`): Value loss coefficient.
+        cliprange_value (`float`, defaults to `0.2`): Value clip range.
+        gamma (`float`, defaults to `1.0`): Discount factor.
+        lam (`float`, defaults to `0.95`): GAE λ (used for both advantages and value targets by [`PPOTrainer`]).
+        ds3_gather_for_generation (`bool`, defaults to `True`): Under DeepSpeed ZeRO-3, gather the policy weights for
+            generation (fast) instead of generating with sharded weights (fits larger models).
+        value_learning_rate (`float`, *optional*): Learning rate of the critic. Defaults to `learning_rate`. VC-PPO
+            used 1e-6 for the policy and 2e-6 for the critic.
+        reward_weights (`list[float]`, *optional*): Weights of the reward functions (default: all 1).
+        accuracy_threshold (`float`, defaults to `0.5`): A response counts as correct in `diagnostics/accuracy` and
+            `eval/accuracy` when its reward score (before penalties) exceeds this value. With ±1 or 0/1 rewards, that is
+            the share of +1 (or 1) rewards.
+        max_prompt_length (`int`, *optional*): Prompts longer than this many tokens are left-truncated.
+        model_init_kwargs (`dict`, *optional*): Keyword arguments for `from_pretrained` when `model` is a string.
+        disable_dropout (`bool`, defaults to `True`): Disable dropout in the policy, critic and reference model
+            (dropout makes the rollout's log-probabilities disagree with the training pass).
+        eval_num_generations (`int`, defaults to `1`): Responses per evaluation prompt. `1` generates greedily;
+            `k > 1` samples `k` responses at `eval_temperature` and also logs `eval/pass@k`.
+        eval_temperature (`float`, defaults to `1.0`): Sampling temperature of evaluation when
+            `eval_num_generations > 1`.
+        model_adapter_name (`str`, *optional*): Name of the trained PEFT adapter when the model holds several.
+        ref_adapter_name (`str`, *optional*): Name of the PEFT adapter used as the reference policy.
+        exp_name (`str`): Name of the experiment (kept from TRL's PPOConfig).
+
+    > [!NOTE]
+    > Defaults that differ from [`~transformers.TrainingArguments`]: `learning_rate` 3e-6 (as TRL's PPO), and those of
+    > TRL's base config (`logging_steps` 10, `gradient_checkpointing` True, `bf16` True unless `fp16`).
+    """
+
+    learning_rate: float = field(default=3e-6, metadata={"help": "Initial learning rate of the policy (AdamW)."})
+    exp_name: str = field(default="ppo", metadata={"help": "Name of this experiment."})
+    dataset_num_proc: int | None = field(default=None, metadata={"help": "Processes for dataset preprocessing."})
+    num_mini_batches: int = field(default=1, metadata={"help": "Number of minibatches to split a batch into."})
+    total_episodes: int | None = field(
+        default=None,
+        metadata={"help": "Total number of episodes (prompts) to train on. Default: num_train_epochs × dataset size."},
+    )
+    local_rollout_forward_batch_size: int = field(
+        default=64, metadata={"help": "Per-process batch size of the no-grad rollout forward passes and generation."}
+    )
+    num_sample_generations: int = field(
+        default=10, metadata={"help": "Number of times a table of sample completions is printed during training."}
+    )
+    response_length: int = field(default=53, metadata={"help": "Maximum number of generated tokens per response."})
+    stop_token: Literal["eos"] | None = field(
+        default=None,
+        metadata={"help": "'eos' stops responses at the tokenizer's EOS. Mutually exclusive with stop_token_id."},
+    )
+    stop_token_id: int | None = field(
+        default=None, metadata={"help": "Token id that ends a response. Mutually exclusive with stop_token."}
+    )
+    temperature: float = field(default=0.7, metadata={"help": "Sampling temperature."})
+    missing_eos_penalty: float | None = field(
+        default=None, metadata={"help": "Penalty subtracted from the score of responses without a stop token."}
+    )
+    num_ppo_epochs: int = field(default=4, metadata={"help": "Number of PPO epochs over each rollout batch."})
+    whiten_rewards: bool = field(default=False, metadata={"help": "Whether to whiten the per-token rewards."})
+    kl_coef: float = field(
+        default=0.05, metadata={"help": "KL penalty coefficient. 0 disables the reference model entirely."}
+    )
+    kl_estimator: Literal["k1", "k3"] = field(default="k1", metadata={"help": "KL estimator: 'k1' or 'k3'."})
+    cliprange: float = field(default=0.2, metadata={"help": "Clip range of the policy ratio."})
+    vf_coef: float = field(default=0.1, metadata={"help": "Value loss coefficient."})
+    cliprange_value: float = field(default=0.2, metadata={"help": "Clip range of the value function."})
+    gamma: float = field(default=1.0, metadata={"help": "Discount factor."})
+    lam: float | None = field(default=0.95, metadata={"help": "Lambda of GAE."})
+    ds3_gather_for_generation: bool = field(
+        default=True,
+        metadata={
+            "help": "Under DeepSpeed ZeRO-3, gather the policy weights for generation (fast); disable to generate "
+            "with sharded weights (fits models larger than one GPU, slower)."
+        },
+    )
+    model_adapter_name: str | None = field(default=None, metadata={"help": "Name of the trained PEFT adapter."})
+    ref_adapter_name: str | None = field(default=None, metadata={"help": "Name of the reference PEFT adapter."})
+    # Additions over TRL's PPOConfig.
+    value_learning_rate: float | None = field(
+        default=None, metadata={"help": "Learning rate of the critic. Default: learning_rate."}
+    )
+    reward_weights: list[float] | None = field(
+        default=None, metadata={"help": "Weights of the reward functions. Default: all 1."}
+    )
+    accuracy_threshold: float = field(
+        default=0.5, metadata={"help": "A score above this counts as a correct response in accuracy metrics."}
+    )
+    max_prompt_length: int | None = field(
+        default=None, metadata={"help": "Left-truncate prompts longer than this many tokens."}
+    )
+    model_init_kwargs: dict | str | None = field(
+        default=None, metadata={"help": "Keyword arguments for from_pretrained when the model is given by name."}
+    )
+    disable_dropout: bool = field(
+        default=True, metadata={"help": "Disable dropout in the policy, critic and reference model."}
+    )
+    eval_num_generations: int = field(
+        default=1, metadata={"help": "Responses per eval prompt: 1 = greedy; k > 1 samples k and logs pass@k."}
+    )
+    eval_temperature: float = field(
+        default=1.0, metadata={"help": "Sampling temperature of evaluation when eval_num_generations > 1."}
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.stop_token is not None and self.stop_token_id is not None:
+            raise ValueError("`stop_token` and `stop_token_id` are mutually exclusive: set only one of them.")
+        if self.stop_token not in (None, "eos"):
+            raise ValueError(f"`stop_token` must be None or 'eos', got {self.stop_token!r}.")
+        if self.kl_estimator not in ("k1", "k3"):
+            raise ValueError(f"`kl_estimator` must be 'k1' or 'k3', got {self.kl_estimator!r}.")
+        _require_unit_interval("gamma", self.gamma)
+        if self.lam is not None:
+            _require_unit_interval("lam", self.lam)
+        for name in ("num_mini_batches", "num_ppo_epochs", "response_length", "local_rollout_forward_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"`{name}` must be at least 1, got {getattr(self, name)}.")
+        if self.eval_num_generations < 1:
+            raise ValueError(f"`eval_num_generations` must be at least 1, got {self.eval_num_generations}.")
+        if self.num_sample_generations < 0:
+            raise ValueError("`num_sample_generations` must be >= 0 (0 disables sample tables).")
+        for name in ("temperature", "eval_temperature", "cliprange", "cliprange_value"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"`{name}` must be > 0, got {getattr(self, name)}.")
+        if self.kl_coef < 0:
+            raise ValueError(f"`kl_coef` must be >= 0, got {self.kl_coef}.")
+        if self.vf_coef < 0:
+            raise ValueError(f"`vf_coef` must be >= 0, got {self.vf_coef}.")
+        if self.missing_eos_penalty is not None and self.missing_eos_penalty < 0:
+            raise ValueError(
+                f"`missing_eos_penalty` must be >= 0 (it is subtracted from the score), got {self.missing_eos_penalty}."
+            )
+        if self.value_learning_rate is None:
+            self.value_learning_rate = self.learning_rate
+        if self.value_learning_rate < 0 or self.learning_rate < 0:
+            raise ValueError("`learning_rate` and `value_learning_rate` must be >= 0.")
+        if self.max_prompt_length is not None and self.max_prompt_length < 1:
+            raise ValueError(f"`max_prompt_length` must be at least 1, got {self.max_prompt_length}.")
+        if self.total_episodes is not None and self.total_episodes < 1:
+            raise ValueError(f"`total_episodes` must be at least 1, got {self.total_episodes}.")
+
+
+@dataclass
+class VCPPOConfig(PPOConfig):
+    r"""
+    Configuration for [`VCPPOTrainer`]: [`PPOConfig`] plus VC-PPO's two changes (arXiv 2503.01491).
+
+    Decoupled GAE replaces `lam`: the critic's targets use `lam_critic` (1.0: Monte-Carlo returns, no decay of the
+    end-of-sequence reward) and the policy's advantages use `lam_actor` (paper: 0.95 to 0.99).
+
+    Value pretraining trains the critic alone on rollouts of the frozen initial policy with λ = 1 for up to
+    `value_pretrain_steps` updates (paper: 100 was best, 150 over-fitted), stopping earlier when the explained
+    variance reaches `value_pretrain_stop_explained_variance` or the value loss stops improving for
+    `value_pretrain_patience` updates. The critic is then saved under `output_dir/value_pretrained` and PPO starts.
+
+    Parameters:
+        lam_actor (`float`, defaults to `0.95`): GAE λ of the policy's advantages.
+        lam_critic (`float`, defaults to `1.0`): GAE λ of the critic's targets.
+        value_pretrain_steps (`int`, defaults to `0`): Maximum number of value-pretraining updates; 0 disables it.
+        value_pretrain_stop_explained_variance (`float`, *optional*): Stop pretraining once the explained variance
+            of an update reaches this value.
+        value_pretrain_patience (`int`, *optional*): Stop pretraining when the value loss has not improved by at least
+            `value_pretrain_min_delta` (relative) over this many updates.
+        value_pretrain_min_delta (`float`, defaults to `0.01`): Relative improvement that resets the patience counter.
+        value_pretrain_min_steps (`int`, defaults to `1`): Never stop pretraining early before this many updates.
+        value_pretrain_save_steps (`list[int]`, *optional*): Pretraining steps at which to also save the critic (the
+            paper compared 50/100/150), under `output_dir/value_pretrained-step-<n>`.
+        value_model_path (`str`, *optional*): A saved pretrained critic (local directory or Hub id) to start from;
+            value pretraining is then skipped.
+    """
+
+    exp_name: str = field(default="vcppo", metadata={"help": "Name of this experiment."})
+    lam: float | None = field(
+        default=None,
+        metadata={"help": "Unused by VC-PPO: set lam_actor and lam_critic instead."},
+    )
+    lam_actor: float = field(default=0.95, metadata={"help": "GAE lambda of the policy's advantages."})
+    lam_critic: float = field(default=1.0, metadata={"help": "GAE lambda of the critic's value targets."})
+    value_pretrain_steps: int = field(
+        default=0, metadata={"help": "Maximum number of value-pretraining updates (0 = off). Paper: 100."}
+    )
+    value_pretrain_stop_explained_variance: float | None = field(
+        default=None, metadata={"help": "Stop value pretraining once explained variance reaches this."}
+    )
+    value_pretrain_patience: int | None = field(
+        default=None,
+        metadata={"help": "Stop value pretraining when value loss has not improved for this many updates."},
+    )
+    value_pretrain_min_delta: float = field(
+        default=0.01, metadata={"help": "Relative value-loss improvement that resets the patience counter."}
+    )
+    value_pretrain_min_steps: int = field(
+        default=1, metadata={"help": "Never stop value pretraining early before this many updates."}
+    )
+    value_pretrain_save_steps: list[int] | None = field(
+        default=None, metadata={"help": "Pretraining steps at which to also save the critic, e.g. 50 100 150."}
+    )
+    value_model_path: str | None = field(
+        default=None, metadata={"help": "Pretrained critic to start from (skips value pretraining)."}
+    )
+
+    def __post_init__(self):
+        if self.lam is not None:
+            raise ValueError(
+                "VCPPOConfig does not use `lam`: set `lam_actor` (policy advantages, e.g. 0.95) and `lam_critic` "
+                "(value targets, 1.0 in VC-PPO) instead."
+            )
+        super().__post_init__()
+        _require_unit_interval("lam_actor", self.lam_actor)
+        _require_unit_interval("lam_critic", self.lam_critic)
+        if self.value_pretrain_steps < 0:
+            raise ValueError(f"`value_pretrain_steps` must be >= 0, got {self.value_pretrain_steps}.")
+        if self.value_pretrain_min_steps < 1:
+            raise ValueError(f"`value_pretrain_min_steps` must be at least 1, got {self.value_pretrain_min_steps}.")
+        if self.value_pretrain_patience is not None and self.value_pretrain_patience < 1:
+            raise ValueError(f"`value_pretrain_patience` must be at least 1, got {self.value_pretrain_patience}.")
+        if self.value_pretrain_min_delta < 0:
+            raise ValueError(f"`value_pretrain_min_delta` must be >= 0, got {self.value_pretrain_min_delta}.")
+        if self.value_pretrain_stop_explained_variance is not None and not (
+            self.value_pretrain_stop_explained_variance <= 1.0
+        ):
+            raise ValueError(
+                "`value_pretrain_stop_explained_variance` must be <= 1 (explained variance never exceeds 1)."
+            )
+        self.value_pretrain_save_steps = sorted(set(self.value_pretrain_save_steps or []))
+        bad = [s for s in self.value_pretrain_save_steps if not 1 <= s <= self.value_pretrain_steps]
+        if bad:
+            raise ValueError(
+                f"`value_pretrain_save_steps` {bad} fall outside 1..value_pretrain_steps ({self.value_pretrain_steps}): "
+                "raise value_pretrain_steps or drop those steps."
+            )

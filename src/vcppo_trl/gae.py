@@ -1,0 +1,179 @@
+"""Advantage estimation for PPO and VC-PPO: pure tensor functions, no trainer state.
+
+Conventions shared by every function here (see DESIGN.md, "Contracts"):
+
+- Tensors are `[B, T]`: `B` sequences, `T` response tokens, right-padded.
+- `values[:, t]` is V(s_t), the critic's estimate before response token `t` is produced.
+- The state after the last valid token is terminal: it bootstraps with 0.
+- `response_mask` is bool or 0/1, valid tokens first, then padding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _as_float_mask(response_mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return response_mask.to(dtype=like.dtype)
+
+
+def _check_shapes(rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor) -> None:
+    if rewards.dim() != 2 or rewards.shape != values.shape or rewards.shape != response_mask.shape:
+        raise ValueError(
+            "rewards, values and response_mask must all have the same [B, T] shape, got "
+            f"{tuple(rewards.shape)}, {tuple(values.shape)} and {tuple(response_mask.shape)}."
+        )
+
+
+def _check_unit_interval(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {value}.")
+
+
+def dual_lambda_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float,
+    lam_actor: float,
+    lam_critic: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""
+    Generalised advantage estimation with separate λ for the policy and the critic (VC-PPO, "decoupled GAE").
+
+    δ_t = r_t + γ·V_{t+1} − V_t, with V after the last valid token equal to 0, and A^λ_t = Σ_l (γλ)^l δ_{t+l} over valid
+    tokens. The policy's advantages use `lam_actor`; the critic's regression targets are `A^{lam_critic} + V`. With
+    `gamma == lam_critic == 1` the returns are exactly the reverse cumulative sum of rewards (Monte-Carlo returns).
+
+    Args:
+        rewards (`torch.Tensor` of shape `[B, T]`):
+            Per-token rewards (the verifier score on the last valid token, KL penalties elsewhere).
+        values (`torch.Tensor` of shape `[B, T]`):
+            Critic values V(s_t) for each response token.
+        response_mask (`torch.Tensor` of shape `[B, T]`):
+            Right-padded mask of valid response tokens (bool or 0/1).
+        gamma (`float`):
+            Discount factor in [0, 1].
+        lam_actor (`float`):
+            GAE λ for the policy's advantages, in [0, 1].
+        lam_critic (`float`):
+            GAE λ for the critic's targets, in [0, 1].
+
+    Returns:
+        `tuple[torch.Tensor, torch.Tensor]`: `(advantages, returns)`, both `[B, T]` float32, zero outside the mask.
+        Advantages are not whitened.
+    """
+    _check_shapes(rewards, values, response_mask)
+    for name, value in (("gamma", gamma), ("lam_actor", lam_actor), ("lam_critic", lam_critic)):
+        _check_unit_interval(name, value)
+
+    # Compute in float32 whatever the input dtype (bf16 sums over thousands of tokens lose the signal).
+    rewards = rewards.float()
+    values = values.float()
+    mask = _as_float_mask(response_mask, rewards)
+    rewards = rewards * mask
+    values = values * mask
+
+    batch_size, length = rewards.shape
+    adv_actor = torch.zeros_like(rewards)
+    adv_critic = torch.zeros_like(rewards)
+    last_actor = torch.zeros(batch_size, dtype=rewards.dtype, device=rewards.device)
+    last_critic = torch.zeros_like(last_actor)
+    for t in reversed(range(length)):
+        # Right padding: the next state is terminal exactly when the next token is not valid.
+        next_mask = mask[:, t + 1] if t + 1 < length else torch.zeros_like(last_actor)
+        next_value = values[:, t + 1] * next_mask if t + 1 < length else torch.zeros_like(last_actor)
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        last_actor = (delta + gamma * lam_actor * next_mask * last_actor) * mask[:, t]
+        last_critic = (delta + gamma * lam_critic * next_mask * last_critic) * mask[:, t]
+        adv_actor[:, t] = last_actor
+        adv_critic[:, t] = last_critic
+
+    returns = (adv_critic + values) * mask
+    return adv_actor, returns
+
+
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """
+    Standard single-λ GAE: [`dual_lambda_gae`] with `lam_actor == lam_critic == lam`.
+
+    Returns:
+        `tuple[torch.Tensor, torch.Tensor]`: `(advantages, returns)`, both `[B, T]`, zero outside the mask.
+    """
+    return dual_lambda_gae(rewards, values, response_mask, gamma, lam_actor=lam, lam_critic=lam)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of `values` over positions where `mask` is set (0 when the mask is empty)."""
+    mask = mask.to(values.dtype)
+    if dim is None:
+        return (values * mask).sum() / mask.sum().clamp(min=1)
+    return (values * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+
+
+def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance of `values` over positions where `mask` is set."""
+    mask = mask.to(values.dtype)
+    mean = masked_mean(values, mask)
+    var = masked_mean((values - mean) ** 2, mask)
+    count = mask.sum()
+    if unbiased and count > 1:
+        var = var * count / (count - 1)
+    return var
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """
+    Normalise `values` to unit variance (and zero mean when `shift_mean`) over the masked positions.
+
+    Positions outside the mask are returned as 0.
+    """
+    mask_f = mask.to(values.dtype)
+    mean, var = masked_mean(values, mask_f), masked_var(values, mask_f)
+    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened * mask_f
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """
+    `1 − Var(returns − values) / Var(returns)` over every masked token of the whole batch.
+
+    Call it on the full batch (all micro-batches, gathered across ranks): averaging per-micro-batch values is wrong.
+    Returns `nan` when the returns have no variance.
+    """
+    mask = mask.bool()
+    if mask.sum() < 2:
+        return float("nan")
+    targets = returns[mask].double()
+    residual = targets - values[mask].double()
+    var_targets = targets.var()
+    # Constant targets (e.g. every response wrong) leave nothing to explain; float noise would give huge negatives.
+    if var_targets <= 1e-8 * max(1.0, float(targets.abs().max()) ** 2):
+        return float("nan")
+    return float(1.0 - residual.var() / var_targets)
+
+
+def position_correlation(advantages: torch.Tensor, mask: torch.Tensor) -> float:
+    """
+    Pearson correlation between a per-token quantity and the token's position in its response.
+
+    VC-PPO's Figure 2 signal: with a biased critic, advantages grow toward early tokens (a negative correlation),
+    and the policy learns to stop early. Returns `nan` when either side has no variance.
+    """
+    mask = mask.bool()
+    positions = torch.arange(advantages.shape[1], device=advantages.device).expand_as(advantages)
+    x = positions[mask].double()
+    y = advantages[mask].double()
+    if x.numel() < 2 or x.std() == 0 or y.std() == 0:
+        return float("nan")
+    x = x - x.mean()
+    y = y - y.mean()
+    return float((x * y).sum() / torch.sqrt((x * x).sum() * (y * y).sum()))

@@ -1,0 +1,613 @@
+"""Rule-based verifier rewards for VC-PPO.
+
+VC-PPO (arXiv 2503.01491) trains long chain-of-thought policies against a rule-based verifier: a completion receives
+`+1.0` when the final answer written after the reasoning block is mathematically equivalent to the reference answer,
+and `-1.0` otherwise. This module implements that verifier with
+[math-verify](https://github.com/huggingface/Math-Verify), following TRL's reward-function protocol
+(`reward_func(completions, solution, **kwargs) -> list[float | None]`).
+
+math-verify guards its parsing/comparison with `signal.alarm`, which only works in the main thread. The reward below
+uses those timeouts in the main thread and, when called from any other thread (e.g. a thread pool in the trainer),
+runs each sample in a separate worker process under a wall-clock timeout, killing the worker when it is exceeded, so
+that a pathological expression can never hang training.
+
+It also provides a small registry of reward functions for scripts ([`BUILTIN_REWARDS`], [`resolve_reward_funcs`]).
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import logging
+import math
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+from latex2sympy2_extended import NormalizationConfig
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+from math_verify.errors import TimeoutException
+from trl.rewards import accuracy_reward, think_format_reward
+
+__all__ = [
+    "BUILTIN_REWARDS",
+    "DEFAULT_THINK_TAGS",
+    "DEFAULT_TIMEOUT_SECONDS",
+    "MathVerifyReward",
+    "completion_to_text",
+    "gold_candidates",
+    "make_math_verify_reward",
+    "math_verify_reward",
+    "resolve_reward_funcs",
+    "shutdown_verifier_worker",
+    "split_think",
+    "verify_answer",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_SECONDS: float = 5.0
+"""Default per-sample verification timeout (seconds), read at call time by rewards built without an explicit one."""
+
+DEFAULT_THINK_TAGS: tuple[str, str] = ("<think>", "</think>")
+"""Default opening and closing tags of the reasoning block."""
+
+WORKER_STARTUP_TIMEOUT_SECONDS: float = 120.0
+"""How long to wait for the verifier worker process to start (imports included) before giving up."""
+
+CORRECT_REWARD: float = 1.0
+INCORRECT_REWARD: float = -1.0
+
+# Markers that math-verify's LaTeX extraction recognises in a gold solution; without them bare LaTeX is either not
+# parsed at all (`\sqrt{2}`) or parsed wrongly by the plain-expression fallback (`3\sqrt{2}` -> 3, `[1, 3)` -> 3).
+_LATEX_DELIMITERS = ("$", "\\boxed", "\\fbox", "\\(", "\\[")
+
+
+class _DropTimeoutDisabledWarning(logging.Filter):
+    """Drops math-verify's "Timeout is disabled ..." warning, expected whenever timeouts are handled by the caller."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+_TIMEOUT_DISABLED_FILTER = _DropTimeoutDisabledWarning()
+for _name in ("math_verify.parser", "math_verify.grader"):
+    _mv_logger = logging.getLogger(_name)
+    if not any(isinstance(f, _DropTimeoutDisabledWarning) for f in _mv_logger.filters):
+        _mv_logger.addFilter(_TIMEOUT_DISABLED_FILTER)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Pure helpers
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def completion_to_text(completion: str | Sequence[dict[str, Any]]) -> str:
+    """
+    Returns the text of a completion, in either of TRL's formats.
+
+    Args:
+        completion (`str` or `list[dict]`):
+            A plain-text completion, or a conversational one (a list of messages with `"role"` and `"content"`). For a
+            conversational completion, the content of the last assistant message is used (the last message if none
+            has a role); a content given as a list of parts (`{"type": "text", "text": ...}`) is concatenated.
+
+    Returns:
+        `str`: The completion text (empty when there is none).
+    """
+    if isinstance(completion, str):
+        return completion
+    messages = list(completion)
+    if not messages:
+        return ""
+    assistant = [m for m in messages if m.get("role") == "assistant"]
+    content = (assistant or messages)[-1].get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+
+
+def split_think(text: str, think_tags: tuple[str, str] | None = DEFAULT_THINK_TAGS) -> tuple[str | None, bool]:
+    """
+    Separates the final answer from the reasoning block of a completion.
+
+    The answer is the text after the last closing tag. This also covers chat templates (Qwen3, DeepSeek-R1) that put
+    the opening tag in the prompt, so that the completion contains only the closing one.
+
+    Args:
+        text (`str`):
+            Completion text.
+        think_tags (`tuple[str, str]` or `None`, *optional*, defaults to `("<think>", "</think>")`):
+            Opening and closing tags of the reasoning block. `None` disables splitting.
+
+    Returns:
+        `tuple[str | None, bool]`: `(answer, closed)`, where `closed` tells whether a closing tag was found, and
+        `answer` is:
+            - the text after the last closing tag, if there is one and no reasoning block is reopened after it;
+            - `None` if a reasoning block is opened but never closed (the completion has no valid answer);
+            - the full text if there are no tags at all.
+
+    Example:
+    ```python
+    >>> split_think("<think>2+2=4</think> The answer is 4.")
+    (' The answer is 4.', True)
+    >>> split_think("2+2=4</think> 4")
+    (' 4', True)
+    >>> split_think("<think>2+2=4, so the answer is 4.")
+    (None, False)
+    >>> split_think("The answer is 4.")
+    ('The answer is 4.', False)
+    ```
+    """
+    if think_tags is None:
+        return text, False
+    open_tag, close_tag = think_tags
+    _, sep, tail = text.rpartition(close_tag)
+    if sep:
+        return (None, False) if open_tag in tail else (tail, True)
+    return (None, False) if open_tag in text else (text, False)
+
+
+def gold_candidates(solution: str) -> list[str]:
+    """
+    Lists the forms of a gold solution to hand to math-verify, in order of preference.
+
+    math-verify only extracts LaTeX between delimiters (`$...$`, `\\boxed{}`, ...); on bare LaTeX its plain-expression
+    fallback either finds nothing (`\\sqrt{2}`) or grabs a fragment (`3\\sqrt{2}` -> `3`, `[1, 3)` -> `3`). Bare gold
+    solutions are therefore wrapped in `$...$` (then `\\boxed{...}`) first, and tried raw last. Gold solutions that
+    already contain delimiters are tried raw first.
+
+    Args:
+        solution (`str`):
+            Raw gold solution.
+
+    Returns:
+        `list[str]`: Candidate strings to parse, most preferred first.
+    """
+    solution = solution.strip()
+    if not solution:
+        return []
+    wrapped = [f"${solution}$", f"\\boxed{{{solution}}}"]
+    if any(delim in solution for delim in _LATEX_DELIMITERS):
+        return [solution, *wrapped]
+    return [*wrapped, solution]
+
+
+def _signal_timeout(timeout_seconds: float) -> int:
+    """Rounds a timeout up to the whole seconds that `signal.alarm` (math-verify's timeout) accepts."""
+    return max(1, math.ceil(timeout_seconds))
+
+
+def _answer_extraction_config() -> list[LatexExtractionConfig | ExprExtractionConfig]:
+    """Extraction targets for model answers: `\\boxed{}` first, then anchored LaTeX, then anchored plain expressions."""
+    return [
+        LatexExtractionConfig(
+            normalization_config=NormalizationConfig(units=True),
+            boxed_match_priority=0,
+            try_extract_without_anchor=False,
+        ),
+        ExprExtractionConfig(try_extract_without_anchor=False),
+    ]
+
+
+def _extracted_string(parsed: list) -> str:
+    """Returns the raw string math-verify extracted (never `str()` of a SymPy object, which can itself hang)."""
+    return next((p for p in reversed(parsed) if isinstance(p, str)), "[parsed]")
+
+
+def verify_answer(answer: str | None, solution: str, timeout: int | None = None) -> tuple[float | None, str]:
+    """
+    Scores one extracted answer against a gold solution with math-verify.
+
+    Args:
+        answer (`str` or `None`):
+            Answer part of the completion (see [`split_think`]); `None` when the completion has no valid answer.
+        solution (`str`):
+            Raw gold solution (bare LaTeX is accepted, see [`gold_candidates`]).
+        timeout (`int` or `None`, *optional*):
+            math-verify timeout in whole seconds, applied to every parse/comparison with `signal.alarm`; only usable in
+            the main thread. `None` disables it.
+
+    Returns:
+        `tuple[float | None, str]`: The reward (`1.0` if equivalent, `-1.0` otherwise, `None` if the gold solution
+        cannot be parsed) and the answer string that was extracted, for logging.
+    """
+    gold: list = []
+    for candidate in gold_candidates(str(solution)):
+        gold = parse(candidate, parsing_timeout=timeout)
+        if gold:
+            break
+    if not gold:
+        return None, "[unparseable gold]"
+    if answer is None:
+        return INCORRECT_REWARD, "[unclosed reasoning]"
+    parsed = parse(answer, _answer_extraction_config(), extraction_mode="first_match", parsing_timeout=timeout)
+    if not parsed:
+        return INCORRECT_REWARD, "[no answer]"
+    correct = verify(gold, parsed, timeout_seconds=timeout)
+    return (CORRECT_REWARD if correct else INCORRECT_REWARD), _extracted_string(parsed)
+
+
+def _score_sample(answer: str | None, solution: str, timeout: int | None) -> tuple[float | None, str]:
+    """Entry point run in the verifier worker (module-level, so that it pickles by reference)."""
+    return verify_answer(answer, solution, timeout)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Worker process used off the main thread
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+class _WorkerTimeout(Exception):
+    """The worker did not answer within the allotted time and was killed."""
+
+
+class _WorkerError(RuntimeError):
+    """The request failed in the worker (an exception, or the worker died while running it)."""
+
+
+class _WorkerStartError(RuntimeError):
+    """The worker process could not be started."""
+
+
+# Run by `python -c` in the worker: it takes the parent's `sys.path` (so that functions pickled by reference resolve to
+# the same modules), then serves requests. Unlike multiprocessing's spawn/forkserver, this never re-imports the
+# parent's `__main__` script, so training scripts need no `if __name__ == "__main__":` guard.
+_WORKER_BOOTSTRAP = (
+    "import importlib, sys\n"
+    "from multiprocessing.connection import Connection\n"
+    "conn = Connection(int(sys.argv[1]))\n"
+    "sys.path[:] = conn.recv()\n"
+    "importlib.import_module(sys.argv[2])._serve(conn)\n"
+)
+
+
+def _serve(conn: Any) -> None:
+    """Worker loop: replies `(ok, result)` to each `(fn, args)` request; returns when the parent goes away."""
+    conn.send("ready")
+    while True:
+        try:
+            fn, args = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            reply = (True, fn(*args))
+        except (Exception, TimeoutException) as error:  # TimeoutException is a BaseException
+            reply = (False, f"{type(error).__name__}: {error}")
+        try:
+            conn.send(reply)
+        except (EOFError, OSError):
+            return
+
+
+class _VerifierWorker:
+    """
+    A single lazily started worker process that runs functions under a wall-clock timeout.
+
+    The worker is a fresh interpreter (`sys.executable`) in its own session (so that Ctrl-C goes to the parent only),
+    connected by a socket pair; it exits when the parent closes the connection. Requests are serialised with a lock,
+    so a timeout measures only the request's own run time. On a timeout or a crash the process is killed, and the next
+    request starts a fresh one.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen | None = None
+        self._conn: Connection | None = None
+
+    def _start(self) -> None:
+        parent_sock, child_sock = socket.socketpair()
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-c", _WORKER_BOOTSTRAP, str(child_sock.fileno()), __name__],
+                pass_fds=(child_sock.fileno(),),
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError as error:
+            parent_sock.close()
+            raise _WorkerStartError(f"Cannot start the math-verify worker process: {error}") from error
+        finally:
+            child_sock.close()
+        self._process, self._conn = process, Connection(parent_sock.detach())
+        try:
+            self._conn.send(list(sys.path))
+            ready = self._conn.poll(WORKER_STARTUP_TIMEOUT_SECONDS) and self._conn.recv() == "ready"
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            self._kill()
+            raise _WorkerStartError(
+                f"The math-verify worker process did not start within {WORKER_STARTUP_TIMEOUT_SECONDS} s "
+                f"(it must be able to import {__name__!r}; see its stderr above)."
+            )
+
+    def _kill(self) -> None:
+        process, conn = self._process, self._conn
+        self._process = self._conn = None
+        if conn is not None:
+            conn.close()
+        if process is not None:
+            if process.poll() is None:
+                process.kill()
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                logger.warning("math-verify worker process %s did not exit after SIGKILL.", process.pid)
+
+    def run(self, fn: Callable[..., Any], args: tuple, timeout: float) -> Any:
+        """
+        Runs `fn(*args)` in the worker process.
+
+        Args:
+            fn (`Callable`):
+                Function importable by the worker (module-level, pickled by reference).
+            args (`tuple`):
+                Picklable positional arguments.
+            timeout (`float`):
+                Wall-clock limit in seconds, not counting the start of a new worker.
+
+        Returns:
+            The result of `fn(*args)`.
+
+        Raises:
+            `_WorkerTimeout`: if the call took longer than `timeout` (the worker is killed).
+            `_WorkerError`: if the call raised in the worker, or the worker died while running it.
+            `_WorkerStartError`: if no worker could be started.
+        """
+        with self._lock:
+            if self._process is None or self._process.poll() is not None:
+                self._kill()
+                self._start()
+            conn = self._conn
+            try:
+                conn.send((fn, args))
+                if not conn.poll(timeout):
+                    self._kill()
+                    raise _WorkerTimeout(f"no answer within {timeout} s")
+                ok, value = conn.recv()
+            except (EOFError, OSError) as error:
+                self._kill()
+                raise _WorkerError(f"math-verify worker process died: {error!r}") from error
+        if not ok:
+            raise _WorkerError(value)
+        return value
+
+    def shutdown(self) -> None:
+        """Stops the worker process, if any."""
+        with self._lock:
+            self._kill()
+
+
+_WORKER = _VerifierWorker()
+atexit.register(_WORKER.shutdown)
+
+
+def shutdown_verifier_worker() -> None:
+    """Stops the process used to verify answers off the main thread (restarted on demand; also stopped at exit)."""
+    _WORKER.shutdown()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Reward function
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+class MathVerifyReward:
+    """
+    Rule-based verifier reward: `+1.0` if the answer after the reasoning block is equivalent to the gold solution,
+    `-1.0` otherwise, `None` when the gold solution cannot be parsed. Build it with [`make_math_verify_reward`].
+
+    A callable class (rather than a closure) so that it stays picklable.
+    """
+
+    def __init__(
+        self,
+        timeout_seconds: float | None = None,
+        think_tags: tuple[str, str] | None = DEFAULT_THINK_TAGS,
+        name: str = "math_verify_reward",
+    ) -> None:
+        if timeout_seconds is not None and not timeout_seconds > 0:
+            raise ValueError(f"`timeout_seconds` must be positive, got {timeout_seconds}.")
+        if think_tags is not None and (len(think_tags) != 2 or not all(think_tags)):
+            raise ValueError(f"`think_tags` must be a pair of non-empty strings or None, got {think_tags!r}.")
+        self.timeout_seconds = timeout_seconds
+        self.think_tags = tuple(think_tags) if think_tags is not None else None
+        self.__name__ = name
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(timeout_seconds={self.timeout_seconds!r}, think_tags={self.think_tags!r}, "
+            f"name={self.__name__!r})"
+        )
+
+    def _score(self, answer: str | None, solution: str, timeout: float) -> tuple[float | None, str]:
+        if threading.current_thread() is threading.main_thread():
+            try:
+                return verify_answer(answer, solution, _signal_timeout(timeout))
+            except (Exception, TimeoutException) as error:
+                logger.warning("math-verify failed on a sample (%s); giving it %s.", error, INCORRECT_REWARD)
+                return INCORRECT_REWARD, "[error]"
+        try:
+            # Inside the worker (its own main thread) math-verify's signal timeouts work too, as a first line of
+            # defence; the wall-clock timeout is the hard limit.
+            return _WORKER.run(_score_sample, (answer, solution, _signal_timeout(timeout)), timeout)
+        except _WorkerTimeout:
+            logger.warning("math-verify timed out after %s s on a sample; giving it %s.", timeout, INCORRECT_REWARD)
+            return INCORRECT_REWARD, "[timeout]"
+        except _WorkerError as error:
+            logger.warning("math-verify failed on a sample (%s); giving it %s.", error, INCORRECT_REWARD)
+            return INCORRECT_REWARD, "[error]"
+
+    def __call__(
+        self,
+        completions: list[str] | list[list[dict[str, Any]]],
+        solution: list[str],
+        log_extra: Callable[[str, list], None] | None = None,
+        **kwargs: Any,
+    ) -> list[float | None]:
+        """
+        Scores completions against their gold solutions.
+
+        Args:
+            completions (`list[str]` or `list[list[dict]]`):
+                Plain-text or conversational completions.
+            solution (`list[str]`):
+                Gold solutions, one per completion (typically a dataset column named `solution`).
+            log_extra (`Callable`, *optional*):
+                Provided by TRL trainers to add columns to the completions table; the extracted answers are logged.
+            **kwargs:
+                Other dataset columns and trainer arguments, ignored.
+
+        Returns:
+            `list[float | None]`: `1.0` for a verified answer, `-1.0` for a wrong or missing one (including an
+            answer only inside the reasoning block, or an unclosed reasoning block), `None` when the gold solution
+            cannot be parsed (the sample is then skipped).
+        """
+        timeout = self.timeout_seconds if self.timeout_seconds is not None else DEFAULT_TIMEOUT_SECONDS
+        rewards: list[float | None] = []
+        extracted: list[str] = []
+        for completion, sol in zip(completions, solution, strict=True):
+            if sol is None:
+                reward, shown = None, "[no gold]"
+            else:
+                answer, _ = split_think(completion_to_text(completion), self.think_tags)
+                reward, shown = self._score(answer, sol, timeout)
+            rewards.append(reward)
+            extracted.append(shown)
+        if log_extra is not None:
+            log_extra(f"{self.__name__}/answer", extracted)
+        return rewards
+
+
+def make_math_verify_reward(
+    timeout_seconds: float | None = None,
+    think_tags: tuple[str, str] | None = DEFAULT_THINK_TAGS,
+    name: str = "math_verify_reward",
+) -> MathVerifyReward:
+    r"""
+    Builds a math-verify reward function.
+
+    Args:
+        timeout_seconds (`float`, *optional*):
+            Verification time limit. In the main thread it bounds each math-verify parse/comparison (rounded up to
+            whole seconds, as `signal.alarm` requires); off the main thread it is the wall-clock limit for a whole
+            sample, after which the worker process is killed and the sample gets `-1.0`. Defaults to
+            [`DEFAULT_TIMEOUT_SECONDS`], read at call time.
+        think_tags (`tuple[str, str]` or `None`, *optional*, defaults to `("<think>", "</think>")`):
+            Opening and closing tags of the reasoning block; `None` judges the full completion text.
+        name (`str`, *optional*, defaults to `"math_verify_reward"`):
+            `__name__` of the reward, used by TRL trainers to name its metrics.
+
+    Returns:
+        [`MathVerifyReward`]: A reward function `(completions, solution, **kwargs) -> list[float | None]`.
+
+    Example:
+    ```python
+    >>> reward = make_math_verify_reward(timeout_seconds=2.0)
+    >>> reward([r"<think>1/2 + 1/2</think> $\boxed{1}$", r"\boxed{2}"], ["1", "1"])
+    [1.0, -1.0]
+    ```
+    """
+    return MathVerifyReward(timeout_seconds=timeout_seconds, think_tags=think_tags, name=name)
+
+
+math_verify_reward: MathVerifyReward = make_math_verify_reward()
+"""Default math-verify reward (timeout [`DEFAULT_TIMEOUT_SECONDS`], `<think>...</think>` reasoning block)."""
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Registry
+# ----------------------------------------------------------------------------------------------------------------------
+
+BUILTIN_REWARDS: dict[str, Callable[..., list[float | None]]] = {
+    "math_verify": math_verify_reward,
+    "think_format": think_format_reward,
+    "accuracy": accuracy_reward,
+}
+"""Reward functions available by name to scripts."""
+
+
+def _import_dotted(spec: str) -> Any:
+    """Imports `pkg.module:attr` or `pkg.module.attr` (attributes may be nested: `pkg.module.Class.method`)."""
+    if ":" in spec:
+        module_name, _, attr_path = spec.partition(":")
+        obj = importlib.import_module(module_name)
+        for attr in attr_path.split("."):
+            obj = getattr(obj, attr)
+        return obj
+    parts = spec.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:split])
+        try:
+            obj = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            # Only swallow "this prefix is not a module"; a missing dependency inside the module is a real error.
+            if error.name is not None and (module_name == error.name or module_name.startswith(error.name + ".")):
+                continue
+            raise
+        for attr in parts[split:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ModuleNotFoundError(f"No module found in {spec!r}")
+
+
+def resolve_reward_funcs(specs: str | Callable | Sequence[str | Callable]) -> list[Callable]:
+    """
+    Turns reward specifications (e.g. from a command line) into reward functions.
+
+    Args:
+        specs (`str`, `Callable` or a sequence of them):
+            Each spec is a name from [`BUILTIN_REWARDS`], a dotted import path (`my_pkg.module.func` or
+            `my_pkg.module:func`), or an already callable reward. A single string may hold several comma-separated
+            specs.
+
+    Returns:
+        `list[Callable]`: The reward functions, in order.
+
+    Raises:
+        `ValueError`: if a spec is neither a built-in name nor an importable callable.
+
+    Example:
+    ```python
+    >>> [f.__name__ for f in resolve_reward_funcs("math_verify,think_format")]
+    ['math_verify_reward', 'think_format_reward']
+    ```
+    """
+    if isinstance(specs, str) or callable(specs):
+        specs = [specs]
+    items: list[str | Callable] = []
+    for spec in specs:
+        if isinstance(spec, str):
+            items.extend(part.strip() for part in spec.split(",") if part.strip())
+        else:
+            items.append(spec)
+
+    funcs: list[Callable] = []
+    for spec in items:
+        if callable(spec):
+            funcs.append(spec)
+            continue
+        if spec in BUILTIN_REWARDS:
+            funcs.append(BUILTIN_REWARDS[spec])
+            continue
+        hint = (
+            f"Built-in rewards are: {', '.join(sorted(BUILTIN_REWARDS))}. Any other reward must be given as a dotted "
+            "import path to a callable, `my_pkg.module.func` or `my_pkg.module:func`."
+        )
+        if "." not in spec and ":" not in spec:
+            raise ValueError(f"Unknown reward {spec!r}. {hint}")
+        try:
+            func = _import_dotted(spec)
+        except (ImportError, AttributeError) as error:
+            raise ValueError(f"Cannot import reward {spec!r} ({error}). {hint}") from error
+        if not callable(func):
+            raise ValueError(f"Reward {spec!r} resolved to a non-callable {type(func).__name__}. {hint}")
+        funcs.append(func)
+    return funcs

@@ -1,0 +1,237 @@
+"""Rollout pieces: the joint policy/critic module, stop-token truncation, and reward scoring.
+
+The trainer composes these into one [`Rollout`] per update: tokens, masks, log-probabilities, values and scores.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from trl.trainer.utils import entropy_from_logits, selective_log_softmax
+
+from .value_model import value_forward
+
+
+@dataclass
+class Rollout:
+    """
+    One batch of experience, all tensors on the trainer's device.
+
+    Shapes: `B` sequences, `P` prompt tokens (left-padded), `T` response tokens (right-padded).
+    """
+
+    prompts: list[Any]
+    completions: list[Any]
+    extra_columns: dict[str, list[Any]]
+    query_ids: torch.Tensor  # [B, P]
+    query_mask: torch.Tensor  # [B, P]
+    response_ids: torch.Tensor  # [B, T], padded after the stop token
+    response_mask: torch.Tensor  # [B, T] bool: valid response tokens (stop token included)
+    has_stop: torch.Tensor  # [B] bool: the response ended with a stop token
+    scores: torch.Tensor  # [B] reward used for training (penalties included), 0 where skipped
+    raw_scores: torch.Tensor  # [B] weighted reward-function sum before penalties, nan where skipped
+    rewards_per_func: torch.Tensor  # [B, F], nan where a function returned None
+    values: torch.Tensor | None = None  # [B, T]
+    logprobs: torch.Tensor | None = None  # [B, T]
+    ref_logprobs: torch.Tensor | None = None  # [B, T]
+    rewards: torch.Tensor | None = None  # [B, T] per-token rewards fed to GAE
+    kl: torch.Tensor | None = None  # [B, T] per-token KL estimate
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return torch.cat([self.query_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        return torch.cat([self.query_mask.bool(), self.response_mask], dim=1).long()
+
+    @property
+    def context_length(self) -> int:
+        return self.query_ids.shape[1]
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over attended tokens only, as `generate` does for left-padded prompts."""
+    return (attention_mask.long().cumsum(1) - 1).clamp(min=0)
+
+
+def truncate_at_stop(
+    responses: torch.Tensor, stop_token_ids: list[int], pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """
+    Cut generated responses after their first stop token.
+
+    The mask is built from the position of the first stop token, never from `ids != pad_token_id` (which would hide a
+    real EOS token when the tokenizer pads with EOS).
+
+    Args:
+        responses (`torch.Tensor` of shape `[B, T]`): Generated token ids.
+        stop_token_ids (`list[int]`): Ids that end a response.
+        pad_token_id (`int`): Id written after the stop token.
+
+    Returns:
+        `(responses, response_mask, has_stop)`: padded ids `[B, T]`, bool mask `[B, T]` of the valid tokens (the stop
+        token included), and bool `[B]` telling whether a stop token was produced.
+    """
+    is_stop = torch.isin(responses, torch.tensor(stop_token_ids, device=responses.device))
+    has_stop = is_stop.any(dim=1)
+    length = responses.shape[1]
+    first_stop = torch.where(
+        has_stop, is_stop.int().argmax(dim=1), torch.full_like(has_stop, length - 1, dtype=torch.long)
+    )
+    positions = torch.arange(length, device=responses.device).unsqueeze(0)
+    response_mask = positions <= first_stop.unsqueeze(1)
+    responses = torch.where(response_mask, responses, torch.full_like(responses, pad_token_id))
+    return responses, response_mask, has_stop
+
+
+class PolicyAndValueModel(nn.Module):
+    """
+    The policy and the critic as one module, so that one optimizer (with a learning rate per model) and one
+    `accelerator.prepare` (DDP or DeepSpeed) serve both, and one forward feeds the PPO loss.
+    """
+
+    def __init__(self, policy: PreTrainedModel, critic: PreTrainedModel):
+        super().__init__()
+        self.policy = policy
+        self.critic = critic
+        self.config = policy.config
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        return bool(getattr(self.policy, "is_gradient_checkpointing", False))
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
+        for model in (self.policy, self.critic):
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
+
+    def gradient_checkpointing_disable(self) -> None:
+        for model in (self.policy, self.critic):
+            model.gradient_checkpointing_disable()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        context_length: int,
+        temperature: float,
+        compute_policy: bool = True,
+        compute_entropy: bool = True,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+        """
+        Log-probabilities (and entropy) of the response tokens under the policy, and the critic's values.
+
+        Returns:
+            `(logprobs, entropy, values)`, each `[B, T]` for the `T` tokens after `context_length`; the first two are
+            `None` when `compute_policy` is False (value-only updates leave the policy out of the graph).
+        """
+        position_ids = position_ids_from_mask(attention_mask)
+        values = value_forward(self.critic, input_ids, attention_mask, position_ids, context_length)
+        if not compute_policy:
+            return None, None, values
+        logprobs, entropy = policy_logprobs(
+            self.policy, input_ids, attention_mask, context_length, temperature, compute_entropy, position_ids
+        )
+        return logprobs, entropy, values
+
+
+def policy_logprobs(
+    policy: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    context_length: int,
+    temperature: float,
+    compute_entropy: bool = False,
+    position_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """
+    Log-probabilities of the response tokens (after `context_length`), at the sampling temperature.
+
+    Only the response positions' logits are computed (`logits_to_keep`), never the prompt's.
+
+    Returns:
+        `(logprobs, entropy)`: `[B, T]` float32 tensors; `entropy` is `None` unless `compute_entropy`.
+    """
+    if position_ids is None:
+        position_ids = position_ids_from_mask(attention_mask)
+    response_length = input_ids.shape[1] - context_length
+    output = policy(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=response_length + 1,
+        use_cache=False,
+    )
+    logits = output.logits[:, :-1].float() / temperature
+    responses = input_ids[:, context_length:]
+    logprobs = selective_log_softmax(logits, responses)
+    entropy = entropy_from_logits(logits) if compute_entropy else None
+    return logprobs, entropy
+
+
+def reward_func_name(func: Callable | PreTrainedModel) -> str:
+    if isinstance(func, PreTrainedModel):
+        return func.config._name_or_path.split("/")[-1] or type(func).__name__
+    return getattr(func, "__name__", type(func).__name__)
+
+
+def call_reward_function(
+    func: Callable,
+    prompts: list[Any],
+    completions: list[Any],
+    completion_ids: list[list[int]],
+    extra_columns: dict[str, list[Any]],
+    **kwargs,
+) -> list[float | None]:
+    """
+    Call a reward function with TRL's reward-function protocol and validate what it returns.
+
+    Raises:
+        `ValueError`: when the function returns the wrong number of values, or a NaN/inf (use `None` to skip a sample).
+    """
+    name = reward_func_name(func)
+    result = func(prompts=prompts, completions=completions, completion_ids=completion_ids, **extra_columns, **kwargs)
+    if inspect.isawaitable(result):
+        raise TypeError(f"Reward function {name!r} is async; pass a synchronous function.")
+    result = list(result)
+    if len(result) != len(completions):
+        raise ValueError(
+            f"Reward function {name!r} returned {len(result)} values for {len(completions)} completions: it must "
+            "return exactly one float (or None to skip the sample) per completion."
+        )
+    for value in result:
+        if value is None:
+            continue
+        if not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+            raise ValueError(
+                f"Reward function {name!r} returned {value!r}: rewards must be finite floats. Return None for a sample "
+                "that cannot be scored (it is then skipped), and fix the function if it produces NaN or inf."
+            )
+    return result
+
+
+@torch.no_grad()
+def reward_model_scores(
+    reward_model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    texts: list[str],
+    batch_size: int,
+) -> list[float]:
+    """Score full texts (prompt + completion) with a sequence-classification reward model, one scalar each."""
+    device = next(reward_model.parameters()).device
+    scores: list[float] = []
+    for start in range(0, len(texts), batch_size):
+        chunk = texts[start : start + batch_size]
+        inputs = tokenizer(chunk, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
+        inputs = {k: v.to(device) for k, v in inputs.items()}
+        logits = reward_model(**inputs).logits
+        scores.extend(logits[:, 0].float().tolist())
+    return scores

@@ -1,0 +1,121 @@
+"""Greedy evaluation of a toy policy with a plain exact-match check of the boxed answer."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+from datasets import Dataset
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from .task import THINK_END, extract_boxed_answer
+
+
+def is_correct(response: str, solution: str) -> bool:
+    """Checks a response against the gold answer by exact match of the boxed integer after `</think>`.
+
+    Args:
+        response (`str`):
+            Decoded model response (special tokens skipped).
+        solution (`str`):
+            Gold answer, either `"\\boxed{N}"` or `"N"`.
+
+    Returns:
+        `bool`: Whether the content of the last `\\boxed{...}` after `</think>` equals the gold answer.
+    """
+    gold = extract_boxed_answer(THINK_END + solution) if "\\boxed" in solution else solution.strip()
+    answer = extract_boxed_answer(response)
+    return answer is not None and gold is not None and answer == gold
+
+
+@torch.no_grad()
+def greedy_accuracy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    dataset: Dataset,
+    max_new_tokens: int = 256,
+    batch_size: int = 64,
+) -> dict[str, Any]:
+    """Evaluates `model` with greedy decoding on a prompt/solution dataset.
+
+    Prompts are left-padded and batched by length. A response counts as correct when the content of its last
+    `\\boxed{...}` after `</think>` is exactly the gold integer.
+
+    Args:
+        model ([`~transformers.PreTrainedModel`]):
+            Causal language model to evaluate.
+        tokenizer ([`~transformers.PreTrainedTokenizerBase`]):
+            Its tokenizer (must define `pad_token` and `eos_token`).
+        dataset ([`~datasets.Dataset`]):
+            Dataset with `prompt` and `solution` columns, and optionally `difficulty`.
+        max_new_tokens (`int`, *optional*, defaults to `256`):
+            Maximum number of generated tokens per response.
+        batch_size (`int`, *optional*, defaults to `64`):
+            Number of prompts generated together.
+
+    Returns:
+        `dict[str, Any]`: With keys `accuracy` (fraction of correct responses), `response_length_mean` (mean number of
+        generated tokens, eos included), `format_rate` (fraction that close `</think>` and give a boxed answer),
+        `eos_rate` (fraction that end with the eos token within `max_new_tokens`), `num_examples`, and, when the
+        dataset has a `difficulty` column, `accuracy_by_difficulty` and `response_length_by_difficulty` (dicts keyed by
+        difficulty).
+    """
+    was_training = model.training
+    model.eval()
+    padding_side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    eos_id = tokenizer.eos_token_id
+    pad_id = tokenizer.pad_token_id
+    prompts = list(dataset["prompt"])
+    solutions = list(dataset["solution"])
+    difficulties = list(dataset["difficulty"]) if "difficulty" in dataset.column_names else None
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    correct = [False] * len(prompts)
+    formatted = [False] * len(prompts)
+    stopped = [False] * len(prompts)
+    lengths = [0] * len(prompts)
+    device = next(model.parameters()).device
+    try:
+        for start in range(0, len(order), batch_size):
+            indices = order[start : start + batch_size]
+            batch = tokenizer([prompts[i] for i in indices], return_tensors="pt", padding=True).to(device)
+            output = model.generate(
+                **batch,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=eos_id,
+                pad_token_id=pad_id,
+            )
+            completions = output[:, batch["input_ids"].shape[1] :].tolist()
+            for i, ids in zip(indices, completions):
+                if eos_id in ids:
+                    ids = ids[: ids.index(eos_id) + 1]
+                    stopped[i] = True
+                lengths[i] = len(ids)
+                text = tokenizer.decode(ids, skip_special_tokens=True)
+                formatted[i] = extract_boxed_answer(text) is not None
+                correct[i] = is_correct(text, solutions[i])
+    finally:
+        tokenizer.padding_side = padding_side
+        model.train(was_training)
+
+    n = max(len(prompts), 1)
+    metrics: dict[str, Any] = {
+        "accuracy": sum(correct) / n,
+        "response_length_mean": sum(lengths) / n,
+        "format_rate": sum(formatted) / n,
+        "eos_rate": sum(stopped) / n,
+        "num_examples": len(prompts),
+    }
+    if difficulties is not None:
+        groups: dict[int, list[int]] = defaultdict(list)
+        for i, d in enumerate(difficulties):
+            groups[d].append(i)
+        metrics["accuracy_by_difficulty"] = {
+            d: sum(correct[i] for i in idx) / len(idx) for d, idx in sorted(groups.items())
+        }
+        metrics["response_length_by_difficulty"] = {
+            d: sum(lengths[i] for i in idx) / len(idx) for d, idx in sorted(groups.items())
+        }
+    return metrics

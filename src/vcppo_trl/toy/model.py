@@ -1,0 +1,70 @@
+"""Tiny randomly initialised Qwen2 causal language model for the toy task (built in-process, no Hub access)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import GenerationConfig, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
+
+from .defaults import TOY_HIDDEN_SIZE, TOY_NUM_HEADS, TOY_NUM_LAYERS
+
+
+def build_tiny_model(
+    tokenizer: PreTrainedTokenizerBase,
+    hidden_size: int = TOY_HIDDEN_SIZE,
+    num_layers: int = TOY_NUM_LAYERS,
+    num_heads: int = TOY_NUM_HEADS,
+    intermediate_size: int | None = None,
+    max_position_embeddings: int = 512,
+    seed: int = 0,
+) -> Qwen2ForCausalLM:
+    """Builds a tiny, randomly initialised [`~transformers.Qwen2ForCausalLM`] matching `tokenizer`.
+
+    The vocabulary size is `len(tokenizer)`, and the pad/eos (and bos, if the tokenizer has one) ids are set both in
+    the model config and in its generation config, so that `generate` stops on the tokenizer's eos token. The same
+    config with `num_labels=1` builds a token-classification critic via
+    `AutoModelForTokenClassification.from_config`.
+
+    Args:
+        tokenizer ([`~transformers.PreTrainedTokenizerBase`]):
+            Tokenizer of the toy task (see [`build_tokenizer`]).
+        hidden_size (`int`, *optional*, defaults to `TOY_HIDDEN_SIZE`):
+            Width of the residual stream.
+        num_layers (`int`, *optional*, defaults to `TOY_NUM_LAYERS`):
+            Number of decoder layers.
+        num_heads (`int`, *optional*, defaults to `TOY_NUM_HEADS`):
+            Number of attention (and key/value) heads; must divide `hidden_size`.
+        intermediate_size (`int` or `None`, *optional*):
+            Width of the MLP; defaults to `4 * hidden_size`.
+        max_position_embeddings (`int`, *optional*, defaults to `512`):
+            Maximum sequence length (prompt + completion).
+        seed (`int`, *optional*, defaults to `0`):
+            Seed of the weight initialisation.
+
+    Returns:
+        [`~transformers.Qwen2ForCausalLM`]: The model, in float32, on CPU, with tied input/output embeddings.
+    """
+    if hidden_size % num_heads != 0:
+        raise ValueError(f"`hidden_size` ({hidden_size}) must be divisible by `num_heads` ({num_heads}).")
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=max_position_embeddings,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        use_cache=True,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    return model

@@ -1,0 +1,209 @@
+"""Synthetic long chain-of-thought arithmetic task, generated entirely in code.
+
+Each example asks for the sum of two integers. The worked solution is written inside `<think>...</think>` digit by
+digit, from the least significant digit up, with one short line per digit that shows the two digits, the incoming
+carry, the column sum, the digit written and the outgoing carry. The final answer follows the closing tag as
+` \\boxed{N}`:
+
+```text
+prompt:      Add 4738 and 2919.\\n
+completion:  <think>8+9+0=17 write 7 carry 1\\n3+1+1=5 write 5 carry 0\\n7+9+0=16 write 6 carry 1\\n
+             4+2+1=7 write 7 carry 0\\nanswer 7657\\n</think> \\boxed{7657}
+```
+
+The difficulty of an example is the number of digits of its operands: every extra digit adds one reasoning line
+(about 25 characters, i.e. 25 tokens with the character-level toy tokenizer), so difficulties 1..6 give completions
+of roughly 45 to 180 tokens. A tiny model that is only briefly fine-tuned on this task gets the short problems right
+and makes more and more mistakes as the reasoning gets longer, so the probability of success depends on the prompt.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Iterable
+
+from datasets import Dataset, DatasetDict
+
+THINK_START = "<think>"
+THINK_END = "</think>"
+
+_PROMPT_TEMPLATE = "Add {a} and {b}.\n"
+_STEP_TEMPLATE = "{x}+{y}+{carry}={total} write {digit} carry {carry_out}\n"
+_BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def format_prompt(a: int, b: int) -> str:
+    """Formats the plain-text prompt asking for `a + b`.
+
+    Args:
+        a (`int`):
+            First operand.
+        b (`int`):
+            Second operand.
+
+    Returns:
+        `str`: The prompt, e.g. `"Add 4738 and 2919.\\n"`.
+    """
+    return _PROMPT_TEMPLATE.format(a=a, b=b)
+
+
+def format_solution(a: int, b: int) -> str:
+    """Writes the worked, digit-by-digit solution of `a + b`, ending with the boxed answer.
+
+    Args:
+        a (`int`):
+            First operand (non-negative).
+        b (`int`):
+            Second operand (non-negative).
+
+    Returns:
+        `str`: The completion `"<think>...</think> \\boxed{a+b}"`, without any end-of-sequence token.
+    """
+    if a < 0 or b < 0:
+        raise ValueError(f"Operands must be non-negative, got {a} and {b}.")
+    digits_a = [int(c) for c in reversed(str(a))]
+    digits_b = [int(c) for c in reversed(str(b))]
+    num_columns = max(len(digits_a), len(digits_b))
+    lines = []
+    carry = 0
+    for i in range(num_columns):
+        x = digits_a[i] if i < len(digits_a) else 0
+        y = digits_b[i] if i < len(digits_b) else 0
+        total = x + y + carry
+        lines.append(
+            _STEP_TEMPLATE.format(x=x, y=y, carry=carry, total=total, digit=total % 10, carry_out=total // 10)
+        )
+        carry = total // 10
+    answer = a + b
+    return f"{THINK_START}{''.join(lines)}answer {answer}\n{THINK_END} \\boxed{{{answer}}}"
+
+
+def extract_boxed_answer(text: str) -> str | None:
+    """Extracts the content of the last `\\boxed{...}` that follows the closing `</think>` tag.
+
+    Args:
+        text (`str`):
+            A model response (completion only, or prompt + completion).
+
+    Returns:
+        `str` or `None`: The stripped content of the last `\\boxed{...}` after `</think>`, or `None` if the response
+        never closes its reasoning or gives no boxed answer after it.
+    """
+    end = text.rfind(THINK_END)
+    if end < 0:
+        return None
+    matches = _BOXED_RE.findall(text[end + len(THINK_END) :])
+    if not matches:
+        return None
+    return matches[-1].strip()
+
+
+def _sample_operand(rng: random.Random, num_digits: int) -> int:
+    low = 0 if num_digits == 1 else 10 ** (num_digits - 1)
+    return rng.randint(low, 10**num_digits - 1)
+
+
+def _example(a: int, b: int, difficulty: int) -> dict[str, str | int]:
+    return {
+        "prompt": format_prompt(a, b),
+        "completion": format_solution(a, b),
+        "solution": f"\\boxed{{{a + b}}}",
+        "difficulty": difficulty,
+    }
+
+
+def make_arithmetic_dataset(
+    num_examples: int,
+    seed: int = 0,
+    min_digits: int = 1,
+    max_digits: int = 6,
+    exclude_prompts: Iterable[str] | None = None,
+    unique: bool = False,
+) -> Dataset:
+    """Generates a prompt-completion dataset of multi-digit additions with worked long chain-of-thought solutions.
+
+    The difficulty (number of digits of both operands) is drawn uniformly in `[min_digits, max_digits]` for each
+    example, so difficulties are mixed across prompts.
+
+    Args:
+        num_examples (`int`):
+            Number of examples to generate.
+        seed (`int`, *optional*, defaults to `0`):
+            Seed of the generator; the same arguments always give the same dataset.
+        min_digits (`int`, *optional*, defaults to `1`):
+            Smallest number of digits per operand.
+        max_digits (`int`, *optional*, defaults to `6`):
+            Largest number of digits per operand.
+        exclude_prompts (`Iterable[str]` or `None`, *optional*):
+            Prompts that must not appear in the dataset (e.g. the prompts of a held-out split).
+        unique (`bool`, *optional*, defaults to `False`):
+            Whether every prompt of the dataset must be distinct. Leave it `False` when `min_digits` is 1 and many
+            examples are requested, since there are only 100 one-digit problems.
+
+    Returns:
+        [`~datasets.Dataset`]: A dataset with columns `prompt` (plain text), `completion` (worked solution ending with
+        ` \\boxed{N}`, without end-of-sequence token), `solution` (gold answer `"\\boxed{N}"`) and `difficulty`
+        (`int`, number of digits).
+    """
+    if not 1 <= min_digits <= max_digits:
+        raise ValueError(f"Expected 1 <= min_digits <= max_digits, got {min_digits} and {max_digits}.")
+    rng = random.Random(seed)
+    excluded = set(exclude_prompts or ())
+    seen: set[str] = set()
+    rows: list[dict[str, str | int]] = []
+    attempts = 0
+    max_attempts = 100 * num_examples + 1000
+    while len(rows) < num_examples:
+        attempts += 1
+        if attempts > max_attempts:
+            raise ValueError(
+                f"Could only generate {len(rows)} of {num_examples} examples with digits in [{min_digits}, "
+                f"{max_digits}] under the exclusion/uniqueness constraints."
+            )
+        difficulty = rng.randint(min_digits, max_digits)
+        a = _sample_operand(rng, difficulty)
+        b = _sample_operand(rng, difficulty)
+        prompt = format_prompt(a, b)
+        if prompt in excluded or (unique and prompt in seen):
+            continue
+        seen.add(prompt)
+        rows.append(_example(a, b, difficulty))
+    return Dataset.from_list(rows)
+
+
+def make_splits(
+    num_train: int,
+    num_eval: int,
+    seed: int = 0,
+    min_digits: int = 1,
+    max_digits: int = 6,
+) -> DatasetDict:
+    """Builds non-overlapping train and test splits of the arithmetic task.
+
+    The test split is generated first with distinct prompts; the train split is then generated with a different seed
+    and never contains a test prompt (train prompts may repeat, which only happens for the smallest difficulties).
+
+    Args:
+        num_train (`int`):
+            Number of training examples.
+        num_eval (`int`):
+            Number of held-out examples.
+        seed (`int`, *optional*, defaults to `0`):
+            Base seed.
+        min_digits (`int`, *optional*, defaults to `1`):
+            Smallest number of digits per operand.
+        max_digits (`int`, *optional*, defaults to `6`):
+            Largest number of digits per operand.
+
+    Returns:
+        [`~datasets.DatasetDict`]: With splits `"train"` and `"test"`, both with the columns of
+        [`make_arithmetic_dataset`].
+    """
+    test = make_arithmetic_dataset(
+        num_eval, seed=seed + 1_000_003, min_digits=min_digits, max_digits=max_digits, unique=True
+    )
+    train = make_arithmetic_dataset(
+        num_train, seed=seed, min_digits=min_digits, max_digits=max_digits, exclude_prompts=test["prompt"]
+    )
+    return DatasetDict(train=train, test=test)

@@ -1,0 +1,936 @@
+"""PPOTrainer on current TRL: rollout → advantages → PPO epochs, with `compute_advantages` as the seam for subclasses."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from accelerate.utils import gather_object, is_peft_model
+from datasets import Dataset, IterableDataset
+from torch.utils.data import DataLoader
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    ProgressCallback,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+)
+from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import IntervalStrategy
+from transformers.utils import is_peft_available, logging
+from trl.data_utils import is_conversational, maybe_apply_chat_template
+from trl.models import unwrap_model_for_generation
+from trl.trainer.base_trainer import _BaseTrainer
+from trl.trainer.utils import disable_dropout_in_model, print_prompt_completions_sample
+
+from .callbacks import RolloutProgressCallback
+from .config import PPOConfig
+from .gae import explained_variance, gae, masked_mean, masked_whiten, position_correlation
+from .losses import clipped_policy_loss, clipped_value_loss, kl_penalty
+from .rollout import (
+    PolicyAndValueModel,
+    Rollout,
+    call_reward_function,
+    reward_func_name,
+    reward_model_scores,
+    truncate_at_stop,
+)
+from .value_model import (
+    as_value_model,
+    check_value_model_matches_policy,
+    create_value_model_from_policy,
+    load_value_model,
+    save_value_model,
+)
+
+if is_peft_available():
+    from peft import PeftConfig, get_peft_model
+
+logger = logging.get_logger(__name__)
+
+RewardFunc = str | PreTrainedModel | Callable[..., list[float | None]]
+VALUE_MODEL_DIRNAME = "value_model"
+# Value-only updates log their critic statistics under `value_pretrain/`.
+PRETRAIN_METRIC_NAMES = {
+    "loss/value": "value_pretrain/loss",
+    "val/clipfrac": "value_pretrain/clipfrac",
+    "val/vpred": "value_pretrain/vpred",
+}
+
+
+class PPOTrainer(_BaseTrainer):
+    """
+    Proximal Policy Optimization with a learned critic, for prompt datasets and rule-based or model-based rewards.
+
+    One update: generate responses for a batch of prompts → cut them at the stop token → score them (reward on the
+    last response token, `missing_eos_penalty` when no stop token) → critic values → reference log-probabilities and a
+    per-token KL penalty when `kl_coef > 0` → advantages and returns ([`compute_advantages`]) → `num_ppo_epochs ×
+    num_mini_batches` optimizer steps of clipped policy loss plus `vf_coef ×` clipped value loss → metrics.
+
+    Args:
+        model (`str` or `PreTrainedModel`): The policy: a causal LM or its name/path.
+        reward_funcs (callable, `str`, `PreTrainedModel`, or a list of them): Reward functions with TRL's protocol
+            (`f(prompts, completions, completion_ids, **columns) -> list[float | None]`), or sequence-classification
+            reward models (or their names/paths). Their weighted sum is the score of a response.
+        args ([`PPOConfig`], *optional*): Training configuration.
+        train_dataset (`Dataset`): Rows with a `prompt` column (text, or a list of chat messages). Other columns
+            (e.g. `solution`) are passed to the reward functions as keyword arguments.
+        eval_dataset (`Dataset`, *optional*): Same format; used by [`evaluate`].
+        processing_class (`PreTrainedTokenizerBase`, *optional*): The policy's tokenizer. Loaded from the model when
+            omitted.
+        value_model (`str` or `PreTrainedModel`, *optional*): The critic. `None` builds one from the policy's weights
+            with a fresh scalar head; a path or model is loaded (a token-classification checkpoint with
+            `num_labels=1`, or a sequence-classification reward model to reproduce the paper's PPO baseline).
+        ref_model (`PreTrainedModel`, *optional*): Reference policy for the KL penalty; only used when
+            `kl_coef > 0`. Defaults to a frozen copy of the initial policy (or the base model with adapters
+            disabled under PEFT).
+        reward_processing_classes (tokenizer or list, *optional*): Tokenizers of reward models given as objects.
+        callbacks (`list[TrainerCallback]`, *optional*): Extra callbacks.
+        optimizers (`tuple`, *optional*): `(optimizer, lr_scheduler)` to use instead of the default AdamW with one
+            parameter group per model (policy at `learning_rate`, critic at `value_learning_rate`).
+        peft_config (`PeftConfig`, *optional*): LoRA (or other PEFT) configuration for the policy.
+    """
+
+    _tag_names = ["trl", "ppo", "vcppo-trl"]
+    _name = "PPO"
+    _config_class = PPOConfig
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        reward_funcs: RewardFunc | list[RewardFunc],
+        args: PPOConfig | None = None,
+        train_dataset: Dataset | None = None,
+        eval_dataset: Dataset | None = None,
+        processing_class: PreTrainedTokenizerBase | None = None,
+        value_model: str | PreTrainedModel | None = None,
+        ref_model: PreTrainedModel | None = None,
+        reward_processing_classes: PreTrainedTokenizerBase | list[PreTrainedTokenizerBase] | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers: tuple[torch.optim.Optimizer | None, torch.optim.lr_scheduler.LambdaLR | None] = (None, None),
+        peft_config: PeftConfig | None = None,
+    ):
+        model_id = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
+        if args is None:
+            args = self._config_class(output_dir=f"{str(model_id).split('/')[-1] or 'model'}-{self._name}")
+        if not isinstance(args, PPOConfig):
+            raise TypeError(f"`args` must be a PPOConfig (or VCPPOConfig), got {type(args).__name__}.")
+        self._check_dataset(train_dataset, "train_dataset", required=True)
+        self._check_dataset(eval_dataset, "eval_dataset", required=False)
+
+        policy = self._load_policy(model, args)
+        tokenizer = self._load_tokenizer(processing_class, policy)
+        self.stop_token_ids = self._resolve_stop_token_ids(args, tokenizer)
+        critic = self._load_value_model(value_model, policy, tokenizer, args)
+
+        if peft_config is not None:
+            if not is_peft_available():
+                raise ImportError("`peft_config` needs the `peft` package: pip install peft")
+            policy = get_peft_model(policy, peft_config)
+        if args.disable_dropout:
+            disable_dropout_in_model(policy)
+            disable_dropout_in_model(critic)
+        if args.gradient_checkpointing:
+            for m in (policy, critic):
+                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
+
+        # The reference policy exists only when the KL penalty is on; under PEFT it is the base model.
+        self.ref_model = None
+        if args.kl_coef > 0 and not is_peft_model(policy):
+            self.ref_model = ref_model if ref_model is not None else copy.deepcopy(policy)
+            self.ref_model.eval().requires_grad_(False)
+            if args.disable_dropout:
+                disable_dropout_in_model(self.ref_model)
+        elif ref_model is not None and args.kl_coef == 0:
+            logger.warning("`ref_model` was given but `kl_coef == 0`: the reference model is not used.")
+
+        self.reward_funcs, self.reward_processing_classes = self._load_reward_funcs(
+            reward_funcs, reward_processing_classes, args
+        )
+        self.reward_func_names = [reward_func_name(f) for f in self.reward_funcs]
+        if args.reward_weights is None:
+            self.reward_weights = torch.ones(len(self.reward_funcs))
+        elif len(args.reward_weights) != len(self.reward_funcs):
+            raise ValueError(
+                f"`reward_weights` has {len(args.reward_weights)} entries but there are {len(self.reward_funcs)} "
+                "reward functions: give one weight per function."
+            )
+        else:
+            self.reward_weights = torch.tensor(args.reward_weights, dtype=torch.float32)
+
+        if args.ddp_find_unused_parameters is None:
+            # Value-only updates leave the policy out of the graph.
+            args.ddp_find_unused_parameters = True
+
+        super().__init__(
+            model=PolicyAndValueModel(policy, critic),
+            args=args,
+            data_collator=lambda rows: rows,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=tokenizer,
+            callbacks=callbacks,
+            optimizers=optimizers,
+        )
+        self.remove_callback(ProgressCallback)
+        if not args.disable_tqdm:
+            self.add_callback(RolloutProgressCallback)
+
+        self._prepare_auxiliary_models()
+        self._compute_batch_sizes()
+        self.latest_metrics: dict[str, float] = {}
+        self.policy_frozen = False
+
+    # ------------------------------------------------------------------ setup
+
+    @staticmethod
+    def _check_dataset(dataset, name: str, required: bool) -> None:
+        if dataset is None:
+            if required:
+                raise ValueError(f"`{name}` is required: a dataset with a 'prompt' column.")
+            return
+        if isinstance(dataset, IterableDataset):
+            raise ValueError(f"`{name}` must be a map-style `datasets.Dataset`; IterableDataset is not supported yet.")
+        columns = getattr(dataset, "column_names", None)
+        if columns is None or "prompt" not in columns:
+            raise ValueError(
+                f"`{name}` must have a 'prompt' column (text or chat messages), but its columns are {columns}. "
+                "Rename your prompt column, e.g. dataset.rename_column('question', 'prompt')."
+            )
+        if len(dataset) == 0:
+            raise ValueError(f"`{name}` is empty.")
+
+    @staticmethod
+    def _load_policy(model: str | PreTrainedModel, args: PPOConfig) -> PreTrainedModel:
+        if isinstance(model, str):
+            kwargs = dict(args.model_init_kwargs or {})
+            return AutoModelForCausalLM.from_pretrained(model, **kwargs)
+        if args.model_init_kwargs:
+            logger.warning("`model_init_kwargs` is ignored because `model` is already instantiated.")
+        return model
+
+    @staticmethod
+    def _load_tokenizer(processing_class, policy: PreTrainedModel) -> PreTrainedTokenizerBase:
+        tokenizer = processing_class
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(policy.config._name_or_path)
+        tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a multimodal processor wraps its tokenizer
+        if tokenizer.pad_token_id is None:
+            if tokenizer.eos_token_id is None:
+                raise ValueError("The tokenizer has neither a pad nor an EOS token: set `tokenizer.pad_token`.")
+            tokenizer.pad_token = tokenizer.eos_token
+        return tokenizer
+
+    @staticmethod
+    def _resolve_stop_token_ids(args: PPOConfig, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+        if args.stop_token_id is not None:
+            if not 0 <= args.stop_token_id < len(tokenizer):
+                raise ValueError(f"`stop_token_id` {args.stop_token_id} is not a token of the tokenizer.")
+            return [args.stop_token_id]
+        if tokenizer.eos_token_id is None:
+            raise ValueError("The tokenizer has no EOS token: set `stop_token_id` to the id that ends a response.")
+        return [tokenizer.eos_token_id]
+
+    def _load_value_model(
+        self,
+        value_model: str | PreTrainedModel | None,
+        policy: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        args: PPOConfig,
+    ) -> PreTrainedModel:
+        if value_model is None:
+            return create_value_model_from_policy(policy)
+        if isinstance(value_model, str):
+            critic = load_value_model(value_model, **dict(args.model_init_kwargs or {}))
+            check_value_model_matches_policy(critic, policy, tokenizer, source=value_model)
+            return critic.to(next(policy.parameters()).device)
+        critic = as_value_model(value_model)
+        check_value_model_matches_policy(critic, policy, tokenizer)
+        return critic
+
+    @staticmethod
+    def _load_reward_funcs(reward_funcs, reward_processing_classes, args):
+        if reward_funcs is None:
+            raise ValueError("`reward_funcs` is required: a reward function, a reward model, or a list of them.")
+        funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
+        if not funcs:
+            raise ValueError("`reward_funcs` is empty: give at least one reward function or reward model.")
+        if reward_processing_classes is None:
+            processing = [None] * len(funcs)
+        elif isinstance(reward_processing_classes, list):
+            processing = list(reward_processing_classes)
+        else:
+            processing = [reward_processing_classes]
+        if len(processing) != len(funcs):
+            raise ValueError("`reward_processing_classes` must have one entry per reward function.")
+        loaded, tokenizers = [], []
+        for func, proc in zip(funcs, processing):
+            if isinstance(func, str):
+                func = AutoModelForSequenceClassification.from_pretrained(
+                    func, num_labels=1, **dict(args.model_init_kwargs or {})
+                )
+            if isinstance(func, PreTrainedModel):
+                if proc is None:
+                    proc = AutoTokenizer.from_pretrained(func.config._name_or_path)
+                if proc.pad_token_id is None:
+                    proc.pad_token = proc.eos_token
+                func.eval().requires_grad_(False)
+            elif not callable(func):
+                raise TypeError(f"Reward function {func!r} is neither callable, a model, nor a model name.")
+            loaded.append(func)
+            tokenizers.append(proc)
+        return loaded, tokenizers
+
+    def _prepare_auxiliary_models(self) -> None:
+        """Place the reference and reward models for inference (DeepSpeed-initialised under DeepSpeed)."""
+
+        def prepare(model):
+            if self.is_deepspeed_enabled:
+                from trl.models import prepare_deepspeed
+
+                return prepare_deepspeed(model, self.accelerator)
+            return self.accelerator.prepare_model(model, evaluation_mode=True)
+
+        if self.ref_model is not None:
+            self.ref_model = prepare(self.ref_model)
+        self.reward_funcs = [prepare(f) if isinstance(f, PreTrainedModel) else f for f in self.reward_funcs]
+
+    def _compute_batch_sizes(self) -> None:
+        """TRL's PPO batch arithmetic, checked against the dataset before any training time is spent."""
+        args = self.args
+        self.world_size = self.accelerator.num_processes
+        self.local_batch_size = (
+            args.per_device_train_batch_size * args.gradient_accumulation_steps * args.num_mini_batches
+        )
+        self.local_mini_batch_size = self.local_batch_size // args.num_mini_batches
+        self.batch_size = self.local_batch_size * self.world_size
+        if len(self.train_dataset) < self.batch_size:
+            raise ValueError(
+                f"One update needs batch_size = per_device_train_batch_size ({args.per_device_train_batch_size}) × "
+                f"gradient_accumulation_steps ({args.gradient_accumulation_steps}) × num_mini_batches "
+                f"({args.num_mini_batches}) × processes ({self.world_size}) = {self.batch_size} prompts, but the "
+                f"train dataset has only {len(self.train_dataset)} rows. Lower those settings or add data."
+            )
+        total_episodes = args.total_episodes or int(args.num_train_epochs * len(self.train_dataset))
+        self.num_ppo_updates = max(1, math.ceil(total_episodes / self.batch_size))
+        self.total_episodes = total_episodes
+
+    # --------------------------------------------------------------- optimizer
+
+    def create_optimizer(self, model=None) -> torch.optim.Optimizer:
+        """AdamW (or `args.optim`) with separate parameter groups for the policy and the critic."""
+        if self.optimizer is not None:
+            return self.optimizer
+        wrapper = self.model if model is None else model
+        decay = set(self.get_decay_parameter_names(wrapper))
+        groups = []
+        for role, lr in (("policy", self.args.learning_rate), ("value", self.args.value_learning_rate)):
+            named = [
+                (n, p) for n, p in wrapper.named_parameters() if p.requires_grad and n.startswith(role_prefix(role))
+            ]
+            for use_decay in (True, False):
+                params = [p for n, p in named if (n in decay) == use_decay]
+                if params:
+                    wd = self.args.weight_decay if use_decay else 0.0
+                    groups.append({"params": params, "weight_decay": wd, "lr": lr, "role": role})
+        optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, wrapper)
+        optimizer_kwargs.pop("lr", None)
+        self.optimizer = optimizer_cls(groups, lr=self.args.learning_rate, **optimizer_kwargs)
+        return self.optimizer
+
+    def optimizer_steps_per_update(self) -> int:
+        return self.args.num_ppo_epochs * self.args.num_mini_batches
+
+    def num_training_updates(self) -> int:
+        """Number of rollout batches this run will use (subclasses add value-pretraining updates)."""
+        return self.num_ppo_updates
+
+    # -------------------------------------------------------------- data flow
+
+    def _prompt_batches(self) -> Iterator[list[dict[str, Any]]]:
+        """Endless stream of per-process prompt batches, reshuffled every pass, sharded across processes."""
+        generator = torch.Generator()
+        generator.manual_seed(self.args.seed)
+        dataloader = DataLoader(
+            self.train_dataset,
+            batch_size=self.local_batch_size,
+            shuffle=True,
+            drop_last=True,
+            collate_fn=lambda rows: rows,
+            generator=generator,
+        )
+        dataloader = self.accelerator.prepare(dataloader)
+        epoch = 0
+        while True:
+            if hasattr(dataloader, "set_epoch"):
+                dataloader.set_epoch(epoch)
+            yield from dataloader
+            epoch += 1
+
+    def _prompt_texts(self, rows: list[dict[str, Any]]) -> list[str]:
+        return [maybe_apply_chat_template({"prompt": row["prompt"]}, self.processing_class)["prompt"] for row in rows]
+
+    def _tokenize_prompts(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        encoded = self.processing_class(
+            texts,
+            return_tensors="pt",
+            padding=True,
+            padding_side="left",
+            add_special_tokens=False,
+            truncation=self.args.max_prompt_length is not None,
+            truncation_side="left",
+            max_length=self.args.max_prompt_length,
+        )
+        return encoded["input_ids"].to(self.accelerator.device), encoded["attention_mask"].to(self.accelerator.device)
+
+    def _generation_config(self, greedy: bool, temperature: float) -> GenerationConfig:
+        tokenizer = self.processing_class
+        return GenerationConfig(
+            max_new_tokens=self.args.response_length,
+            do_sample=not greedy,
+            temperature=None if greedy else temperature,
+            top_k=None if greedy else 0,
+            top_p=None if greedy else 1.0,
+            eos_token_id=self.stop_token_ids,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+        )
+
+    @torch.no_grad()
+    def generate(
+        self, query_ids: torch.Tensor, query_mask: torch.Tensor, greedy: bool = False, temperature: float | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """
+        Sample responses for left-padded prompts and cut them at the stop token.
+
+        Returns:
+            `(response_ids, response_mask, has_stop)` as in [`~rollout.truncate_at_stop`].
+        """
+        config = self._generation_config(greedy, temperature or self.args.temperature)
+        chunk = self.args.local_rollout_forward_batch_size
+        pieces = []
+        with unwrap_model_for_generation(
+            self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
+        ) as unwrapped:
+            policy = unwrapped.policy
+            was_training = policy.training
+            policy.eval()
+            for start in range(0, query_ids.shape[0], chunk):
+                ids, mask = query_ids[start : start + chunk], query_mask[start : start + chunk]
+                out = policy.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+                pieces.append(out[:, ids.shape[1] :])
+            policy.train(was_training)
+        width = max(p.shape[1] for p in pieces)
+        pad = self.processing_class.pad_token_id
+        responses = torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=pad) for p in pieces])
+        return truncate_at_stop(responses, self.stop_token_ids, pad)
+
+    def _completions(self, rows: list[dict[str, Any]], response_ids: torch.Tensor, response_mask: torch.Tensor):
+        """Decode responses (stop token excluded) into what reward functions receive."""
+        stop = torch.isin(response_ids, torch.tensor(self.stop_token_ids, device=response_ids.device))
+        content_mask = response_mask & ~stop
+        completion_ids = [ids[m].tolist() for ids, m in zip(response_ids, content_mask)]
+        texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
+        if rows and is_conversational({"prompt": rows[0]["prompt"]}):
+            completions = [[{"role": "assistant", "content": t}] for t in texts]
+        else:
+            completions = texts
+        return completions, texts, completion_ids
+
+    def score(
+        self,
+        rows: list[dict[str, Any]],
+        prompt_texts: list[str],
+        completions: list[Any],
+        completion_texts: list[str],
+        completion_ids: list[list[int]],
+    ) -> torch.Tensor:
+        """
+        Rewards of every function for every completion.
+
+        Returns:
+            `torch.Tensor` of shape `[B, F]` (float32, on device), `nan` where a function returned `None`.
+        """
+        prompts = [row["prompt"] for row in rows]
+        extra = {key: [row[key] for row in rows] for key in rows[0] if key not in ("prompt", "completion")}
+        columns = []
+        for func, proc in zip(self.reward_funcs, self.reward_processing_classes):
+            if isinstance(func, torch.nn.Module):
+                texts = [p + c for p, c in zip(prompt_texts, completion_texts)]
+                values = reward_model_scores(func, proc, texts, self.args.local_rollout_forward_batch_size)
+            else:
+                values = call_reward_function(
+                    func, prompts, completions, completion_ids, extra, trainer_state=self.state
+                )
+            columns.append([float("nan") if v is None else float(v) for v in values])
+        return torch.tensor(columns, dtype=torch.float32, device=self.accelerator.device).T
+
+    @torch.no_grad()
+    def _forward_in_chunks(self, rollout: Rollout, compute_policy: bool):
+        model = self.accelerator.unwrap_model(self.model_wrapped)
+        chunk = self.args.local_rollout_forward_batch_size
+        input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
+        logprobs, values = [], []
+        for start in range(0, input_ids.shape[0], chunk):
+            lp, _, v = model(
+                input_ids[start : start + chunk],
+                attention_mask[start : start + chunk],
+                rollout.context_length,
+                self.args.temperature,
+                compute_policy=compute_policy,
+                compute_entropy=False,
+            )
+            logprobs.append(lp)
+            values.append(v)
+        return (torch.cat(logprobs) if compute_policy else None), torch.cat(values)
+
+    @torch.no_grad()
+    def _ref_logprobs(self, rollout: Rollout) -> torch.Tensor:
+        from .rollout import policy_logprobs
+
+        chunk = self.args.local_rollout_forward_batch_size
+        input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
+        out = []
+        for start in range(0, input_ids.shape[0], chunk):
+            ids, mask = input_ids[start : start + chunk], attention_mask[start : start + chunk]
+            if self.ref_model is not None:
+                lp, _ = policy_logprobs(self.ref_model, ids, mask, rollout.context_length, self.args.temperature)
+            else:  # PEFT: the reference is the base model, adapters disabled.
+                policy = self.accelerator.unwrap_model(self.model_wrapped).policy
+                with policy.disable_adapter():
+                    lp, _ = policy_logprobs(policy, ids, mask, rollout.context_length, self.args.temperature)
+            out.append(lp)
+        return torch.cat(out)
+
+    def make_rollout(self, rows: list[dict[str, Any]], train_policy: bool = True) -> Rollout:
+        """
+        Generate, score and evaluate one batch of prompts.
+
+        Args:
+            rows: Dataset rows for this process.
+            train_policy: When False (value-only updates) the policy's and reference's log-probabilities are not
+                computed: the policy does not move, so the KL penalty is exactly 0.
+        """
+        args = self.args
+        prompt_texts = self._prompt_texts(rows)
+        query_ids, query_mask = self._tokenize_prompts(prompt_texts)
+        response_ids, response_mask, has_stop = self.generate(query_ids, query_mask)
+        completions, completion_texts, completion_ids = self._completions(rows, response_ids, response_mask)
+        rewards_per_func = self.score(rows, prompt_texts, completions, completion_texts, completion_ids)
+
+        weights = self.reward_weights.to(rewards_per_func.device)
+        all_none = torch.isnan(rewards_per_func).all(dim=1)
+        raw_scores = (rewards_per_func.nan_to_num(0.0) * weights).sum(dim=1)
+        raw_scores = torch.where(all_none, torch.full_like(raw_scores, float("nan")), raw_scores)
+        scores = raw_scores.nan_to_num(0.0).clone()
+        if args.missing_eos_penalty is not None:
+            scores = scores - args.missing_eos_penalty * (~has_stop).float()
+        # A sample that no reward function could score is dropped from the losses.
+        response_mask = response_mask & ~all_none.unsqueeze(1)
+
+        rollout = Rollout(
+            prompts=[row["prompt"] for row in rows],
+            completions=completions,
+            extra_columns={k: [row[k] for row in rows] for k in rows[0] if k != "prompt"},
+            query_ids=query_ids,
+            query_mask=query_mask,
+            response_ids=response_ids,
+            response_mask=response_mask,
+            has_stop=has_stop,
+            scores=scores,
+            raw_scores=raw_scores,
+            rewards_per_func=rewards_per_func,
+        )
+        rollout.meta["completion_texts"] = completion_texts
+        rollout.logprobs, rollout.values = self._forward_in_chunks(rollout, compute_policy=train_policy)
+        if train_policy and args.kl_coef > 0:
+            rollout.ref_logprobs = self._ref_logprobs(rollout)
+            rollout.kl = kl_penalty(rollout.logprobs, rollout.ref_logprobs, args.kl_estimator) * response_mask
+        else:
+            rollout.kl = torch.zeros_like(rollout.values)
+        rollout.rewards = self.token_rewards(rollout)
+        return rollout
+
+    def token_rewards(self, rollout: Rollout) -> torch.Tensor:
+        """Per-token rewards: −kl_coef·KL on every token, plus the score on the last valid response token."""
+        mask = rollout.response_mask
+        rewards = -self.args.kl_coef * rollout.kl
+        lengths = mask.sum(dim=1)
+        has_tokens = lengths > 0
+        last = (lengths - 1).clamp(min=0)
+        rows = torch.arange(mask.shape[0], device=mask.device)
+        rewards[rows[has_tokens], last[has_tokens]] += rollout.scores[has_tokens]
+        if self.args.whiten_rewards:
+            rewards = masked_whiten(rewards, mask, shift_mean=False)
+        return rewards * mask
+
+    def compute_advantages(self, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
+        """
+        The seam where a subclass changes how advantages are made.
+
+        Returns:
+            `(advantages, returns)`, both `[B, T]`: raw (not whitened) advantages for the policy and regression
+            targets for the critic. [`PPOTrainer`] uses single-λ GAE with `lam`.
+        """
+        return gae(rollout.rewards, rollout.values, rollout.response_mask, self.args.gamma, self.args.lam)
+
+    # --------------------------------------------------------------- updating
+
+    def _set_policy_lr_to_zero(self) -> None:
+        for group in self.optimizer.param_groups:
+            if group.get("role") == "policy":
+                group["lr"] = 0.0
+
+    def ppo_update(
+        self, rollout: Rollout, advantages: torch.Tensor, returns: torch.Tensor, train_policy: bool = True
+    ) -> dict[str, float]:
+        """
+        `num_ppo_epochs × num_mini_batches` optimizer steps over one rollout.
+
+        With `train_policy=False` only the value loss is optimised and the policy's parameters get no gradient and no
+        optimizer step (their learning rate is also held at exactly 0, so no weight decay touches them).
+        """
+        args = self.args
+        model = self.model_wrapped
+        model.train()
+        mask = rollout.response_mask
+        adv = masked_whiten(advantages, mask) if train_policy else advantages
+        input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
+        stats = defaultdict(list)
+        batch = input_ids.shape[0]
+        micro = args.per_device_train_batch_size
+        for _ in range(args.num_ppo_epochs):
+            order = torch.randperm(batch, device=input_ids.device)
+            for mb_start in range(0, batch, self.local_mini_batch_size):
+                mb_idx = order[mb_start : mb_start + self.local_mini_batch_size]
+                micro_batches = list(mb_idx.split(micro))
+                for i, idx in enumerate(micro_batches):
+                    # Gradient accumulation over the micro-batches of one minibatch; DDP syncs on the last one only.
+                    is_last = i == len(micro_batches) - 1
+                    sync_context = contextlib.nullcontext() if is_last else self.accelerator.no_sync(model)
+                    with sync_context:
+                        logprobs, entropy, vpred = model(
+                            input_ids[idx],
+                            attention_mask[idx],
+                            rollout.context_length,
+                            args.temperature,
+                            compute_policy=train_policy,
+                        )
+                        m = mask[idx]
+                        vf = clipped_value_loss(vpred, rollout.values[idx], returns[idx], m, args.cliprange_value)
+                        loss = args.vf_coef * vf.loss
+                        if train_policy:
+                            pg = clipped_policy_loss(logprobs, rollout.logprobs[idx], adv[idx], m, args.cliprange)
+                            loss = loss + pg.loss
+                        self.accelerator.backward(loss / len(micro_batches))
+                    with torch.no_grad():
+                        stats["loss/value"].append(vf.loss.detach())
+                        stats["val/clipfrac"].append(vf.clipfrac)
+                        stats["val/vpred"].append(masked_mean(vpred.detach(), m))
+                        if train_policy:
+                            stats["loss/policy"].append(pg.loss.detach())
+                            stats["policy/clipfrac"].append(pg.clipfrac)
+                            stats["policy/approxkl"].append(pg.approxkl)
+                            stats["val/ratio"].append(pg.ratio)
+                            stats["policy/entropy"].append(masked_mean(entropy.detach(), m))
+                if args.max_grad_norm and args.max_grad_norm > 0:
+                    grad_norm = self.accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                    if grad_norm is not None:
+                        stats["grad_norm"].append(torch.as_tensor(grad_norm).detach().float())
+                if not train_policy:
+                    self._set_policy_lr_to_zero()
+                self.optimizer.step()
+                if self.lr_scheduler is not None:
+                    self.lr_scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+        return {
+            k: float(torch.stack([torch.as_tensor(x, dtype=torch.float32) for x in v]).mean())
+            for k, v in stats.items()
+        }
+
+    # ---------------------------------------------------------------- metrics
+
+    def _gather_masked(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        """Gather `[B, T]` tensors from every process (padded to a common T)."""
+        out = []
+        for t in tensors:
+            t = self.accelerator.pad_across_processes(t, dim=1, pad_index=0)
+            out.append(self.accelerator.gather(t))
+        return out
+
+    def _mean_across(self, values: torch.Tensor) -> float:
+        gathered = self.accelerator.gather(values.float().reshape(-1))
+        gathered = gathered[~torch.isnan(gathered)]
+        return float(gathered.mean()) if gathered.numel() else float("nan")
+
+    def rollout_metrics(
+        self, rollout: Rollout, advantages: torch.Tensor, returns: torch.Tensor, prefix: str = ""
+    ) -> dict[str, float]:
+        """Batch-level metrics of a rollout, computed over all processes."""
+        mask = rollout.response_mask
+        values, returns_g, advantages_g, mask_g, kl_g = self._gather_masked(
+            rollout.values, returns, advantages, mask.long(), rollout.kl
+        )
+        mask_g = mask_g.bool()
+        lengths = self.accelerator.gather(rollout.response_mask.sum(1).float())
+        valid = ~torch.isnan(self.accelerator.gather(rollout.raw_scores))
+        raw = self.accelerator.gather(rollout.raw_scores)
+        correct = (raw[valid] > self.args.accuracy_threshold).float()
+        metrics = {
+            "objective/scores": self._mean_across(rollout.scores),
+            "objective/kl": float((kl_g * mask_g).sum(1).mean()),
+            "objective/non_score_reward": float((-self.args.kl_coef * kl_g * mask_g).sum(1).mean()),
+            "value/explained_variance": explained_variance(values, returns_g, mask_g),
+            "value/mean": float(masked_mean(values, mask_g)),
+            "value/returns_mean": float(masked_mean(returns_g, mask_g)),
+            "diagnostics/response_length_mean": float(lengths.mean()),
+            "diagnostics/response_length_min": float(lengths.min()),
+            "diagnostics/response_length_max": float(lengths.max()),
+            "diagnostics/accuracy": float(correct.mean()) if correct.numel() else float("nan"),
+            "diagnostics/advantage_position_corr": position_correlation(advantages_g, mask_g),
+            "diagnostics/stop_rate": self._mean_across(rollout.has_stop.float()),
+            "diagnostics/skipped_samples": float((~valid).sum()),
+        }
+        metrics["objective/rlhf_reward"] = metrics["objective/scores"] + metrics["objective/non_score_reward"]
+        for i, name in enumerate(self.reward_func_names):
+            metrics[f"rewards/{name}/mean"] = self._mean_across(rollout.rewards_per_func[:, i])
+        if prefix:
+            metrics = {
+                f"{prefix}{k.split('/', 1)[-1]}" if k.startswith("value/") else k: v for k, v in metrics.items()
+            }
+        return metrics
+
+    # ------------------------------------------------------------------- loop
+
+    def _setup_training(self) -> None:
+        args = self.args
+        steps = self.num_training_updates() * self.optimizer_steps_per_update()
+        self.create_optimizer_and_scheduler(num_training_steps=steps)
+        self.model_wrapped, self.optimizer, self.lr_scheduler = self.accelerator.prepare(
+            self.model, self.optimizer, self.lr_scheduler
+        )
+        if self.is_deepspeed_enabled:
+            self.deepspeed = self.model_wrapped
+        self.state = TrainerState(
+            stateful_callbacks=[
+                cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)
+            ],
+        )
+        self.state.max_steps = self.num_training_updates()
+        self.state.num_train_epochs = args.num_train_epochs
+        self.state.logging_steps = args.logging_steps
+        self.state.eval_steps = args.eval_steps
+        self.state.save_steps = args.save_steps
+        self.state.is_local_process_zero = self.is_local_process_zero()
+        self.state.is_world_process_zero = self.is_world_process_zero()
+        self.state.train_batch_size = self.batch_size
+        self.control = TrainerControl()
+
+    def _should(self, interval: float | int, strategy) -> bool:
+        if strategy not in (IntervalStrategy.STEPS, "steps") or not interval:
+            return False
+        step = self.state.global_step
+        every = interval if interval >= 1 else max(1, int(interval * self.state.max_steps))
+        return step % int(every) == 0
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
+        """
+        Run the whole training: `num_training_updates()` rollout-and-update cycles.
+
+        Args:
+            resume_from_checkpoint: Not supported yet (a clear error): checkpoints are saved but training restarts
+                from scratch.
+        """
+        if resume_from_checkpoint:
+            raise ValueError(
+                "Resuming PPO training from a checkpoint is not supported yet. Start a new run, optionally from the "
+                "saved policy (model=<checkpoint>) and critic (value_model=<checkpoint>/value_model)."
+            )
+        args = self.args
+        self._setup_training()
+        prompt_batches = self._prompt_batches()
+        self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
+        if args.eval_on_start and self.eval_dataset is not None:
+            self.evaluate()
+        start_time = time.time()
+        sample_every = (
+            max(1, self.state.max_steps // args.num_sample_generations) if args.num_sample_generations > 0 else 0
+        )
+        while self.state.global_step < self.state.max_steps:
+            self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
+            rows = next(prompt_batches)
+            metrics = self.training_update(rows)
+            self.state.global_step += 1
+            self.state.epoch = self.state.global_step * self.batch_size / len(self.train_dataset)
+            metrics["episode"] = self.state.global_step * self.batch_size
+            metrics["lr"] = self._learning_rate("policy")
+            metrics["value_lr"] = self._learning_rate("value")
+            metrics["time/update_s"] = time.time() - self._update_start
+            self.latest_metrics = metrics
+            self.control = self.callback_handler.call_event(
+                "on_step_end", args, self.state, self.control, metrics=metrics
+            )
+            if self._should(args.logging_steps, args.logging_strategy) or self.control.should_log:
+                self.log(dict(metrics))
+                self.control.should_log = False
+            if sample_every and self.state.global_step % sample_every == 0 and self.is_world_process_zero():
+                self._print_samples()
+            if self.eval_dataset is not None and self._should(args.eval_steps, args.eval_strategy):
+                self.evaluate()
+            if self._should(args.save_steps, args.save_strategy):
+                self._save_checkpoint(self.model, trial=None)
+            if self.control.should_training_stop:
+                break
+        self.state.total_flos = 0
+        self.log({"train_runtime": time.time() - start_time})
+        self.control = self.callback_handler.on_train_end(args, self.state, self.control)
+        return self.state
+
+    def _learning_rate(self, role: str) -> float:
+        """Current learning rate of the policy or the critic (0 for the policy while it is frozen)."""
+        if role == "policy" and self.policy_frozen:
+            return 0.0
+        for group in self.optimizer.param_groups:
+            if group.get("role") == role:
+                return float(group["lr"])
+        return float("nan")
+
+    def training_update(self, rows: list[dict[str, Any]]) -> dict[str, float]:
+        """One rollout and the PPO epochs on it; returns the update's metrics."""
+        self._update_start = time.time()
+        train_policy = not self.policy_frozen
+        rollout = self.make_rollout(rows, train_policy=train_policy)
+        advantages, returns = self.compute_advantages(rollout)
+        prefix = "" if train_policy else "value_pretrain/"
+        metrics = self.rollout_metrics(rollout, advantages, returns, prefix=prefix)
+        update_stats = self.ppo_update(rollout, advantages, returns, train_policy=train_policy)
+        for name, value in update_stats.items():
+            key = f"{name}_avg"
+            if not train_policy and name in PRETRAIN_METRIC_NAMES:
+                key = f"{PRETRAIN_METRIC_NAMES[name]}_avg"
+            metrics[key] = self._mean_across(torch.tensor([value], device=self.accelerator.device))
+        self._last_rollout = (rollout, advantages)
+        return metrics
+
+    def _print_samples(self, num_samples: int = 4) -> None:
+        rollout, advantages = self._last_rollout
+        mask = rollout.response_mask
+        mean_adv = (advantages * mask).sum(1) / mask.sum(1).clamp(min=1)
+        rewards = {name: rollout.rewards_per_func[:, i].tolist() for i, name in enumerate(self.reward_func_names)}
+        try:
+            print_prompt_completions_sample(
+                rollout.prompts,
+                rollout.completions,
+                rewards,
+                mean_adv.tolist(),
+                self.state.global_step,
+                num_samples=min(num_samples, len(rollout.prompts)),
+            )
+        except ImportError:
+            logger.info("Install `rich` to see sample completions as a table.")
+
+    # ------------------------------------------------------------- evaluation
+
+    @torch.no_grad()
+    def evaluate(self, eval_dataset: Dataset | None = None, ignore_keys=None, metric_key_prefix: str = "eval"):
+        """
+        Generate on held-out prompts, score with the training reward functions, and log accuracy and length.
+
+        Greedy decoding when `eval_num_generations == 1`; otherwise `k` samples per prompt at `eval_temperature`,
+        and `<prefix>/pass@k` (share of prompts with at least one correct sample).
+
+        Returns:
+            `dict[str, float]` with `<prefix>/accuracy`, `<prefix>/score`, `<prefix>/response_length_mean` and, for
+            k > 1, `<prefix>/pass@k`.
+        """
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None:
+            raise ValueError("No evaluation dataset: pass `eval_dataset` to the trainer or to `evaluate`.")
+        if self.model_wrapped is self.model and self.accelerator.num_processes > 1:
+            raise RuntimeError("Call evaluate() after train() has prepared the model in multi-process runs.")
+        k = self.args.eval_num_generations
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        indices = list(range(rank, len(dataset), world))
+        chunk = self.args.local_rollout_forward_batch_size
+        records = []  # (prompt index, correct, score, length)
+        for start in range(0, len(indices), max(1, chunk // k)):
+            idx = indices[start : start + max(1, chunk // k)]
+            rows = [dataset[i] for i in idx for _ in range(k)]
+            prompt_texts = self._prompt_texts(rows)
+            query_ids, query_mask = self._tokenize_prompts(prompt_texts)
+            response_ids, response_mask, _ = self.generate(
+                query_ids, query_mask, greedy=(k == 1), temperature=self.args.eval_temperature
+            )
+            completions, texts, completion_ids = self._completions(rows, response_ids, response_mask)
+            per_func = self.score(rows, prompt_texts, completions, texts, completion_ids)
+            weights = self.reward_weights.to(per_func.device)
+            scores = (per_func.nan_to_num(0.0) * weights).sum(1)
+            valid = ~torch.isnan(per_func).all(1)
+            lengths = response_mask.sum(1)
+            for j, i in enumerate(r for r in idx for _ in range(k)):
+                if bool(valid[j]):
+                    correct = float(scores[j]) > self.args.accuracy_threshold
+                    records.append((i, correct, float(scores[j]), int(lengths[j])))
+        records = gather_object(records) if world > 1 else records
+        metrics = {}
+        if records:
+            metrics[f"{metric_key_prefix}/accuracy"] = sum(r[1] for r in records) / len(records)
+            metrics[f"{metric_key_prefix}/score"] = sum(r[2] for r in records) / len(records)
+            metrics[f"{metric_key_prefix}/response_length_mean"] = sum(r[3] for r in records) / len(records)
+            if k > 1:
+                by_prompt: dict[int, bool] = {}
+                for i, correct, _, _ in records:
+                    by_prompt[i] = by_prompt.get(i, False) or correct
+                metrics[f"{metric_key_prefix}/pass@{k}"] = sum(by_prompt.values()) / len(by_prompt)
+        metrics[f"{metric_key_prefix}/num_samples"] = float(len(records))
+        self.log(dict(metrics))
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
+        return metrics
+
+    # ----------------------------------------------------------------- saving
+
+    def unwrapped_policy_and_critic(self) -> tuple[PreTrainedModel, PreTrainedModel]:
+        wrapper = self.accelerator.unwrap_model(self.model_wrapped)
+        return wrapper.policy, wrapper.critic
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Save the policy (or its adapter) and tokenizer in `output_dir`, the critic in `output_dir/value_model`."""
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        policy, critic = self.unwrapped_policy_and_critic()
+        if state_dict:
+            policy_sd = {k[len("policy.") :]: v for k, v in state_dict.items() if k.startswith("policy.")}
+            critic_sd = {k[len("critic.") :]: v for k, v in state_dict.items() if k.startswith("critic.")}
+        else:
+            policy_sd = critic_sd = None
+        if not self.args.should_save:
+            return
+        os.makedirs(output_dir, exist_ok=True)
+        policy.save_pretrained(output_dir, state_dict=policy_sd)
+        self.processing_class.save_pretrained(output_dir)
+        self.save_value_model(os.path.join(output_dir, VALUE_MODEL_DIRNAME), state_dict=critic_sd)
+        torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+
+    def save_value_model(self, output_dir: str, state_dict: dict | None = None) -> None:
+        """Save the critic as a standard token-classification checkpoint (with the tokenizer)."""
+        if not self.args.should_save:
+            return
+        _, critic = self.unwrapped_policy_and_critic()
+        kwargs = {"state_dict": state_dict} if state_dict else {}
+        save_value_model(critic, self.processing_class, output_dir, **kwargs)
+
+
+def role_prefix(role: str) -> str:
+    """Parameter-name prefix of each model inside [`~rollout.PolicyAndValueModel`]."""
+    return {"policy": "policy.", "value": "critic."}[role]

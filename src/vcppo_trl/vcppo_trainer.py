@@ -1,0 +1,75 @@
+"""VCPPOTrainer: PPOTrainer plus VC-PPO's two changes (arXiv 2503.01491).
+
+1. Value pretraining: before the policy moves, the critic is trained alone on the frozen policy's rollouts with
+   Monte-Carlo targets (λ = 1); [`ValuePretrainCallback`] owns the phase.
+2. Decoupled GAE: value targets with `lam_critic` (1.0), policy advantages with `lam_actor` (≈ 0.95).
+"""
+
+from __future__ import annotations
+
+from .callbacks import ValuePretrainCallback
+from .config import VCPPOConfig
+from .gae import dual_lambda_gae
+from .rollout import Rollout
+from .trainer import PPOTrainer
+
+
+class VCPPOTrainer(PPOTrainer):
+    """
+    Value-Calibrated PPO. Same arguments as [`PPOTrainer`], with a [`VCPPOConfig`].
+
+    With `args.value_model_path` the critic is loaded from that pretrained checkpoint and value pretraining is
+    skipped; otherwise, with `args.value_pretrain_steps > 0`, a [`ValuePretrainCallback`] runs the pretraining phase
+    first (pass your own in `callbacks` to configure it by hand).
+    """
+
+    _tag_names = ["trl", "ppo", "vc-ppo", "vcppo-trl"]
+    _name = "VC-PPO"
+    _config_class = VCPPOConfig
+    _paper = {
+        "title": "What's Behind PPO's Collapse in Long-CoT? Value Optimization Holds the Secret",
+        "id": "2503.01491",
+    }
+
+    def __init__(self, model, reward_funcs, args: VCPPOConfig | None = None, value_model=None, **kwargs):
+        if args is not None and not isinstance(args, VCPPOConfig):
+            raise TypeError(f"VCPPOTrainer needs a VCPPOConfig, got {type(args).__name__}.")
+        if args is not None and args.value_model_path is not None:
+            if value_model is not None:
+                raise ValueError("Give either `value_model` or `args.value_model_path`, not both.")
+            value_model = args.value_model_path
+        super().__init__(model, reward_funcs, args=args, value_model=value_model, **kwargs)
+        self.value_pretrain_callback = self._bind_value_pretrain_callback()
+
+    def _bind_value_pretrain_callback(self) -> ValuePretrainCallback | None:
+        given = [cb for cb in self.callback_handler.callbacks if isinstance(cb, ValuePretrainCallback)]
+        if len(given) > 1:
+            raise ValueError("Pass at most one ValuePretrainCallback.")
+        if self.args.value_model_path is not None:
+            for cb in given:
+                self.remove_callback(cb)
+            return None  # the critic is already pretrained
+        callback = given[0] if given else None
+        if callback is None and self.args.value_pretrain_steps > 0:
+            callback = ValuePretrainCallback.from_config(self.args)
+            self.add_callback(callback)
+        if callback is not None:
+            callback.bind(self)
+        return callback
+
+    def num_training_updates(self) -> int:
+        callback = self.value_pretrain_callback
+        pretrain = callback.max_steps if callback is not None and not callback.done else 0
+        return self.num_ppo_updates + pretrain
+
+    def compute_advantages(self, rollout: Rollout):
+        """Decoupled GAE; during value pretraining the targets are Monte-Carlo returns (λ = 1)."""
+        lam_critic = 1.0 if self.policy_frozen else self.args.lam_critic
+        return dual_lambda_gae(
+            rollout.rewards,
+            rollout.values,
+            rollout.response_mask,
+            gamma=self.args.gamma,
+            lam_actor=self.args.lam_actor,
+            lam_critic=lam_critic,
+        )
