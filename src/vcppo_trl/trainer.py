@@ -127,6 +127,11 @@ class PPOTrainer(_BaseTrainer):
             args = self._config_class(output_dir=f"{str(model_id).split('/')[-1] or 'model'}-{self._name}")
         if not isinstance(args, PPOConfig):
             raise TypeError(f"`args` must be a PPOConfig (or VCPPOConfig), got {type(args).__name__}.")
+        if args.push_to_hub:
+            raise ValueError(
+                "push_to_hub is not supported yet by this trainer: save with trainer.save_model() (the policy in "
+                "output_dir, the critic in output_dir/value_model) and upload those folders with huggingface_hub."
+            )
         self._check_dataset(train_dataset, "train_dataset", required=True)
         self._check_dataset(eval_dataset, "eval_dataset", required=False)
 
@@ -858,8 +863,6 @@ class PPOTrainer(_BaseTrainer):
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError("No evaluation dataset: pass `eval_dataset` to the trainer or to `evaluate`.")
-        if self.model_wrapped is self.model and self.accelerator.num_processes > 1:
-            raise RuntimeError("Call evaluate() after train() has prepared the model in multi-process runs.")
         k = self.args.eval_num_generations
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         indices = list(range(rank, len(dataset), world))

@@ -1,0 +1,199 @@
+"""The training script behind `train.py`: TRL-style arguments, data and model loading, then VCPPOTrainer.
+
+`accelerate launch train.py --config configs/recipes/<recipe>.yaml` for a real model; with no model the embedded toy
+task runs end to end on a CPU (tiny model built in-process, cold-start SFT, value pretraining, VC-PPO) and prints a
+before/after table.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+from datasets import Dataset, DatasetDict, load_dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import ModelConfig, ScriptArguments, TrlParser
+from trl.trainer.utils import get_peft_config, get_quantization_config
+
+from .config import VCPPOConfig
+from .rewards import resolve_reward_funcs
+from .vcppo_trainer import VCPPOTrainer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class VCPPOScriptArguments(ScriptArguments):
+    """Script arguments: the dataset, its columns, the reward functions, and the embedded toy's settings."""
+
+    dataset_name: str | None = field(
+        default=None, metadata={"help": "Dataset name or path. Leave unset (with no model) for the embedded toy task."}
+    )
+    prompt_column: str = field(default="prompt", metadata={"help": "Column holding the prompt."})
+    solution_column: str | None = field(
+        default="solution", metadata={"help": "Column holding the gold answer, passed to rewards as `solution`."}
+    )
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["math_verify"],
+        metadata={"help": "Reward functions: built-in names (math_verify, think_format, accuracy) or dotted paths."},
+    )
+    conversational: bool = field(
+        default=False, metadata={"help": "Wrap text prompts as a user message (uses the tokenizer's chat template)."}
+    )
+    system_prompt: str | None = field(default=None, metadata={"help": "System message added to chat prompts."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Keep at most this many train rows."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Keep at most this many eval rows."})
+    toy_num_train: int = field(default=2000, metadata={"help": "Toy task: number of training prompts."})
+    toy_num_eval: int = field(default=200, metadata={"help": "Toy task: number of held-out prompts."})
+    toy_min_digits: int = field(default=1, metadata={"help": "Toy task: fewest digits per operand."})
+    toy_max_digits: int = field(default=6, metadata={"help": "Toy task: most digits per operand."})
+    toy_cold_start_steps: int | None = field(
+        default=None, metadata={"help": "Toy task: cold-start SFT steps (default: the tuned toy default)."}
+    )
+    toy_cold_start_learning_rate: float | None = field(
+        default=None, metadata={"help": "Toy task: cold-start SFT learning rate (default: the tuned toy default)."}
+    )
+
+
+def _to_chat(example: dict, column: str, system_prompt: str | None) -> dict:
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages.append({"role": "user", "content": example[column]})
+    return {"prompt": messages}
+
+
+def prepare_dataset(dataset: Dataset, script_args: VCPPOScriptArguments, limit: int | None) -> Dataset:
+    """Rename the configured columns to `prompt`/`solution` and optionally wrap prompts as chat messages."""
+    columns = dataset.column_names
+    if script_args.prompt_column not in columns:
+        raise ValueError(
+            f"The dataset has no column {script_args.prompt_column!r} (columns: {columns}). Set --prompt_column."
+        )
+    if script_args.solution_column and script_args.solution_column not in columns:
+        raise ValueError(
+            f"The dataset has no column {script_args.solution_column!r} (columns: {columns}). Set --solution_column "
+            "to the gold-answer column, or to an empty value if your reward functions need none."
+        )
+    if limit is not None:
+        dataset = dataset.select(range(min(limit, len(dataset))))
+    if script_args.solution_column and script_args.solution_column != "solution":
+        if "solution" in columns:
+            dataset = dataset.remove_columns("solution")
+        dataset = dataset.rename_column(script_args.solution_column, "solution")
+    if script_args.conversational:
+        dataset = dataset.map(lambda ex: _to_chat(ex, script_args.prompt_column, script_args.system_prompt))
+    elif script_args.prompt_column != "prompt":
+        dataset = dataset.rename_column(script_args.prompt_column, "prompt")
+    return dataset
+
+
+def load_datasets(script_args: VCPPOScriptArguments) -> tuple[Dataset, Dataset | None]:
+    """Load the train (and test, when the split exists) datasets named by the script arguments."""
+    data = load_dataset(script_args.dataset_name, name=script_args.dataset_config)
+    if not isinstance(data, DatasetDict) or script_args.dataset_train_split not in data:
+        raise ValueError(f"The dataset has no split {script_args.dataset_train_split!r}: set --dataset_train_split.")
+    train = prepare_dataset(data[script_args.dataset_train_split], script_args, script_args.max_train_samples)
+    test = None
+    if script_args.dataset_test_split in data:
+        test = prepare_dataset(data[script_args.dataset_test_split], script_args, script_args.max_eval_samples)
+    return train, test
+
+
+def build_toy(script_args: VCPPOScriptArguments, training_args: VCPPOConfig):
+    """The embedded default: toy task, tiny policy and tokenizer built in-process, and a cold-start SFT."""
+    from .toy import build_tiny_model, build_tokenizer, cold_start_sft, make_splits
+    from .toy import defaults as toy_defaults
+
+    splits = make_splits(
+        script_args.toy_num_train,
+        script_args.toy_num_eval,
+        seed=training_args.seed,
+        min_digits=script_args.toy_min_digits,
+        max_digits=script_args.toy_max_digits,
+    )
+    tokenizer = build_tokenizer()
+    model = build_tiny_model(tokenizer, seed=training_args.seed)
+    steps = script_args.toy_cold_start_steps or toy_defaults.TOY_SFT_STEPS
+    lr = script_args.toy_cold_start_learning_rate or toy_defaults.TOY_SFT_LEARNING_RATE
+    logger.warning(f"Embedded toy run: cold-start SFT for {steps} steps on {len(splits['train'])} worked solutions.")
+    model = cold_start_sft(
+        model,
+        tokenizer,
+        splits["train"],
+        output_dir=os.path.join(training_args.output_dir, "cold_start"),
+        max_steps=steps,
+        learning_rate=lr,
+        seed=training_args.seed,
+    )
+    columns = ["prompt", "solution", "difficulty"]
+    train = splits["train"].select_columns(columns)
+    test = splits["test"].select_columns(columns)
+    return model, tokenizer, train, test
+
+
+def load_model_and_tokenizer(model_args: ModelConfig):
+    kwargs = {
+        "revision": model_args.model_revision,
+        "trust_remote_code": model_args.trust_remote_code,
+        "attn_implementation": model_args.attn_implementation,
+        "dtype": model_args.dtype,
+    }
+    quantization_config = get_quantization_config(model_args)
+    if quantization_config is not None:
+        kwargs["quantization_config"] = quantization_config
+    model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(
+        model_args.model_name_or_path,
+        revision=model_args.model_revision,
+        trust_remote_code=model_args.trust_remote_code,
+    )
+    return model, tokenizer
+
+
+def format_results_table(rows: list[tuple[str, dict]]) -> str:
+    """A plain-text table of held-out accuracy and response length at each stage."""
+    lines = [f"{'stage':<22}{'held-out accuracy':>20}{'mean response length':>24}"]
+    for stage, metrics in rows:
+        acc = metrics.get("eval/accuracy", float("nan"))
+        length = metrics.get("eval/response_length_mean", float("nan"))
+        lines.append(f"{stage:<22}{acc:>20.3f}{length:>24.1f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> VCPPOTrainer:
+    parser = TrlParser((VCPPOScriptArguments, VCPPOConfig, ModelConfig))
+    script_args, training_args, model_args = parser.parse_args_and_config(argv)
+
+    toy = model_args.model_name_or_path is None
+    if toy:
+        if script_args.dataset_name is not None:
+            raise ValueError("--dataset_name needs --model_name_or_path (the embedded toy builds its own data).")
+        model, tokenizer, train_dataset, eval_dataset = build_toy(script_args, training_args)
+    else:
+        if script_args.dataset_name is None:
+            raise ValueError("Set --dataset_name (a dataset with a prompt and a solution column).")
+        model, tokenizer = load_model_and_tokenizer(model_args)
+        train_dataset, eval_dataset = load_datasets(script_args)
+
+    trainer = VCPPOTrainer(
+        model=model,
+        reward_funcs=resolve_reward_funcs(script_args.reward_funcs),
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+    )
+
+    results = []
+    if eval_dataset is not None:
+        results.append(("before RL", trainer.evaluate()))
+    trainer.train()
+    if eval_dataset is not None:
+        results.append(("after VC-PPO", trainer.evaluate()))
+    trainer.save_model(training_args.output_dir)
+    if results and trainer.is_world_process_zero():
+        label = "after cold start" if toy else "initial policy"
+        results[0] = (label, results[0][1])
+        print("\n" + format_results_table(results) + "\n")
+    return trainer

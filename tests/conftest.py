@@ -1,0 +1,69 @@
+"""Shared fixtures: a tiny tokenizer, policy and dataset built in-process (no Hub access at test time)."""
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from vcppo_trl.toy.tokenizer import build_tokenizer
+
+    return build_tokenizer()
+
+
+@pytest.fixture
+def tiny_policy(tokenizer):
+    from vcppo_trl.toy.model import build_tiny_model
+
+    return build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+
+
+@pytest.fixture(scope="session")
+def toy_splits():
+    from vcppo_trl.toy.task import make_splits
+
+    return make_splits(64, 16, seed=0, min_digits=1, max_digits=3)
+
+
+def length_reward(completions, **kwargs):
+    """A cheap deterministic reward: +1 for responses shorter than 10 characters, −1 otherwise."""
+    return [1.0 if len(c) < 10 else -1.0 for c in completions]
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    from vcppo_trl import VCPPOConfig
+
+    def make(cls=VCPPOConfig, **overrides):
+        kwargs = dict(
+            output_dir=str(tmp_path / "out"),
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=2,
+            num_mini_batches=2,
+            num_ppo_epochs=1,
+            total_episodes=32,
+            response_length=16,
+            bf16=False,
+            gradient_checkpointing=False,
+            logging_steps=1,
+            report_to="none",
+            save_strategy="no",
+            use_cpu=True,
+            learning_rate=1e-3,
+            num_sample_generations=0,
+            local_rollout_forward_batch_size=16,
+            disable_tqdm=True,
+            seed=0,
+        )
+        if cls is not VCPPOConfig:
+            kwargs["lam"] = 0.95
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+    return make

@@ -1,0 +1,367 @@
+"""Tests for `vcppo_trl.gae`: dual-λ GAE against an independent per-token reference, and the masked statistics."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from vcppo_trl.gae import (
+    dual_lambda_gae,
+    explained_variance,
+    gae,
+    masked_mean,
+    masked_whiten,
+    position_correlation,
+)
+
+# --------------------------------------------------------------------------------------------------------------------
+# Reference implementation: plain Python floats (float64), one sequence at a time, only over its valid tokens.
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _reference_lambda_returns(rewards, values, gamma, lam):
+    """Per-token A^λ for ONE sequence given as Python lists of its valid tokens only."""
+    n = len(rewards)
+    advantages = [0.0] * n
+    running = 0.0
+    for t in reversed(range(n)):
+        next_value = values[t + 1] if t + 1 < n else 0.0  # state after the last valid token is terminal
+        delta = rewards[t] + gamma * next_value - values[t]
+        running = delta + gamma * lam * running
+        advantages[t] = running
+    return advantages
+
+
+def reference_dual_lambda_gae(rewards, values, lengths, gamma, lam_actor, lam_critic):
+    """Float64 `[B, T]` (advantages, returns); zeros beyond each row's length."""
+    batch, length = rewards.shape
+    adv = torch.zeros(batch, length, dtype=torch.float64)
+    ret = torch.zeros(batch, length, dtype=torch.float64)
+    for b in range(batch):
+        n = int(lengths[b])
+        r = [float(x) for x in rewards[b, :n].double()]
+        v = [float(x) for x in values[b, :n].double()]
+        a_actor = _reference_lambda_returns(r, v, gamma, lam_actor)
+        a_critic = _reference_lambda_returns(r, v, gamma, lam_critic)
+        for t in range(n):
+            adv[b, t] = a_actor[t]
+            ret[b, t] = a_critic[t] + v[t]
+    return adv, ret
+
+
+def _right_padded_mask(lengths, length):
+    return torch.arange(length)[None, :] < torch.as_tensor(lengths)[:, None]
+
+
+def _random_batch(seed, lengths, length, dtype=torch.float32, sparse_rewards=False):
+    """Random rewards/values everywhere (also on padding, which must be ignored) and a right-padded bool mask."""
+    gen = torch.Generator().manual_seed(seed)
+    batch = len(lengths)
+    rewards = torch.randn(batch, length, generator=gen)
+    if sparse_rewards:
+        # Rewards at a few arbitrary positions, not only the last token.
+        rewards = rewards * (torch.rand(batch, length, generator=gen) < 0.3)
+    values = torch.randn(batch, length, generator=gen) * 2.0
+    mask = _right_padded_mask(lengths, length)
+    return rewards.to(dtype), values.to(dtype), mask
+
+
+# Varied lengths: an empty row, a full-length row, a length-1 row and partial rows.
+LENGTHS = [0, 12, 1, 5, 7, 12, 3]
+T = 12
+
+LAMBDA_PAIRS = [
+    (0.0, 0.0),
+    (0.0, 1.0),
+    (0.5, 0.95),
+    (0.95, 1.0),
+    (1.0, 0.5),
+    (1.0, 1.0),
+    (0.95, 0.0),
+    (0.5, 0.5),
+]
+
+
+@pytest.mark.parametrize("gamma", [0.9, 1.0])
+@pytest.mark.parametrize(("lam_actor", "lam_critic"), LAMBDA_PAIRS)
+@pytest.mark.parametrize("sparse_rewards", [False, True])
+def test_dual_lambda_gae_matches_reference(gamma, lam_actor, lam_critic, sparse_rewards):
+    rewards, values, mask = _random_batch(
+        seed=hash((gamma, lam_actor, lam_critic, sparse_rewards)) % 2**31,
+        lengths=LENGTHS,
+        length=T,
+        sparse_rewards=sparse_rewards,
+    )
+    advantages, returns = dual_lambda_gae(rewards, values, mask, gamma, lam_actor, lam_critic)
+    ref_adv, ref_ret = reference_dual_lambda_gae(rewards, values, LENGTHS, gamma, lam_actor, lam_critic)
+
+    assert advantages.shape == returns.shape == (len(LENGTHS), T)
+    assert advantages.dtype == returns.dtype == torch.float32
+    torch.testing.assert_close(advantages.double(), ref_adv, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(returns.double(), ref_ret, rtol=1e-5, atol=1e-5)
+    # Zero outside the mask (exactly), even though rewards and values are non-zero there.
+    assert torch.all(advantages[~mask] == 0)
+    assert torch.all(returns[~mask] == 0)
+    # The empty row is entirely zero.
+    assert torch.all(advantages[0] == 0) and torch.all(returns[0] == 0)
+
+
+def test_dual_lambda_gae_decoupled_lambdas_differ():
+    """lam_actor drives advantages and lam_critic drives returns: swapping them must change each output."""
+    rewards, values, mask = _random_batch(seed=3, lengths=[8, 6], length=8)
+    adv_a, ret_a = dual_lambda_gae(rewards, values, mask, 1.0, 0.5, 1.0)
+    adv_b, ret_b = dual_lambda_gae(rewards, values, mask, 1.0, 1.0, 0.5)
+    # Advantages with λ=0.5 in (a) equal the λ=0.5 critic advantages in (b): returns_b - V.
+    torch.testing.assert_close(adv_a, (ret_b - values) * mask)
+    torch.testing.assert_close(adv_b, (ret_a - values) * mask)
+    assert not torch.allclose(adv_a, adv_b)
+
+
+def test_advantages_are_not_whitened():
+    # A single non-zero reward on the last token, zero values: A_t = γ^(n-1-t) · r with λ = 1, not zero-mean.
+    rewards = torch.zeros(2, 5)
+    rewards[0, 4] = 3.0
+    rewards[1, 2] = 3.0
+    values = torch.zeros(2, 5)
+    mask = _right_padded_mask([5, 3], 5)
+    advantages, returns = dual_lambda_gae(rewards, values, mask, gamma=1.0, lam_actor=1.0, lam_critic=1.0)
+    expected = torch.tensor([[3.0] * 5, [3.0, 3.0, 3.0, 0.0, 0.0]])
+    torch.testing.assert_close(advantages, expected)
+    torch.testing.assert_close(returns, expected)
+
+
+def test_terminal_state_bootstraps_zero_not_padding_value():
+    """The value at the first padding position must not be bootstrapped from."""
+    rewards = torch.tensor([[0.0, 1.0, 0.0]])
+    values = torch.tensor([[0.5, 0.25, 100.0]])  # position 2 is padding
+    mask = torch.tensor([[1, 1, 0]])
+    advantages, returns = dual_lambda_gae(rewards, values, mask, gamma=1.0, lam_actor=0.0, lam_critic=0.0)
+    # δ_1 = 1 + 0 - 0.25 ; δ_0 = 0 + 0.25 - 0.5
+    torch.testing.assert_close(advantages, torch.tensor([[-0.25, 0.75, 0.0]]))
+    torch.testing.assert_close(returns, torch.tensor([[0.25, 1.0, 0.0]]))
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.long, torch.int32, torch.float32, torch.float64])
+def test_bool_and_numeric_masks_agree(mask_dtype):
+    rewards, values, mask = _random_batch(seed=7, lengths=LENGTHS, length=T)
+    adv_bool, ret_bool = dual_lambda_gae(rewards, values, mask, 0.9, 0.95, 1.0)
+    adv_num, ret_num = dual_lambda_gae(rewards, values, mask.to(mask_dtype), 0.9, 0.95, 1.0)
+    torch.testing.assert_close(adv_bool, adv_num, rtol=0, atol=0)
+    torch.testing.assert_close(ret_bool, ret_num, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_monte_carlo_identity(seed):
+    """γ = λ_critic = 1: returns are the reverse cumulative sum of the rewards over valid tokens, whatever V is."""
+    rewards, values, mask = _random_batch(seed=seed, lengths=LENGTHS, length=T)
+    values = values * 50.0  # arbitrary, large values must cancel exactly
+    _, returns = dual_lambda_gae(rewards, values, mask, gamma=1.0, lam_actor=0.3, lam_critic=1.0)
+    masked_rewards = rewards.double() * mask
+    expected = torch.flip(torch.cumsum(torch.flip(masked_rewards, [1]), 1), [1]) * mask
+    torch.testing.assert_close(returns.double(), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_monte_carlo_identity_sparse_terminal_reward():
+    """The VC-PPO setting: a single score on the last valid token is seen undecayed at every token."""
+    lengths = [4, 6, 1]
+    rewards = torch.zeros(3, 6)
+    for b, n in enumerate(lengths):
+        rewards[b, n - 1] = float(b + 1)
+    values = torch.randn(3, 6, generator=torch.Generator().manual_seed(0))
+    mask = _right_padded_mask(lengths, 6)
+    _, returns = dual_lambda_gae(rewards, values, mask, gamma=1.0, lam_actor=0.95, lam_critic=1.0)
+    expected = torch.tensor([[1.0] * 4 + [0.0] * 2, [2.0] * 6, [3.0] + [0.0] * 5])
+    torch.testing.assert_close(returns, expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("gamma", [0.9, 1.0])
+def test_lambda_zero_is_one_step_td(gamma):
+    rewards, values, mask = _random_batch(seed=11, lengths=LENGTHS, length=T)
+    advantages, returns = dual_lambda_gae(rewards, values, mask, gamma, lam_actor=0.0, lam_critic=0.0)
+    next_values = torch.zeros_like(values)
+    next_values[:, :-1] = values[:, 1:] * mask[:, 1:]
+    td = (rewards + gamma * next_values - values) * mask
+    torch.testing.assert_close(advantages, td, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(returns, ((rewards + gamma * next_values) * mask), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.5, 0.95, 1.0])
+def test_gae_equals_dual_with_equal_lambdas(lam):
+    rewards, values, mask = _random_batch(seed=5, lengths=LENGTHS, length=T)
+    adv, ret = gae(rewards, values, mask, 0.9, lam)
+    adv_d, ret_d = dual_lambda_gae(rewards, values, mask, 0.9, lam, lam)
+    torch.testing.assert_close(adv, adv_d, rtol=0, atol=0)
+    torch.testing.assert_close(ret, ret_d, rtol=0, atol=0)
+    ref_adv, ref_ret = reference_dual_lambda_gae(rewards, values, LENGTHS, 0.9, lam, lam)
+    torch.testing.assert_close(adv.double(), ref_adv, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ret.double(), ref_ret, rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_inputs_computed_in_float32():
+    # Long sequence where bf16 accumulation would visibly lose precision.
+    length = 512
+    rewards = torch.full((1, length), 0.01)
+    values = torch.zeros(1, length)
+    mask = torch.ones(1, length, dtype=torch.bool)
+    adv, ret = dual_lambda_gae(
+        rewards.bfloat16(), values.bfloat16(), mask, gamma=1.0, lam_actor=1.0, lam_critic=1.0
+    )
+    assert adv.dtype == torch.float32 and ret.dtype == torch.float32
+    # Compare to the float32 computation on the same (bf16-rounded) inputs.
+    rewards_rounded = rewards.bfloat16().float()
+    adv32, ret32 = dual_lambda_gae(rewards_rounded, values, mask, 1.0, 1.0, 1.0)
+    torch.testing.assert_close(adv, adv32, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ret, ret32, rtol=1e-6, atol=1e-6)
+    expected_first = float(rewards_rounded[0, 0]) * length
+    assert ret[0, 0].item() == pytest.approx(expected_first, rel=1e-5)
+
+
+def test_float64_inputs_give_float32_outputs_close_to_reference():
+    rewards, values, mask = _random_batch(seed=13, lengths=LENGTHS, length=T, dtype=torch.float64)
+    adv, ret = dual_lambda_gae(rewards, values, mask, 0.9, 0.95, 1.0)
+    ref_adv, ref_ret = reference_dual_lambda_gae(rewards, values, LENGTHS, 0.9, 0.95, 1.0)
+    torch.testing.assert_close(adv.double(), ref_adv, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ret.double(), ref_ret, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("gamma", "lam_actor", "lam_critic", "name"),
+    [
+        (-0.1, 0.5, 0.5, "gamma"),
+        (1.01, 0.5, 0.5, "gamma"),
+        (1.0, -0.01, 0.5, "lam_actor"),
+        (1.0, 1.5, 0.5, "lam_actor"),
+        (1.0, 0.5, -1.0, "lam_critic"),
+        (1.0, 0.5, 1.0001, "lam_critic"),
+        (float("nan"), 0.5, 0.5, "gamma"),
+    ],
+)
+def test_dual_lambda_gae_rejects_out_of_range(gamma, lam_actor, lam_critic, name):
+    rewards, values, mask = _random_batch(seed=0, lengths=[3, 2], length=3)
+    with pytest.raises(ValueError, match=name):
+        dual_lambda_gae(rewards, values, mask, gamma, lam_actor, lam_critic)
+
+
+@pytest.mark.parametrize("lam", [-0.5, 2.0])
+def test_gae_rejects_out_of_range_lambda(lam):
+    rewards, values, mask = _random_batch(seed=0, lengths=[3, 2], length=3)
+    with pytest.raises(ValueError, match="lam"):
+        gae(rewards, values, mask, 1.0, lam)
+
+
+@pytest.mark.parametrize(
+    ("r_shape", "v_shape", "m_shape"),
+    [
+        ((2, 3), (2, 4), (2, 3)),
+        ((2, 3), (2, 3), (2, 4)),
+        ((2, 3), (3, 3), (2, 3)),
+        ((6,), (6,), (6,)),
+        ((1, 2, 3), (1, 2, 3), (1, 2, 3)),
+    ],
+)
+def test_dual_lambda_gae_rejects_bad_shapes(r_shape, v_shape, m_shape):
+    with pytest.raises(ValueError, match="shape"):
+        dual_lambda_gae(torch.zeros(r_shape), torch.zeros(v_shape), torch.ones(m_shape, dtype=torch.bool), 1.0, 0.9, 1.0)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Masked statistics
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_masked_mean():
+    values = torch.tensor([[1.0, 2.0, 100.0], [3.0, -50.0, -50.0]])
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    assert masked_mean(values, mask).item() == pytest.approx(2.0)
+    assert masked_mean(values, mask.long()).item() == pytest.approx(2.0)
+    torch.testing.assert_close(masked_mean(values, mask, dim=1), torch.tensor([1.5, 3.0]))
+    torch.testing.assert_close(masked_mean(values, mask, dim=0), torch.tensor([2.0, 2.0, 0.0]))
+    # Empty mask: 0, not nan.
+    assert masked_mean(values, torch.zeros_like(mask)).item() == 0.0
+
+
+def test_masked_whiten():
+    gen = torch.Generator().manual_seed(0)
+    values = torch.randn(4, 10, generator=gen) * 5.0 + 3.0
+    values[:, 7:] = 1e4  # padding garbage must not affect the statistics
+    mask = _right_padded_mask([7, 3, 7, 5], 10)
+    whitened = masked_whiten(values, mask)
+    valid = whitened[mask].double()
+    assert valid.mean().item() == pytest.approx(0.0, abs=1e-5)
+    assert valid.var(unbiased=True).item() == pytest.approx(1.0, rel=1e-4)
+    assert torch.all(whitened[~mask] == 0)
+    # Order-preserving and affine in the masked values.
+    raw = values[mask].double()
+    expected = (raw - raw.mean()) / raw.std()
+    torch.testing.assert_close(valid, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_masked_whiten_without_mean_shift_keeps_mean():
+    gen = torch.Generator().manual_seed(1)
+    values = torch.randn(3, 6, generator=gen) * 2.0 + 4.0
+    mask = _right_padded_mask([6, 4, 2], 6)
+    whitened = masked_whiten(values, mask, shift_mean=False)
+    raw = values[mask].double()
+    valid = whitened[mask].double()
+    assert valid.mean().item() == pytest.approx(raw.mean().item(), rel=1e-4)
+    assert torch.all(whitened[~mask] == 0)
+
+
+def test_explained_variance_perfect_and_mean_predictions():
+    gen = torch.Generator().manual_seed(0)
+    returns = torch.randn(4, 8, generator=gen)
+    mask = _right_padded_mask([8, 5, 3, 6], 8)
+    values_garbage_padding = returns.clone()
+    values_garbage_padding[~mask] = 123.0
+    assert explained_variance(values_garbage_padding, returns, mask) == pytest.approx(1.0, abs=1e-9)
+    mean = returns[mask].mean()
+    assert explained_variance(torch.full_like(returns, mean.item()), returns, mask) == pytest.approx(0.0, abs=1e-6)
+    # Predicting the negated returns is worse than the mean.
+    assert explained_variance(-returns, returns, mask) < 0
+
+
+def test_explained_variance_constant_targets_is_nan():
+    returns = torch.full((2, 5), -1.0)
+    values = torch.randn(2, 5, generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    assert math.isnan(explained_variance(values, returns, mask))
+    # Constant over the mask, even if padding differs.
+    returns[1, 3:] = 7.0
+    mask[1, 3:] = False
+    assert math.isnan(explained_variance(values, returns, mask))
+
+
+def test_explained_variance_over_whole_batch_not_per_row():
+    """Predicting each row's mean explains the between-row variance: batch-level EV > 0, per-row EVs would be 0."""
+    gen = torch.Generator().manual_seed(0)
+    offsets = torch.tensor([[-5.0], [0.0], [5.0]])
+    returns = torch.randn(3, 6, generator=gen) + offsets
+    mask = torch.ones(3, 6, dtype=torch.bool)
+    values = returns.mean(dim=1, keepdim=True).expand_as(returns)
+
+    targets = returns.flatten().double()
+    residual = (returns - values).flatten().double()
+    expected = 1.0 - residual.var().item() / targets.var().item()
+    per_row = [
+        1.0 - (returns[i] - values[i]).double().var().item() / returns[i].double().var().item() for i in range(3)
+    ]
+    assert sum(per_row) / 3 == pytest.approx(0.0, abs=1e-6)
+    assert expected > 0.8
+    assert explained_variance(values, returns, mask) == pytest.approx(expected, rel=1e-9)
+
+
+def test_position_correlation_signs():
+    mask = _right_padded_mask([10, 6, 8], 10)
+    positions = torch.arange(10, dtype=torch.float32).expand(3, 10)
+    increasing = 0.5 * positions - 2.0
+    decreasing = -3.0 * positions + 1.0
+    # Padding must be ignored: make it anti-correlated garbage.
+    increasing = torch.where(mask, increasing, torch.tensor(-1e3))
+    decreasing = torch.where(mask, decreasing, torch.tensor(1e3))
+    assert position_correlation(increasing, mask) == pytest.approx(1.0, abs=1e-9)
+    assert position_correlation(decreasing, mask) == pytest.approx(-1.0, abs=1e-9)
+    noise = torch.randn(3, 10, generator=torch.Generator().manual_seed(0))
+    assert abs(position_correlation(noise, mask)) < 0.5
+    assert math.isnan(position_correlation(torch.ones(3, 10), mask))

@@ -1,0 +1,233 @@
+"""Tests for `vcppo_trl.losses`: clipped PPO policy/value losses and KL estimators."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from vcppo_trl.losses import clipped_policy_loss, clipped_value_loss, kl_penalty
+
+EPS = 0.2
+
+
+def _mask(lengths, length):
+    return torch.arange(length)[None, :] < torch.as_tensor(lengths)[:, None]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# clipped_policy_loss
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_policy_loss_ratio_one_is_minus_mean_advantage():
+    gen = torch.Generator().manual_seed(0)
+    old = torch.randn(3, 5, generator=gen)
+    logprobs = old.clone().requires_grad_(True)
+    advantages = torch.randn(3, 5, generator=gen)
+    advantages[~_mask([5, 2, 4], 5)] = 1e3  # padding garbage
+    mask = _mask([5, 2, 4], 5)
+    out = clipped_policy_loss(logprobs, old, advantages, mask, EPS)
+    assert out.loss.item() == pytest.approx(-advantages[mask].mean().item(), rel=1e-6)
+    assert out.clipfrac.item() == 0.0
+    assert out.approxkl.item() == 0.0
+    assert out.ratio.item() == pytest.approx(1.0)
+    # d loss / d logprob_t = -A_t / N at ratio 1 on valid tokens, 0 on padding.
+    out.loss.backward()
+    expected_grad = torch.where(mask, -advantages / mask.sum(), torch.zeros_like(advantages))
+    torch.testing.assert_close(logprobs.grad, expected_grad)
+
+
+def _single_token(log_ratio: float, advantage: float):
+    old = torch.zeros(1, 1)
+    logprobs = torch.full((1, 1), log_ratio, requires_grad=True)
+    advantages = torch.full((1, 1), advantage)
+    mask = torch.ones(1, 1, dtype=torch.bool)
+    out = clipped_policy_loss(logprobs, old, advantages, mask, EPS)
+    out.loss.backward()
+    return out, logprobs.grad.item()
+
+
+@pytest.mark.parametrize(
+    ("ratio", "advantage", "clipped"),
+    [
+        # Positive advantage: clipped above 1 + ε (no more incentive to increase), not below 1 - ε.
+        (1.5, 2.0, True),
+        (1.0 + EPS + 1e-3, 2.0, True),
+        (1.1, 2.0, False),
+        (0.5, 2.0, False),
+        # Negative advantage: clipped below 1 - ε, not above 1 + ε.
+        (0.5, -2.0, True),
+        (1.0 - EPS - 1e-3, -2.0, True),
+        (0.9, -2.0, False),
+        (1.5, -2.0, False),
+    ],
+)
+def test_policy_loss_clipping(ratio, advantage, clipped):
+    out, grad = _single_token(math.log(ratio), advantage)
+    if clipped:
+        bound = 1.0 + EPS if advantage > 0 else 1.0 - EPS
+        assert out.loss.item() == pytest.approx(-advantage * bound, rel=1e-6)
+        assert grad == 0.0
+        assert out.clipfrac.item() == 1.0
+    else:
+        assert out.loss.item() == pytest.approx(-advantage * ratio, rel=1e-5)
+        # d(-A·exp(x))/dx = -A·ratio
+        assert grad == pytest.approx(-advantage * ratio, rel=1e-5)
+        assert out.clipfrac.item() == 0.0
+    assert out.approxkl.item() == pytest.approx(0.5 * math.log(ratio) ** 2, rel=1e-5)
+    assert out.ratio.item() == pytest.approx(ratio, rel=1e-5)
+
+
+def test_policy_loss_clipfrac_and_masking():
+    # Four valid tokens: two clipped, two not; padding tokens have extreme ratios that would be clipped.
+    log_ratio = torch.log(torch.tensor([[1.5, 1.05, 0.5, 0.95, 3.0, 3.0]]))
+    advantages = torch.tensor([[1.0, 1.0, -1.0, -1.0, 5.0, -5.0]])
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0]])
+    old = torch.zeros_like(log_ratio)
+    logprobs = log_ratio.clone().requires_grad_(True)
+    out = clipped_policy_loss(logprobs, old, advantages, mask, EPS)
+    assert out.clipfrac.item() == pytest.approx(0.5)
+    expected = (-1.0 * 1.2 + -1.0 * 1.05 + 1.0 * 0.8 + 1.0 * 0.95) / 4
+    assert out.loss.item() == pytest.approx(expected, rel=1e-5)
+    out.loss.backward()
+    assert torch.all(logprobs.grad[0, 4:] == 0)
+    assert logprobs.grad[0, 0] == 0 and logprobs.grad[0, 2] == 0
+    assert logprobs.grad[0, 1] != 0 and logprobs.grad[0, 3] != 0
+
+    # Changing anything on padded tokens leaves every output unchanged.
+    log_ratio2 = log_ratio.clone()
+    log_ratio2[0, 4:] = torch.tensor([-7.0, 9.0])
+    advantages2 = advantages.clone()
+    advantages2[0, 4:] = torch.tensor([-100.0, 100.0])
+    out2 = clipped_policy_loss(log_ratio2, old, advantages2, mask.bool(), EPS)
+    assert out2.loss.item() == pytest.approx(out.loss.item(), rel=1e-6)
+    assert out2.clipfrac.item() == pytest.approx(out.clipfrac.item())
+    assert out2.approxkl.item() == pytest.approx(out.approxkl.item(), rel=1e-6)
+    assert out2.ratio.item() == pytest.approx(out.ratio.item(), rel=1e-6)
+
+
+def test_policy_loss_uses_difference_of_logprobs():
+    """The ratio is exp(logprobs - old_logprobs): shifting both by the same amount changes nothing."""
+    gen = torch.Generator().manual_seed(1)
+    logprobs = -torch.rand(2, 4, generator=gen) * 3
+    old = logprobs + 0.3 * torch.randn(2, 4, generator=gen)
+    advantages = torch.randn(2, 4, generator=gen)
+    mask = torch.ones(2, 4, dtype=torch.bool)
+    a = clipped_policy_loss(logprobs, old, advantages, mask, EPS)
+    b = clipped_policy_loss(logprobs - 5.0, old - 5.0, advantages, mask, EPS)
+    assert a.loss.item() == pytest.approx(b.loss.item(), rel=1e-5)
+    ratio = torch.exp(logprobs - old)
+    expected = torch.maximum(-advantages * ratio, -advantages * ratio.clamp(1 - EPS, 1 + EPS)).mean()
+    assert a.loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# clipped_value_loss
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_value_loss_unclipped_is_half_mse():
+    gen = torch.Generator().manual_seed(0)
+    old_values = torch.randn(3, 6, generator=gen)
+    values = (old_values + 0.05 * torch.randn(3, 6, generator=gen)).requires_grad_(True)  # within ±0.2
+    returns = torch.randn(3, 6, generator=gen)
+    mask = _mask([6, 3, 1], 6)
+    out = clipped_value_loss(values, old_values, returns, mask, cliprange_value=0.2)
+    expected = 0.5 * ((values.detach() - returns)[mask] ** 2).mean()
+    assert out.loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert out.clipfrac.item() == 0.0
+    out.loss.backward()
+    expected_grad = torch.where(mask, (values.detach() - returns) / mask.sum(), torch.zeros_like(returns))
+    torch.testing.assert_close(values.grad, expected_grad)
+
+
+@pytest.mark.parametrize(
+    ("value", "target", "clipped_wins"),
+    [
+        # Moved too far toward the target: the clipped value is further from it, so the max picks it (no gradient).
+        (1.0, 1.0, True),
+        (-1.0, -1.0, True),
+        # Moved too far past the target: the unclipped loss is larger, so the max keeps it (gradient flows).
+        (1.0, 0.1, False),
+        (-1.0, -0.1, False),
+    ],
+)
+def test_value_loss_clipped_uses_max(value, target, clipped_wins):
+    eps = 0.2
+    old = torch.zeros(1, 1)
+    values = torch.full((1, 1), value, requires_grad=True)
+    returns = torch.full((1, 1), target)
+    mask = torch.ones(1, 1, dtype=torch.bool)
+    out = clipped_value_loss(values, old, returns, mask, cliprange_value=eps)
+    clipped_value = max(-eps, min(eps, value))
+    loss_unclipped = (value - target) ** 2
+    loss_clipped = (clipped_value - target) ** 2
+    assert out.loss.item() == pytest.approx(0.5 * max(loss_unclipped, loss_clipped), rel=1e-6)
+    out.loss.backward()
+    if clipped_wins:
+        assert loss_clipped > loss_unclipped
+        assert out.clipfrac.item() == 1.0
+        assert values.grad.item() == 0.0
+    else:
+        assert loss_unclipped > loss_clipped
+        assert out.clipfrac.item() == 0.0
+        assert values.grad.item() == pytest.approx(value - target, rel=1e-6)
+
+
+def test_value_loss_ignores_masked_tokens():
+    values = torch.tensor([[0.1, 0.2, 50.0], [0.3, -40.0, 60.0]])
+    old_values = torch.tensor([[0.0, 0.0, -50.0], [0.0, 30.0, 0.0]])
+    returns = torch.tensor([[0.0, 1.0, 1e3], [0.5, -1e3, 7.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    out = clipped_value_loss(values, old_values, returns, mask, cliprange_value=0.2)
+    # Valid tokens: (0.1-0)^2 ; clipped 0.2 vs unclipped 0.2 → (0.2-1)^2 ; (0.3 clipped to 0.2) vs 0.3 → max((0.2)^2, (0.3-0.5)^2)
+    expected = 0.5 * (0.01 + 0.64 + max(0.04, 0.09)) / 3
+    assert out.loss.item() == pytest.approx(expected, rel=1e-5)
+    # Token 3: the clipped value 0.2 is further from 0.5 than 0.3 → clipped wins → clipfrac 1/3.
+    assert out.clipfrac.item() == pytest.approx(1 / 3, rel=1e-6)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# kl_penalty
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_kl_k1_is_log_ratio():
+    gen = torch.Generator().manual_seed(0)
+    logprobs = -torch.rand(3, 4, generator=gen) * 4
+    ref = -torch.rand(3, 4, generator=gen) * 4
+    torch.testing.assert_close(kl_penalty(logprobs, ref, "k1"), logprobs - ref)
+    torch.testing.assert_close(kl_penalty(logprobs, ref), logprobs - ref)  # k1 is the default
+
+
+def test_kl_k3_nonnegative_and_zero_when_equal():
+    gen = torch.Generator().manual_seed(1)
+    logprobs = -torch.rand(4, 16, generator=gen) * 6
+    ref = -torch.rand(4, 16, generator=gen) * 6
+    k3 = kl_penalty(logprobs, ref, "k3")
+    assert k3.shape == logprobs.shape
+    assert torch.all(k3 >= 0)
+    assert torch.all(k3[(logprobs - ref).abs() > 1e-3] > 0)
+    assert torch.all(kl_penalty(logprobs, logprobs.clone(), "k3") == 0)
+    # Closed form: with r = π_ref / π, k3 = (r − 1) − log r.
+    r = torch.exp(ref.double() - logprobs.double())
+    torch.testing.assert_close(k3.double(), (r - 1) - torch.log(r), rtol=1e-5, atol=1e-6)
+
+
+def test_kl_k3_is_unbiased_for_kl():
+    """E_{a~π}[k3] = KL(π ‖ π_ref) on a small categorical (exact expectation, not sampled)."""
+    pi = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    ref = torch.tensor([0.2, 0.2, 0.6], dtype=torch.float64)
+    kl = float((pi * (pi.log() - ref.log())).sum())
+    k3 = kl_penalty(pi.log(), ref.log(), "k3")
+    k1 = kl_penalty(pi.log(), ref.log(), "k1")
+    assert float((pi * k3).sum()) == pytest.approx(kl, rel=1e-9)
+    assert float((pi * k1).sum()) == pytest.approx(kl, rel=1e-9)
+
+
+@pytest.mark.parametrize("estimator", ["k2", "K1", "", "kl"])
+def test_kl_bad_estimator_raises(estimator):
+    with pytest.raises(ValueError, match="k1"):
+        kl_penalty(torch.zeros(1, 2), torch.zeros(1, 2), estimator)

@@ -1,0 +1,346 @@
+"""PPOTrainer and VCPPOTrainer on a tiny model: updates, value pretraining, checkpoints and bad input."""
+
+import math
+import os
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+from vcppo_trl import PPOConfig, PPOTrainer, ValuePretrainCallback, VCPPOTrainer, math_verify_reward
+from vcppo_trl.rollout import truncate_at_stop
+
+from .conftest import length_reward
+
+
+def _clone_state(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _changed(before, model):
+    return [k for k, v in model.state_dict().items() if not torch.equal(before[k], v)]
+
+
+def test_ppo_trainer_updates_policy_and_critic(tiny_policy, tokenizer, toy_splits, tiny_config):
+    args = tiny_config(PPOConfig, kl_coef=0.1)
+    trainer = PPOTrainer(
+        model=tiny_policy,
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=toy_splits["train"],
+        processing_class=tokenizer,
+    )
+    before_policy = _clone_state(tiny_policy)
+    critic = trainer.model.critic
+    before_critic = _clone_state(critic)
+    trainer.train()
+    assert trainer.state.global_step == 32 // 16  # total_episodes / (4 × 2 × 2 prompts per update)
+    logs = [h for h in trainer.state.log_history if "loss/policy_avg" in h]
+    assert len(logs) == trainer.state.global_step
+    for log in logs:
+        for key in ("loss/policy_avg", "loss/value_avg", "objective/kl", "policy/entropy_avg", "val/clipfrac_avg"):
+            assert math.isfinite(log[key]), key
+        assert "value/explained_variance" in log
+        assert "diagnostics/advantage_position_corr" in log
+        assert log["diagnostics/response_length_min"] <= log["diagnostics/response_length_mean"]
+    assert _changed(before_policy, tiny_policy), "policy weights did not change"
+    assert _changed(before_critic, critic), "critic weights did not change"
+    # KL is on: a frozen reference copy exists and did not move.
+    assert trainer.ref_model is not None
+    for k, v in trainer.ref_model.state_dict().items():
+        assert torch.equal(v, before_policy[k])
+
+
+def test_no_reference_model_when_kl_is_zero(tiny_policy, tokenizer, toy_splits, tiny_config):
+    trainer = PPOTrainer(
+        model=tiny_policy,
+        reward_funcs=length_reward,
+        args=tiny_config(PPOConfig, kl_coef=0.0),
+        train_dataset=toy_splits["train"],
+        processing_class=tokenizer,
+    )
+    assert trainer.ref_model is None
+
+
+def test_value_pretraining_freezes_policy_and_saves_critic(tiny_policy, tokenizer, toy_splits, tiny_config):
+    args = tiny_config(value_pretrain_steps=3, value_pretrain_save_steps=[2], total_episodes=8, weight_decay=0.1)
+    trainer = VCPPOTrainer(
+        model=tiny_policy,
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=toy_splits["train"],
+        processing_class=tokenizer,
+    )
+    callback = trainer.value_pretrain_callback
+    assert isinstance(callback, ValuePretrainCallback)
+    before_policy = _clone_state(tiny_policy)
+    before_critic = _clone_state(trainer.model.critic)
+
+    # Stop right after the pretraining phase to check the policy is bit-identical.
+    class Stop:
+        def __getattr__(self, name):
+            return lambda *a, **k: None
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if callback.done:
+                control.should_training_stop = True
+            return control
+
+    trainer.add_callback(Stop())
+    trainer.train()
+    assert callback.done and callback.steps == 3
+    assert trainer.state.global_step == 3
+    assert not _changed(before_policy, tiny_policy), "the policy moved during value pretraining"
+    assert _changed(before_critic, trainer.model.critic), "the critic did not train"
+    assert not trainer.policy_frozen
+    pretrain_logs = [h for h in trainer.state.log_history if "value_pretrain/loss_avg" in h]
+    assert len(pretrain_logs) == 3
+    assert all("value_pretrain/explained_variance" in h for h in pretrain_logs)
+    assert all("loss/policy_avg" not in h for h in pretrain_logs)
+
+    path = os.path.join(args.output_dir, "value_pretrained")
+    critic = AutoModelForTokenClassification.from_pretrained(path)
+    assert critic.config.num_labels == 1
+    for k, v in trainer.model.critic.state_dict().items():
+        assert torch.equal(critic.state_dict()[k], v)
+    assert os.path.exists(os.path.join(path, "tokenizer_config.json"))
+    assert os.path.isdir(os.path.join(args.output_dir, "value_pretrained-step-2"))
+
+
+def test_vcppo_after_pretraining_trains_policy(tiny_policy, tokenizer, toy_splits, tiny_config):
+    args = tiny_config(value_pretrain_steps=2, total_episodes=16)
+    trainer = VCPPOTrainer(
+        model=tiny_policy,
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=toy_splits["train"],
+        processing_class=tokenizer,
+    )
+    before = _clone_state(tiny_policy)
+    trainer.train()
+    assert trainer.state.global_step == 2 + 1
+    assert _changed(before, tiny_policy)
+    ppo_logs = [h for h in trainer.state.log_history if "loss/policy_avg" in h]
+    assert len(ppo_logs) == 1
+
+
+def test_pretraining_stops_early_on_explained_variance(tiny_policy, tokenizer, toy_splits, tiny_config):
+    args = tiny_config(
+        value_pretrain_steps=5,
+        value_pretrain_stop_explained_variance=-1e9,
+        total_episodes=8,
+        value_pretrain_min_steps=2,
+    )
+    trainer = VCPPOTrainer(
+        model=tiny_policy,
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=toy_splits["train"],
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    callback = trainer.value_pretrain_callback
+    assert callback.steps == 2 and "explained variance" in callback.stop_reason
+    assert trainer.state.global_step == 2 + 1  # PPO keeps its own number of updates
+
+
+def test_value_model_path_skips_pretraining(tiny_policy, tokenizer, toy_splits, tiny_config, tmp_path):
+    first = VCPPOTrainer(
+        model=tiny_policy,
+        reward_funcs=length_reward,
+        args=tiny_config(value_pretrain_steps=1, total_episodes=8),
+        train_dataset=toy_splits["train"],
+        processing_class=tokenizer,
+    )
+    first.train()
+    saved = os.path.join(first.args.output_dir, "value_pretrained")
+    args = tiny_config(
+        value_pretrain_steps=4, value_model_path=saved, total_episodes=8, output_dir=str(tmp_path / "b")
+    )
+    second = VCPPOTrainer(
+        model=tiny_policy,
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=toy_splits["train"],
+        processing_class=tokenizer,
+    )
+    assert second.value_pretrain_callback is None
+    loaded = AutoModelForTokenClassification.from_pretrained(saved)
+    for k, v in loaded.state_dict().items():
+        assert torch.equal(second.model.critic.state_dict()[k], v)
+    second.train()
+    assert second.state.global_step == 1
+    assert not any("value_pretrain/loss_avg" in h for h in second.state.log_history)
+
+
+def test_save_model_writes_policy_and_critic(tiny_policy, tokenizer, toy_splits, tiny_config):
+    trainer = VCPPOTrainer(
+        model=tiny_policy,
+        reward_funcs=length_reward,
+        args=tiny_config(total_episodes=8),
+        train_dataset=toy_splits["train"],
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    out = trainer.args.output_dir
+    trainer.save_model(out)
+    policy = AutoModelForCausalLM.from_pretrained(out)
+    for k, v in policy.state_dict().items():
+        assert torch.equal(v, tiny_policy.state_dict()[k])
+    critic = AutoModelForTokenClassification.from_pretrained(os.path.join(out, "value_model"))
+    assert critic.config.num_labels == 1
+
+
+def test_evaluate_reports_accuracy_and_pass_at_k(tiny_policy, tokenizer, toy_splits, tiny_config):
+    def always_right(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    trainer = VCPPOTrainer(
+        model=tiny_policy,
+        reward_funcs=always_right,
+        args=tiny_config(eval_num_generations=3),
+        train_dataset=toy_splits["train"],
+        eval_dataset=toy_splits["test"],
+        processing_class=tokenizer,
+    )
+    metrics = trainer.evaluate()
+    assert metrics["eval/accuracy"] == 1.0
+    assert metrics["eval/pass@3"] == 1.0
+    assert metrics["eval/num_samples"] == 3 * len(toy_splits["test"])
+    assert metrics["eval/response_length_mean"] > 0
+
+
+def test_math_verify_reward_in_the_loop(tiny_policy, tokenizer, toy_splits, tiny_config):
+    trainer = VCPPOTrainer(
+        model=tiny_policy,
+        reward_funcs=[math_verify_reward],
+        args=tiny_config(total_episodes=8),
+        train_dataset=toy_splits["train"],
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    log = next(h for h in trainer.state.log_history if "rewards/math_verify_reward/mean" in h)
+    assert log["rewards/math_verify_reward/mean"] == -1.0  # an untrained model never answers right
+    assert log["diagnostics/accuracy"] == 0.0
+
+
+def test_none_rewards_skip_samples(tiny_policy, tokenizer, toy_splits, tiny_config):
+    def half_none(completions, **kwargs):
+        return [None if i % 2 else 1.0 for i in range(len(completions))]
+
+    trainer = VCPPOTrainer(
+        model=tiny_policy,
+        reward_funcs=half_none,
+        args=tiny_config(total_episodes=8),
+        train_dataset=toy_splits["train"],
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    log = next(h for h in trainer.state.log_history if "diagnostics/skipped_samples" in h)
+    assert log["diagnostics/skipped_samples"] == 8
+    assert log["objective/scores"] == pytest.approx(0.5)  # skipped samples count as 0 in the score average
+
+
+def test_truncate_at_stop_uses_first_stop_even_when_pad_is_eos():
+    eos = pad = 2
+    responses = torch.tensor([[5, 6, 2, 2, 2], [5, 2, 7, 2, 9], [5, 6, 7, 8, 9]])
+    ids, mask, has_stop = truncate_at_stop(responses, [eos], pad)
+    assert mask.tolist() == [
+        [True, True, True, False, False],
+        [True, True, False, False, False],
+        [True, True, True, True, True],
+    ]
+    assert has_stop.tolist() == [True, True, False]
+    assert ids.tolist() == [[5, 6, 2, 2, 2], [5, 2, 2, 2, 2], [5, 6, 7, 8, 9]]
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_missing_prompt_column(tiny_policy, tokenizer, tiny_config):
+    data = Dataset.from_dict({"question": ["Add 1 and 2."] * 16})
+    with pytest.raises(ValueError, match="'prompt' column"):
+        VCPPOTrainer(
+            model=tiny_policy,
+            reward_funcs=length_reward,
+            args=tiny_config(),
+            train_dataset=data,
+            processing_class=tokenizer,
+        )
+
+
+@pytest.mark.parametrize(
+    "bad_reward, message",
+    [
+        (lambda completions, **kw: [1.0] * (len(completions) - 1), "returned 15 values for 16"),
+        (lambda completions, **kw: [float("nan")] * len(completions), "finite"),
+    ],
+)
+def test_bad_reward_function(tiny_policy, tokenizer, toy_splits, tiny_config, bad_reward, message):
+    trainer = VCPPOTrainer(
+        model=tiny_policy,
+        reward_funcs=bad_reward,
+        args=tiny_config(),
+        train_dataset=toy_splits["train"],
+        processing_class=tokenizer,
+    )
+    with pytest.raises(ValueError, match=message):
+        trainer.train()
+
+
+def test_dataset_smaller_than_batch(tiny_policy, tokenizer, toy_splits, tiny_config):
+    with pytest.raises(ValueError, match="needs batch_size"):
+        VCPPOTrainer(
+            model=tiny_policy,
+            reward_funcs=length_reward,
+            args=tiny_config(per_device_train_batch_size=64),
+            train_dataset=toy_splits["train"],
+            processing_class=tokenizer,
+        )
+
+
+def test_value_checkpoint_with_other_vocabulary(tiny_policy, tokenizer, toy_splits, tiny_config, tmp_path):
+    config = tiny_policy.config.__class__.from_dict(tiny_policy.config.to_dict())
+    config.vocab_size = config.vocab_size + 7
+    config.num_labels = 1
+    other = AutoModelForTokenClassification.from_config(config)
+    other.save_pretrained(tmp_path / "critic")
+    with pytest.raises(ValueError, match="vocabulary"):
+        VCPPOTrainer(
+            model=tiny_policy,
+            reward_funcs=length_reward,
+            args=tiny_config(value_model_path=str(tmp_path / "critic")),
+            train_dataset=toy_splits["train"],
+            processing_class=tokenizer,
+        )
+
+
+def test_vcppo_rejects_ppo_config(tiny_policy, tokenizer, toy_splits, tiny_config):
+    with pytest.raises(TypeError, match="VCPPOConfig"):
+        VCPPOTrainer(
+            model=tiny_policy,
+            reward_funcs=length_reward,
+            args=tiny_config(PPOConfig),
+            train_dataset=toy_splits["train"],
+            processing_class=tokenizer,
+        )
+
+
+def test_reward_model_as_critic(tiny_policy, tokenizer, toy_splits, tiny_config):
+    """The paper's PPO baseline initialises the critic from the reward model."""
+    from transformers import AutoModelForSequenceClassification
+
+    config = tiny_policy.config.__class__.from_dict(tiny_policy.config.to_dict())
+    config.num_labels = 1
+    reward_model = AutoModelForSequenceClassification.from_config(config)
+    trainer = VCPPOTrainer(
+        model=tiny_policy,
+        reward_funcs=length_reward,
+        value_model=reward_model,
+        args=tiny_config(total_episodes=8),
+        train_dataset=toy_splits["train"],
+        processing_class=tokenizer,
+    )
+    assert torch.equal(trainer.model.critic.score.weight, reward_model.score.weight)
+    trainer.train()

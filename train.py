@@ -1,0 +1,23 @@
+"""Train a policy with VC-PPO.
+
+    accelerate launch train.py --config configs/recipes/<recipe>.yaml     # a real model (see configs/recipes/)
+    python train.py                                                       # the embedded toy task, on a CPU
+
+With neither `--config` nor `--model_name_or_path`, the tiny CPU recipe (configs/recipes/tiny_cpu.yaml) is used: a toy
+long-CoT arithmetic task, a tiny model and tokenizer built in-process, cold-start SFT, value pretraining, then VC-PPO.
+"""
+
+import os
+import sys
+
+from vcppo_trl.cli import main
+
+DEFAULT_RECIPE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "recipes", "tiny_cpu.yaml")
+
+
+if __name__ == "__main__":
+    argv = sys.argv[1:]
+    if not any(a == "--config" or a.startswith("--config=") or a.startswith("--model_name_or_path") for a in argv):
+        print(f"No --config or --model_name_or_path given: running the embedded default ({DEFAULT_RECIPE}).")
+        argv = ["--config", DEFAULT_RECIPE, *argv]
+    main(argv)
