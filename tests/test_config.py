@@ -1,0 +1,192 @@
+"""Tests for `vcppo_trl.config`: TRL ≤ 1.12 PPOConfig names/defaults, VC-PPO additions, validation and CLI parsing."""
+
+from __future__ import annotations
+
+import pytest
+from trl import TrlParser
+
+from vcppo_trl import PPOConfig, VCPPOConfig
+
+COMMON = {"report_to": "none", "bf16": False, "use_cpu": True}
+
+
+def make(cls, tmp_path, **kwargs):
+    return cls(output_dir=str(tmp_path), **COMMON, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Defaults
+# --------------------------------------------------------------------------------------------------------------------
+
+TRL_PPO_DEFAULTS = {
+    "num_ppo_epochs": 4,
+    "kl_coef": 0.05,
+    "kl_estimator": "k1",
+    "cliprange": 0.2,
+    "vf_coef": 0.1,
+    "cliprange_value": 0.2,
+    "gamma": 1.0,
+    "response_length": 53,
+    "temperature": 0.7,
+    "learning_rate": 3e-6,
+    "num_mini_batches": 1,
+    "whiten_rewards": False,
+    "local_rollout_forward_batch_size": 64,
+    "num_sample_generations": 10,
+    "stop_token": None,
+    "stop_token_id": None,
+    "missing_eos_penalty": None,
+    "ds3_gather_for_generation": True,
+    "total_episodes": None,
+}
+
+
+@pytest.mark.parametrize("cls", [PPOConfig, VCPPOConfig])
+def test_trl_ppo_defaults(cls, tmp_path):
+    config = make(cls, tmp_path)
+    for name, value in TRL_PPO_DEFAULTS.items():
+        assert getattr(config, name) == value, name
+
+
+def test_ppo_lam_default(tmp_path):
+    assert make(PPOConfig, tmp_path).lam == 0.95
+
+
+def test_vcppo_defaults(tmp_path):
+    config = make(VCPPOConfig, tmp_path)
+    assert config.lam_actor == 0.95
+    assert config.lam_critic == 1.0
+    assert config.value_pretrain_steps == 0
+    assert config.lam is None
+    assert isinstance(config, PPOConfig)
+
+
+@pytest.mark.parametrize("cls", [PPOConfig, VCPPOConfig])
+def test_value_learning_rate_defaults_to_learning_rate(cls, tmp_path):
+    assert make(cls, tmp_path).value_learning_rate == 3e-6
+    assert make(cls, tmp_path, learning_rate=1e-5).value_learning_rate == 1e-5
+    config = make(cls, tmp_path, learning_rate=1e-6, value_learning_rate=2e-6)
+    assert (config.learning_rate, config.value_learning_rate) == (1e-6, 2e-6)
+
+
+def test_valid_edge_values_accepted(tmp_path):
+    make(PPOConfig, tmp_path, gamma=0.0, lam=0.0, kl_coef=0.0, missing_eos_penalty=0.0, stop_token="eos")
+    make(PPOConfig, tmp_path, gamma=1.0, lam=1.0, stop_token_id=7, kl_estimator="k3")
+    config = make(
+        VCPPOConfig,
+        tmp_path,
+        lam_actor=1.0,
+        lam_critic=0.0,
+        value_pretrain_steps=150,
+        value_pretrain_save_steps=[100, 50, 150, 50],
+    )
+    assert config.value_pretrain_save_steps == [50, 100, 150]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Validation: every error is a ValueError naming the offending field
+# --------------------------------------------------------------------------------------------------------------------
+
+PPO_ERRORS = [
+    ({"gamma": -0.1}, "gamma"),
+    ({"gamma": 1.5}, "gamma"),
+    ({"lam": -0.01}, "lam"),
+    ({"lam": 1.01}, "lam"),
+    ({"stop_token": "eos", "stop_token_id": 2}, "stop_token_id"),
+    ({"kl_estimator": "k2"}, "kl_estimator"),
+    ({"kl_coef": -0.01}, "kl_coef"),
+    ({"num_mini_batches": 0}, "num_mini_batches"),
+    ({"missing_eos_penalty": -1.0}, "missing_eos_penalty"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "field_name"), PPO_ERRORS, ids=[f for _, f in PPO_ERRORS])
+def test_ppo_config_validation(kwargs, field_name, tmp_path):
+    with pytest.raises(ValueError, match=field_name):
+        make(PPOConfig, tmp_path, **kwargs)
+
+
+VCPPO_ERRORS = [
+    ({"gamma": 2.0}, "gamma"),
+    ({"lam_actor": -0.5}, "lam_actor"),
+    ({"lam_actor": 1.1}, "lam_actor"),
+    ({"lam_critic": -0.1}, "lam_critic"),
+    ({"lam_critic": 1.5}, "lam_critic"),
+    ({"stop_token": "eos", "stop_token_id": 2}, "stop_token_id"),
+    ({"kl_estimator": "k2"}, "kl_estimator"),
+    ({"kl_coef": -1.0}, "kl_coef"),
+    ({"num_mini_batches": 0}, "num_mini_batches"),
+    ({"missing_eos_penalty": -0.5}, "missing_eos_penalty"),
+    ({"value_pretrain_steps": 100, "value_pretrain_save_steps": [50, 150]}, "value_pretrain_save_steps"),
+    ({"value_pretrain_save_steps": [1]}, "value_pretrain_save_steps"),  # pretraining off (0 steps)
+    ({"value_pretrain_steps": 10, "value_pretrain_save_steps": [0]}, "value_pretrain_save_steps"),
+]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field_name"), VCPPO_ERRORS, ids=[f"{f}-{i}" for i, (_, f) in enumerate(VCPPO_ERRORS)]
+)
+def test_vcppo_config_validation(kwargs, field_name, tmp_path):
+    with pytest.raises(ValueError, match=field_name):
+        make(VCPPOConfig, tmp_path, **kwargs)
+
+
+@pytest.mark.parametrize("lam", [0.95, 1.0, 0.0])
+def test_vcppo_config_rejects_lam(lam, tmp_path):
+    with pytest.raises(ValueError, match="lam_actor") as excinfo:
+        make(VCPPOConfig, tmp_path, lam=lam)
+    assert "lam_critic" in str(excinfo.value)
+    assert "`lam`" in str(excinfo.value)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_trl_parser_parses_vcppo_args(tmp_path):
+    parser = TrlParser((VCPPOConfig,))
+    (config,) = parser.parse_args_and_config(
+        args=[
+            "--lam_actor",
+            "0.9",
+            "--value_pretrain_steps",
+            "5",
+            "--value_pretrain_save_steps",
+            "2",
+            "5",
+            "--output_dir",
+            str(tmp_path / "X"),
+            "--report_to",
+            "none",
+            "--bf16",
+            "False",
+            "--use_cpu",
+            "True",
+        ]
+    )
+    assert isinstance(config, VCPPOConfig)
+    assert config.lam_actor == 0.9
+    assert config.lam_critic == 1.0
+    assert config.value_pretrain_steps == 5
+    assert config.value_pretrain_save_steps == [2, 5]
+    assert config.output_dir == str(tmp_path / "X")
+    assert config.lam is None
+
+
+def test_trl_parser_rejects_invalid_value(tmp_path):
+    parser = TrlParser((VCPPOConfig,))
+    with pytest.raises(ValueError, match="lam_critic"):
+        parser.parse_args_and_config(
+            args=["--lam_critic", "1.5", "--output_dir", str(tmp_path), "--report_to", "none", "--use_cpu", "True"]
+        )
+
+
+@pytest.mark.parametrize("cls", [PPOConfig, VCPPOConfig])
+def test_help_renders(cls):
+    help_text = TrlParser((cls,)).format_help()
+    for name in ("--kl_coef", "--cliprange_value", "--value_learning_rate", "--response_length"):
+        assert name in help_text
+    if cls is VCPPOConfig:
+        for name in ("--lam_actor", "--lam_critic", "--value_pretrain_steps", "--value_pretrain_save_steps"):
+            assert name in help_text
