@@ -92,6 +92,7 @@ PPO_ERRORS = [
     ({"gamma": 1.5}, "gamma"),
     ({"lam": -0.01}, "lam"),
     ({"lam": 1.01}, "lam"),
+    ({"lam": None}, "lam"),  # PPOTrainer needs it: fail at construction, not after the first rollout
     ({"stop_token": "eos", "stop_token_id": 2}, "stop_token_id"),
     ({"kl_estimator": "k2"}, "kl_estimator"),
     ({"kl_coef": -0.01}, "kl_coef"),

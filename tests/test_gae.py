@@ -205,9 +205,7 @@ def test_bfloat16_inputs_computed_in_float32():
     rewards = torch.full((1, length), 0.01)
     values = torch.zeros(1, length)
     mask = torch.ones(1, length, dtype=torch.bool)
-    adv, ret = dual_lambda_gae(
-        rewards.bfloat16(), values.bfloat16(), mask, gamma=1.0, lam_actor=1.0, lam_critic=1.0
-    )
+    adv, ret = dual_lambda_gae(rewards.bfloat16(), values.bfloat16(), mask, gamma=1.0, lam_actor=1.0, lam_critic=1.0)
     assert adv.dtype == torch.float32 and ret.dtype == torch.float32
     # Compare to the float32 computation on the same (bf16-rounded) inputs.
     rewards_rounded = rewards.bfloat16().float()
@@ -263,7 +261,9 @@ def test_gae_rejects_out_of_range_lambda(lam):
 )
 def test_dual_lambda_gae_rejects_bad_shapes(r_shape, v_shape, m_shape):
     with pytest.raises(ValueError, match="shape"):
-        dual_lambda_gae(torch.zeros(r_shape), torch.zeros(v_shape), torch.ones(m_shape, dtype=torch.bool), 1.0, 0.9, 1.0)
+        dual_lambda_gae(
+            torch.zeros(r_shape), torch.zeros(v_shape), torch.ones(m_shape, dtype=torch.bool), 1.0, 0.9, 1.0
+        )
 
 
 # --------------------------------------------------------------------------------------------------------------------

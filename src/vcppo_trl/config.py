@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from trl.trainer.base_config import _BaseConfig
 
@@ -76,6 +76,9 @@ class PPOConfig(_BaseConfig):
     > Defaults that differ from [`~transformers.TrainingArguments`]: `learning_rate` 3e-6 (as TRL's PPO), and those of
     > TRL's base config (`logging_steps` 10, `gradient_checkpointing` True, `bf16` True unless `fp16`).
     """
+
+    # Whether `lam` is used (and so must be set); VCPPOConfig replaces it with `lam_actor` / `lam_critic`.
+    _uses_lam: ClassVar[bool] = True
 
     learning_rate: float = field(default=3e-6, metadata={"help": "Initial learning rate of the policy (AdamW)."})
     exp_name: str = field(default="ppo", metadata={"help": "Name of this experiment."})
@@ -160,6 +163,8 @@ class PPOConfig(_BaseConfig):
         _require_unit_interval("gamma", self.gamma)
         if self.lam is not None:
             _require_unit_interval("lam", self.lam)
+        elif self._uses_lam:
+            raise ValueError("`lam` must be set (GAE λ in [0, 1], e.g. 0.95): PPOTrainer uses it for GAE.")
         for name in ("num_mini_batches", "num_ppo_epochs", "response_length", "local_rollout_forward_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be at least 1, got {getattr(self, name)}.")
@@ -216,6 +221,8 @@ class VCPPOConfig(PPOConfig):
         value_model_path (`str`, *optional*): A saved pretrained critic (local directory or Hub id) to start from;
             value pretraining is then skipped.
     """
+
+    _uses_lam: ClassVar[bool] = False
 
     exp_name: str = field(default="vcppo", metadata={"help": "Name of this experiment."})
     lam: float | None = field(

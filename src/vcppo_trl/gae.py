@@ -13,10 +13,6 @@ from __future__ import annotations
 import torch
 
 
-def _as_float_mask(response_mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    return response_mask.to(dtype=like.dtype)
-
-
 def _check_shapes(rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor) -> None:
     if rewards.dim() != 2 or rewards.shape != values.shape or rewards.shape != response_mask.shape:
         raise ValueError(
@@ -68,11 +64,11 @@ def dual_lambda_gae(
         _check_unit_interval(name, value)
 
     # Compute in float32 whatever the input dtype (bf16 sums over thousands of tokens lose the signal).
-    rewards = rewards.float()
-    values = values.float()
-    mask = _as_float_mask(response_mask, rewards)
-    rewards = rewards * mask
-    values = values * mask
+    valid = response_mask.bool()
+    # torch.where, not a product: NaN or inf in padded positions must not leak into valid tokens.
+    rewards = torch.where(valid, rewards.float(), 0.0)
+    values = torch.where(valid, values.float(), 0.0)
+    mask = valid.float()
 
     batch_size, length = rewards.shape
     adv_actor = torch.zeros_like(rewards)

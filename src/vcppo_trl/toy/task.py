@@ -29,7 +29,7 @@ THINK_START = "<think>"
 THINK_END = "</think>"
 
 _PROMPT_TEMPLATE = "Add {a} and {b}.\n"
-_STEP_TEMPLATE = "{x}+{y}+{carry}={total} write {digit} carry {carry_out}\n"
+_STEP_TEMPLATE = "{rem_a}+{rem_b}: {x}+{y}+{carry}={total}, {written}\n"
 _BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
 
 
@@ -62,21 +62,22 @@ def format_solution(a: int, b: int) -> str:
     """
     if a < 0 or b < 0:
         raise ValueError(f"Operands must be non-negative, got {a} and {b}.")
-    digits_a = [int(c) for c in reversed(str(a))]
-    digits_b = [int(c) for c in reversed(str(b))]
-    num_columns = max(len(digits_a), len(digits_b))
+    str_a, str_b = str(a), str(b)
+    num_columns = max(len(str_a), len(str_b))
+    str_a, str_b = str_a.zfill(num_columns), str_b.zfill(num_columns)
     lines = []
     carry = 0
+    written = ""
     for i in range(num_columns):
-        x = digits_a[i] if i < len(digits_a) else 0
-        y = digits_b[i] if i < len(digits_b) else 0
+        rem_a, rem_b = str_a[: num_columns - i], str_b[: num_columns - i]
+        x, y = int(rem_a[-1]), int(rem_b[-1])
         total = x + y + carry
-        lines.append(
-            _STEP_TEMPLATE.format(x=x, y=y, carry=carry, total=total, digit=total % 10, carry_out=total // 10)
-        )
+        last = i == num_columns - 1
+        written = (str(total) if last else str(total % 10)) + written
+        lines.append(_STEP_TEMPLATE.format(rem_a=rem_a, rem_b=rem_b, x=x, y=y, carry=carry, total=total, written=written))
         carry = total // 10
     answer = a + b
-    return f"{THINK_START}{''.join(lines)}answer {answer}\n{THINK_END} \\boxed{{{answer}}}"
+    return f"{THINK_START}{''.join(lines)}{THINK_END} \\boxed{{{answer}}}"
 
 
 def extract_boxed_answer(text: str) -> str | None:
