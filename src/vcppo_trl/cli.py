@@ -101,8 +101,11 @@ def load_datasets(script_args: VCPPOScriptArguments) -> tuple[Dataset, Dataset |
 
 def build_toy(script_args: VCPPOScriptArguments, training_args: VCPPOConfig):
     """The embedded default: toy task, tiny policy and tokenizer built in-process, and a cold-start SFT."""
-    from .toy import build_tiny_model, build_tokenizer, cold_start_sft, make_splits
     from .toy import defaults as toy_defaults
+    from .toy.cold_start import cold_start_sft
+    from .toy.model import build_tiny_model
+    from .toy.task import make_splits
+    from .toy.tokenizer import build_tokenizer
 
     splits = make_splits(
         script_args.toy_num_train,

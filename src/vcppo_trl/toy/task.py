@@ -74,7 +74,9 @@ def format_solution(a: int, b: int) -> str:
         total = x + y + carry
         last = i == num_columns - 1
         written = (str(total) if last else str(total % 10)) + written
-        lines.append(_STEP_TEMPLATE.format(rem_a=rem_a, rem_b=rem_b, x=x, y=y, carry=carry, total=total, written=written))
+        lines.append(
+            _STEP_TEMPLATE.format(rem_a=rem_a, rem_b=rem_b, x=x, y=y, carry=carry, total=total, written=written)
+        )
         carry = total // 10
     answer = a + b
     return f"{THINK_START}{''.join(lines)}{THINK_END} \\boxed{{{answer}}}"
