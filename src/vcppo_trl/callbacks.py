@@ -111,9 +111,10 @@ class ValuePretrainCallback(TrainerCallback):
             return
         self.active = True
         self.trainer.policy_frozen = True
-        logger.warning(
-            f"Value pretraining: training the critic alone (λ = 1, policy frozen) for up to {self.max_steps} updates."
-        )
+        if state.is_world_process_zero:
+            logger.warning(
+                f"Value pretraining: training the critic alone (λ = 1, policy frozen) for up to {self.max_steps} updates."
+            )
 
     def on_step_end(self, args, state, control, metrics: dict[str, Any] | None = None, **kwargs):
         if not self.active:
@@ -148,7 +149,8 @@ class ValuePretrainCallback(TrainerCallback):
     def _save(self, path: str) -> None:
         self.trainer.save_value_model(path)
         self.saved_paths.append(path)
-        logger.warning(f"Value pretraining: saved the critic to {path}")
+        if self.trainer.is_world_process_zero():
+            logger.warning(f"Value pretraining: saved the critic to {path}")
 
     def _finish(self, args, state, control, reason: str) -> None:
         self.active = False
@@ -159,4 +161,5 @@ class ValuePretrainCallback(TrainerCallback):
         state.max_steps -= self.max_steps - self.steps
         self.trainer.policy_frozen = False
         self.trainer.log({"value_pretrain/steps": float(self.steps)})
-        logger.warning(f"Value pretraining finished after {self.steps} updates ({reason}); PPO training starts.")
+        if state.is_world_process_zero:
+            logger.warning(f"Value pretraining finished after {self.steps} updates ({reason}); PPO training starts.")

@@ -723,9 +723,8 @@ class PPOTrainer(_BaseTrainer):
         args = self.args
         steps = self.num_training_updates() * self.optimizer_steps_per_update()
         self.create_optimizer_and_scheduler(num_training_steps=steps)
-        self.model_wrapped, self.optimizer, self.lr_scheduler = self.accelerator.prepare(
-            self.model, self.optimizer, self.lr_scheduler
-        )
+        # The scheduler is not prepared: accelerate would step it once per process on every call.
+        self.model_wrapped, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
         if self.is_deepspeed_enabled:
             self.deepspeed = self.model_wrapped
         self.state = TrainerState(

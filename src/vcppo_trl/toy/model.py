@@ -1,9 +1,9 @@
-"""Tiny randomly initialised Qwen2 causal language model for the toy task (built in-process, no Hub access)."""
+"""Tiny randomly initialised Llama causal language model for the toy task (built in-process, no Hub access)."""
 
 from __future__ import annotations
 
 import torch
-from transformers import GenerationConfig, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
+from transformers import GenerationConfig, PreTrainedTokenizerBase, LlamaConfig, LlamaForCausalLM
 
 from .defaults import TOY_HIDDEN_SIZE, TOY_NUM_HEADS, TOY_NUM_LAYERS
 
@@ -16,8 +16,8 @@ def build_tiny_model(
     intermediate_size: int | None = None,
     max_position_embeddings: int = 512,
     seed: int = 0,
-) -> Qwen2ForCausalLM:
-    """Builds a tiny, randomly initialised [`~transformers.Qwen2ForCausalLM`] matching `tokenizer`.
+) -> LlamaForCausalLM:
+    """Builds a tiny, randomly initialised [`~transformers.LlamaForCausalLM`] matching `tokenizer`.
 
     The vocabulary size is `len(tokenizer)`, and the pad/eos (and bos, if the tokenizer has one) ids are set both in
     the model config and in its generation config, so that `generate` stops on the tokenizer's eos token. The same
@@ -41,11 +41,11 @@ def build_tiny_model(
             Seed of the weight initialisation.
 
     Returns:
-        [`~transformers.Qwen2ForCausalLM`]: The model, in float32, on CPU, with tied input/output embeddings.
+        [`~transformers.LlamaForCausalLM`]: The model, in float32, on CPU, with tied input/output embeddings.
     """
     if hidden_size % num_heads != 0:
         raise ValueError(f"`hidden_size` ({hidden_size}) must be divisible by `num_heads` ({num_heads}).")
-    config = Qwen2Config(
+    config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size or 4 * hidden_size,
@@ -58,10 +58,12 @@ def build_tiny_model(
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.bos_token_id,
+        attention_bias=False,
+        mlp_bias=False,
         use_cache=True,
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = LlamaForCausalLM(config)
     model.generation_config = GenerationConfig(
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
