@@ -365,3 +365,12 @@ def test_position_correlation_signs():
     noise = torch.randn(3, 10, generator=torch.Generator().manual_seed(0))
     assert abs(position_correlation(noise, mask)) < 0.5
     assert math.isnan(position_correlation(torch.ones(3, 10), mask))
+
+
+def test_non_finite_padding_does_not_leak_into_valid_tokens():
+    rewards = torch.tensor([[0.0, 1.0, float("nan"), float("inf")]])
+    values = torch.tensor([[0.5, 0.2, float("nan"), -float("inf")]])
+    mask = torch.tensor([[1, 1, 0, 0]])
+    advantages, returns = dual_lambda_gae(rewards, values, mask, gamma=1.0, lam_actor=0.95, lam_critic=1.0)
+    assert torch.isfinite(advantages).all() and torch.isfinite(returns).all()
+    assert returns[0, :2].tolist() == [1.0, 1.0]

@@ -344,3 +344,34 @@ def test_reward_model_as_critic(tiny_policy, tokenizer, toy_splits, tiny_config)
     )
     assert torch.equal(trainer.model.critic.score.weight, reward_model.score.weight)
     trainer.train()
+
+
+def test_lora_policy_uses_base_model_as_reference(tiny_policy, tokenizer, toy_splits, tiny_config):
+    from peft import LoraConfig
+
+    base_before = _clone_state(tiny_policy)
+    trainer = VCPPOTrainer(
+        model=tiny_policy,
+        reward_funcs=length_reward,
+        args=tiny_config(kl_coef=0.1, total_episodes=16),
+        train_dataset=toy_splits["train"],
+        processing_class=tokenizer,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+    )
+    assert trainer.ref_model is None  # the reference is the base model with adapters disabled
+    policy = trainer.model.policy
+    lora_before = {k: v.clone() for k, v in policy.state_dict().items() if "lora_B" in k}
+    trainer.train()
+    log = next(h for h in trainer.state.log_history if "objective/kl" in h)
+    assert math.isfinite(log["objective/kl"])
+    assert any(not torch.equal(v, policy.state_dict()[k]) for k, v in lora_before.items()), (
+        "LoRA weights did not train"
+    )
+    # Base weights are untouched by LoRA training.
+    with policy.disable_adapter():
+        base = policy.get_base_model().state_dict()
+        for k, v in base_before.items():
+            key = k if k in base else k.replace(".weight", ".base_layer.weight").replace(".bias", ".base_layer.bias")
+            assert torch.equal(base[key], v), k
+    trainer.save_model(trainer.args.output_dir)
+    assert os.path.isfile(os.path.join(trainer.args.output_dir, "adapter_config.json"))
