@@ -38,7 +38,7 @@ class TestTask:
         dataset = make_arithmetic_dataset(50, seed=0)
         assert set(dataset.column_names) == {"prompt", "completion", "solution", "difficulty"}
         example = dataset[0]
-        assert isinstance(example["prompt"], str) and example["prompt"].startswith("Add ")
+        assert isinstance(example["prompt"], str) and example["prompt"].startswith("Add:\n")
         assert isinstance(example["difficulty"], int)
         assert example["completion"].startswith("<think>")
         assert not example["completion"].endswith("<eos>")
@@ -55,8 +55,9 @@ class TestTask:
             assert len(str(max(a, b))) == example["difficulty"]
             assert extract_boxed_answer(example["completion"]) == str(a + b)
             assert example["solution"] == f"\\boxed{{{a + b}}}"
-            # The worked solution's last intermediate result is the answer too.
-            assert example["completion"].split("</think>")[0].rstrip("\n").endswith(f", {a + b}")
+            # The answer digits written on the last reasoning line are the answer too.
+            last_line = example["completion"].split("</think>")[0].rstrip("\n").split("\n")[-1]
+            assert last_line.split()[-1] == str(a + b)
 
     @pytest.mark.parametrize("a, b", [(0, 0), (9, 8), (999999, 1), (123456, 654321), (50, 50)])
     def test_format_solution_edge_cases(self, a, b):
@@ -72,7 +73,7 @@ class TestTask:
             assert lengths, f"no example of difficulty {d}"
             mean_length[d] = sum(lengths) / len(lengths)
         assert all(mean_length[d] < mean_length[d + 1] for d in range(1, 6))
-        assert mean_length[1] < 60 and mean_length[6] > 150
+        assert mean_length[6] > 3 * mean_length[1] and mean_length[6] > 150
 
     def test_digit_range(self):
         dataset = make_arithmetic_dataset(100, seed=0, min_digits=2, max_digits=3)

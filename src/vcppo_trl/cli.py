@@ -44,10 +44,10 @@ class VCPPOScriptArguments(ScriptArguments):
     system_prompt: str | None = field(default=None, metadata={"help": "System message added to chat prompts."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep at most this many train rows."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Keep at most this many eval rows."})
-    toy_num_train: int = field(default=2000, metadata={"help": "Toy task: number of training prompts."})
-    toy_num_eval: int = field(default=200, metadata={"help": "Toy task: number of held-out prompts."})
-    toy_min_digits: int = field(default=1, metadata={"help": "Toy task: fewest digits per operand."})
-    toy_max_digits: int = field(default=6, metadata={"help": "Toy task: most digits per operand."})
+    toy_num_train: int | None = field(default=None, metadata={"help": "Toy task: training prompts (default 4000)."})
+    toy_num_eval: int | None = field(default=None, metadata={"help": "Toy task: held-out prompts (default 300)."})
+    toy_min_digits: int | None = field(default=None, metadata={"help": "Toy task: fewest digits per operand (1)."})
+    toy_max_digits: int | None = field(default=None, metadata={"help": "Toy task: most digits per operand (6)."})
     toy_cold_start_steps: int | None = field(
         default=None, metadata={"help": "Toy task: cold-start SFT steps (default: the tuned toy default)."}
     )
@@ -107,17 +107,20 @@ def build_toy(script_args: VCPPOScriptArguments, training_args: VCPPOConfig):
     from .toy.task import make_splits
     from .toy.tokenizer import build_tokenizer
 
+    def pick(value, default):
+        return default if value is None else value
+
     splits = make_splits(
-        script_args.toy_num_train,
-        script_args.toy_num_eval,
+        pick(script_args.toy_num_train, toy_defaults.TOY_NUM_TRAIN),
+        pick(script_args.toy_num_eval, toy_defaults.TOY_NUM_EVAL),
         seed=training_args.seed,
-        min_digits=script_args.toy_min_digits,
-        max_digits=script_args.toy_max_digits,
+        min_digits=pick(script_args.toy_min_digits, toy_defaults.TOY_MIN_DIGITS),
+        max_digits=pick(script_args.toy_max_digits, toy_defaults.TOY_MAX_DIGITS),
     )
     tokenizer = build_tokenizer()
     model = build_tiny_model(tokenizer, seed=training_args.seed)
-    steps = script_args.toy_cold_start_steps or toy_defaults.TOY_SFT_STEPS
-    lr = script_args.toy_cold_start_learning_rate or toy_defaults.TOY_SFT_LEARNING_RATE
+    steps = pick(script_args.toy_cold_start_steps, toy_defaults.TOY_SFT_STEPS)
+    lr = pick(script_args.toy_cold_start_learning_rate, toy_defaults.TOY_SFT_LEARNING_RATE)
     logger.warning(f"Embedded toy run: cold-start SFT for {steps} steps on {len(splits['train'])} worked solutions.")
     model = cold_start_sft(
         model,

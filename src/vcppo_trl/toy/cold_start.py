@@ -2,13 +2,88 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from datasets import Dataset
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
 from trl import SFTConfig, SFTTrainer
 
-from .defaults import TOY_SFT_BATCH_SIZE, TOY_SFT_LEARNING_RATE, TOY_SFT_STEPS, TOY_SFT_WARMUP_STEPS
+from .defaults import (
+    TOY_SFT_BATCH_SIZE,
+    TOY_SFT_EVAL_SIZE,
+    TOY_SFT_EVAL_STEPS,
+    TOY_SFT_LEARNING_RATE,
+    TOY_SFT_STEPS,
+    TOY_SFT_TARGET_ACCURACY,
+    TOY_SFT_WARMUP_STEPS,
+)
+from .evaluate import teacher_forced_exact_match
+
+logger = logging.getLogger(__name__)
+
+
+class TargetAccuracyCallback(TrainerCallback):
+    """Stops training once the teacher-forced exact match on a held-out set reaches a target.
+
+    The cold start is meant to leave room for RL: it should stop once the policy solves a fair share of the prompts,
+    not when it solves them all. When the accuracy rises suddenly (as it does on the toy task, once the model learns
+    to copy digits) that moment varies from run to run, and stopping on a measured accuracy rather than after a fixed
+    number of steps makes the starting policy much more reproducible.
+
+    Args:
+        tokenizer ([`~transformers.PreTrainedTokenizerBase`]):
+            Tokenizer of the model.
+        eval_dataset ([`~datasets.Dataset`]):
+            Held-out dataset with `prompt` and `completion` columns.
+        target_accuracy (`float`):
+            Training stops at the first evaluation whose exact match is at least this value.
+        eval_steps (`int`):
+            Evaluation interval in optimisation steps.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        eval_dataset: Dataset,
+        target_accuracy: float,
+        eval_steps: int,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.eval_dataset = eval_dataset
+        self.target_accuracy = target_accuracy
+        self.eval_steps = eval_steps
+        self.history: list[tuple[int, float]] = []
+        self.stopped_at_step: int | None = None
+
+    def on_step_end(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: PreTrainedModel | None = None,
+        **kwargs: Any,
+    ) -> TrainerControl:
+        if model is None or state.global_step % self.eval_steps != 0:
+            return control
+        exact_match = teacher_forced_exact_match(model, self.tokenizer, self.eval_dataset)["exact_match"]
+        self.history.append((state.global_step, exact_match))
+        logger.debug(f"Cold start: step {state.global_step}, held-out exact match {exact_match:.3f}")
+        if exact_match >= self.target_accuracy:
+            logger.info(
+                f"Cold start: exact match {exact_match:.3f} >= {self.target_accuracy} at step {state.global_step}, "
+                "stopping."
+            )
+            self.stopped_at_step = state.global_step
+            control.should_training_stop = True
+        return control
 
 
 def cold_start_sft(
@@ -22,7 +97,11 @@ def cold_start_sft(
     seed: int = 0,
     report_to: str | list[str] = "none",
     warmup_steps: int = TOY_SFT_WARMUP_STEPS,
+    target_accuracy: float | None = TOY_SFT_TARGET_ACCURACY,
+    eval_dataset: Dataset | None = None,
+    eval_steps: int = TOY_SFT_EVAL_STEPS,
     logging_steps: int = 10,
+    callbacks: list[TrainerCallback] | None = None,
     **sft_kwargs: Any,
 ) -> PreTrainedModel:
     """Fine-tunes `model` on the worked solutions of the toy task (cold start before RL).
@@ -32,6 +111,10 @@ def cold_start_sft(
     character-level toy tokenizer encodes the `"<eos>"` string as the single eos token), so the model learns to stop
     after the boxed answer. Training runs on CPU in float32, without gradient checkpointing and without saving any
     checkpoint to `output_dir`.
+
+    When `target_accuracy` is set, training stops early as soon as the teacher-forced exact match (the fraction of
+    held-out prompts for which greedy decoding would reproduce the whole gold completion, a lower bound of the greedy
+    accuracy) reaches it, so that the starting policy solves a fair share of the prompts but not all of them.
 
     Args:
         model ([`~transformers.PreTrainedModel`]):
@@ -43,19 +126,28 @@ def cold_start_sft(
         output_dir (`str`):
             Output directory of the trainer (logs only; no checkpoint is written).
         max_steps (`int`, *optional*, defaults to `TOY_SFT_STEPS`):
-            Number of optimisation steps.
+            Number of optimisation steps (upper bound when `target_accuracy` is set).
         learning_rate (`float`, *optional*, defaults to `TOY_SFT_LEARNING_RATE`):
-            Peak learning rate (linear warmup then cosine decay).
+            Peak learning rate (linear warmup then cosine decay over `max_steps`).
         per_device_train_batch_size (`int`, *optional*, defaults to `TOY_SFT_BATCH_SIZE`):
             Batch size.
         seed (`int`, *optional*, defaults to `0`):
-            Seed of the data order.
+            Seed of the data order (and of the held-out split).
         report_to (`str` or `list[str]`, *optional*, defaults to `"none"`):
             Logging integrations (e.g. `"tensorboard"`).
         warmup_steps (`int`, *optional*, defaults to `TOY_SFT_WARMUP_STEPS`):
             Number of linear warmup steps.
+        target_accuracy (`float` or `None`, *optional*, defaults to `TOY_SFT_TARGET_ACCURACY`):
+            Teacher-forced exact match at which training stops early. `None` trains for `max_steps`.
+        eval_dataset ([`~datasets.Dataset`] or `None`, *optional*):
+            Held-out dataset (with `prompt` and `completion` columns) for `target_accuracy`. If `None`,
+            `TOY_SFT_EVAL_SIZE` examples are held out of `train_dataset`.
+        eval_steps (`int`, *optional*, defaults to `TOY_SFT_EVAL_STEPS`):
+            Interval, in steps, of the `target_accuracy` checks.
         logging_steps (`int`, *optional*, defaults to `10`):
             Logging interval in steps.
+        callbacks (`list[~transformers.TrainerCallback]` or `None`, *optional*):
+            Extra trainer callbacks.
         **sft_kwargs:
             Extra arguments for [`~trl.SFTConfig`], overriding the ones set here.
 
@@ -64,6 +156,12 @@ def cold_start_sft(
     """
     if tokenizer.eos_token is None or tokenizer.pad_token is None:
         raise ValueError("The tokenizer must define both `eos_token` and `pad_token`.")
+    callbacks = list(callbacks or [])
+    if target_accuracy is not None:
+        if eval_dataset is None:
+            split = train_dataset.train_test_split(test_size=TOY_SFT_EVAL_SIZE, seed=seed)
+            train_dataset, eval_dataset = split["train"], split["test"]
+        callbacks.append(TargetAccuracyCallback(tokenizer, eval_dataset, target_accuracy, eval_steps))
     train_dataset = train_dataset.select_columns(["prompt", "completion"])
     config_kwargs: dict[str, Any] = {
         "output_dir": output_dir,
@@ -92,6 +190,7 @@ def cold_start_sft(
         args=SFTConfig(**config_kwargs),
         train_dataset=train_dataset,
         processing_class=tokenizer,
+        callbacks=callbacks,
     )
     trainer.train()
     model = trainer.model

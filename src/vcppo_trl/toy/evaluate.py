@@ -119,3 +119,68 @@ def greedy_accuracy(
             d: sum(lengths[i] for i in idx) / len(idx) for d, idx in sorted(groups.items())
         }
     return metrics
+
+
+@torch.no_grad()
+def teacher_forced_exact_match(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    dataset: Dataset,
+    batch_size: int = 64,
+) -> dict[str, Any]:
+    """Fraction of examples whose whole gold completion (eos included) is the model's argmax at every position.
+
+    This needs a single forward pass per batch, and it equals the fraction of prompts for which greedy decoding
+    reproduces the gold completion exactly, so it is a cheap lower bound of the greedy accuracy of
+    [`greedy_accuracy`] (which also accepts a right answer reached through a different reasoning).
+
+    Args:
+        model ([`~transformers.PreTrainedModel`]):
+            Causal language model to evaluate.
+        tokenizer ([`~transformers.PreTrainedTokenizerBase`]):
+            Its tokenizer (must define `pad_token` and `eos_token`).
+        dataset ([`~datasets.Dataset`]):
+            Dataset with `prompt` and `completion` columns, and optionally `difficulty`.
+        batch_size (`int`, *optional*, defaults to `64`):
+            Number of sequences per forward pass.
+
+    Returns:
+        `dict[str, Any]`: With keys `exact_match` and, when the dataset has a `difficulty` column,
+        `exact_match_by_difficulty`.
+    """
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    prompts = list(dataset["prompt"])
+    completions = list(dataset["completion"])
+    matched = []
+    try:
+        for start in range(0, len(prompts), batch_size):
+            sequences, starts = [], []
+            for prompt, completion in zip(prompts[start : start + batch_size], completions[start : start + batch_size]):
+                prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+                ids = tokenizer(prompt + completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+                sequences.append(ids)
+                starts.append(len(prompt_ids))
+            max_len = max(len(ids) for ids in sequences)
+            input_ids = torch.full((len(sequences), max_len), tokenizer.pad_token_id, dtype=torch.long)
+            attention_mask = torch.zeros_like(input_ids)
+            target_mask = torch.zeros_like(input_ids, dtype=torch.bool)
+            for row, (ids, first) in enumerate(zip(sequences, starts)):
+                input_ids[row, : len(ids)] = torch.tensor(ids)
+                attention_mask[row, : len(ids)] = 1
+                target_mask[row, first : len(ids)] = True
+            logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits
+            predictions = logits[:, :-1].argmax(-1).cpu()
+            correct = (predictions == input_ids[:, 1:]) | ~target_mask[:, 1:]
+            matched.extend(correct.all(dim=1).tolist())
+    finally:
+        model.train(was_training)
+
+    metrics: dict[str, Any] = {"exact_match": sum(matched) / max(len(matched), 1)}
+    if "difficulty" in dataset.column_names:
+        groups: dict[int, list[bool]] = defaultdict(list)
+        for ok, d in zip(matched, dataset["difficulty"]):
+            groups[d].append(ok)
+        metrics["exact_match_by_difficulty"] = {d: sum(v) / len(v) for d, v in sorted(groups.items())}
+    return metrics

@@ -1,20 +1,24 @@
 """Synthetic long chain-of-thought arithmetic task, generated entirely in code.
 
-Each example asks for the sum of two integers. The worked solution is written inside `<think>...</think>` digit by
-digit, from the least significant digit up, with one short line per digit that shows the two digits, the incoming
-carry, the column sum, the digit written and the outgoing carry. The final answer follows the closing tag as
-` \\boxed{N}`:
+Each example asks for the sum of two integers with the same number of digits. The worked solution inside
+`<think>...</think>` processes one column per line, from the least significant digit up. Each line restates the
+digits not yet consumed, the column sum `x+y+carry=s`, and the answer digits written so far; the final answer follows
+the closing tag as ` \\boxed{N}`:
 
 ```text
-prompt:      Add 4738 and 2919.\\n
-completion:  <think>8+9+0=17 write 7 carry 1\\n3+1+1=5 write 5 carry 0\\n7+9+0=16 write 6 carry 1\\n
-             4+2+1=7 write 7 carry 0\\nanswer 7657\\n</think> \\boxed{7657}
+prompt:      "Add 4738 and 2919.\n"
+completion:  "<think>4738+2919: 8+9+0=17, 7\n"
+             "473+291: 3+1+1=5, 57\n"
+             "47+29: 7+9+0=16, 657\n"
+             "4+2: 4+2+1=7, 7657\n"
+             "</think> \\boxed{7657}"
 ```
 
-The difficulty of an example is the number of digits of its operands: every extra digit adds one reasoning line
-(about 25 characters, i.e. 25 tokens with the character-level toy tokenizer), so difficulties 1..6 give completions
-of roughly 45 to 180 tokens. A tiny model that is only briefly fine-tuned on this task gets the short problems right
-and makes more and more mistakes as the reasoning gets longer, so the probability of success depends on the prompt.
+Restating the remaining digits on every line keeps the digits of the current column right next to the step that uses
+them, so a tiny model learns the procedure in a couple of minutes on a CPU. The difficulty of an example is the
+number of digits of its operands: with the character-level toy tokenizer, difficulties 1..6 give completions of about
+30 to 165 tokens. A briefly fine-tuned tiny model makes a small error rate per step, so its success probability
+decreases with the difficulty of the prompt (and the critic has something to learn).
 """
 
 from __future__ import annotations
@@ -28,28 +32,16 @@ from datasets import Dataset, DatasetDict
 THINK_START = "<think>"
 THINK_END = "</think>"
 
-_PROMPT_TEMPLATE = "Add {a} and {b}.\n"
-_STEP_TEMPLATE = "{rem_a}+{rem_b}: {x}+{y}+{carry}={total}, {written}\n"
 _BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def _check_operands(a: int, b: int) -> None:
+    if a < 0 or b < 0:
+        raise ValueError(f"Operands must be non-negative, got {a} and {b}.")
 
 
 def format_prompt(a: int, b: int) -> str:
     """Formats the plain-text prompt asking for `a + b`.
-
-    Args:
-        a (`int`):
-            First operand.
-        b (`int`):
-            Second operand.
-
-    Returns:
-        `str`: The prompt, e.g. `"Add 4738 and 2919.\\n"`.
-    """
-    return _PROMPT_TEMPLATE.format(a=a, b=b)
-
-
-def format_solution(a: int, b: int) -> str:
-    """Writes the worked, digit-by-digit solution of `a + b`, ending with the boxed answer.
 
     Args:
         a (`int`):
@@ -58,13 +50,28 @@ def format_solution(a: int, b: int) -> str:
             Second operand (non-negative).
 
     Returns:
-        `str`: The completion `"<think>...</think> \\boxed{a+b}"`, without any end-of-sequence token.
+        `str`: The prompt, e.g. `"Add 4738 and 2919.\\n"`.
     """
-    if a < 0 or b < 0:
-        raise ValueError(f"Operands must be non-negative, got {a} and {b}.")
-    str_a, str_b = str(a), str(b)
-    num_columns = max(len(str_a), len(str_b))
-    str_a, str_b = str_a.zfill(num_columns), str_b.zfill(num_columns)
+    _check_operands(a, b)
+    return f"Add {a} and {b}.\n"
+
+
+def format_solution(a: int, b: int) -> str:
+    """Writes the worked, column-by-column solution of `a + b`, ending with the boxed answer.
+
+    Args:
+        a (`int`):
+            First operand (non-negative).
+        b (`int`):
+            Second operand (non-negative).
+
+    Returns:
+        `str`: The completion `"<think>...</think> \\boxed{a+b}"`, one line per column, without any end-of-sequence
+        token.
+    """
+    _check_operands(a, b)
+    num_columns = max(len(str(a)), len(str(b)))
+    str_a, str_b = str(a).zfill(num_columns), str(b).zfill(num_columns)
     lines = []
     carry = 0
     written = ""
@@ -72,14 +79,11 @@ def format_solution(a: int, b: int) -> str:
         rem_a, rem_b = str_a[: num_columns - i], str_b[: num_columns - i]
         x, y = int(rem_a[-1]), int(rem_b[-1])
         total = x + y + carry
-        last = i == num_columns - 1
-        written = (str(total) if last else str(total % 10)) + written
-        lines.append(
-            _STEP_TEMPLATE.format(rem_a=rem_a, rem_b=rem_b, x=x, y=y, carry=carry, total=total, written=written)
-        )
+        # The last column writes its full sum (final carry included); the others write the units digit.
+        written = (str(total) if i == num_columns - 1 else str(total % 10)) + written
+        lines.append(f"{rem_a}+{rem_b}: {x}+{y}+{carry}={total}, {written}\n")
         carry = total // 10
-    answer = a + b
-    return f"{THINK_START}{''.join(lines)}{THINK_END} \\boxed{{{answer}}}"
+    return f"{THINK_START}{''.join(lines)}{THINK_END} \\boxed{{{a + b}}}"
 
 
 def extract_boxed_answer(text: str) -> str | None:
@@ -207,6 +211,10 @@ def make_splits(
         num_eval, seed=seed + 1_000_003, min_digits=min_digits, max_digits=max_digits, unique=True
     )
     train = make_arithmetic_dataset(
-        num_train, seed=seed, min_digits=min_digits, max_digits=max_digits, exclude_prompts=test["prompt"]
+        num_train,
+        seed=seed,
+        min_digits=min_digits,
+        max_digits=max_digits,
+        exclude_prompts=test["prompt"],
     )
     return DatasetDict(train=train, test=test)
