@@ -25,7 +25,7 @@ def test_train_py_runs_tiny_recipe(tmp_path):
         "--output_dir",
         str(out),
         "--toy_num_train",
-        "64",
+        "256",
         "--toy_num_eval",
         "8",
         "--toy_max_digits",
