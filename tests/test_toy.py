@@ -4,7 +4,13 @@ import re
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+    TrainerCallback,
+)
 
 from vcppo_trl.toy import (
     build_tiny_model,
@@ -13,8 +19,10 @@ from vcppo_trl.toy import (
     extract_boxed_answer,
     format_solution,
     greedy_accuracy,
+    is_correct,
     make_arithmetic_dataset,
     make_splits,
+    teacher_forced_exact_match,
 )
 
 
@@ -38,7 +46,7 @@ class TestTask:
         dataset = make_arithmetic_dataset(50, seed=0)
         assert set(dataset.column_names) == {"prompt", "completion", "solution", "difficulty"}
         example = dataset[0]
-        assert isinstance(example["prompt"], str) and example["prompt"].startswith("Add:\n")
+        assert isinstance(example["prompt"], str) and re.fullmatch(r"Add \d+ and \d+\.\n", example["prompt"])
         assert isinstance(example["difficulty"], int)
         assert example["completion"].startswith("<think>")
         assert not example["completion"].endswith("<eos>")
@@ -56,8 +64,7 @@ class TestTask:
             assert extract_boxed_answer(example["completion"]) == str(a + b)
             assert example["solution"] == f"\\boxed{{{a + b}}}"
             # The answer digits written on the last reasoning line are the answer too.
-            last_line = example["completion"].split("</think>")[0].rstrip("\n").split("\n")[-1]
-            assert last_line.split()[-1] == str(a + b)
+            assert example["completion"].split("</think>")[0].endswith(f", {a + b}\n")
 
     @pytest.mark.parametrize("a, b", [(0, 0), (9, 8), (999999, 1), (123456, 654321), (50, 50)])
     def test_format_solution_edge_cases(self, a, b):
@@ -73,7 +80,7 @@ class TestTask:
             assert lengths, f"no example of difficulty {d}"
             mean_length[d] = sum(lengths) / len(lengths)
         assert all(mean_length[d] < mean_length[d + 1] for d in range(1, 6))
-        assert mean_length[6] > 3 * mean_length[1] and mean_length[6] > 150
+        assert mean_length[6] > 3 * mean_length[1] and mean_length[6] > 140
 
     def test_digit_range(self):
         dataset = make_arithmetic_dataset(100, seed=0, min_digits=2, max_digits=3)
@@ -177,6 +184,14 @@ class TestModel:
         assert output.shape[0] == 2 and output.shape[1] <= batch["input_ids"].shape[1] + 5
 
 
+class _LastStep(TrainerCallback):
+    def __init__(self) -> None:
+        self.global_step = -1
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.global_step = state.global_step
+
+
 def test_cold_start_sft_short_run(tokenizer, splits, tmp_path):
     model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
@@ -187,8 +202,10 @@ def test_cold_start_sft_short_run(tokenizer, splits, tmp_path):
             return_tensors="pt",
             padding=True,
         )
-        loss_before = model(**batch, labels=batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)).loss
+        labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+        loss_before = model(**batch, labels=labels).loss
 
+    last_step = _LastStep()
     trained = cold_start_sft(
         model,
         tokenizer,
@@ -198,17 +215,64 @@ def test_cold_start_sft_short_run(tokenizer, splits, tmp_path):
         learning_rate=1e-2,
         per_device_train_batch_size=8,
         warmup_steps=0,
+        target_accuracy=None,
         logging_steps=1,
+        callbacks=[last_step],
     )
+    assert last_step.global_step == 8
     assert trained is model and not trained.training
     changed = [name for name, p in trained.named_parameters() if not torch.equal(before[name], p.detach())]
     assert len(changed) == len(before)
     with torch.no_grad():
-        loss_after = trained(**batch, labels=batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)).loss
+        loss_after = trained(**batch, labels=labels).loss
     assert loss_after < loss_before
-    assert not any(p.name.startswith("checkpoint") for p in (tmp_path / "sft").glob("*"))
+    assert not list((tmp_path / "sft").glob("checkpoint*"))
 
     metrics = greedy_accuracy(trained, tokenizer, splits["test"].select(range(8)), max_new_tokens=16, batch_size=4)
     assert 0.0 <= metrics["accuracy"] <= 1.0
     assert 0 < metrics["response_length_mean"] <= 16
     assert set(metrics["accuracy_by_difficulty"]) <= set(range(1, 7))
+
+
+def test_cold_start_sft_stops_at_target_accuracy(tokenizer, splits, tmp_path):
+    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    last_step = _LastStep()
+    cold_start_sft(
+        model,
+        tokenizer,
+        splits["train"].select(range(64)),
+        output_dir=str(tmp_path / "sft"),
+        max_steps=10,
+        per_device_train_batch_size=4,
+        target_accuracy=0.0,  # reached at the first check
+        eval_dataset=splits["test"].select(range(8)),
+        eval_steps=3,
+        callbacks=[last_step],
+    )
+    assert last_step.global_step == 3
+
+
+def test_cold_start_sft_tiny_dataset_with_default_target(tokenizer, tmp_path):
+    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    last_step = _LastStep()
+    # Too few examples to hold some out: the target is ignored and training runs to the end.
+    cold_start_sft(
+        model,
+        tokenizer,
+        make_arithmetic_dataset(3, seed=0, max_digits=2),
+        output_dir=str(tmp_path / "sft"),
+        max_steps=4,
+        per_device_train_batch_size=2,
+        eval_steps=2,
+        callbacks=[last_step],
+    )
+    assert last_step.global_step == 4
+
+
+def test_exact_match_and_greedy_agree(tokenizer, splits):
+    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    dataset = splits["test"].select(range(6))
+    assert teacher_forced_exact_match(model, tokenizer, dataset)["exact_match"] == 0.0
+    # A response equal to the gold completion is correct; the exact-match check is a plain string comparison.
+    assert is_correct(dataset[0]["completion"], dataset[0]["solution"])
+    assert not is_correct(dataset[0]["completion"].replace("</think>", ""), dataset[0]["solution"])

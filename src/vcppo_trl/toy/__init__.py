@@ -1,7 +1,7 @@
 """Embedded toy setting: a synthetic long chain-of-thought arithmetic task, a character-level tokenizer and a tiny
 model, all built in-process so that the default run needs no download and fits on a laptop CPU."""
 
-from .cold_start import cold_start_sft
+from .cold_start import TargetAccuracyCallback, cold_start_sft
 from .defaults import (
     TOY_HIDDEN_SIZE,
     TOY_MAX_DIGITS,
@@ -12,16 +12,20 @@ from .defaults import (
     TOY_NUM_LAYERS,
     TOY_NUM_TRAIN,
     TOY_SFT_BATCH_SIZE,
+    TOY_SFT_EVAL_SIZE,
+    TOY_SFT_EVAL_STEPS,
     TOY_SFT_LEARNING_RATE,
     TOY_SFT_STEPS,
+    TOY_SFT_TARGET_ACCURACY,
     TOY_SFT_WARMUP_STEPS,
 )
-from .evaluate import greedy_accuracy, is_correct
+from .evaluate import greedy_accuracy, is_correct, teacher_forced_exact_match
 from .model import build_tiny_model
 from .task import extract_boxed_answer, format_prompt, format_solution, make_arithmetic_dataset, make_splits
 from .tokenizer import build_tokenizer
 
 __all__ = [
+    "TargetAccuracyCallback",
     "TOY_HIDDEN_SIZE",
     "TOY_MAX_DIGITS",
     "TOY_MAX_NEW_TOKENS",
@@ -31,8 +35,11 @@ __all__ = [
     "TOY_NUM_LAYERS",
     "TOY_NUM_TRAIN",
     "TOY_SFT_BATCH_SIZE",
+    "TOY_SFT_EVAL_SIZE",
+    "TOY_SFT_EVAL_STEPS",
     "TOY_SFT_LEARNING_RATE",
     "TOY_SFT_STEPS",
+    "TOY_SFT_TARGET_ACCURACY",
     "TOY_SFT_WARMUP_STEPS",
     "build_tiny_model",
     "build_tokenizer",
@@ -44,4 +51,5 @@ __all__ = [
     "is_correct",
     "make_arithmetic_dataset",
     "make_splits",
+    "teacher_forced_exact_match",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -141,7 +142,7 @@ def cold_start_sft(
             Teacher-forced exact match at which training stops early. `None` trains for `max_steps`.
         eval_dataset ([`~datasets.Dataset`] or `None`, *optional*):
             Held-out dataset (with `prompt` and `completion` columns) for `target_accuracy`. If `None`,
-            `TOY_SFT_EVAL_SIZE` examples are held out of `train_dataset`.
+            `TOY_SFT_EVAL_SIZE` examples (at most a quarter of the dataset) are held out of `train_dataset`.
         eval_steps (`int`, *optional*, defaults to `TOY_SFT_EVAL_STEPS`):
             Interval, in steps, of the `target_accuracy` checks.
         logging_steps (`int`, *optional*, defaults to `10`):
@@ -157,11 +158,17 @@ def cold_start_sft(
     if tokenizer.eos_token is None or tokenizer.pad_token is None:
         raise ValueError("The tokenizer must define both `eos_token` and `pad_token`.")
     callbacks = list(callbacks or [])
-    if target_accuracy is not None:
+    # The target is only checked every `eval_steps` steps: skip it (and keep all the data) for shorter runs.
+    if target_accuracy is not None and max_steps >= eval_steps:
         if eval_dataset is None:
-            split = train_dataset.train_test_split(test_size=TOY_SFT_EVAL_SIZE, seed=seed)
-            train_dataset, eval_dataset = split["train"], split["test"]
-        callbacks.append(TargetAccuracyCallback(tokenizer, eval_dataset, target_accuracy, eval_steps))
+            eval_size = min(TOY_SFT_EVAL_SIZE, len(train_dataset) // 4)
+            if eval_size > 0:
+                split = train_dataset.train_test_split(test_size=eval_size, seed=seed)
+                train_dataset, eval_dataset = split["train"], split["test"]
+            else:
+                logger.warning("Cold start: too few examples to hold some out, ignoring `target_accuracy`.")
+        if eval_dataset is not None:
+            callbacks.append(TargetAccuracyCallback(tokenizer, eval_dataset, target_accuracy, eval_steps))
     train_dataset = train_dataset.select_columns(["prompt", "completion"])
     config_kwargs: dict[str, Any] = {
         "output_dir": output_dir,
@@ -179,11 +186,17 @@ def cold_start_sft(
         "use_cpu": True,
         "bf16": False,
         "fp16": False,
-        "gradient_checkpointing": False,
         "save_strategy": "no",
         "dataloader_num_workers": 0,
         "disable_tqdm": True,
     }
+    # Newer transformers renamed `gradient_checkpointing` (which TRL turns on by default) to `activation_checkpointing`.
+    checkpointing_field = (
+        "activation_checkpointing"
+        if "activation_checkpointing" in {f.name for f in dataclasses.fields(SFTConfig)}
+        else "gradient_checkpointing"
+    )
+    config_kwargs[checkpointing_field] = False
     config_kwargs.update(sft_kwargs)
     trainer = SFTTrainer(
         model=model,

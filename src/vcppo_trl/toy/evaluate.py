@@ -9,6 +9,7 @@ import torch
 from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from .defaults import TOY_MAX_NEW_TOKENS
 from .task import THINK_END, extract_boxed_answer
 
 
@@ -34,7 +35,7 @@ def greedy_accuracy(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     dataset: Dataset,
-    max_new_tokens: int = 256,
+    max_new_tokens: int = TOY_MAX_NEW_TOKENS,
     batch_size: int = 64,
 ) -> dict[str, Any]:
     """Evaluates `model` with greedy decoding on a prompt/solution dataset.
@@ -49,7 +50,7 @@ def greedy_accuracy(
             Its tokenizer (must define `pad_token` and `eos_token`).
         dataset ([`~datasets.Dataset`]):
             Dataset with `prompt` and `solution` columns, and optionally `difficulty`.
-        max_new_tokens (`int`, *optional*, defaults to `256`):
+        max_new_tokens (`int`, *optional*, defaults to `TOY_MAX_NEW_TOKENS`):
             Maximum number of generated tokens per response.
         batch_size (`int`, *optional*, defaults to `64`):
             Number of prompts generated together.
@@ -157,7 +158,9 @@ def teacher_forced_exact_match(
     try:
         for start in range(0, len(prompts), batch_size):
             sequences, starts = [], []
-            for prompt, completion in zip(prompts[start : start + batch_size], completions[start : start + batch_size]):
+            for prompt, completion in zip(
+                prompts[start : start + batch_size], completions[start : start + batch_size]
+            ):
                 prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
                 ids = tokenizer(prompt + completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
                 sequences.append(ids)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from transformers import GenerationConfig, PreTrainedTokenizerBase, LlamaConfig, LlamaForCausalLM
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 from .defaults import TOY_HIDDEN_SIZE, TOY_NUM_HEADS, TOY_NUM_LAYERS
 
@@ -15,7 +15,7 @@ def build_tiny_model(
     num_heads: int = TOY_NUM_HEADS,
     intermediate_size: int | None = None,
     max_position_embeddings: int = 512,
-    tie_word_embeddings: bool = False,
+    tie_word_embeddings: bool = True,
     seed: int = 0,
 ) -> LlamaForCausalLM:
     """Builds a tiny, randomly initialised [`~transformers.LlamaForCausalLM`] matching `tokenizer`.
@@ -24,6 +24,11 @@ def build_tiny_model(
     the model config and in its generation config, so that `generate` stops on the tokenizer's eos token. The same
     config with `num_labels=1` builds a token-classification critic via
     `AutoModelForTokenClassification.from_config`.
+
+    The architecture is Llama rather than Qwen2 on purpose: when a Qwen2 config sits next to the tokenizer files
+    (`save_pretrained` of model and tokenizer to the same folder), transformers 5 makes `AutoTokenizer.from_pretrained`
+    load a `Qwen2Tokenizer`, which silently replaces the character-level pre-tokenizer (spaces get dropped). With a
+    Llama config the saved `TokenizersBackend` tokenizer is loaded as is.
 
     Args:
         tokenizer ([`~transformers.PreTrainedTokenizerBase`]):
@@ -38,9 +43,8 @@ def build_tiny_model(
             Width of the MLP; defaults to `4 * hidden_size`.
         max_position_embeddings (`int`, *optional*, defaults to `512`):
             Maximum sequence length (prompt + completion).
-        tie_word_embeddings (`bool`, *optional*, defaults to `False`):
-            Whether the output projection shares the input embedding matrix. Untied embeddings learn to tell the
-            digits apart much faster on the toy task.
+        tie_word_embeddings (`bool`, *optional*, defaults to `True`):
+            Whether the output projection shares the input embedding matrix.
         seed (`int`, *optional*, defaults to `0`):
             Seed of the weight initialisation.
 

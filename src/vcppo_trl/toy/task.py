@@ -29,6 +29,8 @@ from collections.abc import Iterable
 
 from datasets import Dataset, DatasetDict
 
+from .defaults import TOY_MAX_DIGITS, TOY_MIN_DIGITS, TOY_NUM_EVAL, TOY_NUM_TRAIN
+
 THINK_START = "<think>"
 THINK_END = "</think>"
 
@@ -123,8 +125,8 @@ def _example(a: int, b: int, difficulty: int) -> dict[str, str | int]:
 def make_arithmetic_dataset(
     num_examples: int,
     seed: int = 0,
-    min_digits: int = 1,
-    max_digits: int = 6,
+    min_digits: int = TOY_MIN_DIGITS,
+    max_digits: int = TOY_MAX_DIGITS,
     exclude_prompts: Iterable[str] | None = None,
     unique: bool = False,
 ) -> Dataset:
@@ -138,9 +140,9 @@ def make_arithmetic_dataset(
             Number of examples to generate.
         seed (`int`, *optional*, defaults to `0`):
             Seed of the generator; the same arguments always give the same dataset.
-        min_digits (`int`, *optional*, defaults to `1`):
+        min_digits (`int`, *optional*, defaults to `TOY_MIN_DIGITS`):
             Smallest number of digits per operand.
-        max_digits (`int`, *optional*, defaults to `6`):
+        max_digits (`int`, *optional*, defaults to `TOY_MAX_DIGITS`):
             Largest number of digits per operand.
         exclude_prompts (`Iterable[str]` or `None`, *optional*):
             Prompts that must not appear in the dataset (e.g. the prompts of a held-out split).
@@ -180,11 +182,11 @@ def make_arithmetic_dataset(
 
 
 def make_splits(
-    num_train: int,
-    num_eval: int,
+    num_train: int = TOY_NUM_TRAIN,
+    num_eval: int = TOY_NUM_EVAL,
     seed: int = 0,
-    min_digits: int = 1,
-    max_digits: int = 6,
+    min_digits: int = TOY_MIN_DIGITS,
+    max_digits: int = TOY_MAX_DIGITS,
 ) -> DatasetDict:
     """Builds non-overlapping train and test splits of the arithmetic task.
 
@@ -192,15 +194,15 @@ def make_splits(
     and never contains a test prompt (train prompts may repeat, which only happens for the smallest difficulties).
 
     Args:
-        num_train (`int`):
+        num_train (`int`, *optional*, defaults to `TOY_NUM_TRAIN`):
             Number of training examples.
-        num_eval (`int`):
+        num_eval (`int`, *optional*, defaults to `TOY_NUM_EVAL`):
             Number of held-out examples.
         seed (`int`, *optional*, defaults to `0`):
             Base seed.
-        min_digits (`int`, *optional*, defaults to `1`):
+        min_digits (`int`, *optional*, defaults to `TOY_MIN_DIGITS`):
             Smallest number of digits per operand.
-        max_digits (`int`, *optional*, defaults to `6`):
+        max_digits (`int`, *optional*, defaults to `TOY_MAX_DIGITS`):
             Largest number of digits per operand.
 
     Returns:
