@@ -121,7 +121,10 @@ def build_toy(script_args: VCPPOScriptArguments, training_args: VCPPOConfig):
     model = build_tiny_model(tokenizer, seed=training_args.seed)
     steps = pick(script_args.toy_cold_start_steps, toy_defaults.TOY_SFT_STEPS)
     lr = pick(script_args.toy_cold_start_learning_rate, toy_defaults.TOY_SFT_LEARNING_RATE)
-    logger.warning(f"Embedded toy run: cold-start SFT for {steps} steps on {len(splits['train'])} worked solutions.")
+    logger.warning(
+        f"Embedded toy run: cold-start SFT on {len(splits['train'])} worked solutions, until a held-out check reaches "
+        f"{toy_defaults.TOY_SFT_TARGET_ACCURACY:.0%} exact match (at most {steps} steps)."
+    )
     model = cold_start_sft(
         model,
         tokenizer,
