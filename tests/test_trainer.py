@@ -1,5 +1,6 @@
 """PPOTrainer and VCPPOTrainer on a tiny model: updates, value pretraining, checkpoints and bad input."""
 
+import glob
 import math
 import os
 
@@ -205,10 +206,10 @@ def test_evaluate_reports_accuracy_and_pass_at_k(tiny_policy, tokenizer, toy_spl
         processing_class=tokenizer,
     )
     metrics = trainer.evaluate()
-    assert metrics["eval/accuracy"] == 1.0
-    assert metrics["eval/pass@3"] == 1.0
-    assert metrics["eval/num_samples"] == 3 * len(toy_splits["test"])
-    assert metrics["eval/response_length_mean"] > 0
+    assert metrics["eval_accuracy"] == 1.0
+    assert metrics["eval_pass@3"] == 1.0
+    assert metrics["eval_num_samples"] == 3 * len(toy_splits["test"])
+    assert metrics["eval_response_length_mean"] > 0
 
 
 def test_math_verify_reward_in_the_loop(tiny_policy, tokenizer, toy_splits, tiny_config):
@@ -375,3 +376,38 @@ def test_lora_policy_uses_base_model_as_reference(tiny_policy, tokenizer, toy_sp
             assert torch.equal(base[key], v), k
     trainer.save_model(trainer.args.output_dir)
     assert os.path.isfile(os.path.join(trainer.args.output_dir, "adapter_config.json"))
+
+
+def test_metrics_reach_tensorboard_and_periodic_eval(
+    tiny_policy, tokenizer, toy_splits, tiny_config, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    args = tiny_config(
+        total_episodes=32,
+        report_to="tensorboard",
+        eval_strategy="steps",
+        eval_steps=1,
+    )
+    trainer = VCPPOTrainer(
+        model=tiny_policy,
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=toy_splits["train"],
+        eval_dataset=toy_splits["test"],
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    evals = [h for h in trainer.state.log_history if "eval_accuracy" in h]
+    assert [h["step"] for h in evals] == [1, 2]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    event_dirs = {
+        os.path.dirname(p) for p in glob.glob(str(tmp_path / "tb" / "**" / "events.out.tfevents.*"), recursive=True)
+    }
+    assert event_dirs, "no TensorBoard event file written"
+    tags = set()
+    for d in event_dirs:
+        acc = EventAccumulator(d)
+        acc.Reload()
+        tags |= set(acc.Tags()["scalars"])
+    assert {"train/objective/scores", "train/value/explained_variance", "eval/accuracy"} <= tags, sorted(tags)

@@ -163,8 +163,8 @@ def format_results_table(rows: list[tuple[str, dict]]) -> str:
     """A plain-text table of held-out accuracy and response length at each stage."""
     lines = [f"{'stage':<22}{'held-out accuracy':>20}{'mean response length':>24}"]
     for stage, metrics in rows:
-        acc = metrics.get("eval/accuracy", float("nan"))
-        length = metrics.get("eval/response_length_mean", float("nan"))
+        acc = metrics.get("eval_accuracy", float("nan"))
+        length = metrics.get("eval_response_length_mean", float("nan"))
         lines.append(f"{stage:<22}{acc:>20.3f}{length:>24.1f}")
     return "\n".join(lines)
 

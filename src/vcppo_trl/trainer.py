@@ -853,11 +853,12 @@ class PPOTrainer(_BaseTrainer):
         Generate on held-out prompts, score with the training reward functions, and log accuracy and length.
 
         Greedy decoding when `eval_num_generations == 1`; otherwise `k` samples per prompt at `eval_temperature`,
-        and `<prefix>/pass@k` (share of prompts with at least one correct sample).
+        and `<prefix>_pass@k` (share of prompts with at least one correct sample).
 
         Returns:
-            `dict[str, float]` with `<prefix>/accuracy`, `<prefix>/score`, `<prefix>/response_length_mean` and, for
-            k > 1, `<prefix>/pass@k`.
+            `dict[str, float]` with `<prefix>_accuracy`, `<prefix>_score`, `<prefix>_response_length_mean`,
+            `<prefix>_num_samples` and, for k > 1, `<prefix>_pass@k`. Logging integrations show them as
+            `eval/accuracy`, ... (transformers' convention for evaluation metrics).
         """
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if dataset is None:
@@ -888,15 +889,15 @@ class PPOTrainer(_BaseTrainer):
         records = gather_object(records) if world > 1 else records
         metrics = {}
         if records:
-            metrics[f"{metric_key_prefix}/accuracy"] = sum(r[1] for r in records) / len(records)
-            metrics[f"{metric_key_prefix}/score"] = sum(r[2] for r in records) / len(records)
-            metrics[f"{metric_key_prefix}/response_length_mean"] = sum(r[3] for r in records) / len(records)
+            metrics[f"{metric_key_prefix}_accuracy"] = sum(r[1] for r in records) / len(records)
+            metrics[f"{metric_key_prefix}_score"] = sum(r[2] for r in records) / len(records)
+            metrics[f"{metric_key_prefix}_response_length_mean"] = sum(r[3] for r in records) / len(records)
             if k > 1:
                 by_prompt: dict[int, bool] = {}
                 for i, correct, _, _ in records:
                     by_prompt[i] = by_prompt.get(i, False) or correct
-                metrics[f"{metric_key_prefix}/pass@{k}"] = sum(by_prompt.values()) / len(by_prompt)
-        metrics[f"{metric_key_prefix}/num_samples"] = float(len(records))
+                metrics[f"{metric_key_prefix}_pass@{k}"] = sum(by_prompt.values()) / len(by_prompt)
+        metrics[f"{metric_key_prefix}_num_samples"] = float(len(records))
         self.log(dict(metrics))
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
         return metrics
