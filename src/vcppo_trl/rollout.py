@@ -107,7 +107,11 @@ class PolicyAndValueModel(nn.Module):
 
     @property
     def is_gradient_checkpointing(self) -> bool:
-        return bool(getattr(self.policy, "is_gradient_checkpointing", False))
+        # transformers ≥ 5.2x renamed the flag `is_activation_checkpointing`; older versions only have the old name.
+        flag = getattr(self.policy, "is_activation_checkpointing", None)
+        if flag is None:
+            flag = getattr(self.policy, "is_gradient_checkpointing", False)
+        return bool(flag)
 
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
         for model in (self.policy, self.critic):
