@@ -411,3 +411,41 @@ def test_metrics_reach_tensorboard_and_periodic_eval(
         acc.Reload()
         tags |= set(acc.Tags()["scalars"])
     assert {"train/objective/scores", "train/value/explained_variance", "eval/accuracy"} <= tags, sorted(tags)
+
+
+def test_reward_model_as_reward_function(tiny_policy, tokenizer, toy_splits, tiny_config):
+    from transformers import AutoModelForSequenceClassification
+
+    config = tiny_policy.config.__class__.from_dict(tiny_policy.config.to_dict())
+    config.num_labels = 1
+    reward_model = AutoModelForSequenceClassification.from_config(config)
+    trainer = VCPPOTrainer(
+        model=tiny_policy,
+        reward_funcs=[reward_model, length_reward],
+        reward_processing_classes=[tokenizer, None],
+        args=tiny_config(total_episodes=16, reward_weights=[0.5, 1.0]),
+        train_dataset=toy_splits["train"],
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    log = next(h for h in trainer.state.log_history if "objective/scores" in h)
+    name = trainer.reward_func_names[0]
+    expected = 0.5 * log[f"rewards/{name}/mean"] + log["rewards/length_reward/mean"]
+    assert log["objective/scores"] == pytest.approx(expected, abs=1e-5)
+
+
+def test_value_pretrain_callback_by_hand(tiny_policy, tokenizer, toy_splits, tiny_config):
+    callback = ValuePretrainCallback(max_steps=4, patience=1, min_delta=10.0, min_steps=2)
+    trainer = VCPPOTrainer(
+        model=tiny_policy,
+        reward_funcs=length_reward,
+        args=tiny_config(total_episodes=16),  # value_pretrain_steps stays 0: the callback drives the phase
+        train_dataset=toy_splits["train"],
+        processing_class=tokenizer,
+        callbacks=[callback],
+    )
+    assert trainer.value_pretrain_callback is callback and callback.trainer is trainer
+    trainer.train()
+    # min_delta=10 means no update ever counts as an improvement, so patience ends the phase at min_steps.
+    assert callback.steps == 2 and "has not improved" in callback.stop_reason
+    assert trainer.state.global_step == 2 + 1
