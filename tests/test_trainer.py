@@ -449,3 +449,29 @@ def test_value_pretrain_callback_by_hand(tiny_policy, tokenizer, toy_splits, tin
     # min_delta=10 means no update ever counts as an improvement, so patience ends the phase at min_steps.
     assert callback.steps == 2 and "has not improved" in callback.stop_reason
     assert trainer.state.global_step == 2 + 1
+
+
+def test_periodic_checkpoints_hold_policy_critic_and_optimizer(tiny_policy, tokenizer, toy_splits, tiny_config):
+    args = tiny_config(total_episodes=48, save_strategy="steps", save_steps=1, save_total_limit=2)
+    trainer = VCPPOTrainer(
+        model=tiny_policy,
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=toy_splits["train"],
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    checkpoints = sorted(glob.glob(os.path.join(args.output_dir, "checkpoint-*")))
+    assert [os.path.basename(c) for c in checkpoints] == ["checkpoint-2", "checkpoint-3"]  # save_total_limit=2
+    last = checkpoints[-1]
+    for name in (
+        "model.safetensors",
+        "value_model/model.safetensors",
+        "optimizer.pt",
+        "scheduler.pt",
+        "trainer_state.json",
+    ):
+        assert os.path.isfile(os.path.join(last, name)), name
+    policy = AutoModelForCausalLM.from_pretrained(last)
+    for k, v in policy.state_dict().items():
+        assert torch.equal(v, tiny_policy.state_dict()[k])

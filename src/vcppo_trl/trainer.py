@@ -189,6 +189,12 @@ class PPOTrainer(_BaseTrainer):
             callbacks=callbacks,
             optimizers=optimizers,
         )
+        if self.is_deepspeed_enabled or self.is_fsdp_enabled:
+            # DeepSpeed steps inside `backward` with its own accumulation count, which this loop does not set up yet.
+            raise ValueError(
+                "DeepSpeed and FSDP are not supported by this version of vcppo-trl yet: launch with a DDP or "
+                "single-device accelerate config (configs/accelerate/single_gpu.yaml or multi_gpu.yaml)."
+            )
         self.remove_callback(ProgressCallback)
         if not args.disable_tqdm:
             self.add_callback(RolloutProgressCallback)
