@@ -191,3 +191,9 @@ def test_help_renders(cls):
     if cls is VCPPOConfig:
         for name in ("--lam_actor", "--lam_critic", "--value_pretrain_steps", "--value_pretrain_save_steps"):
             assert name in help_text
+
+
+@pytest.mark.parametrize("alpha", [0.0, -1.0])
+def test_length_adaptive_alpha_must_be_positive(tmp_path, alpha):
+    with pytest.raises(ValueError, match="lam_actor_length_alpha"):
+        VCPPOConfig(output_dir=str(tmp_path), report_to="none", bf16=False, use_cpu=True, lam_actor_length_alpha=alpha)

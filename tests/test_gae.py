@@ -374,3 +374,70 @@ def test_non_finite_padding_does_not_leak_into_valid_tokens():
     advantages, returns = dual_lambda_gae(rewards, values, mask, gamma=1.0, lam_actor=0.95, lam_critic=1.0)
     assert torch.isfinite(advantages).all() and torch.isfinite(returns).all()
     assert returns[0, :2].tolist() == [1.0, 1.0]
+
+
+# ----------------------------------------------------------- long sequences: the chunked scan
+
+
+def _reference_per_row_lambda(rewards, values, lengths, gamma, lam_actor_rows, lam_critic):
+    adv = torch.zeros_like(rewards, dtype=torch.float64)
+    ret = torch.zeros_like(rewards, dtype=torch.float64)
+    for b in range(rewards.shape[0]):
+        a, r = reference_dual_lambda_gae(
+            rewards[b : b + 1], values[b : b + 1], lengths[b : b + 1], gamma, float(lam_actor_rows[b]), lam_critic
+        )
+        adv[b], ret[b] = a[0], r[0]
+    return adv, ret
+
+
+@pytest.mark.parametrize("length", [1, 63, 64, 65, 300, 4097 + 64 * 3])
+@pytest.mark.parametrize("gamma, lam_actor, lam_critic", [(1.0, 0.95, 1.0), (0.9, 0.0, 0.5), (1.0, 1.0, 0.0)])
+def test_chunked_scan_matches_reference_on_long_sequences(length, gamma, lam_actor, lam_critic):
+    generator = torch.Generator().manual_seed(length)
+    lengths = torch.tensor([length, 0, max(1, length // 3), max(1, length - 5)])
+    rewards = torch.randn(4, length, generator=generator, dtype=torch.float64) * 0.1
+    values = torch.randn(4, length, generator=generator, dtype=torch.float64)
+    mask = torch.arange(length)[None, :] < lengths[:, None]
+    expected_adv, expected_ret = reference_dual_lambda_gae(rewards, values, lengths, gamma, lam_actor, lam_critic)
+    adv, ret = dual_lambda_gae(rewards.float(), values.float(), mask, gamma, lam_actor, lam_critic)
+    scale = max(1.0, float(expected_ret.abs().max()), float(expected_adv.abs().max()))
+    assert (adv.double() - expected_adv).abs().max() <= 1e-5 * scale
+    assert (ret.double() - expected_ret).abs().max() <= 1e-5 * scale
+
+
+def test_per_sequence_lambda():
+    lengths = torch.tensor([200, 150, 7, 0])
+    length = 200
+    generator = torch.Generator().manual_seed(0)
+    rewards = torch.randn(4, length, generator=generator, dtype=torch.float64)
+    values = torch.randn(4, length, generator=generator, dtype=torch.float64)
+    mask = torch.arange(length)[None, :] < lengths[:, None]
+    lam_rows = torch.tensor([0.995, 0.9, 0.0, 1.0])
+    expected_adv, expected_ret = _reference_per_row_lambda(rewards, values, lengths, 1.0, lam_rows, 1.0)
+    adv, ret = dual_lambda_gae(rewards.float(), values.float(), mask, 1.0, lam_rows, 1.0)
+    assert torch.allclose(adv.double(), expected_adv, atol=1e-4)
+    assert torch.allclose(ret.double(), expected_ret, atol=1e-4)
+
+
+def test_per_sequence_lambda_is_validated():
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    with pytest.raises(ValueError, match="shape"):
+        dual_lambda_gae(torch.zeros(2, 3), torch.zeros(2, 3), mask, 1.0, torch.tensor([0.9]), 1.0)
+    with pytest.raises(ValueError, match="lam_actor"):
+        dual_lambda_gae(torch.zeros(2, 3), torch.zeros(2, 3), mask, 1.0, torch.tensor([0.9, 1.5]), 1.0)
+
+
+def test_mask_must_be_right_padded():
+    mask = torch.tensor([[1, 0, 1]])
+    with pytest.raises(ValueError, match="right-padded"):
+        dual_lambda_gae(torch.zeros(1, 3), torch.zeros(1, 3), mask, 1.0, 0.95, 1.0)
+
+
+def test_monte_carlo_identity_at_16k_tokens():
+    generator = torch.Generator().manual_seed(1)
+    rewards = torch.randn(2, 16384, generator=generator)
+    mask = torch.ones(2, 16384, dtype=torch.bool)
+    values = torch.randn(2, 16384, generator=generator)
+    _, returns = dual_lambda_gae(rewards, values, mask, 1.0, 0.95, 1.0)
+    expected = rewards.double().flip(1).cumsum(1).flip(1)
+    assert (returns.double() - expected).abs().max() <= 1e-5 * max(1.0, float(expected.abs().max()))

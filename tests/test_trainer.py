@@ -475,3 +475,25 @@ def test_periodic_checkpoints_hold_policy_critic_and_optimizer(tiny_policy, toke
     policy = AutoModelForCausalLM.from_pretrained(last)
     for k, v in policy.state_dict().items():
         assert torch.equal(v, tiny_policy.state_dict()[k])
+
+
+def test_length_adaptive_actor_lambda(tiny_policy, tokenizer, toy_splits, tiny_config):
+    from vcppo_trl.gae import dual_lambda_gae
+
+    trainer = VCPPOTrainer(
+        model=tiny_policy,
+        reward_funcs=length_reward,
+        args=tiny_config(total_episodes=16, lam_actor_length_alpha=0.5),
+        train_dataset=toy_splits["train"],
+        processing_class=tokenizer,
+    )
+    mask = torch.arange(16)[None, :] < torch.tensor([16, 4, 1, 0])[:, None]
+    lam = trainer.actor_lambda(mask)
+    assert torch.allclose(lam, torch.tensor([1 - 1 / 8, 1 - 1 / 2, 0.0, 0.0], dtype=torch.float64))
+    trainer.train()  # the per-sequence λ flows through the trainer
+    rollout, _ = trainer._last_rollout
+    advantages, _ = trainer.compute_advantages(rollout)
+    expected, _ = dual_lambda_gae(
+        rollout.rewards, rollout.values, rollout.response_mask, 1.0, trainer.actor_lambda(rollout.response_mask), 1.0
+    )
+    assert torch.equal(advantages, expected)

@@ -220,6 +220,8 @@ class VCPPOConfig(PPOConfig):
             paper compared 50/100/150), under `output_dir/value_pretrained-step-<n>`.
         value_model_path (`str`, *optional*): A saved pretrained critic (local directory or Hub id) to start from;
             value pretraining is then skipped.
+        lam_actor_length_alpha (`float`, *optional*): Length-adaptive λ_actor (VAPO, arXiv 2504.05118): each
+            response of length l uses λ = 1 − 1/(α·l) (clipped to [0, 1]) instead of `lam_actor`. VAPO used 0.05.
     """
 
     _uses_lam: ClassVar[bool] = False
@@ -253,6 +255,13 @@ class VCPPOConfig(PPOConfig):
     value_model_path: str | None = field(
         default=None, metadata={"help": "Pretrained critic to start from (skips value pretraining)."}
     )
+    lam_actor_length_alpha: float | None = field(
+        default=None,
+        metadata={
+            "help": "Length-adaptive λ_actor (VAPO, arXiv 2504.05118): λ = 1 − 1/(α·l) per response of length l, "
+            "replacing lam_actor. VAPO used α = 0.05."
+        },
+    )
 
     def __post_init__(self):
         if self.lam is not None:
@@ -277,6 +286,8 @@ class VCPPOConfig(PPOConfig):
             raise ValueError(
                 "`value_pretrain_stop_explained_variance` must be <= 1 (explained variance never exceeds 1)."
             )
+        if self.lam_actor_length_alpha is not None and not self.lam_actor_length_alpha > 0:
+            raise ValueError(f"`lam_actor_length_alpha` must be > 0, got {self.lam_actor_length_alpha}.")
         self.value_pretrain_save_steps = sorted(set(self.value_pretrain_save_steps or []))
         bad = [s for s in self.value_pretrain_save_steps if not 1 <= s <= self.value_pretrain_steps]
         if bad:

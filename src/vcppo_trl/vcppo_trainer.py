@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from .callbacks import ValuePretrainCallback
 from .config import VCPPOConfig
 from .gae import dual_lambda_gae
@@ -62,6 +64,14 @@ class VCPPOTrainer(PPOTrainer):
         pretrain = callback.max_steps if callback is not None and not callback.done else 0
         return self.num_ppo_updates + pretrain
 
+    def actor_lambda(self, response_mask: torch.Tensor) -> float | torch.Tensor:
+        """`lam_actor`, or with `lam_actor_length_alpha` one λ = 1 − 1/(α·l) per response of length l (VAPO)."""
+        alpha = self.args.lam_actor_length_alpha
+        if alpha is None:
+            return self.args.lam_actor
+        lengths = response_mask.sum(dim=1).clamp(min=1).double()
+        return (1.0 - 1.0 / (alpha * lengths)).clamp(0.0, 1.0)
+
     def compute_advantages(self, rollout: Rollout):
         """Decoupled GAE; during value pretraining the targets are Monte-Carlo returns (λ = 1)."""
         lam_critic = 1.0 if self.policy_frozen else self.args.lam_critic
@@ -70,6 +80,6 @@ class VCPPOTrainer(PPOTrainer):
             rollout.values,
             rollout.response_mask,
             gamma=self.args.gamma,
-            lam_actor=self.args.lam_actor,
+            lam_actor=self.actor_lambda(rollout.response_mask),
             lam_critic=lam_critic,
         )
