@@ -67,3 +67,19 @@ def tiny_config(tmp_path):
         return cls(**kwargs)
 
     return make
+
+
+@pytest.fixture
+def make_trainer(tiny_policy, tokenizer, toy_splits, tiny_config):
+    """A trainer on the tiny policy and toy prompts; keyword arguments override any constructor argument."""
+    from vcppo_trl import VCPPOTrainer
+
+    def make(cls=VCPPOTrainer, **kwargs):
+        kwargs.setdefault("model", tiny_policy)
+        kwargs.setdefault("reward_funcs", length_reward)
+        kwargs.setdefault("args", tiny_config())
+        kwargs.setdefault("train_dataset", toy_splits["train"])
+        kwargs.setdefault("processing_class", tokenizer)
+        return cls(**kwargs)
+
+    return make

@@ -23,15 +23,9 @@ def _changed(before, model):
     return [k for k, v in model.state_dict().items() if not torch.equal(before[k], v)]
 
 
-def test_ppo_trainer_updates_policy_and_critic(tiny_policy, tokenizer, toy_splits, tiny_config):
+def test_ppo_trainer_updates_policy_and_critic(make_trainer, tiny_policy, tokenizer, toy_splits, tiny_config):
     args = tiny_config(PPOConfig, kl_coef=0.1)
-    trainer = PPOTrainer(
-        model=tiny_policy,
-        reward_funcs=length_reward,
-        args=args,
-        train_dataset=toy_splits["train"],
-        processing_class=tokenizer,
-    )
+    trainer = make_trainer(cls=PPOTrainer, reward_funcs=length_reward, args=args)
     before_policy = _clone_state(tiny_policy)
     critic = trainer.model.critic
     before_critic = _clone_state(critic)
@@ -53,26 +47,16 @@ def test_ppo_trainer_updates_policy_and_critic(tiny_policy, tokenizer, toy_split
         assert torch.equal(v, before_policy[k])
 
 
-def test_no_reference_model_when_kl_is_zero(tiny_policy, tokenizer, toy_splits, tiny_config):
-    trainer = PPOTrainer(
-        model=tiny_policy,
-        reward_funcs=length_reward,
-        args=tiny_config(PPOConfig, kl_coef=0.0),
-        train_dataset=toy_splits["train"],
-        processing_class=tokenizer,
-    )
+def test_no_reference_model_when_kl_is_zero(make_trainer, tiny_policy, tokenizer, toy_splits, tiny_config):
+    trainer = make_trainer(cls=PPOTrainer, reward_funcs=length_reward, args=tiny_config(PPOConfig, kl_coef=0.0))
     assert trainer.ref_model is None
 
 
-def test_value_pretraining_freezes_policy_and_saves_critic(tiny_policy, tokenizer, toy_splits, tiny_config):
+def test_value_pretraining_freezes_policy_and_saves_critic(
+    make_trainer, tiny_policy, tokenizer, toy_splits, tiny_config
+):
     args = tiny_config(value_pretrain_steps=3, value_pretrain_save_steps=[2], total_episodes=8, weight_decay=0.1)
-    trainer = VCPPOTrainer(
-        model=tiny_policy,
-        reward_funcs=length_reward,
-        args=args,
-        train_dataset=toy_splits["train"],
-        processing_class=tokenizer,
-    )
+    trainer = make_trainer(reward_funcs=length_reward, args=args)
     callback = trainer.value_pretrain_callback
     assert isinstance(callback, ValuePretrainCallback)
     before_policy = _clone_state(tiny_policy)
@@ -109,15 +93,9 @@ def test_value_pretraining_freezes_policy_and_saves_critic(tiny_policy, tokenize
     assert os.path.isdir(os.path.join(args.output_dir, "value_pretrained-step-2"))
 
 
-def test_vcppo_after_pretraining_trains_policy(tiny_policy, tokenizer, toy_splits, tiny_config):
+def test_vcppo_after_pretraining_trains_policy(make_trainer, tiny_policy, tokenizer, toy_splits, tiny_config):
     args = tiny_config(value_pretrain_steps=2, total_episodes=16)
-    trainer = VCPPOTrainer(
-        model=tiny_policy,
-        reward_funcs=length_reward,
-        args=args,
-        train_dataset=toy_splits["train"],
-        processing_class=tokenizer,
-    )
+    trainer = make_trainer(reward_funcs=length_reward, args=args)
     before = _clone_state(tiny_policy)
     trainer.train()
     assert trainer.state.global_step == 2 + 1
@@ -126,46 +104,28 @@ def test_vcppo_after_pretraining_trains_policy(tiny_policy, tokenizer, toy_split
     assert len(ppo_logs) == 1
 
 
-def test_pretraining_stops_early_on_explained_variance(tiny_policy, tokenizer, toy_splits, tiny_config):
+def test_pretraining_stops_early_on_explained_variance(make_trainer, tiny_policy, tokenizer, toy_splits, tiny_config):
     args = tiny_config(
         value_pretrain_steps=5,
         value_pretrain_stop_explained_variance=-1e9,
         total_episodes=8,
         value_pretrain_min_steps=2,
     )
-    trainer = VCPPOTrainer(
-        model=tiny_policy,
-        reward_funcs=length_reward,
-        args=args,
-        train_dataset=toy_splits["train"],
-        processing_class=tokenizer,
-    )
+    trainer = make_trainer(reward_funcs=length_reward, args=args)
     trainer.train()
     callback = trainer.value_pretrain_callback
     assert callback.steps == 2 and "explained variance" in callback.stop_reason
     assert trainer.state.global_step == 2 + 1  # PPO keeps its own number of updates
 
 
-def test_value_model_path_skips_pretraining(tiny_policy, tokenizer, toy_splits, tiny_config, tmp_path):
-    first = VCPPOTrainer(
-        model=tiny_policy,
-        reward_funcs=length_reward,
-        args=tiny_config(value_pretrain_steps=1, total_episodes=8),
-        train_dataset=toy_splits["train"],
-        processing_class=tokenizer,
-    )
+def test_value_model_path_skips_pretraining(make_trainer, tiny_policy, tokenizer, toy_splits, tiny_config, tmp_path):
+    first = make_trainer(reward_funcs=length_reward, args=tiny_config(value_pretrain_steps=1, total_episodes=8))
     first.train()
     saved = os.path.join(first.args.output_dir, "value_pretrained")
     args = tiny_config(
         value_pretrain_steps=4, value_model_path=saved, total_episodes=8, output_dir=str(tmp_path / "b")
     )
-    second = VCPPOTrainer(
-        model=tiny_policy,
-        reward_funcs=length_reward,
-        args=args,
-        train_dataset=toy_splits["train"],
-        processing_class=tokenizer,
-    )
+    second = make_trainer(reward_funcs=length_reward, args=args)
     assert second.value_pretrain_callback is None
     loaded = AutoModelForTokenClassification.from_pretrained(saved)
     for k, v in loaded.state_dict().items():
@@ -175,14 +135,8 @@ def test_value_model_path_skips_pretraining(tiny_policy, tokenizer, toy_splits, 
     assert not any("value_pretrain/loss_avg" in h for h in second.state.log_history)
 
 
-def test_save_model_writes_policy_and_critic(tiny_policy, tokenizer, toy_splits, tiny_config):
-    trainer = VCPPOTrainer(
-        model=tiny_policy,
-        reward_funcs=length_reward,
-        args=tiny_config(total_episodes=8),
-        train_dataset=toy_splits["train"],
-        processing_class=tokenizer,
-    )
+def test_save_model_writes_policy_and_critic(make_trainer, tiny_policy, tokenizer, toy_splits, tiny_config):
+    trainer = make_trainer(reward_funcs=length_reward, args=tiny_config(total_episodes=8))
     trainer.train()
     out = trainer.args.output_dir
     trainer.save_model(out)
@@ -193,17 +147,12 @@ def test_save_model_writes_policy_and_critic(tiny_policy, tokenizer, toy_splits,
     assert critic.config.num_labels == 1
 
 
-def test_evaluate_reports_accuracy_and_pass_at_k(tiny_policy, tokenizer, toy_splits, tiny_config):
+def test_evaluate_reports_accuracy_and_pass_at_k(make_trainer, tiny_policy, tokenizer, toy_splits, tiny_config):
     def always_right(completions, **kwargs):
         return [1.0] * len(completions)
 
-    trainer = VCPPOTrainer(
-        model=tiny_policy,
-        reward_funcs=always_right,
-        args=tiny_config(eval_num_generations=3),
-        train_dataset=toy_splits["train"],
-        eval_dataset=toy_splits["test"],
-        processing_class=tokenizer,
+    trainer = make_trainer(
+        reward_funcs=always_right, args=tiny_config(eval_num_generations=3), eval_dataset=toy_splits["test"]
     )
     metrics = trainer.evaluate()
     assert metrics["eval_accuracy"] == 1.0
@@ -212,31 +161,19 @@ def test_evaluate_reports_accuracy_and_pass_at_k(tiny_policy, tokenizer, toy_spl
     assert metrics["eval_response_length_mean"] > 0
 
 
-def test_math_verify_reward_in_the_loop(tiny_policy, tokenizer, toy_splits, tiny_config):
-    trainer = VCPPOTrainer(
-        model=tiny_policy,
-        reward_funcs=[math_verify_reward],
-        args=tiny_config(total_episodes=8),
-        train_dataset=toy_splits["train"],
-        processing_class=tokenizer,
-    )
+def test_math_verify_reward_in_the_loop(make_trainer, tiny_policy, tokenizer, toy_splits, tiny_config):
+    trainer = make_trainer(reward_funcs=[math_verify_reward], args=tiny_config(total_episodes=8))
     trainer.train()
     log = next(h for h in trainer.state.log_history if "rewards/math_verify_reward/mean" in h)
     assert log["rewards/math_verify_reward/mean"] == -1.0  # an untrained model never answers right
     assert log["diagnostics/accuracy"] == 0.0
 
 
-def test_none_rewards_skip_samples(tiny_policy, tokenizer, toy_splits, tiny_config):
+def test_none_rewards_skip_samples(make_trainer, tiny_policy, tokenizer, toy_splits, tiny_config):
     def half_none(completions, **kwargs):
         return [None if i % 2 else 1.0 for i in range(len(completions))]
 
-    trainer = VCPPOTrainer(
-        model=tiny_policy,
-        reward_funcs=half_none,
-        args=tiny_config(total_episodes=8),
-        train_dataset=toy_splits["train"],
-        processing_class=tokenizer,
-    )
+    trainer = make_trainer(reward_funcs=half_none, args=tiny_config(total_episodes=8))
     trainer.train()
     log = next(h for h in trainer.state.log_history if "diagnostics/skipped_samples" in h)
     assert log["diagnostics/skipped_samples"] == 8
@@ -278,14 +215,8 @@ def test_missing_prompt_column(tiny_policy, tokenizer, tiny_config):
         (lambda completions, **kw: [float("nan")] * len(completions), "finite"),
     ],
 )
-def test_bad_reward_function(tiny_policy, tokenizer, toy_splits, tiny_config, bad_reward, message):
-    trainer = VCPPOTrainer(
-        model=tiny_policy,
-        reward_funcs=bad_reward,
-        args=tiny_config(),
-        train_dataset=toy_splits["train"],
-        processing_class=tokenizer,
-    )
+def test_bad_reward_function(make_trainer, tiny_policy, tokenizer, toy_splits, tiny_config, bad_reward, message):
+    trainer = make_trainer(reward_funcs=bad_reward, args=tiny_config())
     with pytest.raises(ValueError, match=message):
         trainer.train()
 
@@ -328,35 +259,25 @@ def test_vcppo_rejects_ppo_config(tiny_policy, tokenizer, toy_splits, tiny_confi
         )
 
 
-def test_reward_model_as_critic(tiny_policy, tokenizer, toy_splits, tiny_config):
+def test_reward_model_as_critic(make_trainer, tiny_policy, tokenizer, toy_splits, tiny_config):
     """The paper's PPO baseline initialises the critic from the reward model."""
     from transformers import AutoModelForSequenceClassification
 
     config = tiny_policy.config.__class__.from_dict(tiny_policy.config.to_dict())
     config.num_labels = 1
     reward_model = AutoModelForSequenceClassification.from_config(config)
-    trainer = VCPPOTrainer(
-        model=tiny_policy,
-        reward_funcs=length_reward,
-        value_model=reward_model,
-        args=tiny_config(total_episodes=8),
-        train_dataset=toy_splits["train"],
-        processing_class=tokenizer,
-    )
+    trainer = make_trainer(reward_funcs=length_reward, value_model=reward_model, args=tiny_config(total_episodes=8))
     assert torch.equal(trainer.model.critic.score.weight, reward_model.score.weight)
     trainer.train()
 
 
-def test_lora_policy_uses_base_model_as_reference(tiny_policy, tokenizer, toy_splits, tiny_config):
+def test_lora_policy_uses_base_model_as_reference(make_trainer, tiny_policy, tokenizer, toy_splits, tiny_config):
     from peft import LoraConfig
 
     base_before = _clone_state(tiny_policy)
-    trainer = VCPPOTrainer(
-        model=tiny_policy,
+    trainer = make_trainer(
         reward_funcs=length_reward,
         args=tiny_config(kl_coef=0.1, total_episodes=16),
-        train_dataset=toy_splits["train"],
-        processing_class=tokenizer,
         peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
     )
     assert trainer.ref_model is None  # the reference is the base model with adapters disabled
@@ -379,7 +300,7 @@ def test_lora_policy_uses_base_model_as_reference(tiny_policy, tokenizer, toy_sp
 
 
 def test_metrics_reach_tensorboard_and_periodic_eval(
-    tiny_policy, tokenizer, toy_splits, tiny_config, tmp_path, monkeypatch
+    make_trainer, tiny_policy, tokenizer, toy_splits, tiny_config, tmp_path, monkeypatch
 ):
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
     args = tiny_config(
@@ -388,14 +309,7 @@ def test_metrics_reach_tensorboard_and_periodic_eval(
         eval_strategy="steps",
         eval_steps=1,
     )
-    trainer = VCPPOTrainer(
-        model=tiny_policy,
-        reward_funcs=length_reward,
-        args=args,
-        train_dataset=toy_splits["train"],
-        eval_dataset=toy_splits["test"],
-        processing_class=tokenizer,
-    )
+    trainer = make_trainer(reward_funcs=length_reward, args=args, eval_dataset=toy_splits["test"])
     trainer.train()
     evals = [h for h in trainer.state.log_history if "eval_accuracy" in h]
     assert [h["step"] for h in evals] == [1, 2]
@@ -413,19 +327,16 @@ def test_metrics_reach_tensorboard_and_periodic_eval(
     assert {"train/objective/scores", "train/value/explained_variance", "eval/accuracy"} <= tags, sorted(tags)
 
 
-def test_reward_model_as_reward_function(tiny_policy, tokenizer, toy_splits, tiny_config):
+def test_reward_model_as_reward_function(make_trainer, tiny_policy, tokenizer, toy_splits, tiny_config):
     from transformers import AutoModelForSequenceClassification
 
     config = tiny_policy.config.__class__.from_dict(tiny_policy.config.to_dict())
     config.num_labels = 1
     reward_model = AutoModelForSequenceClassification.from_config(config)
-    trainer = VCPPOTrainer(
-        model=tiny_policy,
+    trainer = make_trainer(
         reward_funcs=[reward_model, length_reward],
         reward_processing_classes=[tokenizer, None],
         args=tiny_config(total_episodes=16, reward_weights=[0.5, 1.0]),
-        train_dataset=toy_splits["train"],
-        processing_class=tokenizer,
     )
     trainer.train()
     log = next(h for h in trainer.state.log_history if "objective/scores" in h)
@@ -434,16 +345,10 @@ def test_reward_model_as_reward_function(tiny_policy, tokenizer, toy_splits, tin
     assert log["objective/scores"] == pytest.approx(expected, abs=1e-5)
 
 
-def test_value_pretrain_callback_by_hand(tiny_policy, tokenizer, toy_splits, tiny_config):
+def test_value_pretrain_callback_by_hand(make_trainer, tiny_policy, tokenizer, toy_splits, tiny_config):
     callback = ValuePretrainCallback(max_steps=4, patience=1, min_delta=10.0, min_steps=2)
-    trainer = VCPPOTrainer(
-        model=tiny_policy,
-        reward_funcs=length_reward,
-        args=tiny_config(total_episodes=16),  # value_pretrain_steps stays 0: the callback drives the phase
-        train_dataset=toy_splits["train"],
-        processing_class=tokenizer,
-        callbacks=[callback],
-    )
+    # value_pretrain_steps stays 0: the callback drives the phase.
+    trainer = make_trainer(reward_funcs=length_reward, args=tiny_config(total_episodes=16), callbacks=[callback])
     assert trainer.value_pretrain_callback is callback and callback.trainer is trainer
     trainer.train()
     # min_delta=10 means no update ever counts as an improvement, so patience ends the phase at min_steps.
@@ -451,15 +356,11 @@ def test_value_pretrain_callback_by_hand(tiny_policy, tokenizer, toy_splits, tin
     assert trainer.state.global_step == 2 + 1
 
 
-def test_periodic_checkpoints_hold_policy_critic_and_optimizer(tiny_policy, tokenizer, toy_splits, tiny_config):
+def test_periodic_checkpoints_hold_policy_critic_and_optimizer(
+    make_trainer, tiny_policy, tokenizer, toy_splits, tiny_config
+):
     args = tiny_config(total_episodes=48, save_strategy="steps", save_steps=1, save_total_limit=2)
-    trainer = VCPPOTrainer(
-        model=tiny_policy,
-        reward_funcs=length_reward,
-        args=args,
-        train_dataset=toy_splits["train"],
-        processing_class=tokenizer,
-    )
+    trainer = make_trainer(reward_funcs=length_reward, args=args)
     trainer.train()
     checkpoints = sorted(glob.glob(os.path.join(args.output_dir, "checkpoint-*")))
     assert [os.path.basename(c) for c in checkpoints] == ["checkpoint-2", "checkpoint-3"]  # save_total_limit=2
@@ -477,16 +378,10 @@ def test_periodic_checkpoints_hold_policy_critic_and_optimizer(tiny_policy, toke
         assert torch.equal(v, tiny_policy.state_dict()[k])
 
 
-def test_length_adaptive_actor_lambda(tiny_policy, tokenizer, toy_splits, tiny_config):
+def test_length_adaptive_actor_lambda(make_trainer, tiny_policy, tokenizer, toy_splits, tiny_config):
     from vcppo_trl.gae import dual_lambda_gae
 
-    trainer = VCPPOTrainer(
-        model=tiny_policy,
-        reward_funcs=length_reward,
-        args=tiny_config(total_episodes=16, lam_actor_length_alpha=0.5),
-        train_dataset=toy_splits["train"],
-        processing_class=tokenizer,
-    )
+    trainer = make_trainer(reward_funcs=length_reward, args=tiny_config(total_episodes=16, lam_actor_length_alpha=0.5))
     mask = torch.arange(16)[None, :] < torch.tensor([16, 4, 1, 0])[:, None]
     lam = trainer.actor_lambda(mask)
     assert torch.allclose(lam, torch.tensor([1 - 1 / 8, 1 - 1 / 2, 0.0, 0.0], dtype=torch.float64))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -43,7 +43,6 @@ class Rollout:
     ref_logprobs: torch.Tensor | None = None  # [B, T]
     rewards: torch.Tensor | None = None  # [B, T] per-token rewards fed to GAE
     kl: torch.Tensor | None = None  # [B, T] per-token KL estimate
-    meta: dict[str, Any] = field(default_factory=dict)
 
     @property
     def input_ids(self) -> torch.Tensor:

@@ -43,6 +43,7 @@ from .rollout import (
     PolicyAndValueModel,
     Rollout,
     call_reward_function,
+    policy_logprobs,
     reward_func_name,
     reward_model_scores,
     truncate_at_stop,
@@ -509,8 +510,6 @@ class PPOTrainer(_BaseTrainer):
 
     @torch.no_grad()
     def _ref_logprobs(self, rollout: Rollout) -> torch.Tensor:
-        from .rollout import policy_logprobs
-
         chunk = self.args.local_rollout_forward_batch_size
         input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
         out = []
@@ -564,7 +563,6 @@ class PPOTrainer(_BaseTrainer):
             raw_scores=raw_scores,
             rewards_per_func=rewards_per_func,
         )
-        rollout.meta["completion_texts"] = completion_texts
         rollout.logprobs, rollout.values = self._forward_in_chunks(rollout, compute_policy=train_policy)
         if train_policy and args.kl_coef > 0:
             rollout.ref_logprobs = self._ref_logprobs(rollout)
