@@ -212,12 +212,14 @@ def test_missing_prompt_column(tiny_policy, tokenizer, tiny_config):
     "bad_reward, message",
     [
         (lambda completions, **kw: [1.0] * (len(completions) - 1), "returned 15 values for 16"),
-        (lambda completions, **kw: [float("nan")] * len(completions), "finite"),
+        (lambda completions, **kw: [float("nan")] * len(completions), "failed on all 16 samples"),
     ],
 )
 def test_bad_reward_function(make_trainer, tiny_policy, tokenizer, toy_splits, tiny_config, bad_reward, message):
+    from vcppo_trl.reward_calls import RewardFunctionError
+
     trainer = make_trainer(reward_funcs=bad_reward, args=tiny_config())
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(RewardFunctionError, match=message):
         trainer.train()
 
 

@@ -3,16 +3,24 @@
 __version__ = "0.1.0"
 
 from .callbacks import RolloutProgressCallback, ValuePretrainCallback
+from .checkpointing import CheckpointError, InsufficientDiskSpaceError
 from .config import PPOConfig, VCPPOConfig
 from .gae import dual_lambda_gae, gae
+from .preemption import TrainingInterrupted
+from .reward_calls import RewardFunctionError
 from .rewards import math_verify_reward
-from .trainer import PPOTrainer
+from .trainer import NonFiniteTrainingError, PPOTrainer
 from .vcppo_trainer import VCPPOTrainer
 
 __all__ = [
+    "CheckpointError",
+    "InsufficientDiskSpaceError",
+    "NonFiniteTrainingError",
     "PPOConfig",
     "PPOTrainer",
+    "RewardFunctionError",
     "RolloutProgressCallback",
+    "TrainingInterrupted",
     "VCPPOConfig",
     "VCPPOTrainer",
     "ValuePretrainCallback",

@@ -98,6 +98,21 @@ class ValuePretrainCallback(TrainerCallback):
             save_steps=args.value_pretrain_save_steps,
         )
 
+    # Progress saved in checkpoints, so a resumed run continues the phase (or skips it when it was done).
+    _RESUMABLE = ("active", "done", "steps", "best_loss", "updates_since_best", "stop_reason", "saved_paths")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._RESUMABLE} | {"max_steps": self.max_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("max_steps") != self.max_steps and not state.get("done"):
+            logger.warning(
+                f"Resuming value pretraining saved with max_steps={state.get('max_steps')} under max_steps="
+                f"{self.max_steps}: the phase keeps the new limit."
+            )
+        for name in self._RESUMABLE:
+            setattr(self, name, state[name])
+
     def bind(self, trainer: VCPPOTrainer) -> None:
         """Attach the trainer whose phase this callback drives."""
         self.trainer = trainer

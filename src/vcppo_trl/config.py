@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -60,7 +61,19 @@ class PPOConfig(_BaseConfig):
         accuracy_threshold (`float`, defaults to `0.5`): A response counts as correct in `diagnostics/accuracy` and
             `eval/accuracy` when its reward score (before penalties) exceeds this value. With ±1 or 0/1 rewards, that is
             the share of +1 (or 1) rewards.
-        max_prompt_length (`int`, *optional*): Prompts longer than this many tokens are left-truncated.
+        max_prompt_length (`int`, *optional*): Longest prompt in tokens (chat template applied); longer ones are
+            handled as `overlong_prompt` says.
+        overlong_prompt (`"truncate"` or `"drop"`, defaults to `"truncate"`): Prompts over `max_prompt_length` are
+            left-truncated (keeping the end of the prompt), or their rows dropped before training. Counted either way.
+        reward_timeout (`float`, *optional*, defaults to `300`): Seconds a reward function may take on a batch; past
+            that (or when it raises) it is retried per sample under the same timeout, and samples it still fails on
+            get `reward_failure_value`. `None` waits forever. Functions with their own per-sample timeout
+            (`has_own_timeout = True`, as `math_verify_reward`) are called inline.
+        reward_failure_value (`float`, defaults to `-1.0`): Reward of a sample a reward function failed on (raised,
+            timed out, returned NaN/inf or a non-number); counted in `reward/verifier_failures`.
+        max_consecutive_nonfinite_steps (`int`, defaults to `8`): Optimizer steps whose loss or gradient is not
+            finite are skipped (`diagnostics/nonfinite_steps`); after more than this many in a row the run stops,
+            leaving the last checkpoint as it was.
         model_init_kwargs (`dict`, *optional*): Keyword arguments for `from_pretrained` when `model` is a string.
         disable_dropout (`bool`, defaults to `True`): Disable dropout in the policy, critic and reference model
             (dropout makes the rollout's log-probabilities disagree with the training pass).
@@ -137,7 +150,23 @@ class PPOConfig(_BaseConfig):
         default=0.5, metadata={"help": "A score above this counts as a correct response in accuracy metrics."}
     )
     max_prompt_length: int | None = field(
-        default=None, metadata={"help": "Left-truncate prompts longer than this many tokens."}
+        default=None, metadata={"help": "Longest prompt in tokens; longer ones are handled as overlong_prompt says."}
+    )
+    overlong_prompt: Literal["truncate", "drop"] = field(
+        default="truncate",
+        metadata={"help": "Prompts over max_prompt_length: 'truncate' (left) or 'drop' the row. Counted either way."},
+    )
+    reward_timeout: float | None = field(
+        default=300.0,
+        metadata={
+            "help": "Seconds a reward function may take on a batch before it is retried per sample (None: no limit)."
+        },
+    )
+    reward_failure_value: float = field(
+        default=-1.0, metadata={"help": "Reward of a sample a reward function failed on (raised, timed out, NaN)."}
+    )
+    max_consecutive_nonfinite_steps: int = field(
+        default=8, metadata={"help": "Stop after more than this many optimizer steps in a row with a non-finite loss."}
     )
     model_init_kwargs: dict | str | None = field(
         default=None, metadata={"help": "Keyword arguments for from_pretrained when the model is given by name."}
@@ -189,6 +218,18 @@ class PPOConfig(_BaseConfig):
             raise ValueError("`learning_rate` and `value_learning_rate` must be >= 0.")
         if self.max_prompt_length is not None and self.max_prompt_length < 1:
             raise ValueError(f"`max_prompt_length` must be at least 1, got {self.max_prompt_length}.")
+        if self.overlong_prompt not in ("truncate", "drop"):
+            raise ValueError(f"`overlong_prompt` must be 'truncate' or 'drop', got {self.overlong_prompt!r}.")
+        if self.reward_timeout is not None and not self.reward_timeout > 0:
+            raise ValueError(
+                f"`reward_timeout` must be > 0 seconds (or None for no limit), got {self.reward_timeout}."
+            )
+        if not math.isfinite(self.reward_failure_value):
+            raise ValueError(f"`reward_failure_value` must be a finite number, got {self.reward_failure_value}.")
+        if self.max_consecutive_nonfinite_steps < 0:
+            raise ValueError(
+                f"`max_consecutive_nonfinite_steps` must be >= 0, got {self.max_consecutive_nonfinite_steps}."
+            )
         if self.total_episodes is not None and self.total_episodes < 1:
             raise ValueError(f"`total_episodes` must be at least 1, got {self.total_episodes}.")
 

@@ -407,6 +407,9 @@ class MathVerifyReward:
     A callable class (rather than a closure) so that it stays picklable.
     """
 
+    # Every sample is bounded by its own timeout, so the trainer calls it inline rather than under a thread timeout.
+    has_own_timeout = True
+
     def __init__(
         self,
         timeout_seconds: float | None = None,

@@ -5,8 +5,6 @@ The trainer composes these into one [`Rollout`] per update: tokens, masks, log-p
 
 from __future__ import annotations
 
-import inspect
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +36,7 @@ class Rollout:
     scores: torch.Tensor  # [B] reward used for training (penalties included), 0 where skipped
     raw_scores: torch.Tensor  # [B] weighted reward-function sum before penalties, nan where skipped
     rewards_per_func: torch.Tensor  # [B, F], nan where a function returned None
+    reward_failed: torch.Tensor  # [B] bool: a reward function failed on the sample (given reward_failure_value)
     values: torch.Tensor | None = None  # [B, T]
     logprobs: torch.Tensor | None = None  # [B, T]
     ref_logprobs: torch.Tensor | None = None  # [B, T]
@@ -184,41 +183,6 @@ def reward_func_name(func: Callable | PreTrainedModel) -> str:
     if isinstance(func, PreTrainedModel):
         return func.config._name_or_path.split("/")[-1] or type(func).__name__
     return getattr(func, "__name__", type(func).__name__)
-
-
-def call_reward_function(
-    func: Callable,
-    prompts: list[Any],
-    completions: list[Any],
-    completion_ids: list[list[int]],
-    extra_columns: dict[str, list[Any]],
-    **kwargs,
-) -> list[float | None]:
-    """
-    Call a reward function with TRL's reward-function protocol and validate what it returns.
-
-    Raises:
-        `ValueError`: when the function returns the wrong number of values, or a NaN/inf (use `None` to skip a sample).
-    """
-    name = reward_func_name(func)
-    result = func(prompts=prompts, completions=completions, completion_ids=completion_ids, **extra_columns, **kwargs)
-    if inspect.isawaitable(result):
-        raise TypeError(f"Reward function {name!r} is async; pass a synchronous function.")
-    result = list(result)
-    if len(result) != len(completions):
-        raise ValueError(
-            f"Reward function {name!r} returned {len(result)} values for {len(completions)} completions: it must "
-            "return exactly one float (or None to skip the sample) per completion."
-        )
-    for value in result:
-        if value is None:
-            continue
-        if not isinstance(value, (int, float)) or not math.isfinite(float(value)):
-            raise ValueError(
-                f"Reward function {name!r} returned {value!r}: rewards must be finite floats. Return None for a sample "
-                "that cannot be scored (it is then skipped), and fix the function if it produces NaN or inf."
-            )
-    return result
 
 
 @torch.no_grad()

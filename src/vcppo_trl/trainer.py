@@ -6,6 +6,8 @@ import contextlib
 import copy
 import math
 import os
+import shutil
+import signal
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -14,7 +16,6 @@ from typing import Any
 import torch
 from accelerate.utils import gather_object, is_peft_model
 from datasets import Dataset, IterableDataset
-from torch.utils.data import DataLoader
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
@@ -28,7 +29,7 @@ from transformers import (
     TrainerState,
 )
 from transformers.trainer_callback import ExportableState
-from transformers.trainer_utils import IntervalStrategy
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, IntervalStrategy, get_last_checkpoint, rotate_checkpoints
 from transformers.utils import is_peft_available, logging
 from trl.data_utils import is_conversational, maybe_apply_chat_template
 from trl.models import unwrap_model_for_generation
@@ -36,13 +37,27 @@ from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model, print_prompt_completions_sample
 
 from .callbacks import RolloutProgressCallback
+from .checkpointing import (
+    TEMP_PREFIX,
+    CheckpointError,
+    check_free_space,
+    estimate_checkpoint_bytes,
+    load_weights_into,
+    missing_checkpoint_files,
+    publish,
+    read_training_state,
+    remove_stale_temp_checkpoints,
+    write_training_state,
+)
 from .config import PPOConfig
+from .data import DataReport, prepare_prompt_dataset, reward_function_columns
 from .gae import explained_variance, gae, masked_mean, masked_whiten, position_correlation
 from .losses import clipped_policy_loss, clipped_value_loss, kl_penalty
+from .preemption import SignalWatcher, TrainingInterrupted
+from .reward_calls import call_reward_function
 from .rollout import (
     PolicyAndValueModel,
     Rollout,
-    call_reward_function,
     policy_logprobs,
     reward_func_name,
     reward_model_scores,
@@ -69,6 +84,10 @@ PRETRAIN_METRIC_NAMES = {
     "val/clipfrac": "value_pretrain/clipfrac",
     "val/vpred": "value_pretrain/vpred",
 }
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Too many optimizer steps in a row had a non-finite loss or gradient."""
 
 
 class PPOTrainer(_BaseTrainer):
@@ -175,6 +194,7 @@ class PPOTrainer(_BaseTrainer):
             )
         else:
             self.reward_weights = torch.tensor(args.reward_weights, dtype=torch.float32)
+        train_dataset, eval_dataset = self._prepare_datasets(train_dataset, eval_dataset, tokenizer, args)
 
         if args.ddp_find_unused_parameters is None:
             # Value-only updates leave the policy out of the graph.
@@ -204,6 +224,7 @@ class PPOTrainer(_BaseTrainer):
         self._compute_batch_sizes()
         self.latest_metrics: dict[str, float] = {}
         self.policy_frozen = False
+        self.nonfinite_steps_in_a_row = 0
 
     # ------------------------------------------------------------------ setup
 
@@ -223,6 +244,22 @@ class PPOTrainer(_BaseTrainer):
             )
         if len(dataset) == 0:
             raise ValueError(f"`{name}` is empty.")
+
+    def _prepare_datasets(self, train_dataset, eval_dataset, tokenizer, args):
+        """Check the schema and drop (or count truncated) bad rows before training; see [`~data.prepare_prompt_dataset`]."""
+        self.data_reports: dict[str, DataReport] = {}
+        prepared = []
+        for name, dataset in (("train", train_dataset), ("eval", eval_dataset)):
+            if dataset is not None:
+                required = reward_function_columns(self.reward_funcs, dataset.column_names)
+                dataset, report = prepare_prompt_dataset(
+                    dataset, f"{name}_dataset", tokenizer, required, args.max_prompt_length, args.overlong_prompt
+                )
+                self.data_reports[name] = report
+                if report.kept < report.num_rows or report.truncated_prompts:
+                    logger.warning(f"{name}_dataset: {report.summary()}.")
+            prepared.append(dataset)
+        return prepared
 
     @staticmethod
     def _load_policy(model: str | PreTrainedModel, args: PPOConfig) -> PreTrainedModel:
@@ -371,25 +408,24 @@ class PPOTrainer(_BaseTrainer):
 
     # -------------------------------------------------------------- data flow
 
-    def _prompt_batches(self) -> Iterator[list[dict[str, Any]]]:
-        """Endless stream of per-process prompt batches, reshuffled every pass, sharded across processes."""
-        generator = torch.Generator()
-        generator.manual_seed(self.args.seed)
-        dataloader = DataLoader(
-            self.train_dataset,
-            batch_size=self.local_batch_size,
-            shuffle=True,
-            drop_last=True,
-            collate_fn=lambda rows: rows,
-            generator=generator,
-        )
-        dataloader = self.accelerator.prepare(dataloader)
-        epoch = 0
+    def _prompt_batches(self, start: int = 0) -> Iterator[list[dict[str, Any]]]:
+        """
+        Endless stream of this process's prompt batches, from batch number `start` on (for resuming).
+
+        Each pass over the dataset is a permutation drawn from `seed + pass` (so a position is just a batch count);
+        every update takes the next `batch_size` prompts of it and process `r` the `r`-th slice of `local_batch_size`,
+        so processes never overlap. The tail that does not fill a whole batch is left out of that pass.
+        """
+        batches_per_pass = len(self.train_dataset) // self.batch_size
+        rank = self.accelerator.process_index
+        batch = start
         while True:
-            if hasattr(dataloader, "set_epoch"):
-                dataloader.set_epoch(epoch)
-            yield from dataloader
-            epoch += 1
+            epoch, index = divmod(batch, batches_per_pass)
+            generator = torch.Generator().manual_seed(self.args.seed + epoch)
+            order = torch.randperm(len(self.train_dataset), generator=generator)
+            first = index * self.batch_size + rank * self.local_batch_size
+            yield [self.train_dataset[int(i)] for i in order[first : first + self.local_batch_size]]
+            batch += 1
 
     def _prompt_texts(self, rows: list[dict[str, Any]]) -> list[str]:
         return [maybe_apply_chat_template({"prompt": row["prompt"]}, self.processing_class)["prompt"] for row in rows]
@@ -468,26 +504,43 @@ class PPOTrainer(_BaseTrainer):
         completions: list[Any],
         completion_texts: list[str],
         completion_ids: list[list[int]],
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """
         Rewards of every function for every completion.
 
+        A function's failures on single samples (raised, timed out, NaN) give those samples `reward_failure_value`
+        (see [`~reward_calls.call_reward_function`]); a function that fails on the whole batch stops the run.
+
         Returns:
-            `torch.Tensor` of shape `[B, F]` (float32, on device), `nan` where a function returned `None`.
+            `(rewards, failed)`: `[B, F]` float32 rewards on device (`nan` where a function returned `None`), and
+            `[B]` bool, true where at least one function failed on the sample.
         """
         prompts = [row["prompt"] for row in rows]
         extra = {key: [row[key] for row in rows] for key in rows[0] if key not in ("prompt", "completion")}
         columns = []
+        failed = [False] * len(rows)
         for func, proc in zip(self.reward_funcs, self.reward_processing_classes):
             if isinstance(func, torch.nn.Module):
                 texts = [p + c for p, c in zip(prompt_texts, completion_texts)]
                 values = reward_model_scores(func, proc, texts, self.args.local_rollout_forward_batch_size)
             else:
-                values = call_reward_function(
-                    func, prompts, completions, completion_ids, extra, trainer_state=self.state
+                result = call_reward_function(
+                    func,
+                    prompts,
+                    completions,
+                    completion_ids,
+                    extra,
+                    timeout=self.args.reward_timeout,
+                    failure_value=self.args.reward_failure_value,
+                    trainer_state=self.state,
                 )
+                values = result.values
+                if result.failures:
+                    failed = [f or value_failed for f, value_failed in zip(failed, result.failed)]
             columns.append([float("nan") if v is None else float(v) for v in values])
-        return torch.tensor(columns, dtype=torch.float32, device=self.accelerator.device).T
+        device = self.accelerator.device
+        rewards = torch.tensor(columns, dtype=torch.float32, device=device).T
+        return rewards, torch.tensor(failed, dtype=torch.bool, device=device)
 
     @torch.no_grad()
     def _forward_in_chunks(self, rollout: Rollout, compute_policy: bool):
@@ -538,7 +591,7 @@ class PPOTrainer(_BaseTrainer):
         query_ids, query_mask = self._tokenize_prompts(prompt_texts)
         response_ids, response_mask, has_stop = self.generate(query_ids, query_mask)
         completions, completion_texts, completion_ids = self._completions(rows, response_ids, response_mask)
-        rewards_per_func = self.score(rows, prompt_texts, completions, completion_texts, completion_ids)
+        rewards_per_func, reward_failed = self.score(rows, prompt_texts, completions, completion_texts, completion_ids)
 
         weights = self.reward_weights.to(rewards_per_func.device)
         all_none = torch.isnan(rewards_per_func).all(dim=1)
@@ -562,6 +615,7 @@ class PPOTrainer(_BaseTrainer):
             scores=scores,
             raw_scores=raw_scores,
             rewards_per_func=rewards_per_func,
+            reward_failed=reward_failed,
         )
         rollout.logprobs, rollout.values = self._forward_in_chunks(rollout, compute_policy=train_policy)
         if train_policy and args.kl_coef > 0:
@@ -618,6 +672,7 @@ class PPOTrainer(_BaseTrainer):
         adv = masked_whiten(advantages, mask) if train_policy else advantages
         input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
         stats = defaultdict(list)
+        nonfinite_steps = 0
         batch = input_ids.shape[0]
         micro = args.per_device_train_batch_size
         for _ in range(args.num_ppo_epochs):
@@ -654,20 +709,55 @@ class PPOTrainer(_BaseTrainer):
                             stats["policy/approxkl"].append(pg.approxkl)
                             stats["val/ratio"].append(pg.ratio)
                             stats["policy/entropy"].append(masked_mean(entropy.detach(), m))
-                if args.max_grad_norm and args.max_grad_norm > 0:
-                    grad_norm = self.accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                # The total norm is computed even without clipping (max_norm=inf): it tells a non-finite step.
+                max_norm = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else math.inf
+                grad_norm = self.accelerator.clip_grad_norm_(model.parameters(), max_norm)
+                if grad_norm is not None and not self._step_is_finite(grad_norm):
+                    nonfinite_steps += 1  # skipped: the weights and optimizer state stay as they were
+                else:
                     if grad_norm is not None:
                         stats["grad_norm"].append(torch.as_tensor(grad_norm).detach().float())
-                if not train_policy:
-                    self._set_policy_lr_to_zero()
-                self.optimizer.step()
+                    if not train_policy:
+                        self._set_policy_lr_to_zero()
+                    self.optimizer.step()
                 if self.lr_scheduler is not None:
                     self.lr_scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
-        return {
+        out = {
             k: float(torch.stack([torch.as_tensor(x, dtype=torch.float32) for x in v]).mean())
             for k, v in stats.items()
         }
+        out["diagnostics/nonfinite_steps"] = float(nonfinite_steps)
+        return out
+
+    def _step_is_finite(self, grad_norm: torch.Tensor) -> bool:
+        """
+        Whether an optimizer step's gradient is finite; counts non-finite steps in a row and stops past the limit.
+
+        One host sync per optimizer step. Under DDP the gradient is already all-reduced, so all ranks agree.
+        """
+        if bool(torch.isfinite(torch.as_tensor(grad_norm))):
+            self.nonfinite_steps_in_a_row = 0
+            return True
+        self.nonfinite_steps_in_a_row += 1
+        limit = self.args.max_consecutive_nonfinite_steps
+        logger.warning(
+            f"Non-finite loss or gradient at update {self.state.global_step + 1}: optimizer step skipped "
+            f"({self.nonfinite_steps_in_a_row} in a row, limit {limit})."
+        )
+        if self.nonfinite_steps_in_a_row > limit:
+            last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
+            raise NonFiniteTrainingError(
+                f"{self.nonfinite_steps_in_a_row} optimizer steps in a row had a non-finite loss or gradient (limit "
+                f"max_consecutive_nonfinite_steps={limit}); stopping. "
+                + (
+                    f"The last checkpoint, {last}, was saved before this and is intact: resume from it with a lower "
+                    "learning rate, or check the rewards and the data."
+                    if last
+                    else "No checkpoint was saved yet (set save_steps to keep one)."
+                )
+            )
+        return False
 
     # ---------------------------------------------------------------- metrics
 
@@ -711,6 +801,7 @@ class PPOTrainer(_BaseTrainer):
             "diagnostics/advantage_position_corr": position_correlation(advantages_g, mask_g),
             "diagnostics/stop_rate": self._mean_across(rollout.has_stop.float()),
             "diagnostics/skipped_samples": float((~valid).sum()),
+            "reward/verifier_failures": float(self.accelerator.gather(rollout.reward_failed.float()).sum()),
         }
         metrics["objective/rlhf_reward"] = metrics["objective/scores"] + metrics["objective/non_score_reward"]
         for i, name in enumerate(self.reward_func_names):
@@ -757,54 +848,205 @@ class PPOTrainer(_BaseTrainer):
         """
         Run the whole training: `num_training_updates()` rollout-and-update cycles.
 
+        On SIGTERM or SIGINT the running update is finished, a checkpoint is saved and [`TrainingInterrupted`] is
+        raised (its message names the checkpoint).
+
         Args:
-            resume_from_checkpoint: Not supported yet (a clear error): checkpoints are saved but training restarts
-                from scratch.
+            resume_from_checkpoint (`str` or `bool`, *optional*): A `checkpoint-<step>` directory, or `True` for the
+                latest one in `output_dir`. Training continues exactly where it stopped: weights, optimizer, scheduler,
+                RNG states, the update counter, the position in the data, and the value-pretraining phase.
         """
-        if resume_from_checkpoint:
-            raise ValueError(
-                "Resuming PPO training from a checkpoint is not supported yet. Start a new run, optionally from the "
-                "saved policy (model=<checkpoint>) and critic (value_model=<checkpoint>/value_model)."
-            )
         args = self.args
+        checkpoint = self._resolve_checkpoint(resume_from_checkpoint)
+        if checkpoint is not None:
+            self._load_checkpoint_weights(checkpoint)
         self._setup_training()
-        prompt_batches = self._prompt_batches()
+        if checkpoint is not None:
+            self._restore_training_state(checkpoint)
+        prompt_batches = self._prompt_batches(start=self.state.global_step)
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
-        if args.eval_on_start and self.eval_dataset is not None:
-            self.evaluate()
+        if checkpoint is None:
+            data_metrics = {k: v for name, r in self.data_reports.items() for k, v in r.metrics(name).items()}
+            if data_metrics:
+                self.log(data_metrics)
+            if args.eval_on_start and self.eval_dataset is not None:
+                self.evaluate()
         start_time = time.time()
         sample_every = (
             max(1, self.state.max_steps // args.num_sample_generations) if args.num_sample_generations > 0 else 0
         )
-        while self.state.global_step < self.state.max_steps:
-            self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
-            rows = next(prompt_batches)
-            metrics = self.training_update(rows)
-            self.state.global_step += 1
-            self.state.epoch = self.state.global_step * self.batch_size / len(self.train_dataset)
-            metrics["episode"] = self.state.global_step * self.batch_size
-            metrics["lr"] = self._learning_rate("policy")
-            metrics["value_lr"] = self._learning_rate("value")
-            metrics["time/update_s"] = time.time() - self._update_start
-            self.latest_metrics = metrics
-            self.control = self.callback_handler.call_event(
-                "on_step_end", args, self.state, self.control, metrics=metrics
-            )
-            if self._should(args.logging_steps, args.logging_strategy) or self.control.should_log:
-                self.log(dict(metrics))
-                self.control.should_log = False
-            if sample_every and self.state.global_step % sample_every == 0 and self.is_world_process_zero():
-                self._print_samples()
-            if self.eval_dataset is not None and self._should(args.eval_steps, args.eval_strategy):
-                self.evaluate()
-            if self._should(args.save_steps, args.save_strategy):
-                self._save_checkpoint(self.model, trial=None)
-            if self.control.should_training_stop:
-                break
+        with SignalWatcher() as signals:
+            while self.state.global_step < self.state.max_steps:
+                self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
+                rows = next(prompt_batches)
+                metrics = self.training_update(rows)
+                self.state.global_step += 1
+                self.state.epoch = self.state.global_step * self.batch_size / len(self.train_dataset)
+                metrics["episode"] = self.state.global_step * self.batch_size
+                metrics["lr"] = self._learning_rate("policy")
+                metrics["value_lr"] = self._learning_rate("value")
+                metrics["time/update_s"] = time.time() - self._update_start
+                self.latest_metrics = metrics
+                self.control = self.callback_handler.call_event(
+                    "on_step_end", args, self.state, self.control, metrics=metrics
+                )
+                if self._should(args.logging_steps, args.logging_strategy) or self.control.should_log:
+                    self.log(dict(metrics))
+                    self.control.should_log = False
+                if sample_every and self.state.global_step % sample_every == 0 and self.is_world_process_zero():
+                    self._print_samples()
+                if self.eval_dataset is not None and self._should(args.eval_steps, args.eval_strategy):
+                    self.evaluate()
+                saved = self._should(args.save_steps, args.save_strategy)
+                if saved:
+                    self._save_checkpoint(self.model, trial=None)
+                signum = self._agreed_signal(signals.signum)
+                if signum is not None:
+                    if not saved:
+                        self._save_checkpoint(self.model, trial=None)
+                    path = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+                    raise TrainingInterrupted(
+                        f"Training stopped by {signal.Signals(signum).name} after update {self.state.global_step}; "
+                        f"checkpoint saved to {path}. Resume with trainer.train(resume_from_checkpoint={path!r}) "
+                        "(or --resume_from_checkpoint with train.py).",
+                        signum,
+                        path,
+                    )
+                if self.control.should_training_stop:
+                    break
         self.state.total_flos = 0
         self.log({"train_runtime": time.time() - start_time})
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         return self.state
+
+    def _agreed_signal(self, signum: int | None) -> int | None:
+        """The stop signal if any process received one (all processes must stop at the same update)."""
+        if self.accelerator.num_processes == 1:
+            return signum
+        flag = torch.tensor([signum or 0], device=self.accelerator.device)
+        agreed = int(self.accelerator.reduce(flag, "max"))
+        return agreed or None
+
+    # ------------------------------------------------------------ checkpoints
+
+    def _training_state(self) -> dict[str, Any]:
+        """What a checkpoint needs beyond weights, optimizer and RNG to resume exactly (see `vcppo_state.json`)."""
+        callbacks = {
+            type(cb).__name__: cb.state_dict() for cb in self.callback_handler.callbacks if hasattr(cb, "state_dict")
+        }
+        return {
+            "global_step": self.state.global_step,
+            "batches_consumed": self.state.global_step,  # one prompt batch per update
+            "batch_size": self.batch_size,
+            "train_rows": len(self.train_dataset),
+            "num_ppo_updates": self.num_ppo_updates,
+            "max_steps": self.state.max_steps,
+            "policy_frozen": self.policy_frozen,
+            "nonfinite_steps_in_a_row": self.nonfinite_steps_in_a_row,
+            "callbacks": callbacks,
+        }
+
+    def _save_checkpoint(self, model, trial=None) -> None:
+        """
+        Write `checkpoint-<step>` atomically: everything goes to `tmp-checkpoint-<step>` first (after a free-space
+        check), which is renamed once complete; then old checkpoints are rotated (`save_total_limit`).
+        """
+        args = self.args
+        run_dir = self._get_output_dir(trial=trial)
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        final_dir, temp_dir = os.path.join(run_dir, name), os.path.join(run_dir, TEMP_PREFIX + name)
+        if args.should_save:
+            remove_stale_temp_checkpoints(run_dir)
+            check_free_space(run_dir, estimate_checkpoint_bytes(self.model, self.optimizer))
+        self.accelerator.wait_for_everyone()
+        try:
+            self.save_model(temp_dir, _internal_call=True)
+            if not args.save_only_model:
+                self._save_optimizer_and_scheduler(temp_dir)
+                self._save_rng_state(temp_dir)
+            if args.should_save:
+                self.state.save_to_json(os.path.join(temp_dir, "trainer_state.json"))
+                write_training_state(temp_dir, self._training_state())  # written last: marks a whole checkpoint
+            self.accelerator.wait_for_everyone()
+            if args.should_save:
+                publish(temp_dir, final_dir)
+        except BaseException:
+            if args.should_save:
+                shutil.rmtree(temp_dir, ignore_errors=True)
+            raise
+        self.accelerator.wait_for_everyone()
+        if args.should_save:
+            rotate_checkpoints(
+                output_dir=run_dir,
+                save_total_limit=args.save_total_limit,
+                best_model_checkpoint=self.state.best_model_checkpoint,
+            )
+
+    def _resolve_checkpoint(self, resume_from_checkpoint: str | bool | None) -> str | None:
+        if not resume_from_checkpoint:
+            return None
+        if resume_from_checkpoint is True:
+            found = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
+            if found is None:
+                raise CheckpointError(
+                    f"resume_from_checkpoint=True but there is no checkpoint-<step> directory in {self.args.output_dir}."
+                )
+            resume_from_checkpoint = found
+        checkpoint = str(resume_from_checkpoint)
+        if not os.path.isdir(checkpoint):
+            raise CheckpointError(f"Cannot resume: {checkpoint} is not a directory.")
+        missing = missing_checkpoint_files(checkpoint, self.accelerator.num_processes)
+        if missing:
+            raise CheckpointError(
+                f"Cannot resume from {checkpoint}: it lacks {', '.join(missing)}. It is incomplete (a save that was "
+                "interrupted, or one made with save_only_model=True); resume from an earlier checkpoint."
+            )
+        saved = read_training_state(checkpoint)
+        if saved["batch_size"] != self.batch_size:
+            raise CheckpointError(
+                f"{checkpoint} was saved with {saved['batch_size']} prompts per update, this run has {self.batch_size} "
+                "(per_device_train_batch_size × gradient_accumulation_steps × num_mini_batches × processes): resume "
+                "with the same batch settings and number of processes."
+            )
+        if saved["train_rows"] != len(self.train_dataset):
+            logger.warning(
+                f"{checkpoint} was saved with {saved['train_rows']} training rows, this run has "
+                f"{len(self.train_dataset)}: the data order after resuming differs from an uninterrupted run."
+            )
+        return checkpoint
+
+    def _load_checkpoint_weights(self, checkpoint: str) -> None:
+        if self.is_deepspeed_enabled or self.is_fsdp_enabled:
+            raise CheckpointError("Resuming under DeepSpeed or FSDP is not supported yet.")
+        wrapper = self.model
+        load_weights_into(wrapper.policy, checkpoint)
+        load_weights_into(wrapper.critic, os.path.join(checkpoint, VALUE_MODEL_DIRNAME))
+
+    def _restore_training_state(self, checkpoint: str) -> None:
+        """Optimizer, scheduler, trainer state, callbacks' state, and last the RNG states (nothing draws after)."""
+        self._load_optimizer_and_scheduler(checkpoint)
+        saved = read_training_state(checkpoint)
+        previous = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
+        for name in (
+            "global_step",
+            "epoch",
+            "log_history",
+            "best_metric",
+            "best_global_step",
+            "best_model_checkpoint",
+        ):
+            setattr(self.state, name, getattr(previous, name))
+        self.nonfinite_steps_in_a_row = saved["nonfinite_steps_in_a_row"]
+        by_name = {type(cb).__name__: cb for cb in self.callback_handler.callbacks}
+        for name, cb_state in saved["callbacks"].items():
+            if name in by_name and hasattr(by_name[name], "load_state_dict"):
+                by_name[name].load_state_dict(cb_state)
+            else:
+                logger.warning(f"{checkpoint} holds the state of a {name} that this trainer does not have; ignored.")
+        # Saved updates still to run, plus any change of the PPO budget (e.g. a larger total_episodes).
+        self.state.max_steps = saved["max_steps"] + (self.num_ppo_updates - saved["num_ppo_updates"])
+        self._load_rng_state(checkpoint)
+        logger.warning(f"Resumed from {checkpoint} at update {self.state.global_step} of {self.state.max_steps}.")
 
     def _learning_rate(self, role: str) -> float:
         """Current learning rate of the policy or the critic (0 for the policy while it is frozen)."""
@@ -823,7 +1065,15 @@ class PPOTrainer(_BaseTrainer):
         advantages, returns = self.compute_advantages(rollout)
         prefix = "" if train_policy else "value_pretrain/"
         metrics = self.rollout_metrics(rollout, advantages, returns, prefix=prefix)
+        valid_tokens = self.accelerator.reduce(rollout.response_mask.sum().reshape(1), "sum")
+        if int(valid_tokens) == 0:
+            # Every sample was skipped (no reward function applied): an update would train on nothing.
+            logger.warning(f"Update {self.state.global_step + 1}: no sample could be scored; skipping the update.")
+            metrics["diagnostics/skipped_update"] = 1.0
+            self._last_rollout = (rollout, advantages)
+            return metrics
         update_stats = self.ppo_update(rollout, advantages, returns, train_policy=train_policy)
+        metrics["diagnostics/nonfinite_steps"] = update_stats.pop("diagnostics/nonfinite_steps")
         for name, value in update_stats.items():
             key = f"{name}_avg"
             if not train_policy and name in PRETRAIN_METRIC_NAMES:
@@ -881,7 +1131,7 @@ class PPOTrainer(_BaseTrainer):
                 query_ids, query_mask, greedy=(k == 1), temperature=self.args.eval_temperature
             )
             completions, texts, completion_ids = self._completions(rows, response_ids, response_mask)
-            per_func = self.score(rows, prompt_texts, completions, texts, completion_ids)
+            per_func, _ = self.score(rows, prompt_texts, completions, texts, completion_ids)
             weights = self.reward_weights.to(per_func.device)
             scores = (per_func.nan_to_num(0.0) * weights).sum(1)
             valid = ~torch.isnan(per_func).all(1)
