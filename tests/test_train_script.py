@@ -15,9 +15,8 @@ from vcppo_trl.cli import VCPPOScriptArguments, prepare_dataset
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
 
-def test_train_py_runs_tiny_recipe(tmp_path):
-    out = tmp_path / "run"
-    cmd = [
+def tiny_run_command(out, *extra):
+    return [
         sys.executable,
         os.path.join(ROOT, "train.py"),
         "--config",
@@ -40,14 +39,37 @@ def test_train_py_runs_tiny_recipe(tmp_path):
         "24",
         "--num_ppo_epochs",
         "1",
+        *extra,
     ]
+
+
+def run(cmd, cwd):
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=cwd)
+
+
+def test_train_py_runs_tiny_recipe(tmp_path):
+    out = tmp_path / "run"
+    result = run(tiny_run_command(out), tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "after cold start" in result.stdout and "after VC-PPO" in result.stdout
     assert os.path.isfile(out / "value_pretrained" / "model.safetensors")
     assert os.path.isfile(out / "model.safetensors")
     assert os.path.isfile(out / "value_model" / "model.safetensors")
+
+
+def test_train_py_resumes_latest_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    first = run(tiny_run_command(out, "--save_strategy", "steps", "--save_steps", "1"), tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert os.path.isdir(out / "checkpoint-2")  # 1 pretraining + 1 PPO update
+    resumed = run(
+        tiny_run_command(out, "--resume_from_checkpoint", "true", "--total_episodes", "64", "--save_strategy", "no"),
+        tmp_path,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Resumed from" in resumed.stderr and "checkpoint-2 at update 2 of 3" in resumed.stderr
+    assert "after VC-PPO" in resumed.stdout
 
 
 @pytest.mark.parametrize("recipe", sorted(glob.glob(os.path.join(ROOT, "configs", "recipes", "*.yaml"))))

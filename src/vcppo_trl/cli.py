@@ -17,6 +17,7 @@ from trl import ModelConfig, ScriptArguments, TrlParser
 from trl.trainer.utils import get_peft_config, get_quantization_config
 
 from .config import VCPPOConfig
+from .preemption import TrainingInterrupted
 from .rewards import resolve_reward_funcs
 from .vcppo_trainer import VCPPOTrainer
 
@@ -194,15 +195,22 @@ def main(argv: list[str] | None = None) -> VCPPOTrainer:
         peft_config=get_peft_config(model_args),
     )
 
+    resume = training_args.resume_from_checkpoint
+    if isinstance(resume, str) and resume.lower() in ("true", "latest"):
+        resume = True  # the latest checkpoint-<step> in output_dir
     results = []
-    if eval_dataset is not None:
+    if eval_dataset is not None and not resume:
         results.append(("before RL", trainer.evaluate()))
-    trainer.train()
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    except TrainingInterrupted as stop:
+        logger.error(str(stop))
+        raise SystemExit(stop.exit_code) from None
     if eval_dataset is not None:
         results.append(("after VC-PPO", trainer.evaluate()))
     trainer.save_model(training_args.output_dir)
     if results and trainer.is_world_process_zero():
-        label = "after cold start" if toy else "initial policy"
-        results[0] = (label, results[0][1])
+        if not resume:
+            results[0] = ("after cold start" if toy else "initial policy", results[0][1])
         print("\n" + format_results_table(results) + "\n")
     return trainer
