@@ -957,7 +957,8 @@ class PPOTrainer(_BaseTrainer):
         final_dir, temp_dir = os.path.join(run_dir, name), os.path.join(run_dir, TEMP_PREFIX + name)
         if args.should_save:
             remove_stale_temp_checkpoints(run_dir)
-            check_free_space(run_dir, estimate_checkpoint_bytes(self.model, self.optimizer))
+        # Every process checks, so that all of them stop together rather than some waiting at the barrier below.
+        check_free_space(run_dir, estimate_checkpoint_bytes(self.model, self.optimizer))
         self.accelerator.wait_for_everyone()
         try:
             self.save_model(temp_dir, _internal_call=True)
