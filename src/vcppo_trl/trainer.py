@@ -35,6 +35,7 @@ from trl.models import unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model, print_prompt_completions_sample
 
+from . import hub
 from .callbacks import RolloutProgressCallback
 from .config import PPOConfig
 from .gae import explained_variance, gae, masked_mean, masked_whiten, position_correlation
@@ -128,11 +129,6 @@ class PPOTrainer(_BaseTrainer):
             args = self._config_class(output_dir=f"{str(model_id).split('/')[-1] or 'model'}-{self._name}")
         if not isinstance(args, PPOConfig):
             raise TypeError(f"`args` must be a PPOConfig (or VCPPOConfig), got {type(args).__name__}.")
-        if args.push_to_hub:
-            raise ValueError(
-                "push_to_hub is not supported yet by this trainer: save with trainer.save_model() (the policy in "
-                "output_dir, the critic in output_dir/value_model) and upload those folders with huggingface_hub."
-            )
         self._check_dataset(train_dataset, "train_dataset", required=True)
         self._check_dataset(eval_dataset, "eval_dataset", required=False)
 
@@ -936,6 +932,66 @@ class PPOTrainer(_BaseTrainer):
         _, critic = self.unwrapped_policy_and_critic()
         kwargs = {"state_dict": state_dict} if state_dict else {}
         save_value_model(critic, self.processing_class, output_dir, **kwargs)
+
+    # ------------------------------------------------------------------- Hub
+
+    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
+        """Name the policy's repo; repos are created at the first push, so building the trainer needs no network."""
+        self.hub_model_id = hub.policy_repo_id(self.args)
+        self.push_in_progress = None
+
+    def push_to_hub(
+        self,
+        commit_message: str | None = "End of training",
+        blocking: bool = True,
+        token: str | None = None,
+        revision: str | None = None,
+        private: bool | None = None,
+        **kwargs,
+    ):
+        """
+        Save, then push the policy (or its adapter) to `hub_model_id` and the critic to `value_hub_model_id` (default
+        `<hub_model_id>-value`), each with a model card. Pushes are blocking.
+
+        Args:
+            token, revision, private: Override `hub_token`, `hub_revision` and `hub_private_repo`.
+            kwargs: `dataset_name` and `tags` for the model cards.
+
+        Returns:
+            `{"policy": CommitInfo, "value": CommitInfo}` on the main process, `None` on the others.
+
+        Raises:
+            [`~hub.HubPushError`]: the Hub could not be reached; the local checkpoint in `output_dir` is complete.
+        """
+        kwargs.pop("model_name", None)
+        return hub.push_trainer(
+            self, commit_message=commit_message or "Upload", token=token, revision=revision, private=private, **kwargs
+        )
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        """`hub_strategy` pushes at each save: the policy and the critic of the latest checkpoint, blocking."""
+        from transformers.trainer_utils import HubStrategy
+
+        if not self.is_world_process_zero() or self.args.hub_strategy == HubStrategy.END:
+            return
+        args, step = self.args, self.state.global_step
+        push = {"token": args.hub_token, "private": args.hub_private_repo, "revision": args.hub_revision}
+        message = f"Training in progress, step {step}"
+        ignore = hub.POLICY_IGNORE_PATTERNS + ["optimizer.*", "scheduler.*", "rng_state*", "trainer_state*"]
+        value_dir = os.path.join(checkpoint_folder, VALUE_MODEL_DIRNAME)
+        try:  # a failed periodic push does not stop training: the checkpoint is on disk
+            hub.push_folder(
+                checkpoint_folder,
+                hub.policy_repo_id(args),
+                what="policy",
+                commit_message=message,
+                ignore_patterns=ignore,
+                **push,
+            )
+            if os.path.isdir(value_dir):
+                hub.push_folder(value_dir, hub.value_repo_id(args), what="critic", commit_message=message, **push)
+        except hub.HubPushError as err:
+            logger.error(str(err))
 
 
 def role_prefix(role: str) -> str:
