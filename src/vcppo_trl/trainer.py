@@ -40,6 +40,7 @@ from .callbacks import RolloutProgressCallback
 from .config import PPOConfig
 from .gae import explained_variance, gae, masked_mean, masked_whiten, position_correlation
 from .losses import clipped_policy_loss, clipped_value_loss, kl_penalty
+from .peft_utils import wrap_value_model
 from .rollout import (
     PolicyAndValueModel,
     Rollout,
@@ -103,6 +104,8 @@ class PPOTrainer(_BaseTrainer):
         optimizers (`tuple`, *optional*): `(optimizer, lr_scheduler)` to use instead of the default AdamW with one
             parameter group per model (policy at `learning_rate`, critic at `value_learning_rate`).
         peft_config (`PeftConfig`, *optional*): LoRA (or other PEFT) configuration for the policy.
+        value_peft_config (`PeftConfig` or `dict`, *optional*): LoRA for the critic (default: `args.value_peft_config`);
+            its scalar head is trained fully (`modules_to_save`). A LoRA critic is saved as a PEFT adapter.
     """
 
     _tag_names = ["trl", "ppo", "vcppo-trl"]
@@ -123,6 +126,7 @@ class PPOTrainer(_BaseTrainer):
         callbacks: list[TrainerCallback] | None = None,
         optimizers: tuple[torch.optim.Optimizer | None, torch.optim.lr_scheduler.LambdaLR | None] = (None, None),
         peft_config: PeftConfig | None = None,
+        value_peft_config: PeftConfig | dict | None = None,
     ):
         model_id = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
         if args is None:
@@ -141,6 +145,12 @@ class PPOTrainer(_BaseTrainer):
             if not is_peft_available():
                 raise ImportError("`peft_config` needs the `peft` package: pip install peft")
             policy = get_peft_model(policy, peft_config)
+        value_peft_config = value_peft_config if value_peft_config is not None else args.value_peft_config
+        if value_peft_config is not None:
+            if is_peft_model(critic):
+                logger.warning("The value model is already a PEFT model: `value_peft_config` is not applied.")
+            else:
+                critic = wrap_value_model(critic, value_peft_config)
         if args.disable_dropout:
             disable_dropout_in_model(policy)
             disable_dropout_in_model(critic)
