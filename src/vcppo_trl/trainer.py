@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from accelerate.utils import gather_object, is_peft_model
+from accelerate.utils import gather_object, is_peft_model, set_seed
 from datasets import Dataset, IterableDataset
 from torch.utils.data import DataLoader
 from transformers import (
@@ -202,6 +202,14 @@ class PPOTrainer(_BaseTrainer):
                 "DeepSpeed and FSDP are not supported by this version of vcppo-trl yet: launch with a DDP or "
                 "single-device accelerate config (configs/accelerate/single_gpu.yaml or multi_gpu.yaml)."
             )
+        if self.accelerator.num_processes > 1:
+            # The prompt sampler must shuffle alike on every rank (each then takes its own shard), but with one global
+            # seed every rank would sample the same tokens (correlated rollouts): pin the data seed, offset the rest.
+            if self.accelerator.dataloader_config.data_seed is None:
+                self.accelerator.dataloader_config.data_seed = (
+                    args.data_seed if args.data_seed is not None else args.seed
+                )
+            set_seed(args.seed, device_specific=True)
         self.remove_callback(ProgressCallback)
         if not args.disable_tqdm:
             self.add_callback(RolloutProgressCallback)
