@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import os
@@ -38,6 +37,7 @@ from trl.trainer.utils import disable_dropout_in_model, print_prompt_completions
 from . import hub
 from .callbacks import RolloutProgressCallback
 from .config import PPOConfig
+from .distributed import check_deepspeed_setup, micro_batch_context
 from .gae import explained_variance, gae, masked_mean, masked_whiten, position_correlation
 from .losses import clipped_policy_loss, clipped_value_loss, kl_penalty
 from .peft_utils import wrap_value_model
@@ -196,12 +196,13 @@ class PPOTrainer(_BaseTrainer):
             callbacks=callbacks,
             optimizers=optimizers,
         )
-        if self.is_deepspeed_enabled or self.is_fsdp_enabled:
-            # DeepSpeed steps inside `backward` with its own accumulation count, which this loop does not set up yet.
+        if self.is_fsdp_enabled:
             raise ValueError(
-                "DeepSpeed and FSDP are not supported by this version of vcppo-trl yet: launch with a DDP or "
-                "single-device accelerate config (configs/accelerate/single_gpu.yaml or multi_gpu.yaml)."
+                "FSDP is not supported by this version of vcppo-trl yet: launch with DeepSpeed ZeRO-3 "
+                "(configs/accelerate/zero3.yaml), DDP (multi_gpu.yaml) or a single device."
             )
+        if self.is_deepspeed_enabled:
+            check_deepspeed_setup(self)
         if self.accelerator.num_processes > 1:
             # The prompt sampler must shuffle alike on every rank (each then takes its own shard), but with one global
             # seed every rank would sample the same tokens (correlated rollouts): pin the data seed, offset the rest.
@@ -637,12 +638,14 @@ class PPOTrainer(_BaseTrainer):
         for _ in range(args.num_ppo_epochs):
             order = torch.randperm(batch, device=input_ids.device)
             for mb_start in range(0, batch, self.local_mini_batch_size):
+                if not train_policy:  # before the backward passes: DeepSpeed steps inside the last one
+                    self._set_policy_lr_to_zero()
                 mb_idx = order[mb_start : mb_start + self.local_mini_batch_size]
                 micro_batches = list(mb_idx.split(micro))
                 for i, idx in enumerate(micro_batches):
                     # Gradient accumulation over the micro-batches of one minibatch; DDP syncs on the last one only.
                     is_last = i == len(micro_batches) - 1
-                    sync_context = contextlib.nullcontext() if is_last else self.accelerator.no_sync(model)
+                    sync_context = micro_batch_context(self, model, is_last)
                     with sync_context:
                         logprobs, entropy, vpred = model(
                             input_ids[idx],
@@ -657,7 +660,8 @@ class PPOTrainer(_BaseTrainer):
                         if train_policy:
                             pg = clipped_policy_loss(logprobs, rollout.logprobs[idx], adv[idx], m, args.cliprange)
                             loss = loss + pg.loss
-                        self.accelerator.backward(loss / len(micro_batches))
+                        # DeepSpeed divides by its own gradient_accumulation_steps (== len(micro_batches)).
+                        self.accelerator.backward(loss if self.is_deepspeed_enabled else loss / len(micro_batches))
                     with torch.no_grad():
                         stats["loss/value"].append(vf.loss.detach())
                         stats["val/clipfrac"].append(vf.clipfrac)
@@ -672,9 +676,7 @@ class PPOTrainer(_BaseTrainer):
                     grad_norm = self.accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                     if grad_norm is not None:
                         stats["grad_norm"].append(torch.as_tensor(grad_norm).detach().float())
-                if not train_policy:
-                    self._set_policy_lr_to_zero()
-                self.optimizer.step()
+                self.optimizer.step()  # a no-op under DeepSpeed, whose engine stepped in the last backward
                 if self.lr_scheduler is not None:
                     self.lr_scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)

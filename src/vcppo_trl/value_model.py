@@ -52,6 +52,16 @@ def create_value_model_from_policy(policy: PreTrainedModel) -> PreTrainedModel:
     critic_backbone = getattr(critic, backbone_prefix, None)
     if policy_backbone is None or critic_backbone is None:
         raise ValueError(f"Could not find the backbone ('{backbone_prefix}') of {type(policy).__name__}.")
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    if is_deepspeed_zero3_enabled():
+        # Under ZeRO-3 (zero.Init) parameters are partitioned: gather both backbones to copy, then re-partition.
+        import deepspeed
+
+        params = [p for m in (policy_backbone, critic_backbone) for p in m.parameters() if hasattr(p, "ds_id")]
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
+            critic_backbone.load_state_dict(policy_backbone.state_dict())
+        return critic
     critic_backbone.load_state_dict(policy_backbone.state_dict())
     param = next(policy.parameters())
     return critic.to(device=param.device, dtype=param.dtype)

@@ -31,6 +31,24 @@ def state_hash(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
+def gathered_hash(model: torch.nn.Module) -> str:
+    """Hash of the full weights; under ZeRO-3 the partitions are gathered first (a collective: call on every rank)."""
+    params = [p for p in model.parameters() if hasattr(p, "ds_id")]
+    if not params:
+        return state_hash(model)
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(params):
+        return state_hash(model)
+
+
+def partition_counts(model: torch.nn.Module) -> dict[str, int]:
+    """Parameters held by this rank (its ZeRO-3 partition) and in the whole model."""
+    local = sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in model.parameters())
+    total = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters())
+    return {"local": local, "total": total}
+
+
 def main(out_dir: str, extra: list[str]) -> None:
     from transformers import TrainerCallback
 
@@ -61,10 +79,16 @@ def main(out_dir: str, extra: list[str]) -> None:
         return [0.0] * len(completions)
 
     logged: list[dict] = []
+    initial_policy_hash = state_hash(policy)
+    hashes_after_pretraining: dict[str, str] = {}
 
     class RecordMetrics(TrainerCallback):
         def on_step_end(self, args, state, control, metrics=None, **kwargs):
             logged.append({k: v for k, v in (metrics or {}).items() if isinstance(v, (int, float))})
+            if state.global_step == 1:  # the value-pretraining update
+                policy_model, critic_model = trainer.unwrapped_policy_and_critic()
+                hashes_after_pretraining["policy"] = gathered_hash(policy_model)
+                hashes_after_pretraining["critic"] = gathered_hash(critic_model)
 
     args = VCPPOConfig(
         output_dir=os.path.join(out_dir, "run"),
@@ -110,14 +134,20 @@ def main(out_dir: str, extra: list[str]) -> None:
         rewards=rewards,
         completions=completions_seen,
         metrics=logged,
-        policy_hash=state_hash(policy_model),
-        critic_hash=state_hash(critic_model),
+        initial_policy_hash=initial_policy_hash,
+        after_pretraining=hashes_after_pretraining,
+        policy_hash=gathered_hash(policy_model),
+        critic_hash=gathered_hash(critic_model),
+        policy_params=partition_counts(policy_model),
+        critic_params=partition_counts(critic_model),
         global_step=trainer.state.global_step,
         batch_size=trainer.batch_size,
     )
     trainer.save_model(os.path.join(out_dir, "model"))
     with open(os.path.join(out_dir, f"rank{acc.process_index}.json"), "w") as f:
         json.dump(info, f)
+    acc.wait_for_everyone()
+    torch.distributed.destroy_process_group()  # a rank leaving while its peer still talks aborts gloo
 
 
 if __name__ == "__main__":
