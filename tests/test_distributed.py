@@ -112,3 +112,6 @@ def test_zero3_two_processes_on_cpu(tmp_path, gather):
     critic = AutoModelForTokenClassification.from_pretrained(tmp_path / "model" / "value_model")
     assert _state_hash(policy) == r0["policy_hash"]
     assert _state_hash(critic) == r0["critic_hash"]
+    # So does the critic saved right after value pretraining (gathered from its partitions).
+    pretrained = AutoModelForTokenClassification.from_pretrained(tmp_path / "run" / "value_pretrained")
+    assert _state_hash(pretrained) == r0["after_pretraining"]["critic"]

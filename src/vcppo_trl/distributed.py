@@ -63,3 +63,19 @@ def micro_batch_context(trainer: PPOTrainer, model: torch.nn.Module, is_last: bo
     else:
         with accelerator.no_sync(model):
             yield
+
+
+def gathered_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    """
+    The full state dict of a ZeRO-3-partitioned model (gathered on every rank, copied to CPU), or `None` when the
+    model holds no partitioned parameter (then `save_pretrained` reads the weights itself).
+
+    Every rank must call it (the gathering is a collective).
+    """
+    params = [p for p in model.parameters() if hasattr(p, "ds_id")]
+    if not params:
+        return None
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(params):
+        return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}

@@ -37,7 +37,7 @@ from trl.trainer.utils import disable_dropout_in_model, print_prompt_completions
 from . import hub
 from .callbacks import RolloutProgressCallback
 from .config import PPOConfig
-from .distributed import check_deepspeed_setup, micro_batch_context
+from .distributed import check_deepspeed_setup, gathered_state_dict, micro_batch_context
 from .gae import explained_variance, gae, masked_mean, masked_whiten, position_correlation
 from .losses import clipped_policy_loss, clipped_value_loss, kl_penalty
 from .peft_utils import wrap_value_model
@@ -946,10 +946,12 @@ class PPOTrainer(_BaseTrainer):
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
     def save_value_model(self, output_dir: str, state_dict: dict | None = None) -> None:
-        """Save the critic as a standard token-classification checkpoint (with the tokenizer)."""
+        """Save the critic as a standard token-classification checkpoint (with the tokenizer). Call on every rank."""
+        _, critic = self.unwrapped_policy_and_critic()
+        if state_dict is None:
+            state_dict = gathered_state_dict(critic)  # ZeRO-3: a collective; None when nothing is partitioned
         if not self.args.should_save:
             return
-        _, critic = self.unwrapped_policy_and_critic()
         kwargs = {"state_dict": state_dict} if state_dict else {}
         save_value_model(critic, self.processing_class, output_dir, **kwargs)
 

@@ -90,7 +90,7 @@ def main(out_dir: str, extra: list[str]) -> None:
                 hashes_after_pretraining["policy"] = gathered_hash(policy_model)
                 hashes_after_pretraining["critic"] = gathered_hash(critic_model)
 
-    args = VCPPOConfig(
+    settings = dict(
         output_dir=os.path.join(out_dir, "run"),
         per_device_train_batch_size=2,
         gradient_accumulation_steps=2,
@@ -110,8 +110,9 @@ def main(out_dir: str, extra: list[str]) -> None:
         disable_tqdm=True,
         kl_coef=0.0,
         seed=0,
-        **(json.loads(extra[0]) if extra else {}),
     )
+    settings.update(json.loads(extra[0]) if extra else {})
+    args = VCPPOConfig(**settings)
     trainer = VCPPOTrainer(
         model=policy,
         reward_funcs=[recording_reward, recording_completions],
