@@ -171,7 +171,12 @@ class ValuePretrainCallback(TrainerCallback):
         self.active = False
         self.done = True
         self.stop_reason = reason
-        self._save(os.path.join(args.output_dir, VALUE_PRETRAINED_DIRNAME))
+        path = os.path.join(args.output_dir, VALUE_PRETRAINED_DIRNAME)
+        self._save(path)
+        if getattr(args, "value_pretrain_push", False):
+            from .hub import push_pretrained_critic
+
+            push_pretrained_critic(self.trainer, path, steps=self.steps)
         # Unused pretraining updates are not given to PPO: it keeps its own count.
         state.max_steps -= self.max_steps - self.steps
         self.trainer.policy_frozen = False

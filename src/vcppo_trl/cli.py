@@ -208,7 +208,10 @@ def main(argv: list[str] | None = None) -> VCPPOTrainer:
         raise SystemExit(stop.exit_code) from None
     if eval_dataset is not None:
         results.append(("after VC-PPO", trainer.evaluate()))
-    trainer.save_model(training_args.output_dir)
+    if training_args.push_to_hub:  # saves locally first, then pushes the policy and the critic with their cards
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+    else:
+        trainer.save_model(training_args.output_dir)
     if results and trainer.is_world_process_zero():
         if not resume:
             results[0] = ("after cold start" if toy else "initial policy", results[0][1])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
@@ -84,6 +85,12 @@ class PPOConfig(_BaseConfig):
         model_adapter_name (`str`, *optional*): Name of the trained PEFT adapter when the model holds several.
         ref_adapter_name (`str`, *optional*): Name of the PEFT adapter used as the reference policy.
         exp_name (`str`): Name of the experiment (kept from TRL's PPOConfig).
+        value_hub_model_id (`str`, *optional*): Hub repo of the critic for `push_to_hub()`. Defaults to
+            `<hub_model_id>-value`. The policy goes to `hub_model_id`; both honour `hub_private_repo`, `hub_revision`
+            and `hub_token`.
+        value_peft_config (`dict`, *optional*): LoRA for the critic as keyword arguments of `peft.LoraConfig` (e.g.
+            `{"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}`); the scalar head is trained fully. The
+            `value_peft_config=` argument of the trainer takes a `PeftConfig` instead.
 
     > [!NOTE]
     > Defaults that differ from [`~transformers.TrainingArguments`]: `learning_rate` 3e-6 (as TRL's PPO), and those of
@@ -180,6 +187,15 @@ class PPOConfig(_BaseConfig):
     eval_temperature: float = field(
         default=1.0, metadata={"help": "Sampling temperature of evaluation when eval_num_generations > 1."}
     )
+    value_hub_model_id: str | None = field(
+        default=None, metadata={"help": "Hub repo of the critic for push_to_hub. Default: <hub_model_id>-value."}
+    )
+    value_peft_config: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "LoRA for the critic: keyword arguments of peft.LoraConfig (the scalar head is trained fully)."
+        },
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -232,6 +248,8 @@ class PPOConfig(_BaseConfig):
             )
         if self.total_episodes is not None and self.total_episodes < 1:
             raise ValueError(f"`total_episodes` must be at least 1, got {self.total_episodes}.")
+        if isinstance(self.value_peft_config, str):
+            self.value_peft_config = json.loads(self.value_peft_config)
 
 
 @dataclass
@@ -263,6 +281,11 @@ class VCPPOConfig(PPOConfig):
             value pretraining is then skipped.
         lam_actor_length_alpha (`float`, *optional*): Length-adaptive λ_actor (VAPO, arXiv 2504.05118): each
             response of length l uses λ = 1 − 1/(α·l) (clipped to [0, 1]) instead of `lam_actor`. VAPO used 0.05.
+        value_pretrain_push (`bool`, defaults to `False`): Push the pretrained critic to the Hub right after value
+            pretraining (to `value_pretrain_hub_model_id`), so that later runs can start from it by repo id
+            (`value_model_path=<repo id>`). A failed push is logged as an error and training goes on.
+        value_pretrain_hub_model_id (`str`, *optional*): Hub repo of the pretrained critic. Defaults to
+            `<value_hub_model_id>-pretrained`, i.e. `<hub_model_id>-value-pretrained`.
     """
 
     _uses_lam: ClassVar[bool] = False
@@ -302,6 +325,15 @@ class VCPPOConfig(PPOConfig):
             "help": "Length-adaptive λ_actor (VAPO, arXiv 2504.05118): λ = 1 − 1/(α·l) per response of length l, "
             "replacing lam_actor. VAPO used α = 0.05."
         },
+    )
+
+    value_pretrain_push: bool = field(
+        default=False,
+        metadata={"help": "Push the pretrained critic to the Hub right after value pretraining."},
+    )
+    value_pretrain_hub_model_id: str | None = field(
+        default=None,
+        metadata={"help": "Hub repo of the pretrained critic. Default: <hub_model_id>-value-pretrained."},
     )
 
     def __post_init__(self):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import os
@@ -14,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from accelerate.utils import gather_object, is_peft_model
+from accelerate.utils import gather_object, is_peft_model, set_seed
 from datasets import Dataset, IterableDataset
 from transformers import (
     AutoModelForCausalLM,
@@ -36,6 +35,7 @@ from trl.models import unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model, print_prompt_completions_sample
 
+from . import hub
 from .callbacks import RolloutProgressCallback
 from .checkpointing import (
     TEMP_PREFIX,
@@ -51,8 +51,10 @@ from .checkpointing import (
 )
 from .config import PPOConfig
 from .data import DataReport, prepare_prompt_dataset, reward_function_columns
+from .distributed import check_deepspeed_setup, gathered_state_dict, micro_batch_context
 from .gae import explained_variance, gae, masked_mean, masked_whiten, position_correlation
 from .losses import clipped_policy_loss, clipped_value_loss, kl_penalty
+from .peft_utils import wrap_value_model
 from .preemption import SignalWatcher, TrainingInterrupted
 from .reward_calls import call_reward_function
 from .rollout import (
@@ -121,6 +123,8 @@ class PPOTrainer(_BaseTrainer):
         optimizers (`tuple`, *optional*): `(optimizer, lr_scheduler)` to use instead of the default AdamW with one
             parameter group per model (policy at `learning_rate`, critic at `value_learning_rate`).
         peft_config (`PeftConfig`, *optional*): LoRA (or other PEFT) configuration for the policy.
+        value_peft_config (`PeftConfig` or `dict`, *optional*): LoRA for the critic (default: `args.value_peft_config`);
+            its scalar head is trained fully (`modules_to_save`). A LoRA critic is saved as a PEFT adapter.
     """
 
     _tag_names = ["trl", "ppo", "vcppo-trl"]
@@ -141,17 +145,13 @@ class PPOTrainer(_BaseTrainer):
         callbacks: list[TrainerCallback] | None = None,
         optimizers: tuple[torch.optim.Optimizer | None, torch.optim.lr_scheduler.LambdaLR | None] = (None, None),
         peft_config: PeftConfig | None = None,
+        value_peft_config: PeftConfig | dict | None = None,
     ):
         model_id = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
         if args is None:
             args = self._config_class(output_dir=f"{str(model_id).split('/')[-1] or 'model'}-{self._name}")
         if not isinstance(args, PPOConfig):
             raise TypeError(f"`args` must be a PPOConfig (or VCPPOConfig), got {type(args).__name__}.")
-        if args.push_to_hub:
-            raise ValueError(
-                "push_to_hub is not supported yet by this trainer: save with trainer.save_model() (the policy in "
-                "output_dir, the critic in output_dir/value_model) and upload those folders with huggingface_hub."
-            )
         self._check_dataset(train_dataset, "train_dataset", required=True)
         self._check_dataset(eval_dataset, "eval_dataset", required=False)
 
@@ -164,6 +164,12 @@ class PPOTrainer(_BaseTrainer):
             if not is_peft_available():
                 raise ImportError("`peft_config` needs the `peft` package: pip install peft")
             policy = get_peft_model(policy, peft_config)
+        value_peft_config = value_peft_config if value_peft_config is not None else args.value_peft_config
+        if value_peft_config is not None:
+            if is_peft_model(critic):
+                logger.warning("The value model is already a PEFT model: `value_peft_config` is not applied.")
+            else:
+                critic = wrap_value_model(critic, value_peft_config)
         if args.disable_dropout:
             disable_dropout_in_model(policy)
             disable_dropout_in_model(critic)
@@ -210,12 +216,17 @@ class PPOTrainer(_BaseTrainer):
             callbacks=callbacks,
             optimizers=optimizers,
         )
-        if self.is_deepspeed_enabled or self.is_fsdp_enabled:
-            # DeepSpeed steps inside `backward` with its own accumulation count, which this loop does not set up yet.
+        if self.is_fsdp_enabled:
             raise ValueError(
-                "DeepSpeed and FSDP are not supported by this version of vcppo-trl yet: launch with a DDP or "
-                "single-device accelerate config (configs/accelerate/single_gpu.yaml or multi_gpu.yaml)."
+                "FSDP is not supported by this version of vcppo-trl yet: launch with DeepSpeed ZeRO-3 "
+                "(configs/accelerate/zero3.yaml), DDP (multi_gpu.yaml) or a single device."
             )
+        if self.is_deepspeed_enabled:
+            check_deepspeed_setup(self)
+        if self.accelerator.num_processes > 1:
+            # With one seed every rank would sample the same tokens (correlated rollouts); the prompt order does not
+            # depend on this RNG (see `_prompt_batches`), so offsetting it per rank keeps the ranks' prompts disjoint.
+            set_seed(args.seed, device_specific=True)
         self.remove_callback(ProgressCallback)
         if not args.disable_tqdm:
             self.add_callback(RolloutProgressCallback)
@@ -678,12 +689,14 @@ class PPOTrainer(_BaseTrainer):
         for _ in range(args.num_ppo_epochs):
             order = torch.randperm(batch, device=input_ids.device)
             for mb_start in range(0, batch, self.local_mini_batch_size):
+                if not train_policy:  # before the backward passes: DeepSpeed steps inside the last one
+                    self._set_policy_lr_to_zero()
                 mb_idx = order[mb_start : mb_start + self.local_mini_batch_size]
                 micro_batches = list(mb_idx.split(micro))
                 for i, idx in enumerate(micro_batches):
                     # Gradient accumulation over the micro-batches of one minibatch; DDP syncs on the last one only.
                     is_last = i == len(micro_batches) - 1
-                    sync_context = contextlib.nullcontext() if is_last else self.accelerator.no_sync(model)
+                    sync_context = micro_batch_context(self, model, is_last)
                     with sync_context:
                         logprobs, entropy, vpred = model(
                             input_ids[idx],
@@ -698,7 +711,8 @@ class PPOTrainer(_BaseTrainer):
                         if train_policy:
                             pg = clipped_policy_loss(logprobs, rollout.logprobs[idx], adv[idx], m, args.cliprange)
                             loss = loss + pg.loss
-                        self.accelerator.backward(loss / len(micro_batches))
+                        # DeepSpeed divides by its own gradient_accumulation_steps (== len(micro_batches)).
+                        self.accelerator.backward(loss if self.is_deepspeed_enabled else loss / len(micro_batches))
                     with torch.no_grad():
                         stats["loss/value"].append(vf.loss.detach())
                         stats["val/clipfrac"].append(vf.clipfrac)
@@ -709,7 +723,8 @@ class PPOTrainer(_BaseTrainer):
                             stats["policy/approxkl"].append(pg.approxkl)
                             stats["val/ratio"].append(pg.ratio)
                             stats["policy/entropy"].append(masked_mean(entropy.detach(), m))
-                # The total norm is computed even without clipping (max_norm=inf): it tells a non-finite step.
+                # The total norm is computed even without clipping (max_norm=inf): it tells a non-finite step. Under
+                # DeepSpeed the engine has already stepped (and clipped, per its config); the norm is then its own.
                 max_norm = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else math.inf
                 grad_norm = self.accelerator.clip_grad_norm_(model.parameters(), max_norm)
                 if grad_norm is not None and not self._step_is_finite(grad_norm):
@@ -717,9 +732,7 @@ class PPOTrainer(_BaseTrainer):
                 else:
                     if grad_norm is not None:
                         stats["grad_norm"].append(torch.as_tensor(grad_norm).detach().float())
-                    if not train_policy:
-                        self._set_policy_lr_to_zero()
-                    self.optimizer.step()
+                    self.optimizer.step()  # a no-op under DeepSpeed, whose engine stepped in the last backward
                 if self.lr_scheduler is not None:
                     self.lr_scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
@@ -741,8 +754,9 @@ class PPOTrainer(_BaseTrainer):
             return True
         self.nonfinite_steps_in_a_row += 1
         limit = self.args.max_consecutive_nonfinite_steps
+        what = "DeepSpeed has already applied it" if self.is_deepspeed_enabled else "optimizer step skipped"
         logger.warning(
-            f"Non-finite loss or gradient at update {self.state.global_step + 1}: optimizer step skipped "
+            f"Non-finite loss or gradient at update {self.state.global_step + 1}: {what} "
             f"({self.nonfinite_steps_in_a_row} in a row, limit {limit})."
         )
         if self.nonfinite_steps_in_a_row > limit:
@@ -971,6 +985,8 @@ class PPOTrainer(_BaseTrainer):
             self.accelerator.wait_for_everyone()
             if args.should_save:
                 publish(temp_dir, final_dir)
+                if args.push_to_hub:
+                    self._push_from_checkpoint(final_dir)
         except BaseException:
             if args.should_save:
                 shutil.rmtree(temp_dir, ignore_errors=True)
@@ -1181,12 +1197,74 @@ class PPOTrainer(_BaseTrainer):
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
     def save_value_model(self, output_dir: str, state_dict: dict | None = None) -> None:
-        """Save the critic as a standard token-classification checkpoint (with the tokenizer)."""
+        """Save the critic as a standard token-classification checkpoint (with the tokenizer). Call on every rank."""
+        _, critic = self.unwrapped_policy_and_critic()
+        if state_dict is None:
+            state_dict = gathered_state_dict(critic)  # ZeRO-3: a collective; None when nothing is partitioned
         if not self.args.should_save:
             return
-        _, critic = self.unwrapped_policy_and_critic()
         kwargs = {"state_dict": state_dict} if state_dict else {}
         save_value_model(critic, self.processing_class, output_dir, **kwargs)
+
+    # ------------------------------------------------------------------- Hub
+
+    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
+        """Name the policy's repo; repos are created at the first push, so building the trainer needs no network."""
+        self.hub_model_id = hub.policy_repo_id(self.args)
+        self.push_in_progress = None
+
+    def push_to_hub(
+        self,
+        commit_message: str | None = "End of training",
+        blocking: bool = True,
+        token: str | None = None,
+        revision: str | None = None,
+        private: bool | None = None,
+        **kwargs,
+    ):
+        """
+        Save, then push the policy (or its adapter) to `hub_model_id` and the critic to `value_hub_model_id` (default
+        `<hub_model_id>-value`), each with a model card. Pushes are blocking.
+
+        Args:
+            token, revision, private: Override `hub_token`, `hub_revision` and `hub_private_repo`.
+            kwargs: `dataset_name` and `tags` for the model cards.
+
+        Returns:
+            `{"policy": CommitInfo, "value": CommitInfo}` on the main process, `None` on the others.
+
+        Raises:
+            [`~hub.HubPushError`]: the Hub could not be reached; the local checkpoint in `output_dir` is complete.
+        """
+        kwargs.pop("model_name", None)
+        return hub.push_trainer(
+            self, commit_message=commit_message or "Upload", token=token, revision=revision, private=private, **kwargs
+        )
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        """`hub_strategy` pushes at each save: the policy and the critic of the latest checkpoint, blocking."""
+        from transformers.trainer_utils import HubStrategy
+
+        if not self.is_world_process_zero() or self.args.hub_strategy == HubStrategy.END:
+            return
+        args, step = self.args, self.state.global_step
+        push = {"token": args.hub_token, "private": args.hub_private_repo, "revision": args.hub_revision}
+        message = f"Training in progress, step {step}"
+        ignore = hub.POLICY_IGNORE_PATTERNS + ["optimizer.*", "scheduler.*", "rng_state*", "trainer_state*"]
+        value_dir = os.path.join(checkpoint_folder, VALUE_MODEL_DIRNAME)
+        try:  # a failed periodic push does not stop training: the checkpoint is on disk
+            hub.push_folder(
+                checkpoint_folder,
+                hub.policy_repo_id(args),
+                what="policy",
+                commit_message=message,
+                ignore_patterns=ignore,
+                **push,
+            )
+            if os.path.isdir(value_dir):
+                hub.push_folder(value_dir, hub.value_repo_id(args), what="critic", commit_message=message, **push)
+        except hub.HubPushError as err:
+            logger.error(str(err))
 
 
 def role_prefix(role: str) -> str:

@@ -52,6 +52,16 @@ def create_value_model_from_policy(policy: PreTrainedModel) -> PreTrainedModel:
     critic_backbone = getattr(critic, backbone_prefix, None)
     if policy_backbone is None or critic_backbone is None:
         raise ValueError(f"Could not find the backbone ('{backbone_prefix}') of {type(policy).__name__}.")
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    if is_deepspeed_zero3_enabled():
+        # Under ZeRO-3 (zero.Init) parameters are partitioned: gather both backbones to copy, then re-partition.
+        import deepspeed
+
+        params = [p for m in (policy_backbone, critic_backbone) for p in m.parameters() if hasattr(p, "ds_id")]
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
+            critic_backbone.load_state_dict(policy_backbone.state_dict())
+        return critic
     critic_backbone.load_state_dict(policy_backbone.state_dict())
     param = next(policy.parameters())
     return critic.to(device=param.device, dtype=param.dtype)
@@ -87,18 +97,39 @@ def as_value_model(model: PreTrainedModel) -> PreTrainedModel:
 
 def load_value_model(name_or_path: str, **model_init_kwargs) -> PreTrainedModel:
     """
-    Load a critic from a value checkpoint or a reward-model checkpoint (local path or Hub id).
+    Load a critic from a value checkpoint, a reward-model checkpoint, or a saved LoRA critic (PEFT adapter directory
+    or repo, loaded trainable), by local path or Hub id.
 
     Raises:
         `ValueError`: when the checkpoint has more than one output.
     """
-    config = AutoConfig.from_pretrained(name_or_path)
+    from .peft_utils import is_adapter_dir, load_value_adapter
+
+    if is_adapter_dir(name_or_path):
+        return load_value_adapter(name_or_path, **model_init_kwargs)
+    try:
+        config = AutoConfig.from_pretrained(name_or_path)
+    except OSError:
+        if not _is_adapter_repo(name_or_path):
+            raise
+        return load_value_adapter(name_or_path, **model_init_kwargs)
     if getattr(config, "num_labels", 1) != 1:
         raise ValueError(
             f"The value checkpoint {name_or_path!r} has num_labels={config.num_labels}; a critic needs exactly one "
             "output per token."
         )
     return AutoModelForTokenClassification.from_pretrained(name_or_path, num_labels=1, **model_init_kwargs)
+
+
+def _is_adapter_repo(name_or_path: str) -> bool:
+    """Whether a Hub repo holds a PEFT adapter (a LoRA critic) rather than a full model."""
+    try:
+        from peft import PeftConfig
+
+        PeftConfig.from_pretrained(name_or_path)
+    except Exception:
+        return False
+    return True
 
 
 def check_value_model_matches_policy(

@@ -1,0 +1,117 @@
+"""Two processes on CPU (gloo): DDP through accelerate, and DeepSpeed ZeRO-3. Each rank runs tests/distributed/worker.py."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+WORKER = os.path.join(os.path.dirname(__file__), "distributed", "worker.py")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _launch(out_dir, launcher, extra_env=None, worker_args=(), timeout=240):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    env.update(
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TRL_EXPERIMENTAL_SILENCE="1",
+        PYTHONPATH=os.pathsep.join([os.path.join(REPO, "src"), env.get("PYTHONPATH", "")]),
+    )
+    env.update(extra_env or {})
+    cmd = [sys.executable, "-m", *launcher, WORKER, str(out_dir), *worker_args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return [json.load(open(out_dir / f"rank{r}.json")) for r in (0, 1)]
+
+
+def test_ddp_two_processes_on_cpu(tmp_path):
+    torchrun = ["torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    ranks = _launch(tmp_path, torchrun, extra_env={"ACCELERATE_USE_CPU": "1"})
+    r0, r1 = ranks
+    for r, info in enumerate(ranks):
+        assert info["rank"] == r
+        assert info["num_processes"] == 2 and info["torch_world_size"] == 2
+        assert info["distributed_type"] == "DistributedType.MULTI_CPU"
+        assert info["batch_size"] == 16 and info["global_step"] == 3  # 1 value-pretraining + 2 PPO updates
+
+    # Prompts are sharded without overlap: 3 updates × 8 prompts per rank, 48 distinct rows of the 64.
+    seen0 = [i for update in r0["seen"] for i in update]
+    seen1 = [i for update in r1["seen"] for i in update]
+    assert len(seen0) == len(seen1) == 24
+    assert len(set(seen0) | set(seen1)) == 48
+    # Each rank samples its own responses (rank-offset sampling seed).
+    assert r0["completions"] != r1["completions"]
+
+    # Metrics are gathered over both ranks: the logged mean score is the mean over all 16 responses of an update.
+    for update, (m0, m1) in enumerate(zip(r0["metrics"], r1["metrics"])):
+        m0, m1 = ({k: v for k, v in m.items() if not k.startswith("time/")} for m in (m0, m1))
+        assert m0 == pytest.approx(m1, nan_ok=True)
+        everything = r0["rewards"][update] + r1["rewards"][update]
+        assert m0["objective/scores"] == pytest.approx(sum(everything) / len(everything))
+    assert "value_pretrain/explained_variance" in r0["metrics"][0]
+    assert "loss/policy_avg" in r0["metrics"][-1]
+
+    # Weights are identical on both ranks after the updates, and the saved policy and critic load.
+    assert r0["policy_hash"] == r1["policy_hash"]
+    assert r0["critic_hash"] == r1["critic_hash"]
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    AutoModelForTokenClassification.from_pretrained(tmp_path / "model" / "value_model")
+
+
+def _state_hash(model):
+    sys.path.insert(0, os.path.dirname(WORKER))
+    try:
+        from worker import state_hash
+    finally:
+        sys.path.pop(0)
+    return state_hash(model)
+
+
+@pytest.mark.parametrize("gather", [True, False], ids=["gathered-generation", "sharded-generation"])
+def test_zero3_two_processes_on_cpu(tmp_path, gather):
+    pytest.importorskip("deepspeed")
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    launch = [
+        "accelerate.commands.accelerate_cli",
+        "launch",
+        "--config_file",
+        os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml"),
+    ]
+    launch += ["--main_process_port", "0"]
+    overrides = {"ddp_backend": "gloo", "weight_decay": 0.1, "ds3_gather_for_generation": gather}
+    r0, r1 = _launch(tmp_path, launch, worker_args=[json.dumps(overrides)])
+    for r, info in enumerate((r0, r1)):
+        assert info["rank"] == r
+        assert info["distributed_type"] == "DistributedType.DEEPSPEED"
+        assert info["num_processes"] == info["torch_world_size"] == 2  # accelerate sees both ranks
+        assert info["global_step"] == 3 and info["batch_size"] == 16
+        # Parameters are partitioned: each rank holds about half of the policy and of the critic.
+        for counts in (info["policy_params"], info["critic_params"]):
+            assert counts["local"] < counts["total"] <= 2 * counts["local"]
+
+    seen0 = {i for update in r0["seen"] for i in update}
+    seen1 = {i for update in r1["seen"] for i in update}
+    assert len(seen0) == len(seen1) == 24 and not seen0 & seen1
+    for update, (m0, m1) in enumerate(zip(r0["metrics"], r1["metrics"])):
+        everything = r0["rewards"][update] + r1["rewards"][update]
+        assert m0["objective/scores"] == m1["objective/scores"] == pytest.approx(sum(everything) / len(everything))
+
+    # Value pretraining leaves the policy bit-identical under ZeRO-3 too (weight decay on), then PPO moves it.
+    assert r0["after_pretraining"]["policy"] == r0["initial_policy_hash"]
+    assert r0["policy_hash"] != r0["initial_policy_hash"]
+    assert r0["critic_hash"] != r0["after_pretraining"]["critic"]
+    assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])
+
+    # The consolidated 16-bit safetensors load with from_pretrained and hold the trained (gathered) weights.
+    policy = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    critic = AutoModelForTokenClassification.from_pretrained(tmp_path / "model" / "value_model")
+    assert _state_hash(policy) == r0["policy_hash"]
+    assert _state_hash(critic) == r0["critic_hash"]
+    # So does the critic saved right after value pretraining (gathered from its partitions).
+    pretrained = AutoModelForTokenClassification.from_pretrained(tmp_path / "run" / "value_pretrained")
+    assert _state_hash(pretrained) == r0["after_pretraining"]["critic"]
