@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -26,9 +27,12 @@ def _launch(out_dir, launcher, extra_env=None, worker_args=(), timeout=240):
     return [json.load(open(out_dir / f"rank{r}.json")) for r in (0, 1)]
 
 
+TORCHRUN = ["torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+CPU = {"ACCELERATE_USE_CPU": "1"}
+
+
 def test_ddp_two_processes_on_cpu(tmp_path):
-    torchrun = ["torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    ranks = _launch(tmp_path, torchrun, extra_env={"ACCELERATE_USE_CPU": "1"})
+    ranks = _launch(tmp_path, TORCHRUN, extra_env=CPU)
     r0, r1 = ranks
     for r, info in enumerate(ranks):
         assert info["rank"] == r
@@ -115,3 +119,50 @@ def test_zero3_two_processes_on_cpu(tmp_path, gather):
     # So does the critic saved right after value pretraining (gathered from its partitions).
     pretrained = AutoModelForTokenClassification.from_pretrained(tmp_path / "run" / "value_pretrained")
     assert _state_hash(pretrained) == r0["after_pretraining"]["critic"]
+
+
+def test_ddp_resume_equals_uninterrupted_run(tmp_path):
+    """Two ranks stopped after update 2 and resumed end with the weights of an uninterrupted 2-rank run."""
+    full_dir, resumed_dir = tmp_path / "full", tmp_path / "resumed"
+    full_dir.mkdir()
+    resumed_dir.mkdir()
+    full = _launch(full_dir, TORCHRUN, CPU, worker_args=[json.dumps({"save_strategy": "steps", "save_steps": 1})])
+    checkpoint = full_dir / "run" / "checkpoint-2"
+    assert (checkpoint / "rng_state_0.pth").is_file() and (checkpoint / "rng_state_1.pth").is_file()
+    resumed = _launch(
+        resumed_dir, TORCHRUN, CPU, worker_args=[json.dumps({"resume_from_checkpoint": str(checkpoint)})]
+    )
+    for rank in (0, 1):
+        assert resumed[rank]["global_step"] == 3
+        assert resumed[rank]["seen"] == full[rank]["seen"][2:]  # the same prompts for the update after the stop
+        assert resumed[rank]["policy_hash"] == full[rank]["policy_hash"]
+        assert resumed[rank]["critic_hash"] == full[rank]["critic_hash"]
+
+
+def test_ddp_sigterm_stops_both_ranks_at_one_checkpoint(tmp_path):
+    """SIGTERM to torchrun (as a scheduler sends it) reaches both ranks; they agree, save one checkpoint, exit."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    env.update(CPU, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=os.path.join(REPO, "src"))
+    overrides = json.dumps({"total_episodes": 16000})
+    cmd = [sys.executable, "-m", *TORCHRUN, WORKER, str(tmp_path), overrides]
+    process = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = []
+    try:
+        for line in process.stdout:
+            output.append(line)
+            if line.startswith("UPDATE 2 "):
+                break
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=120)
+        output.append(rest)
+    finally:
+        process.kill()
+    assert process.returncode != 0, "".join(output)[-3000:]
+    ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
+    assert ranks[0] == ranks[1]  # both stopped after the same update, naming the same checkpoint
+    checkpoint = ranks[0]["interrupted"]
+    assert checkpoint.endswith(f"checkpoint-{ranks[0]['global_step']}")
+    from vcppo_trl.checkpointing import missing_checkpoint_files
+
+    assert missing_checkpoint_files(checkpoint, 2) == []
+    assert os.path.isfile(os.path.join(checkpoint, "rng_state_1.pth"))

@@ -5,7 +5,7 @@
 Builds the tiny toy policy in-process (same seed on every rank), trains a few VC-PPO updates (the first one value
 pretraining) and writes `OUT/rank<r>.json`: the prompt indices this rank rolled out at each update, the rewards it
 computed, the metrics it logged, and hashes of its policy and critic weights after training; rank 0 also saves the
-model to `OUT/model`.
+model to `OUT/model`. An optional JSON argument overrides config fields (`resume_from_checkpoint` resumes).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def partition_counts(model: torch.nn.Module) -> dict[str, int]:
 def main(out_dir: str, extra: list[str]) -> None:
     from transformers import TrainerCallback
 
-    from vcppo_trl import VCPPOConfig, VCPPOTrainer
+    from vcppo_trl import TrainingInterrupted, VCPPOConfig, VCPPOTrainer
     from vcppo_trl.toy.model import build_tiny_model
     from vcppo_trl.toy.task import make_splits
     from vcppo_trl.toy.tokenizer import build_tokenizer
@@ -85,6 +85,7 @@ def main(out_dir: str, extra: list[str]) -> None:
     class RecordMetrics(TrainerCallback):
         def on_step_end(self, args, state, control, metrics=None, **kwargs):
             logged.append({k: v for k, v in (metrics or {}).items() if isinstance(v, (int, float))})
+            print(f"UPDATE {state.global_step} RANK {trainer.accelerator.process_index}", flush=True)
             if state.global_step == 1:  # the value-pretraining update
                 policy_model, critic_model = trainer.unwrapped_policy_and_critic()
                 hashes_after_pretraining["policy"] = gathered_hash(policy_model)
@@ -128,7 +129,14 @@ def main(out_dir: str, extra: list[str]) -> None:
         "distributed_type": str(acc.distributed_type),
         "torch_world_size": torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1,
     }
-    trainer.train()
+    try:
+        trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    except TrainingInterrupted as stop:  # a signal: the checkpoint is saved; report it and exit as train.py does
+        with open(os.path.join(out_dir, f"rank{acc.process_index}.json"), "w") as f:
+            json.dump({"interrupted": stop.checkpoint, "global_step": trainer.state.global_step}, f)
+        torch.distributed.destroy_process_group()
+        sys.stdout.flush()
+        os._exit(stop.exit_code)
     policy_model, critic_model = trainer.unwrapped_policy_and_critic()
     info.update(
         seen=seen,
