@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 TRAINING_STATE_NAME = "vcppo_state.json"
+VALUE_MODEL_DIRNAME = "value_model"  # the critic's directory inside a saved model or checkpoint
 TEMP_PREFIX = "tmp-"
 FORMAT_VERSION = 1
 # Headroom over the estimated size before a save is attempted (tokenizer, configs, filesystem overhead).
@@ -120,7 +121,7 @@ def missing_checkpoint_files(checkpoint: str, world_size: int) -> list[str]:
     missing = [name for name in required if not os.path.isfile(os.path.join(checkpoint, name))]
     if not _weight_files(checkpoint):
         missing.append("model.safetensors (policy weights)")
-    if not _weight_files(os.path.join(checkpoint, "value_model")):
+    if not _weight_files(os.path.join(checkpoint, VALUE_MODEL_DIRNAME)):
         missing.append("value_model/model.safetensors (critic weights)")
     return missing
 

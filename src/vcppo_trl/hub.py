@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from huggingface_hub import CommitInfo, HfApi, ModelCard, ModelCardData
 from transformers.utils import logging
 
+from .checkpointing import VALUE_MODEL_DIRNAME
+
 if TYPE_CHECKING:
     from .trainer import PPOTrainer
 
@@ -144,7 +146,6 @@ def push_trainer(
     trainer.save_model(_internal_call=True)  # every process (sharded states are gathered)
     if not trainer.is_world_process_zero():
         return None
-    from .trainer import VALUE_MODEL_DIRNAME
 
     policy_dir = args.output_dir
     value_dir = os.path.join(args.output_dir, VALUE_MODEL_DIRNAME)

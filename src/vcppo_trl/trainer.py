@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import shutil
 import signal
 import time
 from collections import defaultdict
@@ -16,9 +15,6 @@ import torch
 from accelerate.utils import gather_object, is_peft_model, set_seed
 from datasets import Dataset, IterableDataset
 from transformers import (
-    AutoModelForCausalLM,
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
     GenerationConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -28,31 +24,19 @@ from transformers import (
     TrainerState,
 )
 from transformers.trainer_callback import ExportableState
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, IntervalStrategy, get_last_checkpoint, rotate_checkpoints
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, IntervalStrategy, get_last_checkpoint
 from transformers.utils import is_peft_available, logging
 from trl.data_utils import is_conversational, maybe_apply_chat_template
 from trl.models import unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model, print_prompt_completions_sample
 
-from . import hub
 from .callbacks import RolloutProgressCallback
-from .checkpointing import (
-    TEMP_PREFIX,
-    CheckpointError,
-    check_free_space,
-    estimate_checkpoint_bytes,
-    load_weights_into,
-    missing_checkpoint_files,
-    publish,
-    read_training_state,
-    remove_stale_temp_checkpoints,
-    write_training_state,
-)
 from .config import PPOConfig
 from .data import DataReport, prepare_prompt_dataset, reward_function_columns
-from .distributed import check_deepspeed_setup, gathered_state_dict, micro_batch_context
+from .distributed import check_deepspeed_setup, micro_batch_context
 from .gae import explained_variance, gae, masked_mean, masked_whiten, position_correlation
+from .loading import build_critic, load_policy, load_reward_funcs, load_tokenizer, resolve_stop_token_ids
 from .losses import clipped_policy_loss, clipped_value_loss, kl_penalty
 from .peft_utils import wrap_value_model
 from .preemption import SignalWatcher, TrainingInterrupted
@@ -65,13 +49,7 @@ from .rollout import (
     reward_model_scores,
     truncate_at_stop,
 )
-from .value_model import (
-    as_value_model,
-    check_value_model_matches_policy,
-    create_value_model_from_policy,
-    load_value_model,
-    save_value_model,
-)
+from .trainer_saving import SavingMixin
 
 if is_peft_available():
     from peft import PeftConfig, get_peft_model
@@ -79,7 +57,6 @@ if is_peft_available():
 logger = logging.get_logger(__name__)
 
 RewardFunc = str | PreTrainedModel | Callable[..., list[float | None]]
-VALUE_MODEL_DIRNAME = "value_model"
 # Value-only updates log their critic statistics under `value_pretrain/`.
 PRETRAIN_METRIC_NAMES = {
     "loss/value": "value_pretrain/loss",
@@ -92,7 +69,7 @@ class NonFiniteTrainingError(RuntimeError):
     """Too many optimizer steps in a row had a non-finite loss or gradient."""
 
 
-class PPOTrainer(_BaseTrainer):
+class PPOTrainer(SavingMixin, _BaseTrainer):
     """
     Proximal Policy Optimization with a learned critic, for prompt datasets and rule-based or model-based rewards.
 
@@ -155,10 +132,10 @@ class PPOTrainer(_BaseTrainer):
         self._check_dataset(train_dataset, "train_dataset", required=True)
         self._check_dataset(eval_dataset, "eval_dataset", required=False)
 
-        policy = self._load_policy(model, args)
-        tokenizer = self._load_tokenizer(processing_class, policy)
-        self.stop_token_ids = self._resolve_stop_token_ids(args, tokenizer)
-        critic = self._load_value_model(value_model, policy, tokenizer, args)
+        policy = load_policy(model, args)
+        tokenizer = load_tokenizer(processing_class, policy)
+        self.stop_token_ids = resolve_stop_token_ids(args, tokenizer)
+        critic = build_critic(value_model, policy, tokenizer, args)
 
         if peft_config is not None:
             if not is_peft_available():
@@ -187,7 +164,7 @@ class PPOTrainer(_BaseTrainer):
         elif ref_model is not None and args.kl_coef == 0:
             logger.warning("`ref_model` was given but `kl_coef == 0`: the reference model is not used.")
 
-        self.reward_funcs, self.reward_processing_classes = self._load_reward_funcs(
+        self.reward_funcs, self.reward_processing_classes = load_reward_funcs(
             reward_funcs, reward_processing_classes, args
         )
         self.reward_func_names = [reward_func_name(f) for f in self.reward_funcs]
@@ -271,87 +248,6 @@ class PPOTrainer(_BaseTrainer):
                     logger.warning(f"{name}_dataset: {report.summary()}.")
             prepared.append(dataset)
         return prepared
-
-    @staticmethod
-    def _load_policy(model: str | PreTrainedModel, args: PPOConfig) -> PreTrainedModel:
-        if isinstance(model, str):
-            kwargs = dict(args.model_init_kwargs or {})
-            return AutoModelForCausalLM.from_pretrained(model, **kwargs)
-        if args.model_init_kwargs:
-            logger.warning("`model_init_kwargs` is ignored because `model` is already instantiated.")
-        return model
-
-    @staticmethod
-    def _load_tokenizer(processing_class, policy: PreTrainedModel) -> PreTrainedTokenizerBase:
-        tokenizer = processing_class
-        if tokenizer is None:
-            tokenizer = AutoTokenizer.from_pretrained(policy.config._name_or_path)
-        tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a multimodal processor wraps its tokenizer
-        if tokenizer.pad_token_id is None:
-            if tokenizer.eos_token_id is None:
-                raise ValueError("The tokenizer has neither a pad nor an EOS token: set `tokenizer.pad_token`.")
-            tokenizer.pad_token = tokenizer.eos_token
-        return tokenizer
-
-    @staticmethod
-    def _resolve_stop_token_ids(args: PPOConfig, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-        if args.stop_token_id is not None:
-            if not 0 <= args.stop_token_id < len(tokenizer):
-                raise ValueError(f"`stop_token_id` {args.stop_token_id} is not a token of the tokenizer.")
-            return [args.stop_token_id]
-        if tokenizer.eos_token_id is None:
-            raise ValueError("The tokenizer has no EOS token: set `stop_token_id` to the id that ends a response.")
-        return [tokenizer.eos_token_id]
-
-    def _load_value_model(
-        self,
-        value_model: str | PreTrainedModel | None,
-        policy: PreTrainedModel,
-        tokenizer: PreTrainedTokenizerBase,
-        args: PPOConfig,
-    ) -> PreTrainedModel:
-        if value_model is None:
-            return create_value_model_from_policy(policy)
-        if isinstance(value_model, str):
-            critic = load_value_model(value_model, **dict(args.model_init_kwargs or {}))
-            check_value_model_matches_policy(critic, policy, tokenizer, source=value_model)
-            return critic.to(next(policy.parameters()).device)
-        critic = as_value_model(value_model)
-        check_value_model_matches_policy(critic, policy, tokenizer)
-        return critic
-
-    @staticmethod
-    def _load_reward_funcs(reward_funcs, reward_processing_classes, args):
-        if reward_funcs is None:
-            raise ValueError("`reward_funcs` is required: a reward function, a reward model, or a list of them.")
-        funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
-        if not funcs:
-            raise ValueError("`reward_funcs` is empty: give at least one reward function or reward model.")
-        if reward_processing_classes is None:
-            processing = [None] * len(funcs)
-        elif isinstance(reward_processing_classes, list):
-            processing = list(reward_processing_classes)
-        else:
-            processing = [reward_processing_classes]
-        if len(processing) != len(funcs):
-            raise ValueError("`reward_processing_classes` must have one entry per reward function.")
-        loaded, tokenizers = [], []
-        for func, proc in zip(funcs, processing):
-            if isinstance(func, str):
-                func = AutoModelForSequenceClassification.from_pretrained(
-                    func, num_labels=1, **dict(args.model_init_kwargs or {})
-                )
-            if isinstance(func, PreTrainedModel):
-                if proc is None:
-                    proc = AutoTokenizer.from_pretrained(func.config._name_or_path)
-                if proc.pad_token_id is None:
-                    proc.pad_token = proc.eos_token
-                func.eval().requires_grad_(False)
-            elif not callable(func):
-                raise TypeError(f"Reward function {func!r} is neither callable, a model, nor a model name.")
-            loaded.append(func)
-            tokenizers.append(proc)
-        return loaded, tokenizers
 
     def _prepare_auxiliary_models(self) -> None:
         """Place the reference and reward models for inference (DeepSpeed-initialised under DeepSpeed)."""
@@ -941,130 +837,6 @@ class PPOTrainer(_BaseTrainer):
         agreed = int(self.accelerator.reduce(flag, "max"))
         return agreed or None
 
-    # ------------------------------------------------------------ checkpoints
-
-    def _training_state(self) -> dict[str, Any]:
-        """What a checkpoint needs beyond weights, optimizer and RNG to resume exactly (see `vcppo_state.json`)."""
-        callbacks = {
-            type(cb).__name__: cb.state_dict() for cb in self.callback_handler.callbacks if hasattr(cb, "state_dict")
-        }
-        return {
-            "global_step": self.state.global_step,
-            "batches_consumed": self.state.global_step,  # one prompt batch per update
-            "batch_size": self.batch_size,
-            "train_rows": len(self.train_dataset),
-            "num_ppo_updates": self.num_ppo_updates,
-            "max_steps": self.state.max_steps,
-            "policy_frozen": self.policy_frozen,
-            "nonfinite_steps_in_a_row": self.nonfinite_steps_in_a_row,
-            "callbacks": callbacks,
-        }
-
-    def _save_checkpoint(self, model, trial=None) -> None:
-        """
-        Write `checkpoint-<step>` atomically: everything goes to `tmp-checkpoint-<step>` first (after a free-space
-        check), which is renamed once complete; then old checkpoints are rotated (`save_total_limit`).
-        """
-        args = self.args
-        run_dir = self._get_output_dir(trial=trial)
-        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        final_dir, temp_dir = os.path.join(run_dir, name), os.path.join(run_dir, TEMP_PREFIX + name)
-        if args.should_save:
-            remove_stale_temp_checkpoints(run_dir)
-        # Every process checks, so that all of them stop together rather than some waiting at the barrier below.
-        check_free_space(run_dir, estimate_checkpoint_bytes(self.model, self.optimizer))
-        self.accelerator.wait_for_everyone()
-        try:
-            self.save_model(temp_dir, _internal_call=True)
-            if not args.save_only_model:
-                self._save_optimizer_and_scheduler(temp_dir)
-                self._save_rng_state(temp_dir)
-            if args.should_save:
-                self.state.save_to_json(os.path.join(temp_dir, "trainer_state.json"))
-                write_training_state(temp_dir, self._training_state())  # written last: marks a whole checkpoint
-            self.accelerator.wait_for_everyone()
-            if args.should_save:
-                publish(temp_dir, final_dir)
-                if args.push_to_hub:
-                    self._push_from_checkpoint(final_dir)
-        except BaseException:
-            if args.should_save:
-                shutil.rmtree(temp_dir, ignore_errors=True)
-            raise
-        self.accelerator.wait_for_everyone()
-        if args.should_save:
-            rotate_checkpoints(
-                output_dir=run_dir,
-                save_total_limit=args.save_total_limit,
-                best_model_checkpoint=self.state.best_model_checkpoint,
-            )
-
-    def _resolve_checkpoint(self, resume_from_checkpoint: str | bool | None) -> str | None:
-        if not resume_from_checkpoint:
-            return None
-        if resume_from_checkpoint is True:
-            found = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
-            if found is None:
-                raise CheckpointError(
-                    f"resume_from_checkpoint=True but there is no checkpoint-<step> directory in {self.args.output_dir}."
-                )
-            resume_from_checkpoint = found
-        checkpoint = str(resume_from_checkpoint)
-        if not os.path.isdir(checkpoint):
-            raise CheckpointError(f"Cannot resume: {checkpoint} is not a directory.")
-        missing = missing_checkpoint_files(checkpoint, self.accelerator.num_processes)
-        if missing:
-            raise CheckpointError(
-                f"Cannot resume from {checkpoint}: it lacks {', '.join(missing)}. It is incomplete (a save that was "
-                "interrupted, or one made with save_only_model=True); resume from an earlier checkpoint."
-            )
-        saved = read_training_state(checkpoint)
-        if saved["batch_size"] != self.batch_size:
-            raise CheckpointError(
-                f"{checkpoint} was saved with {saved['batch_size']} prompts per update, this run has {self.batch_size} "
-                "(per_device_train_batch_size × gradient_accumulation_steps × num_mini_batches × processes): resume "
-                "with the same batch settings and number of processes."
-            )
-        if saved["train_rows"] != len(self.train_dataset):
-            logger.warning(
-                f"{checkpoint} was saved with {saved['train_rows']} training rows, this run has "
-                f"{len(self.train_dataset)}: the data order after resuming differs from an uninterrupted run."
-            )
-        return checkpoint
-
-    def _load_checkpoint_weights(self, checkpoint: str) -> None:
-        if self.is_deepspeed_enabled or self.is_fsdp_enabled:
-            raise CheckpointError("Resuming under DeepSpeed or FSDP is not supported yet.")
-        wrapper = self.model
-        load_weights_into(wrapper.policy, checkpoint)
-        load_weights_into(wrapper.critic, os.path.join(checkpoint, VALUE_MODEL_DIRNAME))
-
-    def _restore_training_state(self, checkpoint: str) -> None:
-        """Optimizer, scheduler, trainer state, callbacks' state, and last the RNG states (nothing draws after)."""
-        self._load_optimizer_and_scheduler(checkpoint)
-        saved = read_training_state(checkpoint)
-        previous = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
-        for name in (
-            "global_step",
-            "epoch",
-            "log_history",
-            "best_metric",
-            "best_global_step",
-            "best_model_checkpoint",
-        ):
-            setattr(self.state, name, getattr(previous, name))
-        self.nonfinite_steps_in_a_row = saved["nonfinite_steps_in_a_row"]
-        by_name = {type(cb).__name__: cb for cb in self.callback_handler.callbacks}
-        for name, cb_state in saved["callbacks"].items():
-            if name in by_name and hasattr(by_name[name], "load_state_dict"):
-                by_name[name].load_state_dict(cb_state)
-            else:
-                logger.warning(f"{checkpoint} holds the state of a {name} that this trainer does not have; ignored.")
-        # Saved updates still to run, plus any change of the PPO budget (e.g. a larger total_episodes).
-        self.state.max_steps = saved["max_steps"] + (self.num_ppo_updates - saved["num_ppo_updates"])
-        self._load_rng_state(checkpoint)
-        logger.warning(f"Resumed from {checkpoint} at update {self.state.global_step} of {self.state.max_steps}.")
-
     def _learning_rate(self, role: str) -> float:
         """Current learning rate of the policy or the critic (0 for the policy while it is frozen)."""
         if role == "policy" and self.policy_frozen:
@@ -1172,99 +944,6 @@ class PPOTrainer(_BaseTrainer):
         self.log(dict(metrics))
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
         return metrics
-
-    # ----------------------------------------------------------------- saving
-
-    def unwrapped_policy_and_critic(self) -> tuple[PreTrainedModel, PreTrainedModel]:
-        wrapper = self.accelerator.unwrap_model(self.model_wrapped)
-        return wrapper.policy, wrapper.critic
-
-    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        """Save the policy (or its adapter) and tokenizer in `output_dir`, the critic in `output_dir/value_model`."""
-        output_dir = output_dir if output_dir is not None else self.args.output_dir
-        policy, critic = self.unwrapped_policy_and_critic()
-        if state_dict:
-            policy_sd = {k[len("policy.") :]: v for k, v in state_dict.items() if k.startswith("policy.")}
-            critic_sd = {k[len("critic.") :]: v for k, v in state_dict.items() if k.startswith("critic.")}
-        else:
-            policy_sd = critic_sd = None
-        if not self.args.should_save:
-            return
-        os.makedirs(output_dir, exist_ok=True)
-        policy.save_pretrained(output_dir, state_dict=policy_sd)
-        self.processing_class.save_pretrained(output_dir)
-        self.save_value_model(os.path.join(output_dir, VALUE_MODEL_DIRNAME), state_dict=critic_sd)
-        torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
-
-    def save_value_model(self, output_dir: str, state_dict: dict | None = None) -> None:
-        """Save the critic as a standard token-classification checkpoint (with the tokenizer). Call on every rank."""
-        _, critic = self.unwrapped_policy_and_critic()
-        if state_dict is None:
-            state_dict = gathered_state_dict(critic)  # ZeRO-3: a collective; None when nothing is partitioned
-        if not self.args.should_save:
-            return
-        kwargs = {"state_dict": state_dict} if state_dict else {}
-        save_value_model(critic, self.processing_class, output_dir, **kwargs)
-
-    # ------------------------------------------------------------------- Hub
-
-    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
-        """Name the policy's repo; repos are created at the first push, so building the trainer needs no network."""
-        self.hub_model_id = hub.policy_repo_id(self.args)
-        self.push_in_progress = None
-
-    def push_to_hub(
-        self,
-        commit_message: str | None = "End of training",
-        blocking: bool = True,
-        token: str | None = None,
-        revision: str | None = None,
-        private: bool | None = None,
-        **kwargs,
-    ):
-        """
-        Save, then push the policy (or its adapter) to `hub_model_id` and the critic to `value_hub_model_id` (default
-        `<hub_model_id>-value`), each with a model card. Pushes are blocking.
-
-        Args:
-            token, revision, private: Override `hub_token`, `hub_revision` and `hub_private_repo`.
-            kwargs: `dataset_name` and `tags` for the model cards.
-
-        Returns:
-            `{"policy": CommitInfo, "value": CommitInfo}` on the main process, `None` on the others.
-
-        Raises:
-            [`~hub.HubPushError`]: the Hub could not be reached; the local checkpoint in `output_dir` is complete.
-        """
-        kwargs.pop("model_name", None)
-        return hub.push_trainer(
-            self, commit_message=commit_message or "Upload", token=token, revision=revision, private=private, **kwargs
-        )
-
-    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
-        """`hub_strategy` pushes at each save: the policy and the critic of the latest checkpoint, blocking."""
-        from transformers.trainer_utils import HubStrategy
-
-        if not self.is_world_process_zero() or self.args.hub_strategy == HubStrategy.END:
-            return
-        args, step = self.args, self.state.global_step
-        push = {"token": args.hub_token, "private": args.hub_private_repo, "revision": args.hub_revision}
-        message = f"Training in progress, step {step}"
-        ignore = hub.POLICY_IGNORE_PATTERNS + ["optimizer.*", "scheduler.*", "rng_state*", "trainer_state*"]
-        value_dir = os.path.join(checkpoint_folder, VALUE_MODEL_DIRNAME)
-        try:  # a failed periodic push does not stop training: the checkpoint is on disk
-            hub.push_folder(
-                checkpoint_folder,
-                hub.policy_repo_id(args),
-                what="policy",
-                commit_message=message,
-                ignore_patterns=ignore,
-                **push,
-            )
-            if os.path.isdir(value_dir):
-                hub.push_folder(value_dir, hub.value_repo_id(args), what="critic", commit_message=message, **push)
-        except hub.HubPushError as err:
-            logger.error(str(err))
 
 
 def role_prefix(role: str) -> str:

@@ -1,0 +1,255 @@
+"""Saving, checkpointing, resuming and pushing: the part of [`PPOTrainer`] that writes and reads runs on disk.
+
+A mixin so that the trainer file keeps the training loop; the file formats themselves live in `checkpointing.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, TrainerState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, rotate_checkpoints
+from transformers.utils import logging
+
+from . import hub
+from .checkpointing import (
+    TEMP_PREFIX,
+    VALUE_MODEL_DIRNAME,
+    CheckpointError,
+    check_free_space,
+    estimate_checkpoint_bytes,
+    load_weights_into,
+    missing_checkpoint_files,
+    publish,
+    read_training_state,
+    remove_stale_temp_checkpoints,
+    write_training_state,
+)
+from .distributed import gathered_state_dict
+from .value_model import save_value_model
+
+logger = logging.get_logger(__name__)
+
+
+class SavingMixin:
+    """Model saving, atomic checkpoints with the state to resume exactly, resuming, and Hub pushes."""
+
+    # ------------------------------------------------------------------ models
+
+    def unwrapped_policy_and_critic(self) -> tuple[PreTrainedModel, PreTrainedModel]:
+        wrapper = self.accelerator.unwrap_model(self.model_wrapped)
+        return wrapper.policy, wrapper.critic
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Save the policy (or its adapter) and tokenizer in `output_dir`, the critic in `output_dir/value_model`."""
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        policy, critic = self.unwrapped_policy_and_critic()
+        if state_dict:
+            policy_sd = {k[len("policy.") :]: v for k, v in state_dict.items() if k.startswith("policy.")}
+            critic_sd = {k[len("critic.") :]: v for k, v in state_dict.items() if k.startswith("critic.")}
+        else:
+            policy_sd = critic_sd = None
+        if not self.args.should_save:
+            return
+        os.makedirs(output_dir, exist_ok=True)
+        policy.save_pretrained(output_dir, state_dict=policy_sd)
+        self.processing_class.save_pretrained(output_dir)
+        self.save_value_model(os.path.join(output_dir, VALUE_MODEL_DIRNAME), state_dict=critic_sd)
+        torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+
+    def save_value_model(self, output_dir: str, state_dict: dict | None = None) -> None:
+        """Save the critic as a standard token-classification checkpoint (with the tokenizer). Call on every rank."""
+        _, critic = self.unwrapped_policy_and_critic()
+        if state_dict is None:
+            state_dict = gathered_state_dict(critic)  # ZeRO-3: a collective; None when nothing is partitioned
+        if not self.args.should_save:
+            return
+        kwargs = {"state_dict": state_dict} if state_dict else {}
+        save_value_model(critic, self.processing_class, output_dir, **kwargs)
+
+    # ------------------------------------------------------------------- Hub
+
+    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
+        """Name the policy's repo; repos are created at the first push, so building the trainer needs no network."""
+        self.hub_model_id = hub.policy_repo_id(self.args)
+        self.push_in_progress = None
+
+    def push_to_hub(
+        self,
+        commit_message: str | None = "End of training",
+        blocking: bool = True,
+        token: str | None = None,
+        revision: str | None = None,
+        private: bool | None = None,
+        **kwargs,
+    ):
+        """
+        Save, then push the policy (or its adapter) to `hub_model_id` and the critic to `value_hub_model_id` (default
+        `<hub_model_id>-value`), each with a model card. Pushes are blocking.
+
+        Args:
+            token, revision, private: Override `hub_token`, `hub_revision` and `hub_private_repo`.
+            kwargs: `dataset_name` and `tags` for the model cards.
+
+        Returns:
+            `{"policy": CommitInfo, "value": CommitInfo}` on the main process, `None` on the others.
+
+        Raises:
+            [`~hub.HubPushError`]: the Hub could not be reached; the local checkpoint in `output_dir` is complete.
+        """
+        kwargs.pop("model_name", None)
+        return hub.push_trainer(
+            self, commit_message=commit_message or "Upload", token=token, revision=revision, private=private, **kwargs
+        )
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        """`hub_strategy` pushes at each save: the policy and the critic of the latest checkpoint, blocking."""
+        from transformers.trainer_utils import HubStrategy
+
+        if not self.is_world_process_zero() or self.args.hub_strategy == HubStrategy.END:
+            return
+        args, step = self.args, self.state.global_step
+        push = {"token": args.hub_token, "private": args.hub_private_repo, "revision": args.hub_revision}
+        message = f"Training in progress, step {step}"
+        ignore = hub.POLICY_IGNORE_PATTERNS + ["optimizer.*", "scheduler.*", "rng_state*", "trainer_state*"]
+        value_dir = os.path.join(checkpoint_folder, VALUE_MODEL_DIRNAME)
+        try:  # a failed periodic push does not stop training: the checkpoint is on disk
+            hub.push_folder(
+                checkpoint_folder,
+                hub.policy_repo_id(args),
+                what="policy",
+                commit_message=message,
+                ignore_patterns=ignore,
+                **push,
+            )
+            if os.path.isdir(value_dir):
+                hub.push_folder(value_dir, hub.value_repo_id(args), what="critic", commit_message=message, **push)
+        except hub.HubPushError as err:
+            logger.error(str(err))
+
+    # ------------------------------------------------------------- checkpoints
+
+    def _training_state(self) -> dict[str, Any]:
+        """What a checkpoint needs beyond weights, optimizer and RNG to resume exactly (see `vcppo_state.json`)."""
+        callbacks = {
+            type(cb).__name__: cb.state_dict() for cb in self.callback_handler.callbacks if hasattr(cb, "state_dict")
+        }
+        return {
+            "global_step": self.state.global_step,
+            "batches_consumed": self.state.global_step,  # one prompt batch per update
+            "batch_size": self.batch_size,
+            "train_rows": len(self.train_dataset),
+            "num_ppo_updates": self.num_ppo_updates,
+            "max_steps": self.state.max_steps,
+            "policy_frozen": self.policy_frozen,
+            "nonfinite_steps_in_a_row": self.nonfinite_steps_in_a_row,
+            "callbacks": callbacks,
+        }
+
+    def _save_checkpoint(self, model, trial=None) -> None:
+        """
+        Write `checkpoint-<step>` atomically: everything goes to `tmp-checkpoint-<step>` first (after a free-space
+        check), which is renamed once complete; then old checkpoints are rotated (`save_total_limit`).
+        """
+        args = self.args
+        run_dir = self._get_output_dir(trial=trial)
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        final_dir, temp_dir = os.path.join(run_dir, name), os.path.join(run_dir, TEMP_PREFIX + name)
+        if args.should_save:
+            remove_stale_temp_checkpoints(run_dir)
+        # Every process checks, so that all of them stop together rather than some waiting at the barrier below.
+        check_free_space(run_dir, estimate_checkpoint_bytes(self.model, self.optimizer))
+        self.accelerator.wait_for_everyone()
+        try:
+            self.save_model(temp_dir, _internal_call=True)
+            if not args.save_only_model:
+                self._save_optimizer_and_scheduler(temp_dir)
+                self._save_rng_state(temp_dir)
+            if args.should_save:
+                self.state.save_to_json(os.path.join(temp_dir, "trainer_state.json"))
+                write_training_state(temp_dir, self._training_state())  # written last: marks a whole checkpoint
+            self.accelerator.wait_for_everyone()
+            if args.should_save:
+                publish(temp_dir, final_dir)
+                if args.push_to_hub:
+                    self._push_from_checkpoint(final_dir)
+        except BaseException:
+            if args.should_save:
+                shutil.rmtree(temp_dir, ignore_errors=True)
+            raise
+        self.accelerator.wait_for_everyone()
+        if args.should_save:
+            rotate_checkpoints(
+                output_dir=run_dir,
+                save_total_limit=args.save_total_limit,
+                best_model_checkpoint=self.state.best_model_checkpoint,
+            )
+
+    def _resolve_checkpoint(self, resume_from_checkpoint: str | bool | None) -> str | None:
+        if not resume_from_checkpoint:
+            return None
+        if resume_from_checkpoint is True:
+            found = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
+            if found is None:
+                raise CheckpointError(
+                    f"resume_from_checkpoint=True but there is no checkpoint-<step> directory in {self.args.output_dir}."
+                )
+            resume_from_checkpoint = found
+        checkpoint = str(resume_from_checkpoint)
+        if not os.path.isdir(checkpoint):
+            raise CheckpointError(f"Cannot resume: {checkpoint} is not a directory.")
+        missing = missing_checkpoint_files(checkpoint, self.accelerator.num_processes)
+        if missing:
+            raise CheckpointError(
+                f"Cannot resume from {checkpoint}: it lacks {', '.join(missing)}. It is incomplete (a save that was "
+                "interrupted, or one made with save_only_model=True); resume from an earlier checkpoint."
+            )
+        saved = read_training_state(checkpoint)
+        if saved["batch_size"] != self.batch_size:
+            raise CheckpointError(
+                f"{checkpoint} was saved with {saved['batch_size']} prompts per update, this run has {self.batch_size} "
+                "(per_device_train_batch_size × gradient_accumulation_steps × num_mini_batches × processes): resume "
+                "with the same batch settings and number of processes."
+            )
+        if saved["train_rows"] != len(self.train_dataset):
+            logger.warning(
+                f"{checkpoint} was saved with {saved['train_rows']} training rows, this run has "
+                f"{len(self.train_dataset)}: the data order after resuming differs from an uninterrupted run."
+            )
+        return checkpoint
+
+    def _load_checkpoint_weights(self, checkpoint: str) -> None:
+        if self.is_deepspeed_enabled or self.is_fsdp_enabled:
+            raise CheckpointError("Resuming under DeepSpeed or FSDP is not supported yet.")
+        wrapper = self.model
+        load_weights_into(wrapper.policy, checkpoint)
+        load_weights_into(wrapper.critic, os.path.join(checkpoint, VALUE_MODEL_DIRNAME))
+
+    def _restore_training_state(self, checkpoint: str) -> None:
+        """Optimizer, scheduler, trainer state, callbacks' state, and last the RNG states (nothing draws after)."""
+        self._load_optimizer_and_scheduler(checkpoint)
+        saved = read_training_state(checkpoint)
+        previous = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
+        for name in (
+            "global_step",
+            "epoch",
+            "log_history",
+            "best_metric",
+            "best_global_step",
+            "best_model_checkpoint",
+        ):
+            setattr(self.state, name, getattr(previous, name))
+        self.nonfinite_steps_in_a_row = saved["nonfinite_steps_in_a_row"]
+        by_name = {type(cb).__name__: cb for cb in self.callback_handler.callbacks}
+        for name, cb_state in saved["callbacks"].items():
+            if name in by_name and hasattr(by_name[name], "load_state_dict"):
+                by_name[name].load_state_dict(cb_state)
+            else:
+                logger.warning(f"{checkpoint} holds the state of a {name} that this trainer does not have; ignored.")
+        # Saved updates still to run, plus any change of the PPO budget (e.g. a larger total_episodes).
+        self.state.max_steps = saved["max_steps"] + (self.num_ppo_updates - saved["num_ppo_updates"])
+        self._load_rng_state(checkpoint)
+        logger.warning(f"Resumed from {checkpoint} at update {self.state.global_step} of {self.state.max_steps}.")
