@@ -83,13 +83,15 @@ def chunked_token_logprobs(
         `(logprobs, entropy)`: float32 `[B, T]`; `entropy` is `None` unless `compute_entropy`.
     """
     outputs = ("log_probs", "entropy") if compute_entropy else ("log_probs",)
+    # The tile buffer is [tokens, chunk]: no wider than the vocabulary, so that small vocabularies get dense tiles.
+    vocab_chunk = min(VOCAB_CHUNK, parts.lm_head.weight.shape[0])
     logprobs, entropy, *_ = ChunkedLogProbFunction.apply(
         hidden.reshape(-1, hidden.shape[-1]),
         parts.lm_head.weight,
         parts.lm_head.bias,
         targets.reshape(-1),
         temperature,
-        VOCAB_CHUNK,
+        vocab_chunk,
         parts.final_logit_softcapping,
         parts.logit_scale,
         outputs,
