@@ -18,7 +18,7 @@ from accelerate.utils import is_peft_model
 from torch import nn
 from transformers import PreTrainedModel
 from trl.kernels import ChunkedLogProbFunction
-from trl.trainer.utils import entropy_from_logits, selective_log_softmax
+from trl.trainer.utils import entropy_from_logits, maybe_gather_lm_head_ctx, selective_log_softmax
 
 # Vocabulary columns per projection tile: a [4096 tokens, 4096] float32 tile is 64 MiB, whatever the vocabulary size.
 VOCAB_CHUNK = 4096
@@ -85,17 +85,20 @@ def chunked_token_logprobs(
     outputs = ("log_probs", "entropy") if compute_entropy else ("log_probs",)
     # The tile buffer is [tokens, chunk]: no wider than the vocabulary, so that small vocabularies get dense tiles.
     vocab_chunk = min(VOCAB_CHUNK, parts.lm_head.weight.shape[0])
-    logprobs, entropy, *_ = ChunkedLogProbFunction.apply(
-        hidden.reshape(-1, hidden.shape[-1]),
-        parts.lm_head.weight,
-        parts.lm_head.bias,
-        targets.reshape(-1),
-        temperature,
-        vocab_chunk,
-        parts.final_logit_softcapping,
-        parts.logit_scale,
-        outputs,
-    )
+    weight, bias = parts.lm_head.weight, parts.lm_head.bias
+    # The head is read directly, never called: under ZeRO-3 its weight must be gathered explicitly.
+    with maybe_gather_lm_head_ctx(weight, bias):
+        logprobs, entropy, *_ = ChunkedLogProbFunction.apply(
+            hidden.reshape(-1, hidden.shape[-1]),
+            weight,
+            bias,
+            targets.reshape(-1),
+            temperature,
+            vocab_chunk,
+            parts.final_logit_softcapping,
+            parts.logit_scale,
+            outputs,
+        )
     shape = targets.shape
     return logprobs.view(shape), (entropy.view(shape) if entropy is not None else None)
 
