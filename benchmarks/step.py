@@ -113,7 +113,10 @@ def summarise(results: list[dict], batch_size: int) -> dict:
 
 
 def print_comparison(lengths: list[int], ours: dict, theirs: dict | None) -> None:
-    print("\nTable 1 — the same work (KL 0.05 + reference model, reward model, value model), per PPO update:")
+    print(
+        "\nTable 1 — the same work (KL 0.05 + reference model, reward model, value model), per PPO update; peak RSS is "
+        "resource.getrusage's ru_maxrss, the largest over the processes:"
+    )
     if theirs is None:
         header = (
             f"{'T':>5} {'ours s/update':>14} {'ours outside gen s':>19} {'ours tok/s':>11} {'ours peak RSS MiB':>18}"
