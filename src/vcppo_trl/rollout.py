@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
-from trl.trainer.utils import entropy_from_logits, selective_log_softmax
 
+from .logprobs import response_logprobs
 from .value_model import value_forward
 
 
@@ -157,26 +157,18 @@ def policy_logprobs(
     """
     Log-probabilities of the response tokens (after `context_length`), at the sampling temperature.
 
-    Only the response positions' logits are computed (`logits_to_keep`), never the prompt's.
+    The log-probability of response token `t` comes from the logits at position `context_length - 1 + t`. One backbone
+    pass; the LM head is applied in vocabulary tiles, so the `[B, T, V]` logits are never materialised (see
+    [`~logprobs.response_logprobs`]), and the prompt's logits are never computed.
 
     Returns:
         `(logprobs, entropy)`: `[B, T]` float32 tensors; `entropy` is `None` unless `compute_entropy`.
     """
     if position_ids is None:
         position_ids = position_ids_from_mask(attention_mask)
-    response_length = input_ids.shape[1] - context_length
-    output = policy(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        logits_to_keep=response_length + 1,
-        use_cache=False,
+    return response_logprobs(
+        policy, input_ids, attention_mask, position_ids, context_length, temperature, compute_entropy
     )
-    logits = output.logits[:, :-1].float() / temperature
-    responses = input_ids[:, context_length:]
-    logprobs = selective_log_softmax(logits, responses)
-    entropy = entropy_from_logits(logits) if compute_entropy else None
-    return logprobs, entropy
 
 
 def reward_func_name(func: Callable | PreTrainedModel) -> str:

@@ -1,0 +1,131 @@
+"""Runner for our side of `benchmarks/step.py` (vcppo_trl's `PPOTrainer` / `VCPPOTrainer`), one configuration per process.
+
+Trains on the shared tiny setup (`step_setup.py`) for `--warmup + --updates` updates and prints one JSON line: the
+wall time of each update, the time spent in generation during each update, and the peak RSS of the process.
+
+    python benchmarks/step_ours.py --response-length 64                # TRL 1.12's work: KL 0.05, reward model
+    python benchmarks/step_ours.py --response-length 64 --paper        # VC-PPO paper setting: KL 0, rule reward
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import step_setup  # noqa: E402
+import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
+
+
+class UpdateClock(TrainerCallback):
+    """Wall time between consecutive `on_step_end` calls (one per PPO update)."""
+
+    def __init__(self):
+        self.marks = [time.perf_counter()]
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.marks.append(time.perf_counter())
+
+
+def first_letter_reward(completions, **kwargs):
+    """A rule-based ±1 reward (stands in for the math verifier): +1 when the completion starts in the first half of
+    the alphabet."""
+    return [1.0 if c and c[0] < step_setup.ALPHABET[len(step_setup.ALPHABET) // 2] else -1.0 for c in completions]
+
+
+def run(
+    response_length: int, batch_size: int = 8, updates: int = 5, warmup: int = 1, paper: bool = False, seed: int = 0
+):
+    from vcppo_trl import PPOConfig, PPOTrainer, VCPPOConfig, VCPPOTrainer
+
+    tokenizer = step_setup.build_tokenizer()
+    policy, reward_model, _ = step_setup.build_models(response_length, seed)
+    num_updates = warmup + updates
+    dataset = Dataset.from_dict({"prompt": step_setup.prompt_texts(batch_size * num_updates, seed)})
+    common = dict(
+        per_device_train_batch_size=batch_size,
+        gradient_accumulation_steps=1,
+        num_mini_batches=1,
+        num_ppo_epochs=1,
+        local_rollout_forward_batch_size=batch_size,
+        total_episodes=batch_size * num_updates,
+        response_length=response_length,
+        temperature=0.7,
+        learning_rate=1e-5,
+        missing_eos_penalty=None,
+        num_sample_generations=0,
+        bf16=False,
+        gradient_checkpointing=False,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        use_cpu=True,
+        seed=seed,
+    )
+    with tempfile.TemporaryDirectory() as output_dir:
+        clock = UpdateClock()
+        if paper:
+            config = VCPPOConfig(output_dir=output_dir, kl_coef=0.0, lam_actor=0.95, lam_critic=1.0, **common)
+            trainer_cls, reward_funcs, reward_tokenizers = VCPPOTrainer, first_letter_reward, None
+        else:
+            config = PPOConfig(output_dir=output_dir, kl_coef=0.05, lam=0.95, **common)
+            trainer_cls, reward_funcs, reward_tokenizers = PPOTrainer, reward_model, tokenizer
+        trainer = trainer_cls(
+            model=policy,
+            reward_funcs=reward_funcs,
+            args=config,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            reward_processing_classes=reward_tokenizers,
+            callbacks=[clock],
+        )
+        trainer.log = lambda *a, **k: None  # no printing of metrics: same on both sides
+        generation_seconds = []
+        original_generate = trainer.generate
+
+        def timed_generate(*a, **k):
+            start = time.perf_counter()
+            out = original_generate(*a, **k)
+            generation_seconds.append(time.perf_counter() - start)
+            return out
+
+        trainer.generate = timed_generate
+        clock.marks = [time.perf_counter()]
+        trainer.train()
+    update_seconds = [b - a for a, b in zip(clock.marks, clock.marks[1:])]
+    return {
+        "side": "ours-paper" if paper else "ours",
+        "response_length": response_length,
+        "update_s": update_seconds[warmup:],
+        "generation_s": generation_seconds[warmup:],
+        "peak_rss_mib": step_setup.peak_rss_mib(),
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--response-length", type=int, required=True)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--updates", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--paper", action="store_true", help="KL 0, rule-based reward, no reference model (VC-PPO)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    result = run(args.response_length, args.batch_size, args.updates, args.warmup, args.paper, args.seed)
+    print("BENCH_JSON " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

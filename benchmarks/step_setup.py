@@ -1,0 +1,86 @@
+"""What both sides of `benchmarks/step.py` share: the tokenizer, the tiny models and the prompts, built from a seed.
+
+Imports only torch, transformers and tokenizers, so that the TRL 1.12 runner (in its own virtual environment) and our
+runner build bit-identical inputs.
+
+Full-length responses on both sides: the models have a 99-token vocabulary (ids 0–98) while the tokenizer has 100
+tokens; its EOS (also its pad) is id 99, which the model can never sample. Generation therefore never stops early and
+no response is truncated, so both trainers process exactly `response_length` tokens per sequence. All prompts have the
+same length, so no pad token is ever fed to a model.
+"""
+
+from __future__ import annotations
+
+import torch
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2ForSequenceClassification,
+)
+
+MODEL_VOCAB = 99  # ids the models can emit
+EOS_ID = MODEL_VOCAB  # the tokenizer's EOS/pad: outside the models' vocabulary, so never sampled
+PROMPT_LENGTH = 16
+# One single-character token per id: letters of Latin Extended-A, so decode → encode is the identity.
+ALPHABET = tuple(chr(0x100 + i) for i in range(MODEL_VOCAB))
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {ch: i for i, ch in enumerate(ALPHABET)} | {"<eos>": EOS_ID}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<eos>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    backend.add_special_tokens([AddedToken("<eos>", special=True, normalized=False)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<eos>", pad_token="<eos>", padding_side="left", model_max_length=4096
+    )
+
+
+def model_config(response_length: int, vocab_size: int = MODEL_VOCAB, hidden_size: int = 64, num_labels: int = 1):
+    return Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=4 * hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=PROMPT_LENGTH + response_length + 8,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=None,  # the stop token lies outside the vocabulary (see the module docstring)
+        pad_token_id=None,  # an embedding padding_idx must lie inside the vocabulary
+        num_labels=num_labels,
+    )
+
+
+def build_models(response_length: int, seed: int = 0):
+    """Policy, reward model and value model (same size), each from its own seed offset, in float32 on CPU."""
+    torch.manual_seed(seed)
+    policy = Qwen2ForCausalLM(model_config(response_length))
+    torch.manual_seed(seed + 1)
+    reward_model = Qwen2ForSequenceClassification(model_config(response_length))
+    torch.manual_seed(seed + 2)
+    value_model = Qwen2ForSequenceClassification(model_config(response_length))
+    for model in (reward_model, value_model):
+        # Sequence classification pools at the last non-pad token; EOS never appears, so that is the last token.
+        model.config.pad_token_id = EOS_ID
+    policy.generation_config.pad_token_id = EOS_ID
+    return policy, reward_model, value_model
+
+
+def prompt_ids(num_prompts: int, seed: int = 0) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed + 3)
+    return torch.randint(0, MODEL_VOCAB, (num_prompts, PROMPT_LENGTH), generator=generator).tolist()
+
+
+def prompt_texts(num_prompts: int, seed: int = 0) -> list[str]:
+    return ["".join(ALPHABET[i] for i in ids) for ids in prompt_ids(num_prompts, seed)]
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process so far (Linux reports `ru_maxrss` in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
