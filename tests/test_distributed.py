@@ -166,3 +166,25 @@ def test_ddp_sigterm_stops_both_ranks_at_one_checkpoint(tmp_path):
 
     assert missing_checkpoint_files(checkpoint, 2) == []
     assert os.path.isfile(os.path.join(checkpoint, "rng_state_1.pth"))
+
+
+def test_zero3_resume_equals_uninterrupted_run(tmp_path):
+    """Two ZeRO-3 ranks resumed from the DeepSpeed states of update 2 end with the uninterrupted run's weights."""
+    pytest.importorskip("deepspeed")
+    launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file"]
+    launch += [os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml"), "--main_process_port", "0"]
+    full_dir, resumed_dir = tmp_path / "full", tmp_path / "resumed"
+    full_dir.mkdir()
+    resumed_dir.mkdir()
+    settings = {"ddp_backend": "gloo", "weight_decay": 0.1}
+    full = _launch(full_dir, launch, worker_args=[json.dumps({**settings, "save_strategy": "steps", "save_steps": 1})])
+    checkpoint = full_dir / "run" / "checkpoint-2"
+    assert (checkpoint / "latest").is_file() and list(checkpoint.glob("global_step*/zero_pp_rank_1_*optim_states.pt"))
+    resumed = _launch(
+        resumed_dir, launch, worker_args=[json.dumps({**settings, "resume_from_checkpoint": str(checkpoint)})]
+    )
+    for rank in (0, 1):
+        assert resumed[rank]["global_step"] == 3
+        assert resumed[rank]["seen"] == full[rank]["seen"][2:]
+        assert resumed[rank]["policy_hash"] == full[rank]["policy_hash"]
+        assert resumed[rank]["critic_hash"] == full[rank]["critic_hash"]

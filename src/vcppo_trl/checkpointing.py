@@ -114,11 +114,20 @@ def _weight_files(directory: str) -> list[str]:
     return []
 
 
-def missing_checkpoint_files(checkpoint: str, world_size: int) -> list[str]:
-    """Files a resumable checkpoint must have that `checkpoint` lacks."""
-    required = ["trainer_state.json", TRAINING_STATE_NAME, "optimizer.pt", "scheduler.pt"]
+def missing_checkpoint_files(checkpoint: str, world_size: int, deepspeed: bool = False) -> list[str]:
+    """
+    Files a resumable checkpoint must have that `checkpoint` lacks. Under DeepSpeed the weights and optimizer states
+    are the engine's own (`latest` and `global_step*/`), not `optimizer.pt` and the safetensors.
+    """
+    required = ["trainer_state.json", TRAINING_STATE_NAME, "scheduler.pt"]
     required.append("rng_state.pth" if world_size <= 1 else "rng_state_0.pth")
+    required.append("latest" if deepspeed else "optimizer.pt")
     missing = [name for name in required if not os.path.isfile(os.path.join(checkpoint, name))]
+    if deepspeed:
+        tag_dirs = [d for d in os.listdir(checkpoint) if d.startswith("global_step")]
+        if not tag_dirs:
+            missing.append("global_step*/ (DeepSpeed states)")
+        return missing
     if not _weight_files(checkpoint):
         missing.append("model.safetensors (policy weights)")
     if not _weight_files(os.path.join(checkpoint, VALUE_MODEL_DIRNAME)):

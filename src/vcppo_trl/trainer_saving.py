@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from transformers import PreTrainedModel, TrainerState
+from transformers.integrations.deepspeed import deepspeed_load_checkpoint
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, rotate_checkpoints
 from transformers.utils import logging
 
@@ -201,7 +202,7 @@ class SavingMixin:
         checkpoint = str(resume_from_checkpoint)
         if not os.path.isdir(checkpoint):
             raise CheckpointError(f"Cannot resume: {checkpoint} is not a directory.")
-        missing = missing_checkpoint_files(checkpoint, self.accelerator.num_processes)
+        missing = missing_checkpoint_files(checkpoint, self.accelerator.num_processes, self.is_deepspeed_enabled)
         if missing:
             raise CheckpointError(
                 f"Cannot resume from {checkpoint}: it lacks {', '.join(missing)}. It is incomplete (a save that was "
@@ -222,15 +223,19 @@ class SavingMixin:
         return checkpoint
 
     def _load_checkpoint_weights(self, checkpoint: str) -> None:
-        if self.is_deepspeed_enabled or self.is_fsdp_enabled:
-            raise CheckpointError("Resuming under DeepSpeed or FSDP is not supported yet.")
+        """Weights before the models are prepared; under DeepSpeed the engine loads them later (its own states)."""
+        if self.is_deepspeed_enabled:
+            return
         wrapper = self.model
         load_weights_into(wrapper.policy, checkpoint)
         load_weights_into(wrapper.critic, os.path.join(checkpoint, VALUE_MODEL_DIRNAME))
 
     def _restore_training_state(self, checkpoint: str) -> None:
         """Optimizer, scheduler, trainer state, callbacks' state, and last the RNG states (nothing draws after)."""
-        self._load_optimizer_and_scheduler(checkpoint)
+        if self.is_deepspeed_enabled:
+            # The engine's partitioned weights and optimizer states, saved by `engine.save_checkpoint` (all ranks).
+            deepspeed_load_checkpoint(self.model_wrapped, checkpoint)
+        self._load_optimizer_and_scheduler(checkpoint)  # under DeepSpeed: the scheduler only
         saved = read_training_state(checkpoint)
         previous = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
         for name in (
