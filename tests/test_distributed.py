@@ -1,6 +1,7 @@
 """Two processes on CPU (gloo): DDP through accelerate, and DeepSpeed ZeRO-3. Each rank runs tests/distributed/worker.py."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -188,3 +189,39 @@ def test_zero3_resume_equals_uninterrupted_run(tmp_path):
         assert resumed[rank]["seen"] == full[rank]["seen"][2:]
         assert resumed[rank]["policy_hash"] == full[rank]["policy_hash"]
         assert resumed[rank]["critic_hash"] == full[rank]["critic_hash"]
+
+
+def test_zero3_reference_and_reward_models(tmp_path):
+    """With kl_coef > 0 the reference model, and a reward model, run under DeepSpeed ZeRO-3 on both ranks."""
+    pytest.importorskip("deepspeed")
+    launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file"]
+    launch += [os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml"), "--main_process_port", "0"]
+    overrides = {"ddp_backend": "gloo", "kl_coef": 0.1, "with_reward_model": True, "reward_weights": [1.0, 1.0, 0.5]}
+    r0, r1 = _launch(tmp_path, launch, worker_args=[json.dumps(overrides)])
+    assert r0["global_step"] == r1["global_step"] == 3
+    ppo = [m for m in r0["metrics"] if "loss/policy_avg" in m]
+    assert len(ppo) == 2
+    reward_model_keys = [
+        k for k in ppo[0] if k.startswith("rewards/") and "length_reward" not in k and "recording" not in k
+    ]
+    assert len(reward_model_keys) == 1  # the reward model's own mean is logged
+    for m0, m1 in zip(r0["metrics"], r1["metrics"]):
+        assert m0["objective/scores"] == m1["objective/scores"]
+        assert math.isfinite(m0[reward_model_keys[0]]) and m0[reward_model_keys[0]] != 0.0
+    # The reference is the initial policy: the KL is 0 on the first PPO update, then the policy has moved.
+    assert ppo[0]["objective/kl"] == pytest.approx(0.0, abs=1e-5)
+    assert ppo[1]["objective/kl"] != 0.0 and math.isfinite(ppo[1]["objective/kl"])
+    assert r0["policy_hash"] == r1["policy_hash"]
+
+
+def test_zero3_on_cpu_without_gloo_stops_with_the_fix(tmp_path):
+    """Without a ddp_backend, accelerate counts 1 process while DeepSpeed runs 2: the trainer says what to pass."""
+    pytest.importorskip("deepspeed")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=os.path.join(REPO, "src"))
+    launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file"]
+    launch += [os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml"), "--main_process_port", "0"]
+    cmd = [sys.executable, "-m", *launch, WORKER, str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0
+    assert "pass `--ddp_backend gloo`" in proc.stdout + proc.stderr

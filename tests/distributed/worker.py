@@ -5,7 +5,8 @@
 Builds the tiny toy policy in-process (same seed on every rank), trains a few VC-PPO updates (the first one value
 pretraining) and writes `OUT/rank<r>.json`: the prompt indices this rank rolled out at each update, the rewards it
 computed, the metrics it logged, and hashes of its policy and critic weights after training; rank 0 also saves the
-model to `OUT/model`. An optional JSON argument overrides config fields (`resume_from_checkpoint` resumes).
+model to `OUT/model`. An optional JSON argument overrides config fields (`resume_from_checkpoint` resumes;
+`with_reward_model` adds a sequence-classification reward model).
 """
 
 from __future__ import annotations
@@ -113,10 +114,19 @@ def main(out_dir: str, extra: list[str]) -> None:
         seed=0,
     )
     settings.update(json.loads(extra[0]) if extra else {})
+    reward_funcs, reward_tokenizers = [recording_reward, recording_completions], [None, None]
+    if settings.pop("with_reward_model", False):  # a sequence-classification reward model, the same on every rank
+        from transformers import AutoModelForSequenceClassification
+
+        config = policy.config.__class__.from_dict({**policy.config.to_dict(), "num_labels": 1})
+        torch.manual_seed(1)
+        reward_funcs.append(AutoModelForSequenceClassification.from_config(config))
+        reward_tokenizers.append(tokenizer)
     args = VCPPOConfig(**settings)
     trainer = VCPPOTrainer(
         model=policy,
-        reward_funcs=[recording_reward, recording_completions],
+        reward_funcs=reward_funcs,
+        reward_processing_classes=reward_tokenizers,
         args=args,
         train_dataset=train,
         processing_class=tokenizer,
