@@ -225,3 +225,21 @@ def test_zero3_on_cpu_without_gloo_stops_with_the_fix(tmp_path):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode != 0
     assert "pass `--ddp_backend gloo`" in proc.stdout + proc.stderr
+
+
+def test_zero3_with_lora_policy_and_critic(tmp_path):
+    """LoRA on both models under ZeRO-3 (reference = the policy with its adapter disabled, as KL needs)."""
+    pytest.importorskip("deepspeed")
+    launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file"]
+    launch += [os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml"), "--main_process_port", "0"]
+    overrides = {"ddp_backend": "gloo", "lora": True, "kl_coef": 0.1}
+    r0, r1 = _launch(tmp_path, launch, worker_args=[json.dumps(overrides)])
+    assert r0["global_step"] == r1["global_step"] == 3
+    ppo = [m for m in r0["metrics"] if "loss/policy_avg" in m]
+    assert ppo[0]["objective/kl"] == pytest.approx(0.0, abs=1e-5) and ppo[1]["objective/kl"] != 0.0
+    pretraining = r0["after_pretraining"]
+    assert pretraining["policy"] == pretraining["policy_at_start"] != r0["policy_hash"]  # frozen, then trained
+    assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])
+    from peft import PeftConfig
+
+    assert PeftConfig.from_pretrained(tmp_path / "model").peft_type == "LORA"  # the saved policy is an adapter

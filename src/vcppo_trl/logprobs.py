@@ -83,11 +83,12 @@ def chunked_token_logprobs(
         `(logprobs, entropy)`: float32 `[B, T]`; `entropy` is `None` unless `compute_entropy`.
     """
     outputs = ("log_probs", "entropy") if compute_entropy else ("log_probs",)
-    # The tile buffer is [tokens, chunk]: no wider than the vocabulary, so that small vocabularies get dense tiles.
-    vocab_chunk = min(VOCAB_CHUNK, parts.lm_head.weight.shape[0])
     weight, bias = parts.lm_head.weight, parts.lm_head.bias
-    # The head is read directly, never called: under ZeRO-3 its weight must be gathered explicitly.
+    # The head is read directly, never called: under ZeRO-3 its weight must be gathered explicitly (and its shape is
+    # only known once gathered: a partitioned parameter is empty).
     with maybe_gather_lm_head_ctx(weight, bias):
+        # The tile buffer is [tokens, chunk]: no wider than the vocabulary, so that small vocabularies get dense tiles.
+        vocab_chunk = min(VOCAB_CHUNK, weight.shape[0])
         logprobs, entropy, *_ = ChunkedLogProbFunction.apply(
             hidden.reshape(-1, hidden.shape[-1]),
             weight,

@@ -6,7 +6,7 @@ Builds the tiny toy policy in-process (same seed on every rank), trains a few VC
 pretraining) and writes `OUT/rank<r>.json`: the prompt indices this rank rolled out at each update, the rewards it
 computed, the metrics it logged, and hashes of its policy and critic weights after training; rank 0 also saves the
 model to `OUT/model`. An optional JSON argument overrides config fields (`resume_from_checkpoint` resumes;
-`with_reward_model` adds a sequence-classification reward model).
+`with_reward_model` adds a sequence-classification reward model; `lora` puts LoRA on the policy and the critic).
 """
 
 from __future__ import annotations
@@ -84,6 +84,10 @@ def main(out_dir: str, extra: list[str]) -> None:
     hashes_after_pretraining: dict[str, str] = {}
 
     class RecordMetrics(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            # The policy as training sees it (with LoRA: the wrapped model, whose hash differs from the bare one).
+            hashes_after_pretraining["policy_at_start"] = gathered_hash(trainer.unwrapped_policy_and_critic()[0])
+
         def on_step_end(self, args, state, control, metrics=None, **kwargs):
             logged.append({k: v for k, v in (metrics or {}).items() if isinstance(v, (int, float))})
             print(f"UPDATE {state.global_step} RANK {trainer.accelerator.process_index}", flush=True)
@@ -122,7 +126,16 @@ def main(out_dir: str, extra: list[str]) -> None:
         torch.manual_seed(1)
         reward_funcs.append(AutoModelForSequenceClassification.from_config(config))
         reward_tokenizers.append(tokenizer)
+    lora = settings.pop("lora", False)  # LoRA on the policy and on the critic
     args = VCPPOConfig(**settings)
+    peft_kwargs = {}
+    if lora:
+        from peft import LoraConfig
+
+        peft_kwargs = {
+            "peft_config": LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+            "value_peft_config": LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+        }
     trainer = VCPPOTrainer(
         model=policy,
         reward_funcs=reward_funcs,
@@ -131,6 +144,7 @@ def main(out_dir: str, extra: list[str]) -> None:
         train_dataset=train,
         processing_class=tokenizer,
         callbacks=[RecordMetrics()],
+        **peft_kwargs,
     )
     acc = trainer.accelerator
     info = {
