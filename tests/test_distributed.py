@@ -243,3 +243,26 @@ def test_zero3_with_lora_policy_and_critic(tmp_path):
     from peft import PeftConfig
 
     assert PeftConfig.from_pretrained(tmp_path / "model").peft_type == "LORA"  # the saved policy is an adapter
+
+
+def test_ddp_push_to_hub_uploads_once(tmp_path):
+    """Both ranks call push_to_hub(); the main process alone uploads the policy and the critic (a local Hub stand-in)."""
+    from .hub_standin import HubStandIn
+
+    server = HubStandIn().start()
+    try:
+        hub_env = {**CPU, "HF_ENDPOINT": server.endpoint, "HF_HUB_OFFLINE": "0", "HF_HOME": str(tmp_path / "hf")}
+        overrides = {"push_to_hub": True, "hub_model_id": "test-org/ddp-run", "hub_token": "hf_test"}
+        r0, r1 = _launch(tmp_path, TORCHRUN, hub_env, worker_args=[json.dumps(overrides)])
+    finally:
+        server.stop()
+    assert (r0["pushed"], r1["pushed"]) == (True, False)
+    assert set(server.repos) == {"test-org/ddp-run", "test-org/ddp-run-value"}
+    commits = [p for m, p, _ in server.requests if m == "POST" and "/commit/" in p]
+    # The worker's save_model() pushes too (transformers' Trainer does with push_to_hub=True), then push_to_hub():
+    # 2 pushes × 2 repos, each made by the main process only (2 ranks would make 8).
+    assert len(commits) == 4
+    with open(tmp_path / "run" / "model.safetensors", "rb") as f:
+        assert server.files("test-org/ddp-run")["model.safetensors"] == f.read()
+    with open(tmp_path / "run" / "value_model" / "model.safetensors", "rb") as f:
+        assert server.files("test-org/ddp-run-value")["model.safetensors"] == f.read()

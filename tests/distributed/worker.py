@@ -6,7 +6,8 @@ Builds the tiny toy policy in-process (same seed on every rank), trains a few VC
 pretraining) and writes `OUT/rank<r>.json`: the prompt indices this rank rolled out at each update, the rewards it
 computed, the metrics it logged, and hashes of its policy and critic weights after training; rank 0 also saves the
 model to `OUT/model`. An optional JSON argument overrides config fields (`resume_from_checkpoint` resumes;
-`with_reward_model` adds a sequence-classification reward model; `lora` puts LoRA on the policy and the critic).
+`with_reward_model` adds a sequence-classification reward model; `lora` puts LoRA on the policy and the critic;
+`push_to_hub` pushes at the end, to `HF_ENDPOINT`).
 """
 
 from __future__ import annotations
@@ -177,6 +178,8 @@ def main(out_dir: str, extra: list[str]) -> None:
         batch_size=trainer.batch_size,
     )
     trainer.save_model(os.path.join(out_dir, "model"))
+    if args.push_to_hub:  # every rank calls it, as a script would; the main process alone uploads
+        info["pushed"] = trainer.push_to_hub() is not None
     with open(os.path.join(out_dir, f"rank{acc.process_index}.json"), "w") as f:
         json.dump(info, f)
     acc.wait_for_everyone()
