@@ -23,7 +23,7 @@ def _launch(out_dir, launcher, extra_env=None, worker_args=(), timeout=240):
     )
     env.update(extra_env or {})
     cmd = [sys.executable, "-m", *launcher, WORKER, str(out_dir), *worker_args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return [json.load(open(out_dir / f"rank{r}.json")) for r in (0, 1)]
 
@@ -266,3 +266,20 @@ def test_ddp_push_to_hub_uploads_once(tmp_path):
         assert server.files("test-org/ddp-run")["model.safetensors"] == f.read()
     with open(tmp_path / "run" / "value_model" / "model.safetensors", "rb") as f:
         assert server.files("test-org/ddp-run-value")["model.safetensors"] == f.read()
+
+
+def test_zero3_with_cpu_offload(tmp_path):
+    """configs/accelerate/zero3_offload.yaml (parameters and optimizer states offloaded) with 2 CPU ranks."""
+    pytest.importorskip("deepspeed")
+    from transformers import AutoModelForCausalLM
+
+    launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file"]
+    launch += [os.path.join(REPO, "configs/accelerate/zero3_offload.yaml"), "--num_processes", "2"]
+    launch += ["--main_process_port", "0"]
+    r0, r1 = _launch(tmp_path, launch, worker_args=[json.dumps({"ddp_backend": "gloo"})])
+    assert r0["distributed_type"] == "DistributedType.DEEPSPEED" and r0["num_processes"] == 2
+    assert r0["global_step"] == 3
+    for counts in (r0["policy_params"], r0["critic_params"]):
+        assert counts["local"] < counts["total"]
+    assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])
+    assert _state_hash(AutoModelForCausalLM.from_pretrained(tmp_path / "model")) == r0["policy_hash"]
