@@ -11,6 +11,8 @@ same length, so no pad token is ever fed to a model.
 
 from __future__ import annotations
 
+import time
+
 import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
@@ -18,6 +20,7 @@ from transformers import (
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen2ForSequenceClassification,
+    TrainerCallback,
 )
 
 MODEL_VOCAB = 99  # ids the models can emit
@@ -84,3 +87,13 @@ def peak_rss_mib() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class UpdateClock(TrainerCallback):
+    """Wall time between consecutive `on_step_end` calls: one per PPO update in both trainers."""
+
+    def __init__(self):
+        self.marks = [time.perf_counter()]
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.marks.append(time.perf_counter())

@@ -21,17 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import step_setup  # noqa: E402
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from transformers import TrainerCallback  # noqa: E402
-
-
-class UpdateClock(TrainerCallback):
-    """Wall time between consecutive `on_step_end` calls (TRL 1.12 calls it once per PPO update)."""
-
-    def __init__(self):
-        self.marks = [time.perf_counter()]
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.marks.append(time.perf_counter())
+from step_setup import UpdateClock  # noqa: E402
 
 
 def main():

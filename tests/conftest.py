@@ -31,6 +31,21 @@ def toy_splits():
     return make_splits(64, 16, seed=0, min_digits=1, max_digits=3)
 
 
+class StopAfterPretraining:
+    """A callback that ends training as soon as value pretraining is done (to inspect the models at that point)."""
+
+    def __init__(self, pretrain_callback):
+        self.pretrain_callback = pretrain_callback
+
+    def __getattr__(self, name):
+        return lambda *a, **k: None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.pretrain_callback.done:
+            control.should_training_stop = True
+        return control
+
+
 def length_reward(completions, **kwargs):
     """A cheap deterministic reward: +1 for responses shorter than 10 characters, −1 otherwise."""
     return [1.0 if len(c) < 10 else -1.0 for c in completions]

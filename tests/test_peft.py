@@ -4,10 +4,10 @@ import os
 
 import pytest
 import torch
+from peft import LoraConfig, PeftModel
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-peft = pytest.importorskip("peft")
-from peft import LoraConfig, PeftModel  # noqa: E402
+from .conftest import StopAfterPretraining
 
 LORA = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
 
@@ -67,16 +67,7 @@ def test_value_pretraining_with_lora_critic_and_lora_policy(make_trainer, tiny_c
     policy_before = _state(trainer.model.policy)
     critic_before = _state(trainer.model.critic)
 
-    class StopAfterPretraining:
-        def __getattr__(self, name):
-            return lambda *a, **k: None
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if callback.done:
-                control.should_training_stop = True
-            return control
-
-    trainer.add_callback(StopAfterPretraining())
+    trainer.add_callback(StopAfterPretraining(callback))
     trainer.train()
     assert callback.done and callback.steps == 2
     policy_after = trainer.model.policy.state_dict()

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 from vcppo_trl import PPOConfig, PPOTrainer, ValuePretrainCallback, VCPPOTrainer, math_verify_reward
 from vcppo_trl.rollout import truncate_at_stop
 
-from .conftest import length_reward
+from .conftest import StopAfterPretraining, length_reward
 
 
 def _clone_state(model):
@@ -63,16 +63,7 @@ def test_value_pretraining_freezes_policy_and_saves_critic(
     before_critic = _clone_state(trainer.model.critic)
 
     # Stop right after the pretraining phase to check the policy is bit-identical.
-    class Stop:
-        def __getattr__(self, name):
-            return lambda *a, **k: None
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if callback.done:
-                control.should_training_stop = True
-            return control
-
-    trainer.add_callback(Stop())
+    trainer.add_callback(StopAfterPretraining(callback))
     trainer.train()
     assert callback.done and callback.steps == 3
     assert trainer.state.global_step == 3
