@@ -123,6 +123,25 @@ def test_push_honours_revision_and_default_value_repo(hub, make_trainer, tiny_co
         assert {c["revision"] for c in repo["commits"]} == {"exp-1"}
 
 
+def test_every_save_pushes_the_checkpoint_without_its_training_state(hub, make_trainer, tiny_config, named_policy):
+    _train_and_push(
+        make_trainer,
+        tiny_config,
+        named_policy,
+        hub_model_id="test-org/periodic",
+        save_strategy="steps",
+        save_steps=1,
+    )
+    policy_commits = hub.repos["test-org/periodic"]["commits"]
+    assert len(policy_commits) == 3  # one per checkpoint: 1 pretraining + 2 PPO updates
+    files = hub.files("test-org/periodic")
+    assert "model.safetensors" in files
+    assert not [
+        f for f in files if f.startswith(("optimizer", "scheduler", "rng_state", "trainer_state", "vcppo_state"))
+    ]
+    assert "model.safetensors" in hub.files("test-org/periodic-value")
+
+
 def test_push_without_network_is_a_clear_error_and_keeps_the_checkpoint(
     monkeypatch, make_trainer, tiny_config, named_policy
 ):

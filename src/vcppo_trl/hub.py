@@ -47,6 +47,7 @@ TRL_CITATION = """@software{vonwerra2020trl,
 POLICY_IGNORE_PATTERNS = [
     "_*",
     "checkpoint-*",
+    "tmp-checkpoint-*",
     "value_model/*",
     "value_pretrained*",
     "cold_start/*",

@@ -115,7 +115,10 @@ class SavingMixin:
         args, step = self.args, self.state.global_step
         push = {"token": args.hub_token, "private": args.hub_private_repo, "revision": args.hub_revision}
         message = f"Training in progress, step {step}"
-        ignore = hub.POLICY_IGNORE_PATTERNS + ["optimizer.*", "scheduler.*", "rng_state*", "trainer_state*"]
+        # Training state stays local: optimizer, scheduler, RNG, trainer and resume state, DeepSpeed's own states.
+        training_state = ["optimizer.*", "scheduler.*", "rng_state*", "trainer_state*", "vcppo_state.json"]
+        training_state += ["global_step*", "latest", "zero_to_fp32.py"]
+        ignore = hub.POLICY_IGNORE_PATTERNS + training_state
         value_dir = os.path.join(checkpoint_folder, VALUE_MODEL_DIRNAME)
         try:  # a failed periodic push does not stop training: the checkpoint is on disk
             hub.push_folder(
