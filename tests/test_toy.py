@@ -44,7 +44,7 @@ def _numbers(prompt: str) -> tuple[int, int]:
 class TestTask:
     def test_columns_and_types(self):
         dataset = make_arithmetic_dataset(50, seed=0)
-        assert set(dataset.column_names) == {"prompt", "completion", "solution", "difficulty"}
+        assert set(dataset.column_names) == {"prompt", "completion", "solution", "difficulty", "mode"}
         example = dataset[0]
         assert isinstance(example["prompt"], str) and re.fullmatch(r"Add \d+ and \d+\.\n", example["prompt"])
         assert isinstance(example["difficulty"], int)

@@ -62,6 +62,9 @@ class PPOConfig(_BaseConfig):
         accuracy_threshold (`float`, defaults to `0.5`): A response counts as correct in `diagnostics/accuracy` and
             `eval/accuracy` when its reward score (before penalties) exceeds this value. With ±1 or 0/1 rewards, that is
             the share of +1 (or 1) rewards.
+        position_buckets (`int`, defaults to `8`): Relative-position buckets of the per-update Figure-2 diagnostics
+            `diagnostics/advantage_bucket_<k>` and `diagnostics/value_error_bucket_<k>` (V − return), and `diagnostics/mc_explained_variance_bucket_<k>` (the critic
+            against Monte-Carlo returns, the paper's Figure 3); 0 turns them off.
         max_prompt_length (`int`, *optional*): Longest prompt in tokens (chat template applied); longer ones are
             handled as `overlong_prompt` says.
         overlong_prompt (`"truncate"` or `"drop"`, defaults to `"truncate"`): Prompts over `max_prompt_length` are
@@ -155,6 +158,12 @@ class PPOConfig(_BaseConfig):
     )
     accuracy_threshold: float = field(
         default=0.5, metadata={"help": "A score above this counts as a correct response in accuracy metrics."}
+    )
+    position_buckets: int = field(
+        default=8,
+        metadata={
+            "help": "Relative-position buckets of diagnostics/advantage_bucket_<k> and value_error_bucket_<k> (0: off)."
+        },
     )
     max_prompt_length: int | None = field(
         default=None, metadata={"help": "Longest prompt in tokens; longer ones are handled as overlong_prompt says."}

@@ -232,3 +232,51 @@ def position_correlation(advantages: torch.Tensor, mask: torch.Tensor) -> float:
     x = x - x.mean()
     y = y - y.mean()
     return float((x * y).sum() / torch.sqrt((x * x).sum() * (y * y).sum()))
+
+
+def position_buckets(mask: torch.Tensor, num_buckets: int) -> torch.Tensor:
+    """Relative-position bucket `floor(t · num_buckets / L)` of token `t` in a response of `L` valid tokens, `[B, T]`."""
+    mask = mask.bool()
+    lengths = mask.sum(dim=1, keepdim=True).clamp(min=1)
+    positions = torch.arange(mask.shape[1], device=mask.device).unsqueeze(0)
+    return torch.div(positions * num_buckets, lengths, rounding_mode="floor").clamp(max=num_buckets - 1)
+
+
+def position_bucket_means(values: torch.Tensor, mask: torch.Tensor, num_buckets: int = 8) -> torch.Tensor:
+    """
+    Mean of a per-token quantity by relative position in the response (the paper's Figure 2, as numbers).
+
+    Token `t` of a response with `L` valid tokens falls in bucket `floor(t · num_buckets / L)`, so bucket 0 holds the
+    first eighth of every response (with 8 buckets) and bucket `num_buckets − 1` its last eighth, whatever the length.
+
+    Args:
+        values (`torch.Tensor` of shape `[B, T]`): e.g. advantages, or values minus returns.
+        mask (`torch.Tensor` of shape `[B, T]`): right-padded mask of valid response tokens (bool or 0/1).
+        num_buckets (`int`): number of position buckets.
+
+    Returns:
+        `torch.Tensor` of shape `[num_buckets]` (float64): the mean over every valid token in each bucket, over the
+        whole batch; `nan` for a bucket with no token.
+    """
+    mask = mask.bool()
+    buckets = position_buckets(mask, num_buckets)
+    sums = torch.zeros(num_buckets, dtype=torch.float64, device=values.device)
+    counts = torch.zeros(num_buckets, dtype=torch.float64, device=values.device)
+    sums.index_add_(0, buckets[mask], values[mask].double())
+    counts.index_add_(0, buckets[mask], torch.ones_like(values[mask], dtype=torch.float64))
+    return torch.where(counts > 0, sums / counts.clamp(min=1), torch.full_like(sums, float("nan")))
+
+
+def position_bucket_explained_variance(
+    values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, num_buckets: int = 8
+) -> list[float]:
+    """
+    [`explained_variance`] of `values` against `returns` within each relative-position bucket (see
+    [`position_bucket_means`]); `nan` for a bucket with fewer than two tokens or constant returns.
+
+    With Monte-Carlo returns as `returns`, it shows the paper's Figure 3 effect: a critic trained with λ < 1 explains
+    the end reward poorly at early tokens, which the decayed targets never reach.
+    """
+    mask = mask.bool()
+    buckets = position_buckets(mask, num_buckets)
+    return [explained_variance(values, returns, mask & (buckets == k)) for k in range(num_buckets)]

@@ -35,7 +35,16 @@ from .callbacks import RolloutProgressCallback
 from .config import PPOConfig
 from .data import DataReport, prepare_prompt_dataset, reward_function_columns
 from .distributed import check_deepspeed_setup, micro_batch_context
-from .gae import explained_variance, gae, masked_mean, masked_whiten, position_correlation
+from .gae import (
+    dual_lambda_gae,
+    explained_variance,
+    gae,
+    masked_mean,
+    masked_whiten,
+    position_bucket_explained_variance,
+    position_bucket_means,
+    position_correlation,
+)
 from .loading import build_critic, load_policy, load_reward_funcs, load_tokenizer, resolve_stop_token_ids
 from .losses import clipped_policy_loss, clipped_value_loss, kl_penalty
 from .peft_utils import wrap_value_model
@@ -714,6 +723,19 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             "reward/verifier_failures": float(self.accelerator.gather(rollout.reward_failed.float()).sum()),
         }
         metrics["objective/rlhf_reward"] = metrics["objective/scores"] + metrics["objective/non_score_reward"]
+        if self.args.position_buckets > 0:
+            # The paper's Figure 2 per update: advantage and value error by relative position in the response.
+            num = self.args.position_buckets
+            adv_buckets = position_bucket_means(advantages_g, mask_g, num)
+            err_buckets = position_bucket_means(values - returns_g, mask_g, num)
+            for k in range(num):
+                metrics[f"diagnostics/advantage_bucket_{k}"] = float(adv_buckets[k])
+                metrics[f"diagnostics/value_error_bucket_{k}"] = float(err_buckets[k])
+            # Against Monte-Carlo returns (λ = 1), whatever λ the critic trains with: the paper's Figure 3.
+            rewards_g = self._gather_masked(rollout.rewards)[0]
+            mc_returns = dual_lambda_gae(rewards_g, values, mask_g, self.args.gamma, 1.0, 1.0)[1]
+            for k, ev in enumerate(position_bucket_explained_variance(values, mc_returns, mask_g, num)):
+                metrics[f"diagnostics/mc_explained_variance_bucket_{k}"] = ev
         for i, name in enumerate(self.reward_func_names):
             metrics[f"rewards/{name}/mean"] = self._mean_across(rollout.rewards_per_func[:, i])
         if prefix:

@@ -10,7 +10,7 @@ from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .defaults import TOY_MAX_NEW_TOKENS
-from .task import THINK_END, extract_boxed_answer
+from .task import THINK_END, extract_boxed_answer, response_mode
 
 
 def is_correct(response: str, solution: str) -> bool:
@@ -58,7 +58,8 @@ def greedy_accuracy(
     Returns:
         `dict[str, Any]`: With keys `accuracy` (fraction of correct responses), `response_length_mean` (mean number of
         generated tokens, eos included), `format_rate` (fraction that close `</think>` and give a boxed answer),
-        `eos_rate` (fraction that end with the eos token within `max_new_tokens`), `num_examples`, and, when the
+        `eos_rate` (fraction that end with the eos token within `max_new_tokens`), `short_rate` (fraction in the
+        compressed form, see [`~vcppo_trl.toy.task.response_mode`]), `num_examples`, and, when the
         dataset has a `difficulty` column, `accuracy_by_difficulty` and `response_length_by_difficulty` (dicts keyed by
         difficulty).
     """
@@ -75,6 +76,7 @@ def greedy_accuracy(
     correct = [False] * len(prompts)
     formatted = [False] * len(prompts)
     stopped = [False] * len(prompts)
+    short = [False] * len(prompts)
     lengths = [0] * len(prompts)
     device = next(model.parameters()).device
     try:
@@ -96,6 +98,7 @@ def greedy_accuracy(
                 lengths[i] = len(ids)
                 text = tokenizer.decode(ids, skip_special_tokens=True)
                 formatted[i] = extract_boxed_answer(text) is not None
+                short[i] = response_mode(text) == "short"
                 correct[i] = is_correct(text, solutions[i])
     finally:
         tokenizer.padding_side = padding_side
@@ -107,6 +110,7 @@ def greedy_accuracy(
         "response_length_mean": sum(lengths) / n,
         "format_rate": sum(formatted) / n,
         "eos_rate": sum(stopped) / n,
+        "short_rate": sum(short) / n,
         "num_examples": len(prompts),
     }
     if difficulties is not None:
@@ -119,6 +123,7 @@ def greedy_accuracy(
         metrics["response_length_by_difficulty"] = {
             d: sum(lengths[i] for i in idx) / len(idx) for d, idx in sorted(groups.items())
         }
+        metrics["short_rate_by_difficulty"] = {d: sum(short[i] for i in idx) / len(idx) for d, idx in sorted(groups.items())}
     return metrics
 
 

@@ -14,6 +14,17 @@ completion:  "<think>4738+2919: 8+9+0=17, 7\n"
              "</think> \\boxed{7657}"
 ```
 
+A *short* (compressed) solution writes only the column sums, without restating the digits, and the answer:
+
+```text
+completion:  "<think>8+9+0=17\n3+1+1=5\n7+9+0=16\n4+2+1=7\n</think> \\boxed{7657}"
+```
+
+It is about half as long, and harder for a tiny model: the digits of each column must be found in the prompt by
+position, and the answer assembled from the lines' last digits in reverse. A cold start on a mix of both forms
+(`short_fraction`) gives a policy with a length degree of freedom, as in real long-CoT models: it can drift toward the
+short form (and lose accuracy on long numbers) or toward the worked one.
+
 Restating the remaining digits on every line keeps the digits of the current column right next to the step that uses
 them, so a tiny model learns the procedure in a couple of minutes on a CPU. The difficulty of an example is the
 number of digits of its operands: with the character-level toy tokenizer, difficulties 1..6 give completions of about
@@ -88,6 +99,48 @@ def format_solution(a: int, b: int) -> str:
     return f"{THINK_START}{''.join(lines)}{THINK_END} \\boxed{{{a + b}}}"
 
 
+def format_short_solution(a: int, b: int) -> str:
+    """Writes the compressed solution of `a + b`: one `x+y+carry=s` line per column, then the boxed answer.
+
+    Args:
+        a (`int`):
+            First operand (non-negative).
+        b (`int`):
+            Second operand (non-negative).
+
+    Returns:
+        `str`: The completion `"<think>...</think> \\boxed{a+b}"`, without any end-of-sequence token.
+    """
+    _check_operands(a, b)
+    num_columns = max(len(str(a)), len(str(b)))
+    str_a, str_b = str(a).zfill(num_columns), str(b).zfill(num_columns)
+    lines = []
+    carry = 0
+    for i in range(1, num_columns + 1):
+        x, y = int(str_a[-i]), int(str_b[-i])
+        total = x + y + carry
+        lines.append(f"{x}+{y}+{carry}={total}\n")
+        carry = total // 10
+    return f"{THINK_START}{''.join(lines)}{THINK_END} \\boxed{{{a + b}}}"
+
+
+def response_mode(text: str) -> str | None:
+    """Which form a response takes: `"long"` (worked lines that restate the digits), `"short"` (column sums only), or
+    `None` (no closed `<think>` block).
+
+    Args:
+        text (`str`):
+            A model response (completion only).
+
+    Returns:
+        `str` or `None`: `"long"` when the reasoning has a `":"` (a restated line), `"short"` otherwise.
+    """
+    start, end = text.find(THINK_START), text.find(THINK_END)
+    if start < 0 or end < start:
+        return None
+    return "long" if ":" in text[start:end] else "short"
+
+
 def extract_boxed_answer(text: str) -> str | None:
     """Extracts the content of the last `\\boxed{...}` that follows the closing `</think>` tag.
 
@@ -113,12 +166,13 @@ def _sample_operand(rng: random.Random, num_digits: int) -> int:
     return rng.randint(low, 10**num_digits - 1)
 
 
-def _example(a: int, b: int, difficulty: int) -> dict[str, str | int]:
+def _example(a: int, b: int, difficulty: int, short: bool) -> dict[str, str | int]:
     return {
         "prompt": format_prompt(a, b),
-        "completion": format_solution(a, b),
+        "completion": format_short_solution(a, b) if short else format_solution(a, b),
         "solution": f"\\boxed{{{a + b}}}",
         "difficulty": difficulty,
+        "mode": "short" if short else "long",
     }
 
 
@@ -129,6 +183,7 @@ def make_arithmetic_dataset(
     max_digits: int = TOY_MAX_DIGITS,
     exclude_prompts: Iterable[str] | None = None,
     unique: bool = False,
+    short_fraction: float = 0.0,
 ) -> Dataset:
     """Generates a prompt-completion dataset of multi-digit additions with worked long chain-of-thought solutions.
 
@@ -149,12 +204,17 @@ def make_arithmetic_dataset(
         unique (`bool`, *optional*, defaults to `False`):
             Whether every prompt of the dataset must be distinct. Leave it `False` when `min_digits` is 1 and many
             examples are requested, since there are only 100 one-digit problems.
+        short_fraction (`float`, *optional*, defaults to `0.0`):
+            Share of examples whose completion is the compressed solution ([`format_short_solution`]) instead of the
+            worked one, drawn independently of the difficulty.
 
     Returns:
-        [`~datasets.Dataset`]: A dataset with columns `prompt` (plain text), `completion` (worked solution ending with
-        ` \\boxed{N}`, without end-of-sequence token), `solution` (gold answer `"\\boxed{N}"`) and `difficulty`
-        (`int`, number of digits).
+        [`~datasets.Dataset`]: A dataset with columns `prompt` (plain text), `completion` (worked or compressed
+        solution ending with ` \\boxed{N}`, without end-of-sequence token), `solution` (gold answer `"\\boxed{N}"`),
+        `difficulty` (`int`, number of digits) and `mode` (`"long"` or `"short"`, the completion's form).
     """
+    if not 0.0 <= short_fraction <= 1.0:
+        raise ValueError(f"`short_fraction` must be in [0, 1], got {short_fraction}.")
     if not 1 <= min_digits <= max_digits:
         raise ValueError(f"Expected 1 <= min_digits <= max_digits, got {min_digits} and {max_digits}.")
     rng = random.Random(seed)
@@ -177,7 +237,9 @@ def make_arithmetic_dataset(
         if prompt in excluded or (unique and prompt in seen):
             continue
         seen.add(prompt)
-        rows.append(_example(a, b, difficulty))
+        # Drawn only when needed, so that short_fraction=0 leaves the generator's sequence (and old datasets) as is.
+        short = short_fraction > 0 and rng.random() < short_fraction
+        rows.append(_example(a, b, difficulty, short))
     return Dataset.from_list(rows)
 
 
@@ -187,6 +249,7 @@ def make_splits(
     seed: int = 0,
     min_digits: int = TOY_MIN_DIGITS,
     max_digits: int = TOY_MAX_DIGITS,
+    short_fraction: float = 0.0,
 ) -> DatasetDict:
     """Builds non-overlapping train and test splits of the arithmetic task.
 
@@ -204,13 +267,20 @@ def make_splits(
             Smallest number of digits per operand.
         max_digits (`int`, *optional*, defaults to `TOY_MAX_DIGITS`):
             Largest number of digits per operand.
+        short_fraction (`float`, *optional*, defaults to `0.0`):
+            Share of compressed solutions in both splits (see [`make_arithmetic_dataset`]).
 
     Returns:
         [`~datasets.DatasetDict`]: With splits `"train"` and `"test"`, both with the columns of
         [`make_arithmetic_dataset`].
     """
     test = make_arithmetic_dataset(
-        num_eval, seed=seed + 1_000_003, min_digits=min_digits, max_digits=max_digits, unique=True
+        num_eval,
+        seed=seed + 1_000_003,
+        min_digits=min_digits,
+        max_digits=max_digits,
+        unique=True,
+        short_fraction=short_fraction,
     )
     train = make_arithmetic_dataset(
         num_train,
@@ -218,5 +288,6 @@ def make_splits(
         min_digits=min_digits,
         max_digits=max_digits,
         exclude_prompts=test["prompt"],
+        short_fraction=short_fraction,
     )
     return DatasetDict(train=train, test=test)

@@ -1,0 +1,337 @@
+"""Table and plots of the toy reproduction, rebuilt from the saved runs (`results/runs/<variant>/seed<k>.json`).
+
+    python experiments/report.py   # same as: python experiments/reproduce.py --report
+
+Nothing here trains: every figure is read from the runs' metric histories, so the report can be rebuilt at any time
+and an interrupted sweep reports what it has.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from matplotlib.figure import Figure  # figures drawn straight to files: no pyplot backend to switch
+
+NUM_BUCKETS = 8
+WINDOW = 5  # updates averaged for "start" and "end" of training
+# Two-sided 95 % Student-t quantiles by degrees of freedom.
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def mean_ci(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95 % t-interval (nan with fewer than two finite values)."""
+    xs = [x for x in values if x is not None and not math.isnan(x)]
+    if not xs:
+        return math.nan, math.nan
+    mean = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return mean, math.nan
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+    return mean, _T95.get(len(xs) - 1, 1.96) * sd / math.sqrt(len(xs))
+
+
+def fmt(values: Sequence[float], digits: int = 3) -> str:
+    mean, half = mean_ci(values)
+    if math.isnan(mean):
+        return "–"
+    return f"{mean:.{digits}f}" if math.isnan(half) else f"{mean:.{digits}f} ± {half:.{digits}f}"
+
+
+# ------------------------------------------------------------------------------------------ series from histories
+
+
+def training_entries(record: dict) -> list[dict]:
+    """The policy-training updates of a run, in order (value-pretraining updates and summaries left out)."""
+    history = record["log_history"]
+    if record["variant"]["trainer"] == "grpo":
+        return [e for e in history if "reward" in e]
+    return [e for e in history if "objective/scores" in e and "value_pretrain/explained_variance" not in e]
+
+
+def pretrain_entries(record: dict) -> list[dict]:
+    return [e for e in record["log_history"] if "value_pretrain/explained_variance" in e]
+
+
+def series(record: dict, what: str) -> list[float]:
+    """Per-update `accuracy`, `length`, `short` (share of compressed responses), `corr`, `ev` of a run."""
+    grpo = record["variant"]["trainer"] == "grpo"
+    entries = training_entries(record)
+    if grpo and what in ("corr", "ev"):
+        return []
+    keys = {
+        "accuracy": "rewards/math_verify_reward/mean" if grpo else "diagnostics/accuracy",
+        "length": "completions/mean_length" if grpo else "diagnostics/response_length_mean",
+        "short": "rewards/short_form/mean",
+        "corr": "diagnostics/advantage_position_corr",
+        "ev": "value/explained_variance",
+    }
+    out = []
+    for e in entries:
+        x = e.get(keys[what])
+        x = math.nan if x is None else float(x)
+        if grpo and what == "accuracy":
+            x = (x + 1.0) / 2.0  # ±1 rewards: share of +1
+        out.append(x)
+    return out
+
+
+def window_mean(xs: list[float], start: bool) -> float:
+    xs = xs[:WINDOW] if start else xs[-WINDOW:]
+    xs = [x for x in xs if not math.isnan(x)]
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def buckets(entries: list[dict], prefix: str) -> list[float]:
+    """Mean over `entries` of the position-bucket metric `<prefix><k>`, for k in 0..7."""
+    out = []
+    for k in range(NUM_BUCKETS):
+        xs = [e.get(f"{prefix}{k}") for e in entries]
+        xs = [float(x) for x in xs if x is not None and not math.isnan(float(x))]
+        out.append(sum(xs) / len(xs) if xs else math.nan)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------- loading
+
+
+def load_runs(results_dir: str, variant_names: Sequence[str], seeds: Sequence[int]) -> dict[str, list[dict]]:
+    runs: dict[str, list[dict]] = {}
+    for name in variant_names:
+        for seed in seeds:
+            path = os.path.join(results_dir, "runs", name, f"seed{seed}.json")
+            if os.path.isfile(path):
+                with open(path) as f:
+                    runs.setdefault(name, []).append(json.load(f))
+    return runs
+
+
+# --------------------------------------------------------------------------------------------------------- table
+
+
+def table_rows(runs: dict[str, list[dict]], variants) -> list[dict[str, Any]]:
+    rows = []
+    for v in variants:
+        records = runs.get(v.name, [])
+        if not records:
+            continue
+
+        def per_seed(fn):
+            return [fn(r) for r in records]
+
+        rows.append(
+            {
+                "name": v.name,
+                "label": v.label,
+                "group": v.group,
+                "seeds": len(records),
+                "acc_start": per_seed(lambda r: r["cold_start_eval"]["accuracy"]),
+                "acc_end": per_seed(lambda r: r["final_eval"]["accuracy"]),
+                "eval_len_end": per_seed(lambda r: r["final_eval"]["response_length_mean"]),
+                "eval_short_end": per_seed(lambda r: r["final_eval"].get("short_rate", math.nan)),
+                "len_start": per_seed(lambda r: window_mean(series(r, "length"), True)),
+                "len_end": per_seed(lambda r: window_mean(series(r, "length"), False)),
+                "short_start": per_seed(lambda r: window_mean(series(r, "short"), True)),
+                "short_end": per_seed(lambda r: window_mean(series(r, "short"), False)),
+                "corr_start": per_seed(lambda r: window_mean(series(r, "corr"), True)),
+                "corr_end": per_seed(lambda r: window_mean(series(r, "corr"), False)),
+                "ev_end": per_seed(lambda r: window_mean(series(r, "ev"), False)),
+                "minutes": per_seed(lambda r: r["wall_seconds"] / 60.0),
+            }
+        )
+    return rows
+
+
+def markdown_table(rows: list[dict[str, Any]], cold_start: dict | None) -> str:
+    header = (
+        "| variant | seeds | held-out accuracy, end | held-out length, end | held-out short share, end "
+        "| training length, first → last 5 updates | short share, first → last 5 | adv–position corr, first → last 5 "
+        "| critic EV, last 5 | minutes/run |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+    )
+    lines = []
+    for r in rows:
+        lines.append(
+            f"| {r['label']} | {r['seeds']} | {fmt(r['acc_end'])} | {fmt(r['eval_len_end'], 1)} "
+            f"| {fmt(r['eval_short_end'], 2)} | {fmt(r['len_start'], 1)} → {fmt(r['len_end'], 1)} "
+            f"| {fmt(r['short_start'], 2)} → {fmt(r['short_end'], 2)} "
+            f"| {fmt(r['corr_start'], 2)} → {fmt(r['corr_end'], 2)} | {fmt(r['ev_end'], 2)} "
+            f"| {fmt(r['minutes'], 1)} |"
+        )
+    intro = ""
+    if cold_start:
+        intro = (
+            f"Cold start (shared by every run): held-out greedy accuracy {cold_start['accuracy']:.3f}, "
+            f"length {cold_start['response_length_mean']:.1f}, short share {cold_start.get('short_rate', math.nan):.2f}."
+            "\n\nMeans over seeds ± the half-width of a 95 % t-interval.\n\n"
+        )
+    return intro + header + "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------------------- plots
+
+
+def _mean_curve(records: list[dict], what: str) -> list[float]:
+    curves = [series(r, what) for r in records]
+    curves = [c for c in curves if c]
+    if not curves:
+        return []
+    n = min(len(c) for c in curves)
+    return [sum(c[i] for c in curves) / len(curves) for i in range(n)]
+
+
+def plot_training_curves(runs, variants, path: str) -> None:
+    fig = Figure(figsize=(16, 4.2))
+    axes = fig.subplots(1, 3)
+    for v in variants:
+        records = runs.get(v.name)
+        if not records:
+            continue
+        for ax, what in zip(axes, ("length", "accuracy", "short")):
+            curve = _mean_curve(records, what)
+            if curve:
+                ax.plot(range(1, len(curve) + 1), curve, label=v.label, linestyle="--" if "bias" in v.name else "-")
+    for ax, title in zip(
+        axes, ("response length (training rollouts)", "accuracy (training rollouts)", "share of short-form responses")
+    ):
+        ax.set_title(title)
+        ax.set_xlabel("policy update")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"Training curves, mean over seeds (cf. the paper's Figures 1 and 5)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def plot_advantage_by_position(runs, names_labels, path: str, first_updates: int = 3) -> None:
+    fig = Figure(figsize=(12, 4.2))
+    axes = fig.subplots(1, 2)
+    x = [(k + 0.5) / NUM_BUCKETS for k in range(NUM_BUCKETS)]
+    for name, label in names_labels:
+        records = runs.get(name)
+        if not records:
+            continue
+        entries = [e for r in records for e in training_entries(r)[:first_updates]]
+        axes[0].plot(x, buckets(entries, "diagnostics/advantage_bucket_"), marker="o", label=label)
+        axes[1].plot(x, buckets(entries, "diagnostics/value_error_bucket_"), marker="o", label=label)
+    axes[0].set_title(f"mean advantage (unwhitened) by position, first {first_updates} updates")
+    axes[1].set_title("critic value − its target, by position")
+    for ax in axes:
+        ax.axhline(0, color="k", lw=0.5)
+        ax.set_xlabel("relative position in the response")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Figure 2 analogue: advantages by token position for each starting critic")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def plot_lambda_critic(runs, pairs, path: str, length: int = 160) -> None:
+    fig = Figure(figsize=(12, 4.2))
+    axes = fig.subplots(1, 2)
+    t = list(range(length))
+    for lam in (0.9, 0.95, 0.99, 1.0):
+        axes[0].plot(t, [lam ** (length - 1 - i) for i in t], label=f"λ = {lam}")
+    axes[0].set_title(f"weight λ^(T−t) of the end reward in token t's target (T = {length})")
+    axes[0].set_xlabel("token t")
+    axes[0].legend(fontsize=8)
+    x = [(k + 0.5) / NUM_BUCKETS for k in range(NUM_BUCKETS)]
+    for name, label in pairs:
+        records = runs.get(name)
+        if not records:
+            continue
+        entries = [e for r in records for e in training_entries(r)[-10:]]
+        axes[1].plot(x, buckets(entries, "diagnostics/mc_explained_variance_bucket_"), marker="o", label=label)
+    axes[1].set_title("critic explained variance vs Monte-Carlo returns, last 10 updates")
+    axes[1].set_xlabel("relative position in the response")
+    axes[1].legend(fontsize=8)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.suptitle("Figure 3 analogue: λ_critic < 1 starves early tokens of the end reward")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def plot_value_pretraining(runs, names_labels, path: str) -> None:
+    fig = Figure(figsize=(12, 4.2))
+    axes = fig.subplots(1, 2)
+    for name, label in names_labels:
+        for i, r in enumerate(runs.get(name, [])):
+            entries = pretrain_entries(r)
+            if not entries:
+                continue
+            steps = range(1, len(entries) + 1)
+            kw = {"label": f"{label}, seed {r['seed']}", "alpha": 0.8}
+            axes[0].plot(steps, [e.get("value_pretrain/loss_avg", math.nan) for e in entries], **kw)
+            axes[1].plot(steps, [e.get("value_pretrain/explained_variance", math.nan) for e in entries], **kw)
+    axes[0].set_title("value loss during value pretraining")
+    axes[1].set_title("explained variance during value pretraining")
+    for ax in axes:
+        ax.set_xlabel("pretraining update")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Figure 6 analogue: value pretraining")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def build_report(results_dir: str, variants, seeds: Sequence[int], cache_dir: str | None = None) -> str:
+    """Write `results.md` and the PNGs into `results_dir`; returns the markdown."""
+    runs = load_runs(results_dir, [v.name for v in variants], seeds)
+    cold_start = None
+    for records in runs.values():
+        cold_start = records[0]["cold_start_eval"]
+        break
+    groups: dict[str, list] = {}
+    for v in variants:
+        groups.setdefault(v.group, []).append(v)
+    parts = ["# Toy reproduction: results\n", "Generated by `experiments/report.py` from `runs/`.\n"]
+    for group, members in groups.items():
+        rows = table_rows(runs, members)
+        if rows:
+            parts.append(f"\n## {group}\n\n" + markdown_table(rows, cold_start if group == "main" else None))
+    if cache_dir and os.path.isfile(os.path.join(cache_dir, "assets.json")):
+        with open(os.path.join(cache_dir, "assets.json")) as f:
+            assets = json.load(f)
+        parts.append(
+            "\n## Assets\n\n"
+            f"- Reward model: {json.dumps(assets.get('reward_model_stats'))}\n"
+            f"- Controlled-bias critic: {json.dumps(assets.get('controlled_bias_stats'))}\n"
+            f"- Cold start {assets.get('cold_start_seconds', math.nan):.0f} s, critics "
+            f"{assets.get('critic_build_seconds', math.nan):.0f} s\n"
+        )
+    markdown = "".join(parts)
+    os.makedirs(results_dir, exist_ok=True)
+    with open(os.path.join(results_dir, "results.md"), "w") as f:
+        f.write(markdown)
+    main = [v for v in variants if v.group == "main"]
+    plot_training_curves(runs, main, os.path.join(results_dir, "training_curves.png"))
+    plot_advantage_by_position(
+        runs,
+        [
+            ("ppo", "reward-model critic (PPO)"),
+            ("ppo_biased", "controlled-bias critic (PPO)"),
+            ("vcppo", "pretrained critic (VC-PPO)"),
+        ],
+        os.path.join(results_dir, "advantage_by_position.png"),
+    )
+    plot_lambda_critic(
+        runs,
+        [("vcppo_no_dgae", "λ_critic 0.95 (VC-PPO w/o decoupled GAE)"), ("vcppo", "λ_critic 1.0 (VC-PPO)")],
+        os.path.join(results_dir, "lambda_critic.png"),
+    )
+    plot_value_pretraining(runs, [("vcppo", "VC-PPO")], os.path.join(results_dir, "value_pretraining.png"))
+    print(markdown)
+    return markdown
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from reproduce import DEFAULT_CACHE, DEFAULT_RESULTS, MAIN_VARIANTS, SWEEP_VARIANTS, Budget
+
+    build_report(DEFAULT_RESULTS, MAIN_VARIANTS + SWEEP_VARIANTS, Budget().seeds, cache_dir=DEFAULT_CACHE)

@@ -1,0 +1,509 @@
+"""Reproduce VC-PPO's claim at toy scale: plain PPO with a reward-model critic vs VC-PPO and its ablations, and GRPO.
+
+    python experiments/reproduce.py              # main table: 7 variants x 3 seeds, 2 worker processes
+    python experiments/reproduce.py --full       # + the sweeps (lambda_actor, pretraining steps, lambda_critic)
+    python experiments/reproduce.py --report     # rebuild the table and plots from the saved runs only
+
+Everything is cached and resumable: the cold start, the reward model and the controlled-bias critic are built once
+under `experiments/.cache/`, and every run writes `experiments/results/runs/<variant>/seed<k>.json` when it ends (its
+whole metric history and the held-out evaluation; its console output goes to `results/logs/`, not kept in git); a run
+whose file exists (with the same budget) is skipped. The table and plots are then
+rebuilt from those files by `experiments/report.py`.
+
+The toy (fixed before any run, see `Budget`): additions of 1- to 6-digit numbers, with a cold start on a 50/50 mix of
+worked solutions and compressed ones (about half as long, worse on long numbers), so a policy can drift toward shorter
+reasoning. The paper's PPO baseline starts its critic from a reward model trained on complete responses only. Because
+that reward model's values do not rise along the response on this toy (see the README), two variants start instead
+from a *controlled-bias* critic: the reward model's values plus a known ramp, low at the start of each response
+(`vcppo_trl.toy.reward_model.position_ramp`). They are labelled as such everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import multiprocessing as mp
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_RESULTS = os.path.join(HERE, "results")
+DEFAULT_CACHE = os.path.join(HERE, ".cache")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Everything a run's outcome depends on, fixed before the table is run (changing it invalidates the cache)."""
+
+    # Task and cold start
+    num_train: int = 4000
+    num_eval: int = 300
+    short_fraction: float = 0.5
+    cold_start_steps: int = 2200
+    # Reward model (complete responses of the cold-start policy, labelled +1/-1 by math-verify) and biased critic
+    rm_samples: int = 1280
+    rm_epochs: int = 4
+    controlled_bias: float = 1.0
+    controlled_bias_samples: int = 640
+    controlled_bias_epochs: int = 3
+    # RL: per update 32 prompts (8 x 2 accumulation x 2 minibatches), 2 PPO epochs
+    ppo_updates: int = 60
+    pretrain_updates: int = 20
+    per_device_train_batch_size: int = 8
+    gradient_accumulation_steps: int = 2
+    num_mini_batches: int = 2
+    num_ppo_epochs: int = 2
+    learning_rate: float = 1e-4
+    value_learning_rate: float = 5e-5
+    vf_coef: float = 0.5
+    response_length: int = 256
+    grpo_generations: int = 4
+    seeds: tuple[int, ...] = (0, 1, 2)
+
+    @property
+    def prompts_per_update(self) -> int:
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps * self.num_mini_batches
+
+    def asset_key(self) -> dict[str, Any]:
+        keys = ("num_train", "num_eval", "short_fraction", "cold_start_steps")
+        return {k: getattr(self, k) for k in keys}
+
+
+SMOKE_BUDGET = Budget(
+    num_train=64,
+    num_eval=16,
+    cold_start_steps=4,
+    rm_samples=16,
+    rm_epochs=1,
+    controlled_bias_samples=16,
+    controlled_bias_epochs=1,
+    ppo_updates=2,
+    pretrain_updates=1,
+    per_device_train_batch_size=2,
+    gradient_accumulation_steps=1,
+    num_mini_batches=2,
+    num_ppo_epochs=1,
+    response_length=32,
+    grpo_generations=2,
+    seeds=(0,),
+)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One arm of the comparison. `critic`: where the critic starts ("rm", "controlled_bias"); unused by GRPO."""
+
+    name: str
+    label: str
+    trainer: str = "vcppo"  # "vcppo" or "grpo"
+    critic: str = "rm"
+    pretrain: bool = False
+    pretrain_updates: int | None = None  # None: the budget's
+    lam_actor: float = 0.95
+    lam_critic: float = 0.95
+    group: str = "main"
+
+
+MAIN_VARIANTS = (
+    Variant("ppo", "PPO (RM critic, λ .95/.95)"),
+    Variant("vcppo_no_dgae", "VC-PPO w/o decoupled GAE (pretrain, λ .95/.95)", pretrain=True),
+    Variant("vcppo_no_pretrain", "VC-PPO w/o value pretraining (RM critic, λ .95/1.0)", lam_critic=1.0),
+    Variant("vcppo", "VC-PPO (pretrain, λ .95/1.0)", pretrain=True, lam_critic=1.0),
+    Variant("grpo", "GRPO (TRL GRPOTrainer)", trainer="grpo"),
+    Variant("ppo_biased", "PPO, controlled-bias critic (λ .95/.95)", critic="controlled_bias"),
+    Variant(
+        "vcppo_biased",
+        "VC-PPO from the controlled-bias critic (pretrain, λ .95/1.0)",
+        critic="controlled_bias",
+        pretrain=True,
+        lam_critic=1.0,
+    ),
+)
+
+# The knob exploration run before the table (`--pilot`): one seed (100, not a table seed), 30 updates, the three
+# critics. The knobs were chosen on the Figure-2 diagnostic alone (how long PPO's advantages stay correlated with
+# early positions), not on accuracy; see the README.
+PILOT_KNOBS = {
+    "lr1e-4_vlr5e-5": {"learning_rate": 1e-4, "value_learning_rate": 5e-5},
+    "lr1e-4_vlr1e-5": {"learning_rate": 1e-4, "value_learning_rate": 1e-5},
+    "lr3e-5_vlr5e-5": {"learning_rate": 3e-5, "value_learning_rate": 5e-5},
+}
+PILOT_VARIANTS = ("ppo", "ppo_biased", "vcppo")
+
+SWEEP_VARIANTS = (
+    *(
+        Variant(f"lam_actor_{lam}", f"VC-PPO, λ_actor {lam}", pretrain=True, lam_actor=lam, lam_critic=1.0,
+                group="lam_actor")
+        for lam in (0.9, 0.95, 0.99, 1.0)
+    ),
+    *(
+        Variant(f"pretrain_{n}", f"VC-PPO, {n} pretraining updates", pretrain=n > 0, pretrain_updates=n,
+                lam_critic=1.0, group="pretrain_steps")
+        for n in (0, 5, 20, 60)
+    ),
+    *(
+        Variant(f"lam_critic_{lam}", f"VC-PPO, λ_critic {lam}", pretrain=True, lam_critic=lam, group="lam_critic")
+        for lam in (0.95, 1.0)
+    ),
+)
+
+
+# --------------------------------------------------------------------------------------------------------- assets
+
+
+def build_assets(budget: Budget, cache_dir: str) -> dict[str, Any]:
+    """Cold-start policy, reward model and controlled-bias critic (cached), and the cold start's held-out scores."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vcppo_trl.toy import build_tiny_model, build_tokenizer, cold_start_sft, greedy_accuracy, make_splits
+    from vcppo_trl.toy.reward_model import build_controlled_bias_critic, build_reward_model
+
+    os.makedirs(cache_dir, exist_ok=True)
+    key = budget.asset_key()
+    manifest_path = os.path.join(cache_dir, "assets.json")
+    policy_dir = os.path.join(cache_dir, "cold_start")
+    splits = make_splits(budget.num_train, budget.num_eval, seed=0, short_fraction=budget.short_fraction)
+    manifest = _read_json(manifest_path)
+    if manifest is None or manifest.get("key") != key:
+        t0 = time.time()
+        tokenizer = build_tokenizer()
+        policy = build_tiny_model(tokenizer, seed=0)
+        policy = cold_start_sft(
+            policy,
+            tokenizer,
+            splits["train"],
+            output_dir=os.path.join(cache_dir, "sft_logs"),
+            max_steps=budget.cold_start_steps,
+            target_accuracy=None,
+            seed=0,
+        )
+        policy.save_pretrained(policy_dir)
+        tokenizer.save_pretrained(policy_dir)
+        evaluation = greedy_accuracy(policy, tokenizer, splits["test"], max_new_tokens=budget.response_length)
+        manifest = {"key": key, "cold_start_seconds": time.time() - t0, "cold_start_eval": evaluation}
+        _write_json(manifest_path, manifest)
+    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    policy = AutoModelForCausalLM.from_pretrained(policy_dir)
+    rm_dir = os.path.join(cache_dir, "reward_model")
+    t0 = time.time()
+    torch.manual_seed(0)
+    reward_model, rm_stats = build_reward_model(
+        policy,
+        tokenizer,
+        splits["train"],
+        output_dir=rm_dir,
+        num_samples=budget.rm_samples,
+        num_epochs=budget.rm_epochs,
+        max_new_tokens=budget.response_length,
+        cache_key=key,
+    )
+    cb_dir = os.path.join(cache_dir, "controlled_bias_critic")
+    _, cb_stats = build_controlled_bias_critic(
+        reward_model,
+        policy,
+        tokenizer,
+        splits["train"],
+        bias=budget.controlled_bias,
+        output_dir=cb_dir,
+        num_samples=budget.controlled_bias_samples,
+        num_epochs=budget.controlled_bias_epochs,
+        max_new_tokens=budget.response_length,
+        cache_key=key,
+    )
+    manifest.update(
+        policy=policy_dir,
+        reward_model=rm_dir,
+        controlled_bias_critic=cb_dir,
+        reward_model_stats=rm_stats,
+        controlled_bias_stats=cb_stats,
+        critic_build_seconds=time.time() - t0,
+    )
+    _write_json(manifest_path, manifest)
+    return manifest
+
+
+# ----------------------------------------------------------------------------------------------------------- runs
+
+
+def short_form(completions, **kwargs) -> list[float]:
+    """1 for a response in the compressed (short) form, else 0: logged with weight 0, never trained on."""
+    from vcppo_trl.rewards import completion_to_text
+    from vcppo_trl.toy.task import response_mode
+
+    return [1.0 if response_mode(completion_to_text(c)) == "short" else 0.0 for c in completions]
+
+
+def _run_vcppo(variant: Variant, seed: int, budget: Budget, assets: dict, out_dir: str, train, test) -> list[dict]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vcppo_trl import VCPPOConfig, VCPPOTrainer
+    from vcppo_trl.rewards import math_verify_reward
+
+    pretrain = (budget.pretrain_updates if variant.pretrain_updates is None else variant.pretrain_updates)
+    pretrain = pretrain if variant.pretrain else 0
+    args = VCPPOConfig(
+        output_dir=out_dir,
+        seed=seed,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        eval_strategy="no",
+        num_sample_generations=0,
+        disable_tqdm=True,
+        per_device_train_batch_size=budget.per_device_train_batch_size,
+        gradient_accumulation_steps=budget.gradient_accumulation_steps,
+        num_mini_batches=budget.num_mini_batches,
+        num_ppo_epochs=budget.num_ppo_epochs,
+        local_rollout_forward_batch_size=64,
+        total_episodes=budget.ppo_updates * budget.prompts_per_update,
+        response_length=budget.response_length,
+        temperature=1.0,
+        kl_coef=0.0,
+        lam_actor=variant.lam_actor,
+        lam_critic=variant.lam_critic,
+        learning_rate=budget.learning_rate,
+        value_learning_rate=budget.value_learning_rate,
+        vf_coef=budget.vf_coef,
+        value_pretrain_steps=pretrain,
+        missing_eos_penalty=1.0,
+        reward_weights=[1.0, 0.0],
+    )
+    critic_dir = assets["controlled_bias_critic"] if variant.critic == "controlled_bias" else assets["reward_model"]
+    tokenizer = AutoTokenizer.from_pretrained(assets["policy"])
+    trainer = VCPPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(assets["policy"]),
+        processing_class=tokenizer,
+        reward_funcs=[math_verify_reward, short_form],
+        args=args,
+        train_dataset=train,
+        value_model=critic_dir,
+    )
+    trainer.train()
+    return trainer.state.log_history, trainer.model.policy if hasattr(trainer.model, "policy") else trainer.model
+
+
+def _run_grpo(variant: Variant, seed: int, budget: Budget, assets: dict, out_dir: str, train, test):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from vcppo_trl.rewards import math_verify_reward
+
+    # Same samples as PPO: prompts_per_update completions per generation batch (prompts_per_update / G prompts with G
+    # completions each), and the same number of optimizer steps per batch (num_mini_batches x num_ppo_epochs).
+    completions = budget.prompts_per_update
+    args = GRPOConfig(
+        output_dir=out_dir,
+        seed=seed,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        num_generations=budget.grpo_generations,
+        per_device_train_batch_size=completions // budget.num_mini_batches,
+        gradient_accumulation_steps=1,
+        steps_per_generation=budget.num_mini_batches,
+        num_iterations=budget.num_ppo_epochs,
+        max_steps=budget.ppo_updates * budget.num_mini_batches * budget.num_ppo_epochs,
+        max_completion_length=budget.response_length,
+        learning_rate=budget.learning_rate,
+        lr_scheduler_type="linear",
+        warmup_steps=0,
+        beta=0.0,
+        temperature=1.0,
+        reward_weights=[1.0, 0.0],
+        disable_dropout=True,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(assets["policy"])
+    trainer = GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(assets["policy"]),
+        reward_funcs=[math_verify_reward, short_form],
+        args=args,
+        train_dataset=train,
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    return trainer.state.log_history, trainer.model
+
+
+def run_one(variant: Variant, seed: int, budget: Budget, assets: dict, path: str) -> None:
+    """Train one variant with one seed in this process (one torch thread) and write its JSON."""
+    import torch
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from vcppo_trl.toy import greedy_accuracy, make_splits
+
+    splits = make_splits(budget.num_train, budget.num_eval, seed=0, short_fraction=budget.short_fraction)
+    columns = ["prompt", "solution", "difficulty"]
+    train, test = splits["train"].select_columns(columns), splits["test"].select_columns(columns)
+    scratch = os.path.join(os.path.dirname(path), f".scratch-seed{seed}")
+    t0 = time.time()
+    runner = _run_grpo if variant.trainer == "grpo" else _run_vcppo
+    history, policy = runner(variant, seed, budget, assets, scratch, train, test)
+    train_seconds = time.time() - t0
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(assets["policy"])
+    final_eval = greedy_accuracy(policy, tokenizer, splits["test"], max_new_tokens=budget.response_length)
+    record = {
+        "variant": dataclasses.asdict(variant),
+        "seed": seed,
+        "budget": _budget_dict(budget),
+        "train_seconds": train_seconds,
+        "wall_seconds": time.time() - t0,
+        "cold_start_eval": assets["cold_start_eval"],
+        "final_eval": final_eval,
+        "log_history": history,
+    }
+    _write_json(path, record)
+
+
+def _worker(task: tuple) -> tuple[str, str | None]:
+    variant, seed, budget, assets, path = task
+    # Each run's own output (metric dicts, warnings) goes to its log file, not to the sweep's console.
+    log_path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(path))), "logs", f"{variant.name}-seed{seed}.log")
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    with open(log_path, "w") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        sys.stdout = sys.stderr = log
+        try:
+            run_one(variant, seed, budget, assets, path)
+            return path, None
+        except Exception:  # reported by the parent; the other runs go on
+            error = traceback.format_exc()
+            print(error, flush=True)
+            return path, error
+
+
+def run_path(results_dir: str, variant: Variant, seed: int) -> str:
+    return os.path.join(results_dir, "runs", variant.name, f"seed{seed}.json")
+
+
+def run_all(
+    variants: tuple[Variant, ...], budget: Budget, assets: dict, results_dir: str, workers: int
+) -> list[tuple[str, str]]:
+    """Run every (variant, seed) whose JSON is missing, `workers` at a time; returns the failures."""
+    tasks = []
+    for seed in budget.seeds:  # seed-major: an interrupted sweep has whole seeds of every variant
+        for variant in variants:
+            path = run_path(results_dir, variant, seed)
+            existing = _read_json(path)
+            if existing is not None and existing.get("budget") == _budget_dict(budget):
+                continue
+            tasks.append((variant, seed, budget, assets, path))
+    print(f"{len(tasks)} runs to do ({len(variants)} variants x {len(budget.seeds)} seeds, rest already saved).")
+    failures = []
+    if not tasks:
+        return failures
+    t0 = time.time()
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(processes=workers, maxtasksperchild=1) as pool:
+        for done, (path, error) in enumerate(pool.imap_unordered(_worker, tasks), start=1):
+            status = "failed" if error else "done"
+            print(f"[{done}/{len(tasks)}] {status}: {os.path.relpath(path, results_dir)} ({time.time() - t0:.0f} s)")
+            if error:
+                failures.append((path, error))
+                print(error, file=sys.stderr)
+    return failures
+
+
+# ---------------------------------------------------------------------------------------------------------- utils
+
+
+def _budget_dict(budget: Budget) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(budget).items()}
+
+
+def _read_json(path: str) -> dict | None:
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except json.JSONDecodeError:
+        return None  # a run killed while writing: redo it
+
+
+def _write_json(path: str, data: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, default=_json_default)
+    os.replace(tmp, path)
+
+
+def _json_default(x):
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    if hasattr(x, "item"):
+        return x.item()
+    return str(x)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--full", action="store_true", help="Also run the sweeps (λ_actor, pretraining, λ_critic).")
+    parser.add_argument("--report", action="store_true", help="Only rebuild the table and plots from saved runs.")
+    parser.add_argument("--smoke", action="store_true", help="Tiny budget (tests): 1 seed, 2 updates.")
+    parser.add_argument("--pilot", action="store_true", help="The knob exploration (PILOT_KNOBS) into results/pilot/.")
+    parser.add_argument("--variants", nargs="*", help="Only these variants (names), e.g. ppo vcppo.")
+    parser.add_argument("--workers", type=int, default=2, help="Parallel worker processes (one torch thread each).")
+    parser.add_argument("--results-dir", default=DEFAULT_RESULTS)
+    parser.add_argument("--cache-dir", default=DEFAULT_CACHE)
+    args = parser.parse_args(argv)
+
+    sys.path.insert(0, HERE)
+    import report
+
+    budget = SMOKE_BUDGET if args.smoke else Budget()
+    variants = MAIN_VARIANTS + (SWEEP_VARIANTS if args.full else ())
+    if args.variants:
+        known = {v.name: v for v in MAIN_VARIANTS + SWEEP_VARIANTS}
+        unknown = [n for n in args.variants if n not in known]
+        if unknown:
+            parser.error(f"unknown variant(s) {unknown}; choose from {sorted(known)}")
+        variants = tuple(known[n] for n in args.variants)
+    failures = []
+    if args.pilot:
+        import torch
+
+        torch.set_num_threads(1)
+        assets = build_assets(budget, args.cache_dir)
+        known = {v.name: v for v in MAIN_VARIANTS}
+        pilot_variants = tuple(known[n] for n in PILOT_VARIANTS)
+        for knob, settings in PILOT_KNOBS.items():
+            pilot_budget = dataclasses.replace(budget, ppo_updates=30, seeds=(100,), **settings)
+            pilot_dir = os.path.join(args.results_dir, "pilot", knob)
+            failures += run_all(pilot_variants, pilot_budget, assets, pilot_dir, args.workers)
+            report.build_report(pilot_dir, pilot_variants, (100,), cache_dir=args.cache_dir)
+        return 1 if failures else 0
+    if not args.report:
+        import torch
+
+        torch.set_num_threads(1)  # the same numerics as the one-thread workers, and no oversubscription
+        t0 = time.time()
+        assets = build_assets(budget, args.cache_dir)
+        print(f"Assets ready in {time.time() - t0:.0f} s: {args.cache_dir}")
+        failures = run_all(variants, budget, assets, args.results_dir, args.workers)
+        print(f"All runs finished in {time.time() - t0:.0f} s.")
+    report.build_report(args.results_dir, variants, budget.seeds, cache_dir=args.cache_dir)
+    if failures:
+        print(f"{len(failures)} run(s) failed: {[os.path.relpath(p, args.results_dir) for p, _ in failures]}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
