@@ -1,7 +1,7 @@
 """VCPPOTrainer: PPOTrainer plus VC-PPO's two changes (arXiv 2503.01491).
 
 1. Value pretraining: before the policy moves, the critic is trained alone on the frozen policy's rollouts with
-   Monte-Carlo targets (λ = 1); [`ValuePretrainCallback`] owns the phase.
+   Monte-Carlo targets (λ = 1), by default without value clipping; [`ValuePretrainCallback`] owns the phase.
 2. Decoupled GAE: value targets with `lam_critic` (1.0), policy advantages with `lam_actor` (≈ 0.95).
 """
 
@@ -71,6 +71,10 @@ class VCPPOTrainer(PPOTrainer):
             return self.args.lam_actor
         lengths = response_mask.sum(dim=1).clamp(min=1).double()
         return (1.0 - 1.0 / (alpha * lengths)).clamp(0.0, 1.0)
+
+    def value_cliprange(self) -> float | None:
+        """During value pretraining `value_pretrain_cliprange_value` (default `None`: no clipping), else `cliprange_value`."""
+        return self.args.value_pretrain_cliprange_value if self.policy_frozen else self.args.cliprange_value
 
     def compute_advantages(self, rollout: Rollout):
         """Decoupled GAE; during value pretraining the targets are Monte-Carlo returns (λ = 1)."""
