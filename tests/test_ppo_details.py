@@ -220,3 +220,38 @@ def test_minibatch_gradient_does_not_depend_on_the_micro_batch_split(
         for name, grad in reference.items():
             assert grad is not None, name
             torch.testing.assert_close(grads[split][name], grad, rtol=1e-4, atol=1e-7, msg=f"{split} {name}")
+
+
+# ------------------------------------------------------------------------------- per-model gradient clipping
+
+
+def test_large_critic_gradients_do_not_shrink_the_policy_step(make_trainer, tiny_policy, tiny_config):
+    policy0 = copy.deepcopy(tiny_policy)
+    critic0 = None
+    rollout = None
+    grads = {}
+    for vf_coef in (1e-3, 1e3):
+        args = tiny_config(
+            PPOConfig, num_mini_batches=1, num_ppo_epochs=1, kl_coef=0.0, max_grad_norm=1.0, vf_coef=vf_coef
+        )
+        trainer = make_trainer(
+            cls=PPOTrainer,
+            model=copy.deepcopy(policy0),
+            value_model=None if critic0 is None else copy.deepcopy(critic0),
+            args=args,
+        )
+        if critic0 is None:
+            critic0 = copy.deepcopy(trainer.model.critic)
+        trainer._setup_training()
+        if rollout is None:
+            rollout = trainer.make_rollout(_rows(trainer))
+        advantages, returns = trainer.compute_advantages(rollout)
+        grads[vf_coef] = _capture_first_step_grads(trainer)
+        trainer.ppo_update(rollout, advantages, returns)
+    for name, grad in grads[1e-3].items():
+        if name.startswith("policy."):
+            torch.testing.assert_close(grads[1e3][name], grad, msg=name)
+    for coef, captured in grads.items():
+        for prefix in ("policy.", "critic."):
+            norm = torch.linalg.vector_norm(torch.stack([g.norm() for n, g in captured.items() if n.startswith(prefix)]))
+            assert float(norm) <= 1.0 + 1e-4, (coef, prefix)

@@ -205,12 +205,13 @@ def masked_whiten(
     Returns:
         `torch.Tensor`: same shape and dtype; positions outside the mask are 0.
     """
-    mask_f = mask.to(values.dtype)
+    valid = mask.bool()
+    values = torch.where(valid, values, torch.zeros((), dtype=values.dtype, device=values.device))  # padding garbage
+    mask_f = valid.to(values.dtype)
     if all_reduce is None:
         mean, var = masked_mean(values, mask_f), masked_var(values, mask_f)
     else:
-        valid = mask.bool()
-        x = torch.where(valid, values.double(), 0.0)
+        x = values.double()
         first = all_reduce(torch.stack([x.sum(), valid.sum().double()]))
         count = first[1]
         mean64 = first[0] / count.clamp(min=1)
