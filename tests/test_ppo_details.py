@@ -255,3 +255,35 @@ def test_large_critic_gradients_do_not_shrink_the_policy_step(make_trainer, tiny
         for prefix in ("policy.", "critic."):
             norm = torch.linalg.vector_norm(torch.stack([g.norm() for n, g in captured.items() if n.startswith(prefix)]))
             assert float(norm) <= 1.0 + 1e-4, (coef, prefix)
+
+
+# ------------------------------------------------------------------------------------- KL during pretraining
+
+
+def test_value_pretraining_targets_include_kl_to_a_user_reference(make_trainer, tokenizer, tiny_config):
+    from vcppo_trl.toy.model import build_tiny_model
+
+    reference = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=1)  # not the policy
+    args = tiny_config(value_pretrain_steps=1, total_episodes=16, kl_coef=0.1)
+    trainer = make_trainer(args=args, ref_model=reference)
+    rollout = trainer.make_rollout(_rows(trainer), train_policy=False)
+    mask = rollout.response_mask
+    assert rollout.kl[mask].abs().min() > 0  # the frozen policy differs from the reference
+    with_kl = trainer.token_rewards(rollout)
+    no_kl = copy.copy(rollout)
+    no_kl.kl = torch.zeros_like(rollout.kl)
+    torch.testing.assert_close(with_kl - trainer.token_rewards(no_kl), -0.1 * rollout.kl * mask)
+    torch.testing.assert_close(rollout.rewards, with_kl)
+    # The critic's targets during pretraining (λ = 1) are the reverse sums of those rewards, KL included.
+    trainer.policy_frozen = True
+    _, returns = trainer.compute_advantages(rollout)
+    expected = torch.flip(torch.cumsum(torch.flip(with_kl, [1]), 1), [1]) * mask
+    torch.testing.assert_close(returns, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_value_pretraining_skips_kl_when_the_reference_is_the_initial_policy(make_trainer, tiny_config, monkeypatch):
+    trainer = make_trainer(args=tiny_config(value_pretrain_steps=1, total_episodes=16, kl_coef=0.1))
+    assert trainer.reference_is_initial_policy
+    monkeypatch.setattr(trainer, "_ref_logprobs", lambda rollout: pytest.fail("reference forward in pretraining"))
+    rollout = trainer.make_rollout(_rows(trainer), train_policy=False)
+    assert rollout.logprobs is None and not rollout.kl.any()

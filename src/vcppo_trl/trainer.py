@@ -157,6 +157,8 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
 
         # The reference policy exists only when the KL penalty is on; under PEFT it is the base model.
         self.ref_model = None
+        # Whether KL(policy ‖ reference) is exactly 0 while the policy is frozen (value pretraining).
+        self.reference_is_initial_policy = ref_model is None and not is_peft_model(policy)
         if args.kl_coef > 0 and not is_peft_model(policy):
             self.ref_model = ref_model if ref_model is not None else copy.deepcopy(policy)
             self.ref_model.eval().requires_grad_(False)
@@ -505,8 +507,10 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
 
         Args:
             rows: Dataset rows for this process.
-            train_policy: When False (value-only updates) the policy's and reference's log-probabilities are not
-                computed: the policy does not move, so the KL penalty is exactly 0.
+            train_policy: When False (value-only updates) the policy does not move. The KL penalty then still
+                enters the critic's targets when the reference is not the initial policy (a `ref_model` given by the
+                user, or the base model of a PEFT policy whose adapter may not start at zero); only when the
+                reference is a copy of the initial policy, where it is exactly 0, are the log-probabilities skipped.
         """
         args = self.args
         prompt_texts = self._prompt_texts(rows)
@@ -539,8 +543,9 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             rewards_per_func=rewards_per_func,
             reward_failed=reward_failed,
         )
-        rollout.logprobs, rollout.values = self._forward_in_chunks(rollout, compute_policy=train_policy)
-        if train_policy and args.kl_coef > 0:
+        with_kl = args.kl_coef > 0 and (train_policy or not self.reference_is_initial_policy)
+        rollout.logprobs, rollout.values = self._forward_in_chunks(rollout, compute_policy=train_policy or with_kl)
+        if with_kl:
             rollout.ref_logprobs = self._ref_logprobs(rollout)
             rollout.kl = kl_penalty(rollout.logprobs, rollout.ref_logprobs, args.kl_estimator) * response_mask
         else:
@@ -791,23 +796,32 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             rollout.values, returns, advantages, mask.long(), rollout.kl
         )
         mask_g = mask_g.bool()
-        lengths = self.accelerator.gather(rollout.response_mask.sum(1).float())
-        valid = ~torch.isnan(self.accelerator.gather(rollout.raw_scores))
+        # Per-sample metrics count scored samples only: a skipped sample (no reward function applied) has no score,
+        # and its response mask is empty.
+        scored = ~torch.isnan(rollout.raw_scores)
         raw = self.accelerator.gather(rollout.raw_scores)
+        valid = ~torch.isnan(raw)
+        lengths = self.accelerator.gather(rollout.response_mask.sum(1).float())[valid]
+        kl_per_sample = (kl_g * mask_g).sum(1)[valid]
         correct = (raw[valid] > self.args.accuracy_threshold).float()
+
+        def mean_or_nan(x: torch.Tensor) -> float:
+            return float(x.mean()) if x.numel() else float("nan")
+
+        nan = torch.full_like(rollout.scores, float("nan"))
         metrics = {
-            "objective/scores": self._mean_across(rollout.scores),
-            "objective/kl": float((kl_g * mask_g).sum(1).mean()),
-            "objective/non_score_reward": float((-self.args.kl_coef * kl_g * mask_g).sum(1).mean()),
+            "objective/scores": self._mean_across(torch.where(scored, rollout.scores, nan)),
+            "objective/kl": mean_or_nan(kl_per_sample),
+            "objective/non_score_reward": mean_or_nan(-self.args.kl_coef * kl_per_sample),
             "value/explained_variance": explained_variance(values, returns_g, mask_g),
             "value/mean": float(masked_mean(values, mask_g)),
             "value/returns_mean": float(masked_mean(returns_g, mask_g)),
-            "diagnostics/response_length_mean": float(lengths.mean()),
-            "diagnostics/response_length_min": float(lengths.min()),
-            "diagnostics/response_length_max": float(lengths.max()),
-            "diagnostics/accuracy": float(correct.mean()) if correct.numel() else float("nan"),
+            "diagnostics/response_length_mean": mean_or_nan(lengths),
+            "diagnostics/response_length_min": float(lengths.min()) if lengths.numel() else float("nan"),
+            "diagnostics/response_length_max": float(lengths.max()) if lengths.numel() else float("nan"),
+            "diagnostics/accuracy": mean_or_nan(correct),
             "diagnostics/advantage_position_corr": position_correlation(advantages_g, mask_g),
-            "diagnostics/stop_rate": self._mean_across(rollout.has_stop.float()),
+            "diagnostics/stop_rate": self._mean_across(torch.where(scored, rollout.has_stop.float(), nan)),
             "diagnostics/skipped_samples": float((~valid).sum()),
             "reward/verifier_failures": float(self.accelerator.gather(rollout.reward_failed.float()).sum()),
         }
