@@ -57,6 +57,9 @@ def test_ddp_two_processes_on_cpu(tmp_path):
         assert m0["objective/scores"] == pytest.approx(sum(everything) / len(everything))
     assert "value_pretrain/explained_variance" in r0["metrics"][0]
     assert "loss/policy_avg" in r0["metrics"][-1]
+    for info in (r0, r1):  # the frozen policy got no gradient and no optimizer state in pretraining
+        assert info["optimizer_after_pretraining"]["policy"] == {"steps": 0.0, "moments": 0.0, "state_tensors": 0.0}
+        assert info["optimizer_after_pretraining"]["value"]["steps"] == 2.0
 
     # Weights are identical on both ranks after the updates, and the saved policy and critic load.
     assert r0["policy_hash"] == r1["policy_hash"]
@@ -108,6 +111,11 @@ def test_zero3_two_processes_on_cpu(tmp_path, gather):
 
     # Value pretraining leaves the policy bit-identical under ZeRO-3 too (weight decay on), then PPO moves it.
     assert r0["after_pretraining"]["policy"] == r0["initial_policy_hash"]
+    # ...and PPO starts from a fresh policy optimizer state, as without DeepSpeed: ZeRO gives the frozen policy zero
+    # gradients, on which Adam's step count would advance through pretraining and mis-scale the first PPO steps.
+    for info in (r0, r1):
+        assert info["optimizer_after_pretraining"]["policy"] == {"steps": 0.0, "moments": 0.0, "state_tensors": 0.0}
+        assert info["optimizer_after_pretraining"]["value"]["steps"] == 2.0  # 1 update × 2 mini-batches
     assert r0["policy_hash"] != r0["initial_policy_hash"]
     assert r0["critic_hash"] != r0["after_pretraining"]["critic"]
     assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])

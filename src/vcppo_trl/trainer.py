@@ -35,7 +35,7 @@ from trl.trainer.utils import disable_dropout_in_model, print_prompt_completions
 from .callbacks import RolloutProgressCallback
 from .config import PPOConfig
 from .data import DataReport, prepare_prompt_dataset, reward_function_columns
-from .distributed import check_deepspeed_setup, micro_batch_context
+from .distributed import check_deepspeed_setup, micro_batch_context, reset_optimizer_state
 from .gae import explained_variance, gae, masked_mean, masked_whiten, position_correlation
 from .loading import build_critic, load_policy, load_reward_funcs, load_tokenizer, resolve_stop_token_ids
 from .losses import clipped_policy_loss, clipped_value_loss, kl_penalty, loss_normalizer
@@ -577,6 +577,12 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         return gae(rollout.rewards, rollout.values, rollout.response_mask, self.args.gamma, self.args.lam)
 
     # --------------------------------------------------------------- updating
+
+    def reset_policy_optimizer_state(self) -> None:
+        """Forget the policy's optimizer state (see [`~distributed.reset_optimizer_state`]); called when value
+        pretraining ends, so that the first PPO step is the same with and without DeepSpeed."""
+        if self.optimizer is not None:
+            reset_optimizer_state(self.optimizer, "policy")
 
     def _set_policy_lr_to_zero(self) -> None:
         for group in self.optimizer.param_groups:
