@@ -35,28 +35,28 @@ def _record_value_clipranges(monkeypatch, trainer):
     return calls
 
 
-@pytest.mark.parametrize("pretrain_clip", [None, 0.5])
-def test_value_pretraining_uses_its_own_value_clip_range(make_trainer, tiny_config, monkeypatch, pretrain_clip):
-    args = tiny_config(value_pretrain_steps=1, total_episodes=16, cliprange_value=0.2)
-    if pretrain_clip is not None:
-        args.value_pretrain_cliprange_value = pretrain_clip
+@pytest.mark.parametrize(("pretrain_clip", "expected"), [(None, 0.3), (0.5, 0.5), (float("inf"), None)])
+def test_value_pretraining_uses_its_own_value_clip_range(make_trainer, tiny_config, monkeypatch, pretrain_clip, expected):
+    args = tiny_config(
+        value_pretrain_steps=1, total_episodes=16, cliprange_value=0.3, value_pretrain_cliprange_value=pretrain_clip
+    )
     trainer = make_trainer(args=args)
     calls = _record_value_clipranges(monkeypatch, trainer)
     trainer.train()
     pretraining = {clip for frozen, clip in calls if frozen}
     ppo = {clip for frozen, clip in calls if not frozen}
-    assert pretraining == {pretrain_clip}  # default None: no clipping while the critic is pretrained
-    assert ppo == {0.2}
+    assert pretraining == {expected}  # default: cliprange_value; inf: no clipping while the critic is pretrained
+    assert ppo == {0.3}
 
 
 def test_value_pretraining_without_clipping_reaches_far_targets(make_trainer, tiny_config):
     # One pretraining update with a large critic learning rate: unclipped, the critic's values move further from
-    # their rollout values than cliprange_value allows in a clipped step's gradient.
+    # their rollout values than a clipped step lets them.
     def constant_reward(completions, **kwargs):
         return [5.0] * len(completions)
 
     moved = {}
-    for clip in (None, 0.2):
+    for clip in (float("inf"), None):
         args = tiny_config(
             value_pretrain_steps=1,
             total_episodes=16,
@@ -64,6 +64,7 @@ def test_value_pretraining_without_clipping_reaches_far_targets(make_trainer, ti
             learning_rate=0.0,
             num_ppo_epochs=4,
             vf_coef=1.0,
+            cliprange_value=0.2,
             value_pretrain_cliprange_value=clip,
         )
         trainer = make_trainer(reward_funcs=constant_reward, args=args)
@@ -76,7 +77,7 @@ def test_value_pretraining_without_clipping_reaches_far_targets(make_trainer, ti
         mask = rollout.response_mask
         moved[clip] = float((after - rollout.values)[mask].abs().mean())
     # Clipped, a value whose clipped loss wins gets no gradient once it has moved 0.2; unclipped it keeps going.
-    assert moved[None] > 1.5 * moved[0.2]
+    assert moved[float("inf")] > 1.5 * moved[None]
 
 
 # ----------------------------------------------------------------------------- rollout passes run in eval mode

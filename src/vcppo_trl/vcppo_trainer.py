@@ -1,11 +1,13 @@
 """VCPPOTrainer: PPOTrainer plus VC-PPO's two changes (arXiv 2503.01491).
 
 1. Value pretraining: before the policy moves, the critic is trained alone on the frozen policy's rollouts with
-   Monte-Carlo targets (λ = 1), by default without value clipping; [`ValuePretrainCallback`] owns the phase.
+   Monte-Carlo targets (λ = 1); [`ValuePretrainCallback`] owns the phase.
 2. Decoupled GAE: value targets with `lam_critic` (1.0), policy advantages with `lam_actor` (≈ 0.95).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -73,8 +75,11 @@ class VCPPOTrainer(PPOTrainer):
         return (1.0 - 1.0 / (alpha * lengths)).clamp(0.0, 1.0)
 
     def value_cliprange(self) -> float | None:
-        """During value pretraining `value_pretrain_cliprange_value` (default `None`: no clipping), else `cliprange_value`."""
-        return self.args.value_pretrain_cliprange_value if self.policy_frozen else self.args.cliprange_value
+        """`value_pretrain_cliprange_value` during value pretraining when set (`inf`: no clipping), else `cliprange_value`."""
+        clip = self.args.value_pretrain_cliprange_value
+        if not self.policy_frozen or clip is None:
+            return self.args.cliprange_value
+        return None if math.isinf(clip) else clip
 
     def compute_advantages(self, rollout: Rollout):
         """Decoupled GAE; during value pretraining the targets are Monte-Carlo returns (λ = 1)."""
