@@ -1086,6 +1086,7 @@ _GENERATION_FIELDS_THAT_DO_NOT_SAMPLE = {
     "max_new_tokens",
     "use_cache",
     "cache_implementation",
+    "do_sample",
     "cache_config",
     "transformers_version",
     "_from_model_config",
