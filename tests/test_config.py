@@ -197,3 +197,32 @@ def test_help_renders(cls):
 def test_length_adaptive_alpha_must_be_positive(tmp_path, alpha):
     with pytest.raises(ValueError, match="lam_actor_length_alpha"):
         VCPPOConfig(output_dir=str(tmp_path), report_to="none", bf16=False, use_cpu=True, lam_actor_length_alpha=alpha)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Loss aggregation, whitening scope, value clipping in pretraining (issue 13)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_loss_aggregation_and_whitening_defaults(tmp_path):
+    args = make(PPOConfig, tmp_path)
+    assert (args.loss_type, args.value_loss_type, args.advantage_whitening) == ("token_mean", "token_mean", "global")
+    args = make(PPOConfig, tmp_path, loss_type="seq_mean_token_sum_norm")
+    assert args.value_loss_type == "seq_mean_token_sum_norm"  # follows loss_type unless set
+    args = make(PPOConfig, tmp_path, loss_type="seq_mean_token_mean", value_loss_type="token_mean")
+    assert (args.loss_type, args.value_loss_type) == ("seq_mean_token_mean", "token_mean")
+    assert make(VCPPOConfig, tmp_path).value_pretrain_cliprange_value is None  # None: cliprange_value
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"loss_type": "seq_mean"}, "`loss_type` must be one of token_mean"),
+        ({"value_loss_type": "sum"}, "`value_loss_type` must be one of"),
+        ({"advantage_whitening": "batch"}, "`advantage_whitening` must be 'global' or 'local'"),
+        ({"value_pretrain_cliprange_value": 0.0}, "`value_pretrain_cliprange_value` must be > 0"),
+    ],
+)
+def test_loss_aggregation_validation(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        make(VCPPOConfig, tmp_path, **kwargs)

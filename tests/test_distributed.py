@@ -57,6 +57,9 @@ def test_ddp_two_processes_on_cpu(tmp_path):
         assert m0["objective/scores"] == pytest.approx(sum(everything) / len(everything))
     assert "value_pretrain/explained_variance" in r0["metrics"][0]
     assert "loss/policy_avg" in r0["metrics"][-1]
+    for info in (r0, r1):  # the frozen policy got no gradient and no optimizer state in pretraining
+        assert info["optimizer_after_pretraining"]["policy"] == {"steps": 0.0, "moments": 0.0, "state_tensors": 0.0}
+        assert info["optimizer_after_pretraining"]["value"]["steps"] == 2.0
 
     # Weights are identical on both ranks after the updates, and the saved policy and critic load.
     assert r0["policy_hash"] == r1["policy_hash"]
@@ -108,6 +111,11 @@ def test_zero3_two_processes_on_cpu(tmp_path, gather):
 
     # Value pretraining leaves the policy bit-identical under ZeRO-3 too (weight decay on), then PPO moves it.
     assert r0["after_pretraining"]["policy"] == r0["initial_policy_hash"]
+    # ...and PPO starts from a fresh policy optimizer state, as without DeepSpeed: ZeRO gives the frozen policy zero
+    # gradients, on which Adam's step count would advance through pretraining and mis-scale the first PPO steps.
+    for info in (r0, r1):
+        assert info["optimizer_after_pretraining"]["policy"] == {"steps": 0.0, "moments": 0.0, "state_tensors": 0.0}
+        assert info["optimizer_after_pretraining"]["value"]["steps"] == 2.0  # 1 update × 2 mini-batches
     assert r0["policy_hash"] != r0["initial_policy_hash"]
     assert r0["critic_hash"] != r0["after_pretraining"]["critic"]
     assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])
@@ -283,3 +291,24 @@ def test_zero3_with_cpu_offload(tmp_path):
         assert counts["local"] < counts["total"]
     assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])
     assert _state_hash(AutoModelForCausalLM.from_pretrained(tmp_path / "model")) == r0["policy_hash"]
+
+
+@pytest.mark.parametrize("loss_type", ["token_mean", "seq_mean_token_mean"])
+def test_ddp_gradient_equals_one_big_batch(tmp_path, loss_type):
+    """Unequal micro-batches and ranks (rank 0 short responses, rank 1 long): the DDP step's gradient is the gradient
+    of the whole batch's loss — advantages whitened over both ranks, losses normalised by both ranks' count."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    env.update(
+        CPU,
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TRL_EXPERIMENTAL_SILENCE="1",
+        PYTHONPATH=os.pathsep.join([os.path.join(REPO, "src"), env.get("PYTHONPATH", "")]),
+    )
+    worker = os.path.join(os.path.dirname(WORKER), "grad_worker.py")
+    cmd = [sys.executable, "-m", *TORCHRUN, worker, str(tmp_path), loss_type]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    result = json.load(open(tmp_path / "grad_check.json"))
+    assert result["num_processes"] == 2
+    assert result["max_relative_difference"] < 1e-4

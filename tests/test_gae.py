@@ -441,3 +441,38 @@ def test_monte_carlo_identity_at_16k_tokens():
     _, returns = dual_lambda_gae(rewards, values, mask, 1.0, 0.95, 1.0)
     expected = rewards.double().flip(1).cumsum(1).flip(1)
     assert (returns.double() - expected).abs().max() <= 1e-5 * max(1.0, float(expected.abs().max()))
+
+
+def test_masked_whiten_over_processes_equals_whitening_the_whole_batch():
+    """Global whitening: each process whitens its share with the statistics of all shares (all_reduce = sum)."""
+    import threading
+
+    gen = torch.Generator().manual_seed(3)
+    values = torch.randn(6, 9, generator=gen) * 3.0 + 2.0
+    values[:3] += 5.0  # the shares have different means: per-share whitening would differ
+    mask = _right_padded_mask([9, 2, 5, 7, 1, 8], 9)
+    values[~mask] = float("nan")  # padding garbage
+    shares = [(values[:3], mask[:3]), (values[3:], mask[3:])]
+    barrier = threading.Barrier(2)
+    slots: list = [None, None]
+    results: list = [None, None]
+
+    def run(rank):
+        def all_reduce(t):
+            slots[rank] = t.clone()
+            barrier.wait()
+            total = slots[0] + slots[1]
+            barrier.wait()
+            return total
+
+        results[rank] = masked_whiten(*shares[rank], all_reduce=all_reduce)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    expected = masked_whiten(torch.nan_to_num(values), mask)
+    torch.testing.assert_close(torch.cat(results), expected, rtol=1e-5, atol=1e-5)
+    local = masked_whiten(torch.nan_to_num(values[:3]), mask[:3])
+    assert not torch.allclose(local, expected[:3], atol=1e-2)

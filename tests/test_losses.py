@@ -231,3 +231,52 @@ def test_kl_k3_is_unbiased_for_kl():
 def test_kl_bad_estimator_raises(estimator):
     with pytest.raises(ValueError, match="k1"):
         kl_penalty(torch.zeros(1, 2), torch.zeros(1, 2), estimator)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# aggregate_loss / loss_normalizer
+# --------------------------------------------------------------------------------------------------------------------
+
+
+from vcppo_trl.losses import LOSS_TYPES, aggregate_loss, loss_normalizer  # noqa: E402
+
+
+def test_aggregate_loss_modes_by_hand():
+    per_token = torch.tensor([[1.0, 3.0, 9e9], [2.0, 2.0, 2.0], [7.0, 7.0, 7.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [0, 0, 0]])  # the third sequence is empty (skipped)
+    assert aggregate_loss(per_token, mask, "token_mean").item() == pytest.approx(10 / 5)
+    assert aggregate_loss(per_token, mask, "seq_mean_token_mean").item() == pytest.approx((2 + 2) / 2)
+    assert aggregate_loss(per_token, mask, "seq_mean_token_sum").item() == pytest.approx((4 + 6) / 2)
+    assert aggregate_loss(per_token, mask, "seq_mean_token_sum_norm", max_length=8).item() == pytest.approx(10 / 16)
+    assert aggregate_loss(per_token, torch.zeros_like(mask), "token_mean").item() == 0.0
+    with pytest.raises(ValueError, match="loss_type must be one of"):
+        aggregate_loss(per_token, mask, "sum")
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_pieces_with_the_whole_normaliser_add_up_to_the_whole_loss(loss_type):
+    """Micro-batches of unequal lengths, each divided by the normaliser of the whole mini-batch, sum to its loss."""
+    gen = torch.Generator().manual_seed(0)
+    per_token = torch.randn(6, 10, generator=gen)
+    mask = _mask([1, 10, 3, 7, 2, 9], 10)
+    whole = aggregate_loss(per_token, mask, loss_type, max_length=12)
+    normalizer = sum(loss_normalizer(mask[i : i + 2], loss_type, 12) for i in (0, 2, 4))
+    pieces = sum(aggregate_loss(per_token[i : i + 2], mask[i : i + 2], loss_type, normalizer, 12) for i in (0, 2, 4))
+    assert pieces.item() == pytest.approx(whole.item(), rel=1e-6)
+    # Without the whole normaliser (a mean of per-piece means) the token mean is wrong for unequal pieces.
+    if loss_type == "token_mean":
+        mean_of_means = sum(aggregate_loss(per_token[i : i + 2], mask[i : i + 2], loss_type) for i in (0, 2, 4)) / 3
+        assert mean_of_means.item() != pytest.approx(whole.item(), rel=1e-3)
+
+
+def test_value_loss_without_clipping_is_half_mse_even_far_from_old_values():
+    old = torch.zeros(2, 3)
+    values = torch.tensor([[2.0, -3.0, 1.0], [0.5, 4.0, 0.0]], requires_grad=True)
+    returns = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
+    mask = _mask([3, 2], 3)
+    out = clipped_value_loss(values, old, returns, mask, cliprange_value=None)
+    expected = 0.5 * ((values.detach() - returns)[mask] ** 2).mean()
+    assert out.loss.item() == pytest.approx(expected.item())
+    assert out.clipfrac.item() == 0.0
+    clipped = clipped_value_loss(values, old, returns, mask, cliprange_value=0.2)
+    assert clipped.clipfrac.item() > 0

@@ -168,7 +168,12 @@ def test_none_rewards_skip_samples(make_trainer, tiny_policy, tokenizer, toy_spl
     trainer.train()
     log = next(h for h in trainer.state.log_history if "diagnostics/skipped_samples" in h)
     assert log["diagnostics/skipped_samples"] == 8
-    assert log["objective/scores"] == pytest.approx(0.5)  # skipped samples count as 0 in the score average
+    # Skipped samples are left out of per-sample metrics, not counted as 0.
+    assert log["objective/scores"] == pytest.approx(1.0)
+    rollout, _ = trainer._last_rollout
+    lengths = rollout.response_mask.sum(1)[~torch.isnan(rollout.raw_scores)].float()
+    assert log["diagnostics/response_length_mean"] == pytest.approx(float(lengths.mean()))
+    assert log["diagnostics/response_length_min"] == float(lengths.min()) >= 1
 
 
 def test_truncate_at_stop_uses_first_stop_even_when_pad_is_eos():

@@ -179,6 +179,8 @@ class ValuePretrainCallback(TrainerCallback):
             push_pretrained_critic(self.trainer, path, steps=self.steps)
         # Unused pretraining updates are not given to PPO: it keeps its own count.
         state.max_steps -= self.max_steps - self.steps
+        # PPO starts from a fresh optimizer state for the policy on every path (DeepSpeed advanced it on zero grads).
+        self.trainer.reset_policy_optimizer_state()
         self.trainer.policy_frozen = False
         self.trainer.log({"value_pretrain/steps": float(self.steps)})
         if state.is_world_process_zero:

@@ -9,6 +9,8 @@ from typing import ClassVar, Literal
 
 from trl.trainer.base_config import _BaseConfig
 
+from .losses import LOSS_TYPES
+
 
 def _require_unit_interval(name: str, value: float) -> None:
     if not 0.0 <= value <= 1.0:
@@ -91,6 +93,25 @@ class PPOConfig(_BaseConfig):
         value_hub_model_id (`str`, *optional*): Hub repo of the critic for `push_to_hub()`. Defaults to
             `<hub_model_id>-value`. The policy goes to `hub_model_id`; both honour `hub_private_repo`, `hub_revision`
             and `hub_token`.
+        loss_type (`str`, defaults to `"token_mean"`): How the policy loss reduces over tokens. Every mode divides by a
+            count taken over the whole mini-batch (all its micro-batches and all processes), so gradient accumulation
+            and data parallelism give the gradient of one big batch.
+            - `"token_mean"`: sum over tokens / number of tokens. Every token weighs the same, so a long response
+              weighs in proportion to its length (TRL ≤ 1.12's PPO, DAPO, VAPO). No length bias.
+            - `"seq_mean_token_mean"`: mean over sequences of each response's token mean (verl's
+              `seq-mean-token-mean`, GRPO's original loss). Each response weighs the same, so a token of a long
+              response weighs less: long wrong answers are under-penalised, which lets responses grow (Dr. GRPO,
+              arXiv 2503.20783).
+            - `"seq_mean_token_sum"`: mean over sequences of each response's token sum. Tokens weigh the same but the
+              gradient's scale grows with the response length (tune the learning rate to the lengths).
+            - `"seq_mean_token_sum_norm"`: token sum / (number of sequences × `response_length`), a constant
+              normaliser (Dr. GRPO). Tokens weigh the same and the scale does not depend on the lengths in the batch;
+              with short responses the gradient is small.
+        value_loss_type (`str`, *optional*): The same choice for the value loss. Defaults to `loss_type`.
+        advantage_whitening (`"global"` or `"local"`, defaults to `"global"`): Statistics for whitening the advantages
+            (and the rewards with `whiten_rewards`): over the whole batch of all processes (verl's choice; one
+            all-reduce of three numbers; results do not depend on the number of processes), or over each process's
+            own share (TRL ≤ 1.12; with 8 prompts per process the mean and variance are noisy).
         value_peft_config (`dict`, *optional*): LoRA for the critic as keyword arguments of `peft.LoraConfig` (e.g.
             `{"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}`); the scalar head is trained fully. The
             `value_peft_config=` argument of the trainer takes a `PeftConfig` instead.
@@ -205,6 +226,26 @@ class PPOConfig(_BaseConfig):
             "help": "LoRA for the critic: keyword arguments of peft.LoraConfig (the scalar head is trained fully)."
         },
     )
+    loss_type: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = field(
+        default="token_mean",
+        metadata={
+            "help": "Policy-loss aggregation, normalised over the whole mini-batch (micro-batches and processes): "
+            "'token_mean' (every token weighs the same; no length bias; TRL's PPO, DAPO), 'seq_mean_token_mean' "
+            "(every response weighs the same: tokens of long responses weigh less, the length bias Dr. GRPO "
+            "describes), 'seq_mean_token_sum' (token sums averaged over responses: scale grows with length), "
+            "'seq_mean_token_sum_norm' (token sum / (responses × response_length): Dr. GRPO's constant normaliser)."
+        },
+    )
+    value_loss_type: (
+        Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] | None
+    ) = field(default=None, metadata={"help": "Value-loss aggregation (same choices as loss_type). Default: loss_type."})
+    advantage_whitening: Literal["global", "local"] = field(
+        default="global",
+        metadata={
+            "help": "Whiten advantages (and rewards with whiten_rewards) with statistics of the whole batch across "
+            "processes ('global', verl) or of each process's share ('local', TRL <= 1.12)."
+        },
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -259,6 +300,13 @@ class PPOConfig(_BaseConfig):
             raise ValueError(f"`total_episodes` must be at least 1, got {self.total_episodes}.")
         if isinstance(self.value_peft_config, str):
             self.value_peft_config = json.loads(self.value_peft_config)
+        if self.value_loss_type is None:
+            self.value_loss_type = self.loss_type
+        for name in ("loss_type", "value_loss_type"):
+            if getattr(self, name) not in LOSS_TYPES:
+                raise ValueError(f"`{name}` must be one of {', '.join(LOSS_TYPES)}; got {getattr(self, name)!r}.")
+        if self.advantage_whitening not in ("global", "local"):
+            raise ValueError(f"`advantage_whitening` must be 'global' or 'local', got {self.advantage_whitening!r}.")
 
 
 @dataclass
@@ -286,6 +334,12 @@ class VCPPOConfig(PPOConfig):
         value_pretrain_min_steps (`int`, defaults to `1`): Never stop pretraining early before this many updates.
         value_pretrain_save_steps (`list[int]`, *optional*): Pretraining steps at which to also save the critic (the
             paper compared 50/100/150), under `output_dir/value_pretrained-step-<n>`.
+        value_pretrain_cliprange_value (`float`, *optional*): Value clip range during value pretraining. `None` (the
+            default) uses `cliprange_value`, as PPO updates do; `float("inf")` turns clipping off there. Clipping around
+            the rollout's values lets a value move at most ε per rollout: off, a critic that starts far from its
+            targets aligns its range in fewer rollouts, but on the toy it then over-fitted each rollout (explained
+            variance on the next rollouts 0.04–0.11 without clipping vs 0.09–0.18 with it, 3 seeds, 10× the recipe's
+            value learning rate); at the recipe's learning rate clipping never binds (clip fraction ≤ 0.5 %).
         value_model_path (`str`, *optional*): A saved pretrained critic (local directory or Hub id) to start from;
             value pretraining is then skipped.
         lam_actor_length_alpha (`float`, *optional*): Length-adaptive λ_actor (VAPO, arXiv 2504.05118): each
@@ -324,6 +378,13 @@ class VCPPOConfig(PPOConfig):
     )
     value_pretrain_save_steps: list[int] | None = field(
         default=None, metadata={"help": "Pretraining steps at which to also save the critic, e.g. 50 100 150."}
+    )
+    value_pretrain_cliprange_value: float | None = field(
+        default=None,
+        metadata={
+            "help": "Value clip range during value pretraining. Default (None): cliprange_value, as in PPO updates; "
+            "inf turns value clipping off while the critic is pretrained."
+        },
     )
     value_model_path: str | None = field(
         default=None, metadata={"help": "Pretrained critic to start from (skips value pretraining)."}
@@ -367,6 +428,11 @@ class VCPPOConfig(PPOConfig):
         ):
             raise ValueError(
                 "`value_pretrain_stop_explained_variance` must be <= 1 (explained variance never exceeds 1)."
+            )
+        if self.value_pretrain_cliprange_value is not None and not self.value_pretrain_cliprange_value > 0:
+            raise ValueError(
+                "`value_pretrain_cliprange_value` must be > 0 (inf: no clipping; None: cliprange_value); got "
+                f"{self.value_pretrain_cliprange_value}."
             )
         if self.lam_actor_length_alpha is not None and not self.lam_actor_length_alpha > 0:
             raise ValueError(f"`lam_actor_length_alpha` must be > 0, got {self.lam_actor_length_alpha}.")

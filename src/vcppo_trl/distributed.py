@@ -79,3 +79,71 @@ def gathered_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor] | Non
 
     with deepspeed.zero.GatheredParameters(params):
         return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def _role_optimizer_states(optimizer: torch.optim.Optimizer, role: str) -> tuple[torch.optim.Optimizer, list]:
+    """
+    The optimizer that holds the per-tensor states (Adam's step and moments) and the state keys of `role`'s
+    parameter groups: the parameters themselves for a torch optimizer, the flat fp32 partitions under DeepSpeed ZeRO
+    (one per group and rank with ZeRO-1/2, one per sub-group with ZeRO-3).
+    """
+    from accelerate.optimizer import AcceleratedOptimizer
+
+    while isinstance(optimizer, AcceleratedOptimizer):
+        optimizer = optimizer.optimizer
+    if hasattr(optimizer, "fp32_partitioned_groups_flat") and hasattr(optimizer, "sub_group_to_group_id"):  # ZeRO-3
+        inner = optimizer.optimizer
+        groups = {i for i, group in enumerate(inner.param_groups) if group.get("role") == role}
+        keys = [
+            optimizer.fp32_partitioned_groups_flat[sub]
+            for sub, group in optimizer.sub_group_to_group_id.items()
+            if group in groups
+        ]
+        return inner, keys
+    if hasattr(optimizer, "single_partition_of_fp32_groups"):  # ZeRO-1/2
+        inner = optimizer.optimizer
+        keys = [
+            optimizer.single_partition_of_fp32_groups[i]
+            for i, group in enumerate(inner.param_groups)
+            if group.get("role") == role
+        ]
+        return inner, keys
+    keys = [p for group in optimizer.param_groups if group.get("role") == role for p in group["params"]]
+    return optimizer, keys
+
+
+def optimizer_state_summary(optimizer: torch.optim.Optimizer, role: str) -> dict[str, float]:
+    """
+    How far `role`'s optimizer state has advanced on this process: the largest step count, and the summed absolute
+    values of the other state tensors (Adam's moments). All zero for a fresh optimizer.
+    """
+    inner, keys = _role_optimizer_states(optimizer, role)
+    steps, moments, tensors = 0.0, 0.0, 0
+    for key in keys:
+        for name, value in inner.state.get(key, {}).items():
+            tensors += 1
+            if name == "step":
+                steps = max(steps, float(value))
+            elif torch.is_tensor(value):
+                moments += float(value.detach().float().abs().sum())
+    for group in inner.param_groups:  # optimizers that count steps per group (e.g. FusedAdam)
+        if group.get("role") == role and "step" in group:
+            steps = max(steps, float(group["step"]))
+    return {"steps": steps, "moments": moments, "state_tensors": float(tensors)}
+
+
+def reset_optimizer_state(optimizer: torch.optim.Optimizer, role: str) -> None:
+    """
+    Forget `role`'s optimizer state (step counts and moments), so that its next step is the first of a fresh optimizer.
+
+    Value pretraining needs it under DeepSpeed: ZeRO hands the frozen policy's partitions zero gradients, so Adam's
+    step count advances (and its moments decay to zero) through pretraining, and the first PPO step would use the bias
+    correction of step N + 1 with moments built from one gradient (up to ≈ 3× Adam's usual first step). Without
+    DeepSpeed the frozen policy gets no gradient and no state; after this both paths start PPO alike.
+    """
+    inner, keys = _role_optimizer_states(optimizer, role)
+    for key in keys:
+        inner.state.pop(key, None)
+    for group in inner.param_groups:
+        if group.get("role") == role:
+            group.pop("step", None)

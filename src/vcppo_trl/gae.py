@@ -10,6 +10,8 @@ Conventions shared by every function here (see DESIGN.md, "Contracts"):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -183,14 +185,40 @@ def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) 
     return var
 
 
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+def masked_whiten(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    shift_mean: bool = True,
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
     """
     Normalise `values` to unit variance (and zero mean when `shift_mean`) over the masked positions.
 
-    Positions outside the mask are returned as 0.
+    Args:
+        values (`torch.Tensor` of shape `[B, T]`): Values to whiten.
+        mask (`torch.Tensor` of shape `[B, T]`): Positions that count (bool or 0/1).
+        shift_mean (`bool`): Subtract the mean (otherwise it is kept).
+        all_reduce (`Callable`, *optional*): Sums a tensor over processes (e.g. `lambda t: accelerator.reduce(t,
+            "sum")`). When given, the mean and the (unbiased) variance are those of every process's masked values
+            together, computed in float64 in two passes; otherwise of this `values` alone.
+
+    Returns:
+        `torch.Tensor`: same shape and dtype; positions outside the mask are 0.
     """
-    mask_f = mask.to(values.dtype)
-    mean, var = masked_mean(values, mask_f), masked_var(values, mask_f)
+    valid = mask.bool()
+    values = torch.where(valid, values, torch.zeros((), dtype=values.dtype, device=values.device))  # padding garbage
+    mask_f = valid.to(values.dtype)
+    if all_reduce is None:
+        mean, var = masked_mean(values, mask_f), masked_var(values, mask_f)
+    else:
+        x = values.double()
+        first = all_reduce(torch.stack([x.sum(), valid.sum().double()]))
+        count = first[1]
+        mean64 = first[0] / count.clamp(min=1)
+        squares = all_reduce(torch.where(valid, (x - mean64) ** 2, 0.0).sum().reshape(1))[0]
+        var64 = squares / count.clamp(min=1)
+        var64 = torch.where(count > 1, var64 * count / (count - 1).clamp(min=1), var64)
+        mean, var = mean64.to(values.dtype), var64.to(values.dtype)
     whitened = (values - mean) * torch.rsqrt(var + 1e-8)
     if not shift_mean:
         whitened = whitened + mean

@@ -1,12 +1,99 @@
-"""PPO losses and KL estimators: pure tensor functions over `[B, T]` response tokens."""
+"""PPO losses and KL estimators: pure tensor functions over `[B, T]` response tokens.
+
+How per-token losses become one scalar is the loss aggregation ([`aggregate_loss`], `loss_type`). Every mode is a
+sum over valid tokens divided by a normaliser: the trainer computes the normaliser over a whole mini-batch (all
+micro-batches, all processes) and passes it in, so that gradient accumulation and data parallelism give the same
+gradient as one big batch.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from .gae import masked_mean
+
+LossType = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"]
+LOSS_TYPES: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
+
+
+def _check_loss_type(loss_type: str) -> None:
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}.")
+
+
+def loss_normalizer(mask: torch.Tensor, loss_type: LossType = "token_mean", max_length: int | None = None) -> torch.Tensor:
+    """
+    The denominator of [`aggregate_loss`] for the sequences in `mask` (sum it over micro-batches and processes to get
+    the normaliser of a whole mini-batch).
+
+    - `"token_mean"`: the number of valid tokens.
+    - `"seq_mean_token_mean"`, `"seq_mean_token_sum"`: the number of sequences with at least one valid token.
+    - `"seq_mean_token_sum_norm"`: that number times `max_length` (a constant per sequence, Dr. GRPO).
+
+    Args:
+        mask (`torch.Tensor` of shape `[B, T]`): Valid response tokens.
+        loss_type (`str`): One of `LOSS_TYPES`.
+        max_length (`int`, *optional*): The constant token count of `"seq_mean_token_sum_norm"` (default: `T`).
+
+    Returns:
+        `torch.Tensor`: float32 scalar.
+    """
+    _check_loss_type(loss_type)
+    mask = mask.bool()
+    if loss_type == "token_mean":
+        return mask.sum().float()
+    sequences = mask.any(dim=1).sum().float()
+    if loss_type == "seq_mean_token_sum_norm":
+        return sequences * float(max_length if max_length is not None else mask.shape[1])
+    return sequences
+
+
+def aggregate_loss(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    loss_type: LossType = "token_mean",
+    normalizer: torch.Tensor | float | None = None,
+    max_length: int | None = None,
+) -> torch.Tensor:
+    r"""
+    Reduce a `[B, T]` per-token loss to a scalar.
+
+    - `"token_mean"`: Σ_{i,t} l_{i,t} / (number of valid tokens). Every token weighs the same; a long response weighs
+      in proportion to its length (TRL ≤ 1.12's PPO, DAPO, VAPO).
+    - `"seq_mean_token_mean"`: mean over sequences of each sequence's token mean. Every sequence weighs the same, so a
+      token of a long response weighs less than one of a short response: long wrong answers are under-penalised and
+      long right ones under-rewarded (the length bias Dr. GRPO, arXiv 2503.20783, points out in GRPO).
+    - `"seq_mean_token_sum"`: mean over sequences of each sequence's token sum. Tokens weigh the same; the loss (and
+      gradient) scale grows with the response length.
+    - `"seq_mean_token_sum_norm"`: token sum divided by (sequences × `max_length`), a constant: tokens weigh the same
+      and the scale does not depend on the lengths in the batch (Dr. GRPO's choice).
+
+    Args:
+        per_token (`torch.Tensor` of shape `[B, T]`): Loss of every token (padding may hold anything finite or not).
+        mask (`torch.Tensor` of shape `[B, T]`): Valid response tokens.
+        loss_type (`str`): One of `LOSS_TYPES`.
+        normalizer (`torch.Tensor` or `float`, *optional*): The denominator; default [`loss_normalizer`] of this
+            `mask` alone. Pass the sum over all micro-batches and processes of a mini-batch to get its true mean.
+        max_length (`int`, *optional*): The constant of `"seq_mean_token_sum_norm"` (default: `T`).
+
+    Returns:
+        `torch.Tensor`: scalar (0 when nothing is valid).
+    """
+    _check_loss_type(loss_type)
+    mask = mask.bool()
+    per_token = torch.where(mask, per_token, torch.zeros((), dtype=per_token.dtype, device=per_token.device))
+    if loss_type == "seq_mean_token_mean":
+        numerator = (per_token.sum(dim=1) / mask.sum(dim=1).clamp(min=1)).sum()
+    else:
+        numerator = per_token.sum()
+    if normalizer is None:
+        normalizer = loss_normalizer(mask, loss_type, max_length)
+    normalizer = torch.as_tensor(normalizer, dtype=numerator.dtype, device=numerator.device)
+    # Normalisers count tokens or sequences (≥ 1 when anything is valid; with nothing valid the numerator is 0).
+    return numerator / normalizer.clamp(min=1.0)
 
 
 @dataclass
@@ -33,9 +120,12 @@ def clipped_policy_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     cliprange: float,
+    loss_type: LossType = "token_mean",
+    normalizer: torch.Tensor | float | None = None,
+    max_length: int | None = None,
 ) -> PolicyLossOutput:
     """
-    PPO's clipped surrogate, averaged over valid tokens.
+    PPO's clipped surrogate, aggregated over valid tokens as `loss_type` says (see [`aggregate_loss`]).
 
     Args:
         logprobs (`torch.Tensor` of shape `[B, T]`): Log-probabilities of the sampled tokens under the current policy.
@@ -43,15 +133,18 @@ def clipped_policy_loss(
         advantages (`torch.Tensor` of shape `[B, T]`): Advantage of each token.
         mask (`torch.Tensor` of shape `[B, T]`): Valid response tokens.
         cliprange (`float`): ε in clip(ratio, 1 − ε, 1 + ε).
+        loss_type (`str`, defaults to `"token_mean"`): How token losses are reduced ([`aggregate_loss`]).
+        normalizer (`torch.Tensor` or `float`, *optional*): Denominator of the reduction (default: from `mask`).
+        max_length (`int`, *optional*): Constant of `"seq_mean_token_sum_norm"`.
 
     Returns:
-        [`PolicyLossOutput`]
+        [`PolicyLossOutput`]; the statistics are token means over `mask` whatever the `loss_type`.
     """
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
+    loss = aggregate_loss(torch.maximum(unclipped, clipped), mask, loss_type, normalizer, max_length)
     with torch.no_grad():
         clipfrac = masked_mean((clipped > unclipped).float(), mask)
         approxkl = 0.5 * masked_mean(log_ratio**2, mask)
@@ -64,27 +157,39 @@ def clipped_value_loss(
     old_values: torch.Tensor,
     returns: torch.Tensor,
     mask: torch.Tensor,
-    cliprange_value: float,
+    cliprange_value: float | None,
+    loss_type: LossType = "token_mean",
+    normalizer: torch.Tensor | float | None = None,
+    max_length: int | None = None,
 ) -> ValueLossOutput:
     """
-    PPO's clipped value loss, `0.5 · max((V − R)², (clip(V, V_old ± ε) − R)²)`, averaged over valid tokens.
+    PPO's clipped value loss, `0.5 · max((V − R)², (clip(V, V_old ± ε) − R)²)`, aggregated over valid tokens as
+    `loss_type` says (see [`aggregate_loss`]). With `cliprange_value=None` it is the plain `0.5 · (V − R)²`.
 
     Args:
         values (`torch.Tensor` of shape `[B, T]`): Current critic predictions.
         old_values (`torch.Tensor` of shape `[B, T]`): Critic predictions at rollout time.
         returns (`torch.Tensor` of shape `[B, T]`): Regression targets.
         mask (`torch.Tensor` of shape `[B, T]`): Valid response tokens.
-        cliprange_value (`float`): ε for clipping the new values around the old ones.
+        cliprange_value (`float` or `None`): ε for clipping the new values around the old ones; `None` does not clip.
+        loss_type (`str`, defaults to `"token_mean"`): How token losses are reduced ([`aggregate_loss`]).
+        normalizer (`torch.Tensor` or `float`, *optional*): Denominator of the reduction (default: from `mask`).
+        max_length (`int`, *optional*): Constant of `"seq_mean_token_sum_norm"`.
 
     Returns:
-        [`ValueLossOutput`]
+        [`ValueLossOutput`]; `clipfrac` is a token mean over `mask` (0 without clipping).
     """
-    clipped_values = torch.clamp(values, old_values - cliprange_value, old_values + cliprange_value)
     loss_unclipped = (values - returns) ** 2
-    loss_clipped = (clipped_values - returns) ** 2
-    loss = 0.5 * masked_mean(torch.maximum(loss_unclipped, loss_clipped), mask)
-    with torch.no_grad():
-        clipfrac = masked_mean((loss_clipped > loss_unclipped).float(), mask)
+    if cliprange_value is None:
+        per_token = loss_unclipped
+        clipfrac = torch.zeros((), device=values.device)
+    else:
+        clipped_values = torch.clamp(values, old_values - cliprange_value, old_values + cliprange_value)
+        loss_clipped = (clipped_values - returns) ** 2
+        per_token = torch.maximum(loss_unclipped, loss_clipped)
+        with torch.no_grad():
+            clipfrac = masked_mean((loss_clipped > loss_unclipped).float(), mask)
+    loss = 0.5 * aggregate_loss(per_token, mask, loss_type, normalizer, max_length)
     return ValueLossOutput(loss=loss, clipfrac=clipfrac)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
@@ -34,7 +35,7 @@ from trl.trainer.utils import disable_dropout_in_model, print_prompt_completions
 from .callbacks import RolloutProgressCallback
 from .config import PPOConfig
 from .data import DataReport, prepare_prompt_dataset, reward_function_columns
-from .distributed import check_deepspeed_setup, micro_batch_context
+from .distributed import check_deepspeed_setup, micro_batch_context, reset_optimizer_state
 from .gae import (
     dual_lambda_gae,
     explained_variance,
@@ -46,7 +47,7 @@ from .gae import (
     position_correlation,
 )
 from .loading import build_critic, load_policy, load_reward_funcs, load_tokenizer, resolve_stop_token_ids
-from .losses import clipped_policy_loss, clipped_value_loss, kl_penalty
+from .losses import clipped_policy_loss, clipped_value_loss, kl_penalty, loss_normalizer
 from .peft_utils import wrap_value_model
 from .preemption import SignalWatcher, TrainingInterrupted
 from .reward_calls import call_reward_function
@@ -165,6 +166,8 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
 
         # The reference policy exists only when the KL penalty is on; under PEFT it is the base model.
         self.ref_model = None
+        # Whether KL(policy ‖ reference) is exactly 0 while the policy is frozen (value pretraining).
+        self.reference_is_initial_policy = ref_model is None and not is_peft_model(policy)
         if args.kl_coef > 0 and not is_peft_model(policy):
             self.ref_model = ref_model if ref_model is not None else copy.deepcopy(policy)
             self.ref_model.eval().requires_grad_(False)
@@ -219,6 +222,14 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
 
         self._prepare_auxiliary_models()
         self._compute_batch_sizes()
+        ignored = neutralised_generation_fields(policy)
+        if ignored and self.is_world_process_zero():
+            logger.warning(
+                "The policy's generation_config sets "
+                + ", ".join(f"{k}={v!r}" for k, v in sorted(ignored.items()))
+                + f": PPO does not apply them. Rollouts sample at temperature={args.temperature} with no other logits "
+                "processing, the distribution the policy-gradient ratio and the training log-probabilities assume."
+            )
         self.latest_metrics: dict[str, float] = {}
         self.policy_frozen = False
         self.nonfinite_steps_in_a_row = 0
@@ -360,6 +371,11 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         return encoded["input_ids"].to(self.accelerator.device), encoded["attention_mask"].to(self.accelerator.device)
 
     def _generation_config(self, greedy: bool, temperature: float) -> GenerationConfig:
+        """
+        Exactly what PPO samples with: temperature only (no top-k/top-p or other logits processing), so that the
+        sampling distribution is the one the training forward computes log-probabilities under. The model's own
+        `generation_config` is set aside while generating (see [`clean_generation_defaults`]).
+        """
         tokenizer = self.processing_class
         return GenerationConfig(
             max_new_tokens=self.args.response_length,
@@ -389,13 +405,11 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
         ) as unwrapped:
             policy = unwrapped.policy
-            was_training = policy.training
-            policy.eval()
-            for start in range(0, query_ids.shape[0], chunk):
-                ids, mask = query_ids[start : start + chunk], query_mask[start : start + chunk]
-                out = policy.generate(input_ids=ids, attention_mask=mask, generation_config=config)
-                pieces.append(out[:, ids.shape[1] :])
-            policy.train(was_training)
+            with eval_mode(policy), clean_generation_defaults(policy):
+                for start in range(0, query_ids.shape[0], chunk):
+                    ids, mask = query_ids[start : start + chunk], query_mask[start : start + chunk]
+                    out = policy.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+                    pieces.append(out[:, ids.shape[1] :])
         width = max(p.shape[1] for p in pieces)
         pad = self.processing_class.pad_token_id
         responses = torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=pad) for p in pieces])
@@ -460,21 +474,23 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
 
     @torch.no_grad()
     def _forward_in_chunks(self, rollout: Rollout, compute_policy: bool):
+        """Old log-probabilities and values of a rollout, in eval mode (no dropout), like generation."""
         model = self.accelerator.unwrap_model(self.model_wrapped)
         chunk = self.args.local_rollout_forward_batch_size
         input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
         logprobs, values = [], []
-        for start in range(0, input_ids.shape[0], chunk):
-            lp, _, v = model(
-                input_ids[start : start + chunk],
-                attention_mask[start : start + chunk],
-                rollout.context_length,
-                self.args.temperature,
-                compute_policy=compute_policy,
-                compute_entropy=False,
-            )
-            logprobs.append(lp)
-            values.append(v)
+        with eval_mode(model):
+            for start in range(0, input_ids.shape[0], chunk):
+                lp, _, v = model(
+                    input_ids[start : start + chunk],
+                    attention_mask[start : start + chunk],
+                    rollout.context_length,
+                    self.args.temperature,
+                    compute_policy=compute_policy,
+                    compute_entropy=False,
+                )
+                logprobs.append(lp)
+                values.append(v)
         return (torch.cat(logprobs) if compute_policy else None), torch.cat(values)
 
     @torch.no_grad()
@@ -485,10 +501,11 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         for start in range(0, input_ids.shape[0], chunk):
             ids, mask = input_ids[start : start + chunk], attention_mask[start : start + chunk]
             if self.ref_model is not None:
-                lp, _ = policy_logprobs(self.ref_model, ids, mask, rollout.context_length, self.args.temperature)
+                with eval_mode(self.ref_model):
+                    lp, _ = policy_logprobs(self.ref_model, ids, mask, rollout.context_length, self.args.temperature)
             else:  # PEFT: the reference is the base model, adapters disabled.
                 policy = self.accelerator.unwrap_model(self.model_wrapped).policy
-                with policy.disable_adapter():
+                with policy.disable_adapter(), eval_mode(policy):
                     lp, _ = policy_logprobs(policy, ids, mask, rollout.context_length, self.args.temperature)
             out.append(lp)
         return torch.cat(out)
@@ -499,8 +516,10 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
 
         Args:
             rows: Dataset rows for this process.
-            train_policy: When False (value-only updates) the policy's and reference's log-probabilities are not
-                computed: the policy does not move, so the KL penalty is exactly 0.
+            train_policy: When False (value-only updates) the policy does not move. The KL penalty then still
+                enters the critic's targets when the reference is not the initial policy (a `ref_model` given by the
+                user, or the base model of a PEFT policy whose adapter may not start at zero); only when the
+                reference is a copy of the initial policy, where it is exactly 0, are the log-probabilities skipped.
         """
         args = self.args
         prompt_texts = self._prompt_texts(rows)
@@ -533,8 +552,9 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             rewards_per_func=rewards_per_func,
             reward_failed=reward_failed,
         )
-        rollout.logprobs, rollout.values = self._forward_in_chunks(rollout, compute_policy=train_policy)
-        if train_policy and args.kl_coef > 0:
+        with_kl = args.kl_coef > 0 and (train_policy or not self.reference_is_initial_policy)
+        rollout.logprobs, rollout.values = self._forward_in_chunks(rollout, compute_policy=train_policy or with_kl)
+        if with_kl:
             rollout.ref_logprobs = self._ref_logprobs(rollout)
             rollout.kl = kl_penalty(rollout.logprobs, rollout.ref_logprobs, args.kl_estimator) * response_mask
         else:
@@ -552,7 +572,7 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         rows = torch.arange(mask.shape[0], device=mask.device)
         rewards[rows[has_tokens], last[has_tokens]] += rollout.scores[has_tokens]
         if self.args.whiten_rewards:
-            rewards = masked_whiten(rewards, mask, shift_mean=False)
+            rewards = self.whiten(rewards, mask, shift_mean=False)
         return rewards * mask
 
     def compute_advantages(self, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
@@ -567,10 +587,68 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
 
     # --------------------------------------------------------------- updating
 
+    def reset_policy_optimizer_state(self) -> None:
+        """Forget the policy's optimizer state (see [`~distributed.reset_optimizer_state`]); called when value
+        pretraining ends, so that the first PPO step is the same with and without DeepSpeed."""
+        if self.optimizer is not None:
+            reset_optimizer_state(self.optimizer, "policy")
+
     def _set_policy_lr_to_zero(self) -> None:
         for group in self.optimizer.param_groups:
             if group.get("role") == "policy":
                 group["lr"] = 0.0
+
+    def value_cliprange(self) -> float | None:
+        """Clip range of the value loss for the current update (`None`: no clipping); subclasses vary it by phase."""
+        return self.args.cliprange_value
+
+    def whiten(self, values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+        """[`~gae.masked_whiten`] with the statistics `args.advantage_whitening` asks for (all processes, or this one)."""
+        all_reduce = None
+        if self.args.advantage_whitening == "global" and self.accelerator.num_processes > 1:
+            all_reduce = lambda t: self.accelerator.reduce(t, "sum")  # noqa: E731
+        return masked_whiten(values, mask, shift_mean=shift_mean, all_reduce=all_reduce)
+
+    def _loss_normalizers(self, mask: torch.Tensor) -> torch.Tensor:
+        """
+        `[policy, value]` denominators of the loss aggregation for one mini-batch, summed over all processes.
+
+        `mask` holds this process's sequences of the mini-batch (all its micro-batches), so every micro-batch's loss is
+        normalised by the count of the whole mini-batch (see [`~losses.aggregate_loss`]).
+        """
+        length = self.args.response_length
+        counts = torch.stack(
+            [
+                loss_normalizer(mask, self.args.loss_type, length),
+                loss_normalizer(mask, self.args.value_loss_type, length),
+            ]
+        )
+        if self.accelerator.num_processes > 1:
+            counts = self.accelerator.reduce(counts, "sum")
+        return counts
+
+    def _clip_gradients(self, model: torch.nn.Module) -> dict[str, torch.Tensor | None]:
+        """
+        Clip the policy's and the critic's gradients each to `max_grad_norm` (a large critic gradient does not shrink
+        the policy's step); returns their norms before clipping and the joint norm (`"total"`).
+
+        Under DeepSpeed the engine has already clipped the joint norm of both models (its `gradient_clipping`) inside
+        the last backward: only the joint norm is returned.
+        """
+        args = self.args
+        # The norms are computed even without clipping (max_norm=inf): they tell a non-finite step.
+        max_norm = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else math.inf
+        if self.is_deepspeed_enabled:
+            return {"total": self.accelerator.clip_grad_norm_(model.parameters(), max_norm)}
+        self.accelerator.unscale_gradients()
+        wrapper = self.accelerator.unwrap_model(model)
+        norms: dict[str, torch.Tensor | None] = {}
+        for role, module in (("policy", wrapper.policy), ("value", wrapper.critic)):
+            params = [p for p in module.parameters() if p.grad is not None]
+            norms[role] = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else None
+        present = [n.float() for n in norms.values() if n is not None]
+        norms["total"] = torch.linalg.vector_norm(torch.stack(present)) if present else None
+        return norms
 
     def ppo_update(
         self, rollout: Rollout, advantages: torch.Tensor, returns: torch.Tensor, train_policy: bool = True
@@ -578,19 +656,25 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         """
         `num_ppo_epochs × num_mini_batches` optimizer steps over one rollout.
 
-        With `train_policy=False` only the value loss is optimised and the policy's parameters get no gradient and no
-        optimizer step (their learning rate is also held at exactly 0, so no weight decay touches them).
+        Each micro-batch's loss is its token (or sequence) sum divided by the count of the whole mini-batch across all
+        micro-batches and processes (`loss_type`, `value_loss_type`), so the gradient of a mini-batch does not depend
+        on how it is split. With `train_policy=False` only the value loss is optimised and the policy's parameters get
+        no gradient and no optimizer step (their learning rate is also held at exactly 0, so no weight decay touches
+        them).
         """
         args = self.args
         model = self.model_wrapped
         model.train()
         mask = rollout.response_mask
-        adv = masked_whiten(advantages, mask) if train_policy else advantages
+        adv = self.whiten(advantages, mask) if train_policy else advantages
+        value_cliprange = self.value_cliprange()
         input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
         stats = defaultdict(list)
         nonfinite_steps = 0
         batch = input_ids.shape[0]
         micro = args.per_device_train_batch_size
+        world = self.accelerator.num_processes
+        length = args.response_length
         for _ in range(args.num_ppo_epochs):
             order = torch.randperm(batch, device=input_ids.device)
             for mb_start in range(0, batch, self.local_mini_batch_size):
@@ -598,6 +682,11 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
                     self._set_policy_lr_to_zero()
                 mb_idx = order[mb_start : mb_start + self.local_mini_batch_size]
                 micro_batches = list(mb_idx.split(micro))
+                pg_norm, vf_norm = self._loss_normalizers(mask[mb_idx])
+                # DDP and DeepSpeed average gradients over processes (× world undoes it: the normaliser is global);
+                # DeepSpeed also divides by its gradient_accumulation_steps (== len(micro_batches)).
+                scale = world * (len(micro_batches) if self.is_deepspeed_enabled else 1)
+                vf_total = pg_total = 0.0
                 for i, idx in enumerate(micro_batches):
                     # Gradient accumulation over the micro-batches of one minibatch; DDP syncs on the last one only.
                     is_last = i == len(micro_batches) - 1
@@ -611,32 +700,52 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
                             compute_policy=train_policy,
                         )
                         m = mask[idx]
-                        vf = clipped_value_loss(vpred, rollout.values[idx], returns[idx], m, args.cliprange_value)
+                        vf = clipped_value_loss(
+                            vpred,
+                            rollout.values[idx],
+                            returns[idx],
+                            m,
+                            value_cliprange,
+                            loss_type=args.value_loss_type,
+                            normalizer=vf_norm,
+                            max_length=length,
+                        )
                         loss = args.vf_coef * vf.loss
                         if train_policy:
-                            pg = clipped_policy_loss(logprobs, rollout.logprobs[idx], adv[idx], m, args.cliprange)
+                            pg = clipped_policy_loss(
+                                logprobs,
+                                rollout.logprobs[idx],
+                                adv[idx],
+                                m,
+                                args.cliprange,
+                                loss_type=args.loss_type,
+                                normalizer=pg_norm,
+                                max_length=length,
+                            )
                             loss = loss + pg.loss
-                        # DeepSpeed divides by its own gradient_accumulation_steps (== len(micro_batches)).
-                        self.accelerator.backward(loss if self.is_deepspeed_enabled else loss / len(micro_batches))
+                        self.accelerator.backward(loss * scale)
                     with torch.no_grad():
-                        stats["loss/value"].append(vf.loss.detach())
+                        vf_total = vf_total + vf.loss.detach() * world
                         stats["val/clipfrac"].append(vf.clipfrac)
                         stats["val/vpred"].append(masked_mean(vpred.detach(), m))
                         if train_policy:
-                            stats["loss/policy"].append(pg.loss.detach())
+                            pg_total = pg_total + pg.loss.detach() * world
                             stats["policy/clipfrac"].append(pg.clipfrac)
                             stats["policy/approxkl"].append(pg.approxkl)
                             stats["val/ratio"].append(pg.ratio)
                             stats["policy/entropy"].append(masked_mean(entropy.detach(), m))
-                # The total norm is computed even without clipping (max_norm=inf): it tells a non-finite step. Under
-                # DeepSpeed the engine has already stepped (and clipped, per its config); the norm is then its own.
-                max_norm = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else math.inf
-                grad_norm = self.accelerator.clip_grad_norm_(model.parameters(), max_norm)
+                # This process's share of the mini-batch loss, × world: its mean over processes is the global loss.
+                stats["loss/value"].append(vf_total)
+                if train_policy:
+                    stats["loss/policy"].append(pg_total)
+                norms = self._clip_gradients(model)
+                grad_norm = norms["total"]
                 if grad_norm is not None and not self._step_is_finite(grad_norm):
                     nonfinite_steps += 1  # skipped: the weights and optimizer state stay as they were
                 else:
-                    if grad_norm is not None:
-                        stats["grad_norm"].append(torch.as_tensor(grad_norm).detach().float())
+                    for key, name in (("total", "grad_norm"), ("policy", "grad_norm/policy"), ("value", "grad_norm/value")):
+                        if norms.get(key) is not None:
+                            stats[name].append(torch.as_tensor(norms[key]).detach().float())
                     self.optimizer.step()  # a no-op under DeepSpeed, whose engine stepped in the last backward
                 if self.lr_scheduler is not None:
                     self.lr_scheduler.step()
@@ -702,23 +811,32 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             rollout.values, returns, advantages, mask.long(), rollout.kl
         )
         mask_g = mask_g.bool()
-        lengths = self.accelerator.gather(rollout.response_mask.sum(1).float())
-        valid = ~torch.isnan(self.accelerator.gather(rollout.raw_scores))
+        # Per-sample metrics count scored samples only: a skipped sample (no reward function applied) has no score,
+        # and its response mask is empty.
+        scored = ~torch.isnan(rollout.raw_scores)
         raw = self.accelerator.gather(rollout.raw_scores)
+        valid = ~torch.isnan(raw)
+        lengths = self.accelerator.gather(rollout.response_mask.sum(1).float())[valid]
+        kl_per_sample = (kl_g * mask_g).sum(1)[valid]
         correct = (raw[valid] > self.args.accuracy_threshold).float()
+
+        def mean_or_nan(x: torch.Tensor) -> float:
+            return float(x.mean()) if x.numel() else float("nan")
+
+        nan = torch.full_like(rollout.scores, float("nan"))
         metrics = {
-            "objective/scores": self._mean_across(rollout.scores),
-            "objective/kl": float((kl_g * mask_g).sum(1).mean()),
-            "objective/non_score_reward": float((-self.args.kl_coef * kl_g * mask_g).sum(1).mean()),
+            "objective/scores": self._mean_across(torch.where(scored, rollout.scores, nan)),
+            "objective/kl": mean_or_nan(kl_per_sample),
+            "objective/non_score_reward": mean_or_nan(-self.args.kl_coef * kl_per_sample),
             "value/explained_variance": explained_variance(values, returns_g, mask_g),
             "value/mean": float(masked_mean(values, mask_g)),
             "value/returns_mean": float(masked_mean(returns_g, mask_g)),
-            "diagnostics/response_length_mean": float(lengths.mean()),
-            "diagnostics/response_length_min": float(lengths.min()),
-            "diagnostics/response_length_max": float(lengths.max()),
-            "diagnostics/accuracy": float(correct.mean()) if correct.numel() else float("nan"),
+            "diagnostics/response_length_mean": mean_or_nan(lengths),
+            "diagnostics/response_length_min": float(lengths.min()) if lengths.numel() else float("nan"),
+            "diagnostics/response_length_max": float(lengths.max()) if lengths.numel() else float("nan"),
+            "diagnostics/accuracy": mean_or_nan(correct),
             "diagnostics/advantage_position_corr": position_correlation(advantages_g, mask_g),
-            "diagnostics/stop_rate": self._mean_across(rollout.has_stop.float()),
+            "diagnostics/stop_rate": self._mean_across(torch.where(scored, rollout.has_stop.float(), nan)),
             "diagnostics/skipped_samples": float((~valid).sum()),
             "reward/verifier_failures": float(self.accelerator.gather(rollout.reward_failed.float()).sum()),
         }
@@ -966,6 +1084,77 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         self.log(dict(metrics))
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
         return metrics
+
+
+@contextlib.contextmanager
+def eval_mode(module: torch.nn.Module) -> Iterator[None]:
+    """Run `module` in eval mode (dropout off) and restore each submodule's own training flag afterwards."""
+    flags = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, training in flags:
+            m.training = training
+
+
+# Fields of a model's generation config that do not change which tokens are sampled (ids, lengths, caching, outputs).
+_GENERATION_FIELDS_THAT_DO_NOT_SAMPLE = {
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "decoder_start_token_id",
+    "max_length",
+    "max_new_tokens",
+    "use_cache",
+    "cache_implementation",
+    "do_sample",
+    "cache_config",
+    "transformers_version",
+    "_from_model_config",
+    "output_attentions",
+    "output_hidden_states",
+    "output_scores",
+    "output_logits",
+    "return_dict_in_generate",
+}
+
+
+def _generating_model(policy: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model whose `generation_config` `generate` reads (the base model of a PEFT model)."""
+    return policy.get_base_model() if is_peft_model(policy) else policy
+
+
+def neutralised_generation_fields(policy: torch.nn.Module) -> dict[str, Any]:
+    """
+    Settings of the policy's own `generation_config` that would change the sampling distribution (repetition penalty,
+    `min_p`, `top_k`, `no_repeat_ngram_size`, `bad_words_ids`, `min_new_tokens`, beams, ...) and that PPO ignores.
+    """
+    config = getattr(_generating_model(policy), "generation_config", None)
+    if config is None:
+        return {}
+    return {k: v for k, v in config.to_diff_dict().items() if k not in _GENERATION_FIELDS_THAT_DO_NOT_SAMPLE}
+
+
+@contextlib.contextmanager
+def clean_generation_defaults(policy: torch.nn.Module) -> Iterator[None]:
+    """
+    Set the policy's `generation_config` aside while generating.
+
+    transformers fills every field a `GenerationConfig` passed to `generate` leaves unset from the model's own
+    `generation_config`, so a checkpoint that ships `repetition_penalty`, `min_p`, `bad_words_ids`... would sample from
+    another distribution than the one PPO's ratio assumes. With a blank default only what the trainer sets applies.
+    """
+    model = _generating_model(policy)
+    saved = getattr(model, "generation_config", None)
+    if saved is None:
+        yield
+        return
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = saved
 
 
 def role_prefix(role: str) -> str:

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .callbacks import ValuePretrainCallback
@@ -71,6 +73,13 @@ class VCPPOTrainer(PPOTrainer):
             return self.args.lam_actor
         lengths = response_mask.sum(dim=1).clamp(min=1).double()
         return (1.0 - 1.0 / (alpha * lengths)).clamp(0.0, 1.0)
+
+    def value_cliprange(self) -> float | None:
+        """`value_pretrain_cliprange_value` during value pretraining when set (`inf`: no clipping), else `cliprange_value`."""
+        clip = self.args.value_pretrain_cliprange_value
+        if not self.policy_frozen or clip is None:
+            return self.args.cliprange_value
+        return None if math.isinf(clip) else clip
 
     def compute_advantages(self, rollout: Rollout):
         """Decoupled GAE; during value pretraining the targets are Monte-Carlo returns (λ = 1)."""

@@ -83,8 +83,16 @@ def main(out_dir: str, extra: list[str]) -> None:
     logged: list[dict] = []
     initial_policy_hash = state_hash(policy)
     hashes_after_pretraining: dict[str, str] = {}
+    optimizer_after_pretraining: dict[str, dict] = {}
 
     class RecordMetrics(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == 1:  # value pretraining is over: how far did the policy's optimizer state move?
+                from vcppo_trl.distributed import optimizer_state_summary
+
+                for role in ("policy", "value"):
+                    optimizer_after_pretraining[role] = optimizer_state_summary(trainer.optimizer, role)
+
         def on_train_begin(self, args, state, control, **kwargs):
             # The policy as training sees it (with LoRA: the wrapped model, whose hash differs from the bare one).
             hashes_after_pretraining["policy_at_start"] = gathered_hash(trainer.unwrapped_policy_and_critic()[0])
@@ -170,6 +178,7 @@ def main(out_dir: str, extra: list[str]) -> None:
         metrics=logged,
         initial_policy_hash=initial_policy_hash,
         after_pretraining=hashes_after_pretraining,
+        optimizer_after_pretraining=optimizer_after_pretraining,
         policy_hash=gathered_hash(policy_model),
         critic_hash=gathered_hash(critic_model),
         policy_params=partition_counts(policy_model),
