@@ -49,6 +49,7 @@ from .rollout import (
     reward_model_scores,
     truncate_at_stop,
 )
+from .schedules import RoleLR, schedule_multiplier
 from .trainer_saving import SavingMixin
 
 if is_peft_available():
@@ -306,8 +307,38 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         self.optimizer = optimizer_cls(groups, lr=self.args.learning_rate, **optimizer_kwargs)
         return self.optimizer
 
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
+        """
+        `lr_scheduler_type` with one clock per model ([`~schedules.RoleLR`]): the policy's schedule spans the PPO
+        updates only and starts at the first of them; the critic's spans value pretraining and PPO.
+        """
+        if self.lr_scheduler is None:
+            per_update = self.optimizer_steps_per_update()
+            policy_steps = self.num_ppo_updates * per_update
+            critic_steps = policy_steps + self.num_value_pretrain_updates() * per_update
+            multipliers = {
+                "policy": schedule_multiplier(self.args, policy_steps),
+                "value": schedule_multiplier(self.args, critic_steps),
+            }
+            starts = {"policy": None, "value": 0}  # the policy's clock starts at its first PPO update
+            self.lr_scheduler = RoleLR(optimizer or self.optimizer, multipliers, starts)
+        return self.lr_scheduler
+
+    def _start_policy_schedule(self) -> None:
+        """At the first PPO update: start the policy's clock, and move the critic's past unused pretraining steps."""
+        scheduler = self.lr_scheduler
+        if not isinstance(scheduler, RoleLR) or scheduler.started("policy"):
+            return
+        planned = self.num_value_pretrain_updates() * self.optimizer_steps_per_update()
+        scheduler.start("value", scheduler.last_epoch - planned)  # last_epoch: the pretraining steps actually run
+        scheduler.start("policy")
+
     def optimizer_steps_per_update(self) -> int:
         return self.args.num_ppo_epochs * self.args.num_mini_batches
+
+    def num_value_pretrain_updates(self) -> int:
+        """Value-pretraining updates planned for this run (at most; 0 for plain PPO)."""
+        return 0
 
     def num_training_updates(self) -> int:
         """Number of rollout batches this run will use (subclasses add value-pretraining updates)."""
@@ -850,6 +881,8 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         """One rollout and the PPO epochs on it; returns the update's metrics."""
         self._update_start = time.time()
         train_policy = not self.policy_frozen
+        if train_policy:
+            self._start_policy_schedule()
         rollout = self.make_rollout(rows, train_policy=train_policy)
         advantages, returns = self.compute_advantages(rollout)
         prefix = "" if train_policy else "value_pretrain/"

@@ -59,6 +59,10 @@ class VCPPOTrainer(PPOTrainer):
             callback.bind(self)
         return callback
 
+    def num_value_pretrain_updates(self) -> int:
+        callback = self.value_pretrain_callback
+        return callback.max_steps if callback is not None else 0
+
     def num_training_updates(self) -> int:
         callback = self.value_pretrain_callback
         pretrain = callback.max_steps if callback is not None and not callback.done else 0
