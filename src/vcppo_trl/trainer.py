@@ -24,7 +24,12 @@ from transformers import (
     TrainerState,
 )
 from transformers.trainer_callback import ExportableState
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, IntervalStrategy, get_last_checkpoint
+from transformers.trainer_utils import (
+    PREFIX_CHECKPOINT_DIR,
+    IntervalStrategy,
+    enable_full_determinism,
+    get_last_checkpoint,
+)
 from transformers.utils import is_peft_available, logging
 from trl.data_utils import is_conversational, maybe_apply_chat_template
 from trl.models import unwrap_model_for_generation
@@ -130,6 +135,8 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             args = self._config_class(output_dir=f"{str(model_id).split('/')[-1] or 'model'}-{self._name}")
         if not isinstance(args, PPOConfig):
             raise TypeError(f"`args` must be a PPOConfig (or VCPPOConfig), got {type(args).__name__}.")
+        # Seed before anything draws from the RNG (the critic's fresh scalar head, LoRA matrices), as `Trainer` does.
+        enable_full_determinism(args.seed) if args.full_determinism else set_seed(args.seed)
         self._check_dataset(train_dataset, "train_dataset", required=True)
         self._check_dataset(eval_dataset, "eval_dataset", required=False)
 
