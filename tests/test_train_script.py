@@ -97,3 +97,40 @@ def test_prepare_dataset_missing_column_message():
     data = Dataset.from_dict({"question": ["1+1?"], "solution": ["2"]})
     with pytest.raises(ValueError, match="--prompt_column"):
         prepare_dataset(data, VCPPOScriptArguments(), limit=None)
+
+
+def _option_help(text: str, option: str) -> str:
+    """The help entry of one option, whitespace-normalised (argparse wraps lines)."""
+    start = text.index(f"\n  {option} ")
+    end = text.find("\n  --", start + 1)
+    return " ".join(text[start:end].split())
+
+
+def test_help_shows_real_defaults_with_vcppo_options_first(tmp_path):
+    result = run([sys.executable, os.path.join(ROOT, "train.py"), "--help"], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = result.stdout
+    assert "running the embedded default" not in text  # --help does not load the toy recipe's values
+    # VCPPOConfig's own defaults, not tiny_cpu.yaml's (10 pretraining updates, 2 epochs).
+    assert "(default: 100)" in _option_help(text, "--value_pretrain_steps")
+    assert "(default: 4)" in _option_help(text, "--num_ppo_epochs")
+    assert "(default: 0.0)" in _option_help(text, "--kl_coef")
+    assert "(default: 0.95)" in _option_help(text, "--lam_actor")
+    # VC-PPO first, then PPO, then the script's, the model's and transformers' arguments.
+    options = text[text.index("\noptions:") :]
+    positions = [
+        options.index(s)
+        for s in (
+            "VC-PPO (VCPPOConfig)",
+            "  --lam_actor",
+            "PPO (PPOConfig",
+            "  --kl_coef",
+            "  --dataset_name",
+            "  --model_name_or_path",
+            "Training (transformers",
+            "  --per_device_train_batch_size",
+        )
+    ]
+    assert positions == sorted(positions)
+    assert text.index("--value_pretrain_steps") < 2000  # within the first screen, not at line ~866
+    assert len(text.splitlines()[0]) < 120  # a short usage line, not 150 lines listing every option

@@ -170,8 +170,69 @@ def format_results_table(rows: list[tuple[str, dict]]) -> str:
     return "\n".join(lines)
 
 
+HELP_USAGE = (
+    "python train.py [--config configs/recipes/<recipe>.yaml] [--<option> VALUE ...]\n"
+    "       accelerate launch --config_file configs/accelerate/<setup>.yaml train.py --config ... (GPUs)"
+)
+HELP_DESCRIPTION = (
+    "Train a policy with VC-PPO (arXiv 2503.01491). With neither --config nor --model_name_or_path the embedded toy "
+    "recipe (configs/recipes/tiny_cpu.yaml) runs on a CPU. Every option below can also be set in the --config YAML; "
+    "the defaults shown are VCPPOConfig's own (a recipe overrides them). VC-PPO and PPO options come first."
+)
+
+
+def _help_groups() -> list[tuple[str, list[str]]]:
+    """Option groups of `--help`, in the order shown: what this package adds first, transformers' arguments last."""
+    from dataclasses import fields
+
+    from trl.trainer.base_config import _BaseConfig
+
+    from .config import PPOConfig
+
+    ppo_names = {f.name for f in fields(PPOConfig)}
+    base_names = {f.name for f in fields(_BaseConfig)}
+    vcppo = [f.name for f in fields(VCPPOConfig) if f.name not in ppo_names]
+    ppo = ["learning_rate", "lr_scheduler_type", "warmup_steps"]
+    ppo += [f.name for f in fields(PPOConfig) if f.name not in base_names]
+    return [
+        ("VC-PPO (VCPPOConfig)", vcppo),
+        ("PPO (PPOConfig: TRL <= 1.12 names)", ppo),
+        ("Data, reward functions and the embedded toy", [f.name for f in fields(VCPPOScriptArguments)]),
+        (
+            "Model (TRL ModelConfig: --model_name_or_path, LoRA with --use_peft, quantization)",
+            [f.name for f in fields(ModelConfig)],
+        ),
+    ]
+
+
+def build_parser() -> TrlParser:
+    """TRL's parser for (script arguments, VCPPOConfig, ModelConfig), with a short usage and grouped `--help`."""
+    parser = TrlParser(
+        (VCPPOScriptArguments, VCPPOConfig, ModelConfig), usage=HELP_USAGE, description=HELP_DESCRIPTION
+    )
+    # argparse lists options group by group: move each option (and its --no_ twin) into its group, then order the
+    # groups so that VC-PPO/PPO come first and the ~200 transformers TrainingArguments last.
+    default_group = next(g for g in parser._action_groups if g._group_actions and g.title != "positional arguments")
+    order = []
+    for title, names in _help_groups():
+        group = parser.add_argument_group(title)
+        wanted = set(names)
+        moving = [a for a in default_group._group_actions if a.dest in wanted]
+        moving.sort(key=lambda a: names.index(a.dest))
+        for action in moving:
+            default_group._group_actions.remove(action)
+            group._group_actions.append(action)
+        order.append(group)
+    rest = parser.add_argument_group("Training (transformers TrainingArguments)")
+    rest._group_actions.extend(a for a in default_group._group_actions if a.dest != "help")
+    default_group._group_actions[:] = [a for a in default_group._group_actions if a.dest == "help"]
+    parser._action_groups = [g for g in parser._action_groups if g not in order and g is not rest]
+    parser._action_groups += order + [rest]
+    return parser
+
+
 def main(argv: list[str] | None = None) -> VCPPOTrainer:
-    parser = TrlParser((VCPPOScriptArguments, VCPPOConfig, ModelConfig))
+    parser = build_parser()
     script_args, training_args, model_args = parser.parse_args_and_config(argv)
 
     toy = model_args.model_name_or_path is None

@@ -361,7 +361,7 @@ class VCPPOConfig(PPOConfig):
         default=100, metadata={"help": "Maximum number of value-pretraining updates (0 = off). Paper: 100 was best."}
     )
     value_pretrain_stop_explained_variance: float | None = field(
-        default=None, metadata={"help": "Stop value pretraining once explained variance reaches this (default: off)."}
+        default=None, metadata={"help": "Stop value pretraining once explained variance reaches this (None: off)."}
     )
     value_pretrain_patience: int | None = field(
         default=20,
