@@ -17,8 +17,10 @@ from trl import ModelConfig, ScriptArguments, TrlParser
 from trl.trainer.utils import get_peft_config, get_quantization_config
 
 from .config import VCPPOConfig
+from .loading import resolve_stop_token_ids
 from .preemption import TrainingInterrupted
 from .rewards import resolve_reward_funcs
+from .value_model import check_value_model_source
 from .vcppo_trainer import VCPPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -119,6 +121,7 @@ def build_toy(script_args: VCPPOScriptArguments, training_args: VCPPOConfig):
         max_digits=pick(script_args.toy_max_digits, toy_defaults.TOY_MAX_DIGITS),
     )
     tokenizer = build_tokenizer()
+    resolve_stop_token_ids(training_args, tokenizer)  # a bad stop_token_id stops here, not after the cold start
     model = build_tiny_model(tokenizer, seed=training_args.seed)
     steps = pick(script_args.toy_cold_start_steps, toy_defaults.TOY_SFT_STEPS)
     lr = pick(script_args.toy_cold_start_learning_rate, toy_defaults.TOY_SFT_LEARNING_RATE)
@@ -235,6 +238,11 @@ def main(argv: list[str] | None = None) -> VCPPOTrainer:
     parser = build_parser()
     script_args, training_args, model_args = parser.parse_args_and_config(argv)
 
+    # Checks that need no model, before any minutes are spent loading models or on the toy's cold-start SFT.
+    reward_funcs = resolve_reward_funcs(script_args.reward_funcs)
+    if training_args.value_model_path is not None:
+        check_value_model_source(training_args.value_model_path)
+
     toy = model_args.model_name_or_path is None
     if toy:
         if script_args.dataset_name is not None:
@@ -248,7 +256,7 @@ def main(argv: list[str] | None = None) -> VCPPOTrainer:
 
     trainer = VCPPOTrainer(
         model=model,
-        reward_funcs=resolve_reward_funcs(script_args.reward_funcs),
+        reward_funcs=reward_funcs,
         args=training_args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,

@@ -290,6 +290,11 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         total_episodes = args.total_episodes or int(args.num_train_epochs * len(self.train_dataset))
         self.num_ppo_updates = max(1, math.ceil(total_episodes / self.batch_size))
         self.total_episodes = total_episodes
+        if total_episodes % self.batch_size and self.is_world_process_zero():
+            logger.warning(
+                f"total_episodes={total_episodes} is not a multiple of the {self.batch_size} prompts per update: "
+                f"rounded up to {self.num_ppo_updates} updates = {self.num_ppo_updates * self.batch_size} episodes."
+            )
 
     # --------------------------------------------------------------- optimizer
 
