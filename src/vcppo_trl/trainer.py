@@ -679,6 +679,8 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             k: float(torch.stack([torch.as_tensor(x, dtype=torch.float32) for x in v]).mean())
             for k, v in stats.items()
         }
+        if len(stats.get("val/ratio", [])) > 1:  # TRL ≤ 1.12's val/ratio_var: variance of the micro-batch mean ratios
+            out["val/ratio_var"] = float(torch.stack([torch.as_tensor(x).float() for x in stats["val/ratio"]]).var())
         out["diagnostics/nonfinite_steps"] = float(nonfinite_steps)
         return out
 
@@ -909,12 +911,27 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         update_stats = self.ppo_update(rollout, advantages, returns, train_policy=train_policy)
         metrics["diagnostics/nonfinite_steps"] = update_stats.pop("diagnostics/nonfinite_steps")
         for name, value in update_stats.items():
-            key = f"{name}_avg"
+            key = name if name.endswith("_var") else f"{name}_avg"
             if not train_policy and name in PRETRAIN_METRIC_NAMES:
                 key = f"{PRETRAIN_METRIC_NAMES[name]}_avg"
             metrics[key] = self._mean_across(torch.tensor([value], device=self.accelerator.device))
+        metrics.update(self._trl_metric_names(rollout, metrics))
         self._last_rollout = (rollout, advantages)
         return metrics
+
+    def _trl_metric_names(self, rollout: Rollout, metrics: dict[str, float]) -> dict[str, float]:
+        """
+        TRL ≤ 1.12's PPO metrics under their names: `val/ratio` (mean policy ratio), `val/num_eos_tokens` (responses
+        that ended with the stop token, all processes), `objective/entropy` (Σ −log π of the sampled tokens per
+        response, averaged over responses: TRL's sequence-level entropy estimate).
+        """
+        out = {"val/num_eos_tokens": float(self.accelerator.gather(rollout.has_stop.float()).sum())}
+        if "val/ratio_avg" in metrics:
+            out["val/ratio"] = metrics["val/ratio_avg"]
+        if rollout.logprobs is not None:
+            mask = rollout.response_mask
+            out["objective/entropy"] = self._mean_across((-rollout.logprobs * mask).sum(1)[mask.any(1)])
+        return out
 
     def _print_samples(self, num_samples: int = 4) -> None:
         rollout, advantages = self._last_rollout
