@@ -65,7 +65,7 @@ def tiny_config(tmp_path):
             total_episodes=32,
             response_length=16,
             bf16=False,
-            gradient_checkpointing=False,
+            activation_checkpointing=False,
             logging_steps=1,
             report_to="none",
             save_strategy="no",

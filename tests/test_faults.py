@@ -274,7 +274,7 @@ class Started(TrainerCallback):
 tokenizer = build_tokenizer()
 args = VCPPOConfig(
     output_dir=sys.argv[1], per_device_train_batch_size=4, gradient_accumulation_steps=1, num_ppo_epochs=1,
-    total_episodes=4000, response_length=16, bf16=False, gradient_checkpointing=False, report_to="none",
+    total_episodes=4000, response_length=16, bf16=False, activation_checkpointing=False, report_to="none",
     save_strategy="no", use_cpu=True, num_sample_generations=0, disable_tqdm=True, value_pretrain_steps=2,
     logging_steps=1,
 )

@@ -112,7 +112,8 @@ class PPOConfig(_BaseConfig):
 
     > [!NOTE]
     > Defaults that differ from [`~transformers.TrainingArguments`]: `learning_rate` 3e-6 (as TRL's PPO), those of
-    > TRL's base config (`logging_steps` 10, `gradient_checkpointing` True), and `bf16`, which follows the hardware when
+    > TRL's base config (`logging_steps` 10, activation (gradient) checkpointing on, set as `activation_checkpointing`,
+    > transformers 5's name), and `bf16`, which follows the hardware when
     > left unset: bf16 mixed precision on an accelerator with native bf16 (NVIDIA Ampere or newer, ...), fp32 on a CPU
     > (so the same script runs on a laptop and on a GPU host without edits; TRL's configs default to bf16 and fail on a
     > CPU unless `use_cpu=True`). An explicit `bf16=True` where no bf16 device is found raises an error saying what to
@@ -123,6 +124,18 @@ class PPOConfig(_BaseConfig):
     _uses_lam: ClassVar[bool] = True
 
     learning_rate: float = field(default=3e-6, metadata={"help": "Initial learning rate of the policy (AdamW)."})
+    # transformers 5 renamed gradient checkpointing to activation checkpointing; TRL's base config still sets the old
+    # name (and so a FutureWarning on every run). Same default (on), under the new name.
+    activation_checkpointing: bool | None = field(
+        default=True,
+        metadata={
+            "help": "Recompute activations in the backward pass to save memory (~20%% slower). Default: true, as TRL."
+        },
+    )
+    gradient_checkpointing: bool | None = field(
+        default=None,
+        metadata={"help": "Deprecated alias of activation_checkpointing (transformers 5)."},
+    )
     bf16: bool | None = field(
         default=None,
         metadata={

@@ -43,6 +43,7 @@ from .distributed import check_deepspeed_setup, micro_batch_context
 from .gae import explained_variance, gae, masked_mean, masked_whiten, position_correlation
 from .loading import build_critic, load_policy, load_reward_funcs, load_tokenizer, resolve_stop_token_ids
 from .losses import clipped_policy_loss, clipped_value_loss, kl_penalty
+from .output import quiet_replica
 from .peft_utils import wrap_value_model
 from .preemption import SignalWatcher, TrainingInterrupted
 from .reward_calls import call_reward_function
@@ -135,6 +136,7 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             args = self._config_class(output_dir=f"{str(model_id).split('/')[-1] or 'model'}-{self._name}")
         if not isinstance(args, PPOConfig):
             raise TypeError(f"`args` must be a PPOConfig (or VCPPOConfig), got {type(args).__name__}.")
+        quiet_replica(args.process_index)  # warnings once per job, from the first process
         # Seed before anything draws from the RNG (the critic's fresh scalar head, LoRA matrices), as `Trainer` does.
         enable_full_determinism(args.seed) if args.full_determinism else set_seed(args.seed)
         self._check_dataset(train_dataset, "train_dataset", required=True)
@@ -158,9 +160,14 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         if args.disable_dropout:
             disable_dropout_in_model(policy)
             disable_dropout_in_model(critic)
-        if args.gradient_checkpointing:
+        if args.activation_checkpointing:
             for m in (policy, critic):
-                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
+                if hasattr(m, "activation_checkpointing_enable"):  # transformers ≥ 5.2's name
+                    m.activation_checkpointing_enable(
+                        activation_checkpointing_kwargs=args.activation_checkpointing_kwargs
+                    )
+                else:
+                    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
 
         # The reference policy exists only when the KL penalty is on; under PEFT it is the base model.
         self.ref_model = None

@@ -30,6 +30,7 @@ from .checkpointing import (
     write_training_state,
 )
 from .distributed import gathered_state_dict
+from .output import no_nested_progress_bars
 from .value_model import save_value_model
 
 logger = logging.get_logger(__name__)
@@ -46,6 +47,10 @@ class SavingMixin:
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         """Save the policy (or its adapter) and tokenizer in `output_dir`, the critic in `output_dir/value_model`."""
+        with no_nested_progress_bars():
+            self._save_models(output_dir, state_dict)
+
+    def _save_models(self, output_dir: str | None, state_dict: dict | None) -> None:
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         policy, critic = self.unwrapped_policy_and_critic()
         if state_dict:
@@ -93,7 +98,8 @@ class SavingMixin:
         if not self.args.should_save:
             return
         kwargs = {"state_dict": state_dict} if state_dict else {}
-        save_value_model(critic, self.processing_class, output_dir, **kwargs)
+        with no_nested_progress_bars():
+            save_value_model(critic, self.processing_class, output_dir, **kwargs)
 
     # ------------------------------------------------------------------- Hub
 
