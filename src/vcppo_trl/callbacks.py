@@ -70,6 +70,20 @@ class RolloutProgressCallback(ProgressCallback):
             self.training_bar.write(line)
 
 
+class CompactPrinterCallback(TrainerCallback):
+    """Without progress bars (`disable_tqdm=True`): the same one line per logged update, printed, instead of a dict."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        if "episode" in logs:
+            line = format_update_line(logs, state.global_step, state.max_steps)
+        else:
+            line = format_other_line(logs)
+        if line is not None:
+            print(line)
+
+
 class ValuePretrainCallback(TrainerCallback):
     """
     Owner of VC-PPO's value-pretraining phase: when it starts, when it stops, and what it saves.

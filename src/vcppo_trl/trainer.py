@@ -18,6 +18,7 @@ from transformers import (
     GenerationConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
+    PrinterCallback,
     ProgressCallback,
     TrainerCallback,
     TrainerControl,
@@ -36,7 +37,7 @@ from trl.models import unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model, print_prompt_completions_sample
 
-from .callbacks import RolloutProgressCallback
+from .callbacks import CompactPrinterCallback, RolloutProgressCallback
 from .config import PPOConfig
 from .data import DataReport, prepare_prompt_dataset, reward_function_columns
 from .distributed import check_deepspeed_setup, micro_batch_context
@@ -220,8 +221,8 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             # depend on this RNG (see `_prompt_batches`), so offsetting it per rank keeps the ranks' prompts disjoint.
             set_seed(args.seed, device_specific=True)
         self.remove_callback(ProgressCallback)
-        if not args.disable_tqdm:
-            self.add_callback(RolloutProgressCallback)
+        self.remove_callback(PrinterCallback)
+        self.add_callback(CompactPrinterCallback if args.disable_tqdm else RolloutProgressCallback)
 
         self._prepare_auxiliary_models()
         self._compute_batch_sizes()
