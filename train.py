@@ -17,7 +17,10 @@ DEFAULT_RECIPE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "confi
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
-    if not any(a == "--config" or a.startswith("--config=") or a.startswith("--model_name_or_path") for a in argv):
+    asks_help = any(a in ("-h", "--help") for a in argv)  # --help shows the real defaults, not the toy recipe's
+    if not asks_help and not any(
+        a == "--config" or a.startswith("--config=") or a.startswith("--model_name_or_path") for a in argv
+    ):
         print(f"No --config or --model_name_or_path given: running the embedded default ({DEFAULT_RECIPE}).")
         argv = ["--config", DEFAULT_RECIPE, *argv]
     main(argv)

@@ -54,7 +54,7 @@ def run(
         missing_eos_penalty=None,
         num_sample_generations=0,
         bf16=False,
-        gradient_checkpointing=False,
+        activation_checkpointing=False,
         logging_steps=1,
         report_to="none",
         save_strategy="no",

@@ -65,7 +65,7 @@ def tiny_config(tmp_path):
             total_episodes=32,
             response_length=16,
             bf16=False,
-            gradient_checkpointing=False,
+            activation_checkpointing=False,
             logging_steps=1,
             report_to="none",
             save_strategy="no",
@@ -78,6 +78,8 @@ def tiny_config(tmp_path):
         )
         if cls is not VCPPOConfig:
             kwargs["lam"] = 0.95
+        else:
+            kwargs["value_pretrain_steps"] = 0  # tests that pretrain say so (the default, 100, is the paper's)
         kwargs.update(overrides)
         return cls(**kwargs)
 

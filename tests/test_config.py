@@ -44,7 +44,9 @@ TRL_PPO_DEFAULTS = {
 @pytest.mark.parametrize("cls", [PPOConfig, VCPPOConfig])
 def test_trl_ppo_defaults(cls, tmp_path):
     config = make(cls, tmp_path)
-    for name, value in TRL_PPO_DEFAULTS.items():
+    # VC-PPO departs from TRL's PPO defaults in the KL penalty only (the paper's setting: 0, no reference model).
+    expected = TRL_PPO_DEFAULTS | ({"kl_coef": 0.0} if cls is VCPPOConfig else {})
+    for name, value in expected.items():
         assert getattr(config, name) == value, name
 
 
@@ -53,12 +55,30 @@ def test_ppo_lam_default(tmp_path):
 
 
 def test_vcppo_defaults(tmp_path):
+    """VCPPOConfig() is VC-PPO out of the box: value pretraining with early stopping, decoupled GAE, KL 0."""
     config = make(VCPPOConfig, tmp_path)
     assert config.lam_actor == 0.95
     assert config.lam_critic == 1.0
-    assert config.value_pretrain_steps == 0
+    assert config.kl_coef == 0.0
+    assert config.value_pretrain_steps == 100
+    assert config.value_pretrain_min_steps == 50
+    assert config.value_pretrain_patience == 20
+    assert config.value_pretrain_min_delta == 0.01
+    assert config.value_pretrain_stop_explained_variance is None
     assert config.lam is None
     assert isinstance(config, PPOConfig)
+
+
+def test_vcppo_default_trainer_pretrains_without_reference(make_trainer, tmp_path):
+    """A trainer built from the bare VCPPOConfig runs value pretraining (early stopping on) and loads no reference."""
+    from vcppo_trl import VCPPOConfig as Config
+
+    trainer = make_trainer(args=Config(output_dir=str(tmp_path / "o"), **COMMON))
+    callback = trainer.value_pretrain_callback
+    assert callback is not None
+    assert (callback.max_steps, callback.min_steps, callback.patience) == (100, 50, 20)
+    assert trainer.ref_model is None
+    assert trainer.num_training_updates() == trainer.num_ppo_updates + 100
 
 
 @pytest.mark.parametrize("cls", [PPOConfig, VCPPOConfig])
@@ -119,7 +139,7 @@ VCPPO_ERRORS = [
     ({"num_mini_batches": 0}, "num_mini_batches"),
     ({"missing_eos_penalty": -0.5}, "missing_eos_penalty"),
     ({"value_pretrain_steps": 100, "value_pretrain_save_steps": [50, 150]}, "value_pretrain_save_steps"),
-    ({"value_pretrain_save_steps": [1]}, "value_pretrain_save_steps"),  # pretraining off (0 steps)
+    ({"value_pretrain_steps": 0, "value_pretrain_save_steps": [1]}, "value_pretrain_save_steps"),  # pretraining off
     ({"value_pretrain_steps": 10, "value_pretrain_save_steps": [0]}, "value_pretrain_save_steps"),
 ]
 

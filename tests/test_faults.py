@@ -274,7 +274,7 @@ class Started(TrainerCallback):
 tokenizer = build_tokenizer()
 args = VCPPOConfig(
     output_dir=sys.argv[1], per_device_train_batch_size=4, gradient_accumulation_steps=1, num_ppo_epochs=1,
-    total_episodes=4000, response_length=16, bf16=False, gradient_checkpointing=False, report_to="none",
+    total_episodes=4000, response_length=16, bf16=False, activation_checkpointing=False, report_to="none",
     save_strategy="no", use_cpu=True, num_sample_generations=0, disable_tqdm=True, value_pretrain_steps=2,
     logging_steps=1,
 )
@@ -338,3 +338,32 @@ def test_signal_saves_a_checkpoint_and_exits_nonzero(tmp_path, signum, make_trai
     trainer = make_trainer(model=policy, args=args)
     trainer.train(resume_from_checkpoint=checkpoint)
     assert trainer.state.global_step == 2 + ppo_updates > step
+
+
+def test_wrong_number_of_rewards_stops_at_the_first_batch(make_trainer, tiny_config):
+    """A function returning one value too few is a bug: a clear error at the first batch, no per-sample retries."""
+    calls = []
+
+    def drops_last(completions, **kwargs):
+        calls.append(len(completions))
+        return [1.0] * (len(completions) - 1)
+
+    trainer = make_trainer(reward_funcs=drops_last, args=tiny_config(total_episodes=32))
+    with pytest.raises(RewardFunctionError, match="'drops_last' returned 15 values for 16 completions"):
+        trainer.train()
+    assert calls == [16]  # one batch call, no retries, no second update
+    assert trainer.state.global_step == 0
+
+
+def test_raising_reward_function_is_still_retried_per_sample():
+    calls = []
+
+    def raises_on_batches(completions, **kwargs):
+        calls.append(len(completions))
+        if len(completions) > 1:
+            raise RuntimeError("batch mode broken")
+        return [0.5]
+
+    result = call_reward_function(raises_on_batches, ["", ""], ["a", "b"], [[], []], {}, timeout=5.0)
+    assert result.values == [0.5, 0.5] and result.failures == 0
+    assert sorted(calls) == [1, 1, 2]

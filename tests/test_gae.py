@@ -476,3 +476,32 @@ def test_masked_whiten_over_processes_equals_whitening_the_whole_batch():
     torch.testing.assert_close(torch.cat(results), expected, rtol=1e-5, atol=1e-5)
     local = masked_whiten(torch.nan_to_num(values[:3]), mask[:3])
     assert not torch.allclose(local, expected[:3], atol=1e-2)
+
+
+def test_explained_variance_nan_when_returns_vary_only_by_tiny_amounts():
+    """Equal scores, returns that differ only by small KL penalties (std 0.02): nothing to explain, not −250."""
+    gen = torch.Generator().manual_seed(0)
+    mask = _right_padded_mask([16, 12, 9, 16, 5, 14, 16, 7], 16)
+    returns = -1.0 + 0.02 * torch.randn(8, 16, generator=gen)
+    values = 0.3 * torch.randn(8, 16, generator=gen)
+    targets, residual = returns[mask].double(), (returns - values)[mask].double()
+    assert 1.0 - residual.var() / targets.var() < -100  # what the unguarded ratio gives
+    assert math.isnan(explained_variance(values, returns, mask))
+    # Float-level wiggle on constant returns (λ < 1 bootstrapping with equal scores): also nan, never ~ −3e5.
+    assert math.isnan(explained_variance(values, -1.0 + 1e-3 * torch.randn(8, 16, generator=gen), mask))
+    # Returns near 0 (0/1 rewards, all wrong, small KL): the scale is at least 1.
+    assert math.isnan(explained_variance(values, 0.01 * torch.randn(8, 16, generator=gen), mask))
+
+
+def test_explained_variance_kept_when_outcomes_differ():
+    """One response of 16 scored differently is a real signal: the metric stays a finite number."""
+    mask = torch.ones(16, 20, dtype=torch.bool)
+    returns = torch.full((16, 20), -1.0)
+    returns[3] = 1.0
+    values = torch.zeros(16, 20)
+    assert explained_variance(values, returns, mask) == pytest.approx(0.0, abs=1e-9)  # a constant guess explains none
+    assert explained_variance(returns, returns, mask) == pytest.approx(1.0)
+    # With a smaller tolerance the tiny-variation case is computed as before.
+    gen = torch.Generator().manual_seed(1)
+    small = 0.001 * torch.randn(16, 20, generator=gen)
+    assert math.isfinite(explained_variance(small, small * 2, mask, min_relative_std=1e-4))

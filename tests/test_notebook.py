@@ -20,3 +20,18 @@ def test_quickstart_notebook_executes(tmp_path, monkeypatch):
         out.get("text", "") for cell in notebook.cells if cell.cell_type == "code" for out in cell.get("outputs", [])
     )
     assert "held-out accuracy:" in outputs
+    # The fast mode says plainly that it does not learn.
+    assert "smoke run, too short to learn anything" in outputs
+    # The figure is shown inline (an image output), not only saved.
+    images = [
+        out
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for out in cell.get("outputs", [])
+        if "image/png" in out.get("data", {})
+    ]
+    assert len(images) == 1
+    # The text describes the model the code builds, and the log is compact lines, not metric dicts.
+    intro = notebook.cells[0].source
+    assert "Llama" in intro and "Qwen2 policy" not in intro
+    assert "update 1/" in outputs and "{'objective/scores'" not in outputs

@@ -1,5 +1,6 @@
 """Checkpoints and resuming: a stopped-and-resumed run equals an uninterrupted one; saves are atomic and checked."""
 
+import math
 import os
 import shutil
 
@@ -24,7 +25,12 @@ def step_logs(trainer) -> dict[int, dict[str, float]]:
     logs = {}
     for entry in trainer.state.log_history:
         if "episode" in entry:
-            logs[entry["step"]] = {k: v for k, v in entry.items() if k not in TIMING_KEYS}
+            # nan (e.g. explained variance of returns with nothing to explain) compares equal to itself here.
+            logs[entry["step"]] = {
+                k: "nan" if isinstance(v, float) and math.isnan(v) else v
+                for k, v in entry.items()
+                if k not in TIMING_KEYS
+            }
     return logs
 
 

@@ -97,3 +97,77 @@ def test_prepare_dataset_missing_column_message():
     data = Dataset.from_dict({"question": ["1+1?"], "solution": ["2"]})
     with pytest.raises(ValueError, match="--prompt_column"):
         prepare_dataset(data, VCPPOScriptArguments(), limit=None)
+
+
+def _option_help(text: str, option: str) -> str:
+    """The help entry of one option, whitespace-normalised (argparse wraps lines)."""
+    start = text.index(f"\n  {option} ")
+    end = text.find("\n  --", start + 1)
+    return " ".join(text[start:end].split())
+
+
+def test_help_shows_real_defaults_with_vcppo_options_first(tmp_path):
+    result = run([sys.executable, os.path.join(ROOT, "train.py"), "--help"], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = result.stdout
+    assert "running the embedded default" not in text  # --help does not load the toy recipe's values
+    # VCPPOConfig's own defaults, not tiny_cpu.yaml's (10 pretraining updates, 2 epochs).
+    assert "(default: 100)" in _option_help(text, "--value_pretrain_steps")
+    assert "(default: 4)" in _option_help(text, "--num_ppo_epochs")
+    assert "(default: 0.0)" in _option_help(text, "--kl_coef")
+    assert "(default: 0.95)" in _option_help(text, "--lam_actor")
+    # VC-PPO first, then PPO, then the script's, the model's and transformers' arguments.
+    options = text[text.index("\noptions:") :]
+    positions = [
+        options.index(s)
+        for s in (
+            "VC-PPO (VCPPOConfig)",
+            "  --lam_actor",
+            "PPO (PPOConfig",
+            "  --kl_coef",
+            "  --dataset_name",
+            "  --model_name_or_path",
+            "Training (transformers",
+            "  --per_device_train_batch_size",
+        )
+    ]
+    assert positions == sorted(positions)
+    assert text.index("--value_pretrain_steps") < 2000  # within the first screen, not at line ~866
+    assert len(text.splitlines()[0]) < 120  # a short usage line, not 150 lines listing every option
+
+
+def test_default_run_output_is_clean(tmp_path):
+    """What a person reads: bars, one compact line per logged update, sample tables, the final table; no noise."""
+    out = tmp_path / "run"
+    result = run(tiny_run_command(out, "--logging_steps", "1", "--toy_cold_start_steps", "5"), tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    stdout, stderr = result.stdout, result.stderr
+    lines = stdout.splitlines()
+    assert not [line for line in lines if line.lstrip().startswith("{")], "raw metric dicts on stdout"
+    for stream in (stdout, stderr):
+        assert "\x1b[" not in stream, "terminal escape codes left in the output"
+        assert "Setting accelerator to CPU" not in stream  # DeepSpeed's notice, on a run without DeepSpeed
+        assert "FutureWarning" not in stream and "gradient_checkpointing" not in stream
+        assert "Writing model shards" not in stream
+    # The cold start: a progress bar (stderr) and one summary line, not ~70 loss dicts.
+    assert "cold-start SFT:" in stderr and "%|" in stderr
+    assert any(line.startswith("cold-start SFT: 5 steps") for line in lines)
+    # One compact line per logged update (1 pretraining + 1 PPO update), the samples table, the final table.
+    updates = [line for line in lines if line.startswith("update ")]
+    assert [u.split(":")[0] for u in updates] == ["update 1/2 value-pretrain", "update 2/2"]
+    assert all("reward " in u and "len " in u for u in updates)
+    assert "Completion" in stdout and "Advantage" in stdout  # rich's samples table
+    assert "after cold start" in stdout and "after VC-PPO" in stdout
+
+
+def test_ddp_run_warns_once_per_job(tmp_path):
+    """Two DDP ranks (gloo on CPU): a data warning is printed once, by the first rank, not once per rank."""
+    out = tmp_path / "run"
+    cmd = tiny_run_command(out, "--max_prompt_length", "5", "--total_episodes", "64")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *cmd[1:]]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1")
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    both = result.stdout + result.stderr
+    assert both.count("train_dataset: ") == 1, both[-3000:]
+    assert both.count("Value pretraining: training the critic alone") == 1

@@ -109,15 +109,22 @@ def test_pretraining_stops_early_on_explained_variance(make_trainer, tiny_policy
     assert trainer.state.global_step == 2 + 1  # PPO keeps its own number of updates
 
 
-def test_value_model_path_skips_pretraining(make_trainer, tiny_policy, tokenizer, toy_splits, tiny_config, tmp_path):
+def test_value_model_path_skips_pretraining(
+    make_trainer, tiny_policy, tokenizer, toy_splits, tiny_config, tmp_path, caplog
+):
     first = make_trainer(reward_funcs=length_reward, args=tiny_config(value_pretrain_steps=1, total_episodes=8))
     first.train()
     saved = os.path.join(first.args.output_dir, "value_pretrained")
     args = tiny_config(
         value_pretrain_steps=4, value_model_path=saved, total_episodes=8, output_dir=str(tmp_path / "b")
     )
-    second = make_trainer(reward_funcs=length_reward, args=args)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        second = make_trainer(reward_funcs=length_reward, args=args)
     assert second.value_pretrain_callback is None
+    # The skip is said, once, with the path.
+    skipped = [r.getMessage() for r in caplog.records if "value pretraining is skipped" in r.getMessage()]
+    assert len(skipped) == 1 and saved in skipped[0]
     loaded = AutoModelForTokenClassification.from_pretrained(saved)
     for k, v in loaded.state_dict().items():
         assert torch.equal(second.model.critic.state_dict()[k], v)

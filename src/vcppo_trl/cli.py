@@ -17,8 +17,10 @@ from trl import ModelConfig, ScriptArguments, TrlParser
 from trl.trainer.utils import get_peft_config, get_quantization_config
 
 from .config import VCPPOConfig
+from .loading import resolve_stop_token_ids
 from .preemption import TrainingInterrupted
 from .rewards import resolve_reward_funcs
+from .value_model import check_value_model_source
 from .vcppo_trainer import VCPPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -119,6 +121,7 @@ def build_toy(script_args: VCPPOScriptArguments, training_args: VCPPOConfig):
         max_digits=pick(script_args.toy_max_digits, toy_defaults.TOY_MAX_DIGITS),
     )
     tokenizer = build_tokenizer()
+    resolve_stop_token_ids(training_args, tokenizer)  # a bad stop_token_id stops here, not after the cold start
     model = build_tiny_model(tokenizer, seed=training_args.seed)
     steps = pick(script_args.toy_cold_start_steps, toy_defaults.TOY_SFT_STEPS)
     lr = pick(script_args.toy_cold_start_learning_rate, toy_defaults.TOY_SFT_LEARNING_RATE)
@@ -170,9 +173,75 @@ def format_results_table(rows: list[tuple[str, dict]]) -> str:
     return "\n".join(lines)
 
 
+HELP_USAGE = (
+    "python train.py [--config configs/recipes/<recipe>.yaml] [--<option> VALUE ...]\n"
+    "       accelerate launch --config_file configs/accelerate/<setup>.yaml train.py --config ... (GPUs)"
+)
+HELP_DESCRIPTION = (
+    "Train a policy with VC-PPO (arXiv 2503.01491). With neither --config nor --model_name_or_path the embedded toy "
+    "recipe (configs/recipes/tiny_cpu.yaml) runs on a CPU. Every option below can also be set in the --config YAML; "
+    "the defaults shown are VCPPOConfig's own (a recipe overrides them). VC-PPO and PPO options come first."
+)
+
+
+def _help_groups() -> list[tuple[str, list[str]]]:
+    """Option groups of `--help`, in the order shown: what this package adds first, transformers' arguments last."""
+    from dataclasses import fields
+
+    from trl.trainer.base_config import _BaseConfig
+
+    from .config import PPOConfig
+
+    ppo_names = {f.name for f in fields(PPOConfig)}
+    base_names = {f.name for f in fields(_BaseConfig)}
+    vcppo = [f.name for f in fields(VCPPOConfig) if f.name not in ppo_names]
+    ppo = ["learning_rate", "lr_scheduler_type", "warmup_steps"]
+    ppo += [f.name for f in fields(PPOConfig) if f.name not in base_names]
+    return [
+        ("VC-PPO (VCPPOConfig)", vcppo),
+        ("PPO (PPOConfig: TRL <= 1.12 names)", ppo),
+        ("Data, reward functions and the embedded toy", [f.name for f in fields(VCPPOScriptArguments)]),
+        (
+            "Model (TRL ModelConfig: --model_name_or_path, LoRA with --use_peft, quantization)",
+            [f.name for f in fields(ModelConfig)],
+        ),
+    ]
+
+
+def build_parser() -> TrlParser:
+    """TRL's parser for (script arguments, VCPPOConfig, ModelConfig), with a short usage and grouped `--help`."""
+    parser = TrlParser(
+        (VCPPOScriptArguments, VCPPOConfig, ModelConfig), usage=HELP_USAGE, description=HELP_DESCRIPTION
+    )
+    # argparse lists options group by group: move each option (and its --no_ twin) into its group, then order the
+    # groups so that VC-PPO/PPO come first and the ~200 transformers TrainingArguments last.
+    default_group = next(g for g in parser._action_groups if g._group_actions and g.title != "positional arguments")
+    order = []
+    for title, names in _help_groups():
+        group = parser.add_argument_group(title)
+        wanted = set(names)
+        moving = [a for a in default_group._group_actions if a.dest in wanted]
+        moving.sort(key=lambda a: names.index(a.dest))
+        for action in moving:
+            default_group._group_actions.remove(action)
+            group._group_actions.append(action)
+        order.append(group)
+    rest = parser.add_argument_group("Training (transformers TrainingArguments)")
+    rest._group_actions.extend(a for a in default_group._group_actions if a.dest != "help")
+    default_group._group_actions[:] = [a for a in default_group._group_actions if a.dest == "help"]
+    parser._action_groups = [g for g in parser._action_groups if g not in order and g is not rest]
+    parser._action_groups += order + [rest]
+    return parser
+
+
 def main(argv: list[str] | None = None) -> VCPPOTrainer:
-    parser = TrlParser((VCPPOScriptArguments, VCPPOConfig, ModelConfig))
+    parser = build_parser()
     script_args, training_args, model_args = parser.parse_args_and_config(argv)
+
+    # Checks that need no model, before any minutes are spent loading models or on the toy's cold-start SFT.
+    reward_funcs = resolve_reward_funcs(script_args.reward_funcs)
+    if training_args.value_model_path is not None:
+        check_value_model_source(training_args.value_model_path)
 
     toy = model_args.model_name_or_path is None
     if toy:
@@ -187,7 +256,7 @@ def main(argv: list[str] | None = None) -> VCPPOTrainer:
 
     trainer = VCPPOTrainer(
         model=model,
-        reward_funcs=resolve_reward_funcs(script_args.reward_funcs),
+        reward_funcs=reward_funcs,
         args=training_args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,

@@ -12,6 +12,24 @@ from trl.trainer.base_config import _BaseConfig
 from .losses import LOSS_TYPES
 
 
+def hardware_supports_bf16(use_cpu: bool) -> bool:
+    """
+    Whether bf16 mixed precision is the natural choice here: an accelerator with native bf16 (NVIDIA Ampere or newer,
+    Intel XPU, Ascend NPU, Gaudi, TPU) that the run will use. CPU runs (`use_cpu`, `ACCELERATE_USE_CPU=1`, or no
+    accelerator at all) and Apple MPS (bf16 emulated on most chips) train in fp32.
+    """
+    import os
+
+    import torch
+    from transformers.utils import is_torch_bf16_gpu_available, is_torch_mps_available, is_torch_xla_available
+
+    if use_cpu or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
+        return False
+    if is_torch_mps_available() and not torch.cuda.is_available():
+        return False
+    return is_torch_bf16_gpu_available() or is_torch_xla_available()
+
+
 def _require_unit_interval(name: str, value: float) -> None:
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"`{name}` must be in [0, 1], got {value}.")
@@ -117,14 +135,38 @@ class PPOConfig(_BaseConfig):
             `value_peft_config=` argument of the trainer takes a `PeftConfig` instead.
 
     > [!NOTE]
-    > Defaults that differ from [`~transformers.TrainingArguments`]: `learning_rate` 3e-6 (as TRL's PPO), and those of
-    > TRL's base config (`logging_steps` 10, `gradient_checkpointing` True, `bf16` True unless `fp16`).
+    > Defaults that differ from [`~transformers.TrainingArguments`]: `learning_rate` 3e-6 (as TRL's PPO), those of
+    > TRL's base config (`logging_steps` 10, activation (gradient) checkpointing on, set as `activation_checkpointing`,
+    > transformers 5's name), and `bf16`, which follows the hardware when
+    > left unset: bf16 mixed precision on an accelerator with native bf16 (NVIDIA Ampere or newer, ...), fp32 on a CPU
+    > (so the same script runs on a laptop and on a GPU host without edits; TRL's configs default to bf16 and fail on a
+    > CPU unless `use_cpu=True`). An explicit `bf16=True` where no bf16 device is found raises an error saying what to
+    > change. fp16 is never turned on by itself (it needs loss scaling): set `fp16=True` on GPUs without bf16.
     """
 
     # Whether `lam` is used (and so must be set); VCPPOConfig replaces it with `lam_actor` / `lam_critic`.
     _uses_lam: ClassVar[bool] = True
 
     learning_rate: float = field(default=3e-6, metadata={"help": "Initial learning rate of the policy (AdamW)."})
+    # transformers 5 renamed gradient checkpointing to activation checkpointing; TRL's base config still sets the old
+    # name (and so a FutureWarning on every run). Same default (on), under the new name.
+    activation_checkpointing: bool | None = field(
+        default=True,
+        metadata={
+            "help": "Recompute activations in the backward pass to save memory (~20%% slower). Default: true, as TRL."
+        },
+    )
+    gradient_checkpointing: bool | None = field(
+        default=None,
+        metadata={"help": "Deprecated alias of activation_checkpointing (transformers 5)."},
+    )
+    bf16: bool | None = field(
+        default=None,
+        metadata={
+            "help": "bf16 mixed precision. Default: follow the hardware (bf16 on a GPU with native bf16, fp32 on a "
+            "CPU). Set true/false to decide yourself."
+        },
+    )
     exp_name: str = field(default="ppo", metadata={"help": "Name of this experiment."})
     dataset_num_proc: int | None = field(default=None, metadata={"help": "Processes for dataset preprocessing."})
     num_mini_batches: int = field(default=1, metadata={"help": "Number of minibatches to split a batch into."})
@@ -247,7 +289,19 @@ class PPOConfig(_BaseConfig):
         },
     )
 
+    def _resolve_precision(self) -> None:
+        """`bf16=None` follows the hardware; an explicit `bf16=True` with no bf16 device is refused, with the fix."""
+        if self.bf16 is None:
+            self.bf16 = not self.fp16 and hardware_supports_bf16(self.use_cpu)
+        elif self.bf16 and not self.use_cpu and not hardware_supports_bf16(False):
+            raise ValueError(
+                "bf16=True was set, but no device with bf16 support was found (it needs e.g. an NVIDIA Ampere or newer "
+                "GPU). Leave bf16 unset to follow the hardware (fp32 on this machine), set bf16=False, or add "
+                "use_cpu=True to run bf16 on the CPU."
+            )
+
     def __post_init__(self):
+        self._resolve_precision()
         super().__post_init__()
         if self.stop_token is not None and self.stop_token_id is not None:
             raise ValueError("`stop_token` and `stop_token_id` are mutually exclusive: set only one of them.")
@@ -314,24 +368,36 @@ class VCPPOConfig(PPOConfig):
     r"""
     Configuration for [`VCPPOTrainer`]: [`PPOConfig`] plus VC-PPO's two changes (arXiv 2503.01491).
 
+    `VCPPOConfig()` is VC-PPO out of the box: value pretraining on (up to 100 updates, the paper's best), decoupled GAE
+    with λ_actor 0.95 and λ_critic 1.0, and no KL penalty (`kl_coef=0`: a rule-based verifier cannot be reward-hacked,
+    and no reference model is then loaded). Everything else keeps TRL's PPO defaults (e.g. `learning_rate` 3e-6; the
+    paper used 1e-6 for the policy and 2e-6 for the critic on a 32B model).
+
     Decoupled GAE replaces `lam`: the critic's targets use `lam_critic` (1.0: Monte-Carlo returns, no decay of the
     end-of-sequence reward) and the policy's advantages use `lam_actor` (paper: 0.95 to 0.99).
 
     Value pretraining trains the critic alone on rollouts of the frozen initial policy with λ = 1 for up to
-    `value_pretrain_steps` updates (paper: 100 was best, 150 over-fitted), stopping earlier when the explained
-    variance reaches `value_pretrain_stop_explained_variance` or the value loss stops improving for
-    `value_pretrain_patience` updates. The critic is then saved under `output_dir/value_pretrained` and PPO starts.
+    `value_pretrain_steps` updates, stopping earlier (never before `value_pretrain_min_steps`) when the value loss stops
+    improving for `value_pretrain_patience` updates, or when the explained variance reaches
+    `value_pretrain_stop_explained_variance`. The critic is then saved under `output_dir/value_pretrained` and PPO
+    starts. A later run starts from it with `value_model_path` and skips the phase.
 
     Parameters:
-        lam_actor (`float`, defaults to `0.95`): GAE λ of the policy's advantages.
+        lam_actor (`float`, defaults to `0.95`): GAE λ of the policy's advantages (paper's ablation: 0.95–0.99 best,
+            1.0 worst).
         lam_critic (`float`, defaults to `1.0`): GAE λ of the critic's targets.
-        value_pretrain_steps (`int`, defaults to `0`): Maximum number of value-pretraining updates; 0 disables it.
+        kl_coef (`float`, defaults to `0.0`): As in [`PPOConfig`]; 0 (the paper's setting) instead of TRL's 0.05.
+        value_pretrain_steps (`int`, defaults to `100`): Maximum number of value-pretraining updates; 0 disables it.
+            The paper found 100 best (AIME 20.6 / 30.1 / 25.1 after 50 / 100 / 150 steps: 150 over-fitted).
         value_pretrain_stop_explained_variance (`float`, *optional*): Stop pretraining once the explained variance
-            of an update reaches this value.
-        value_pretrain_patience (`int`, *optional*): Stop pretraining when the value loss has not improved by at least
-            `value_pretrain_min_delta` (relative) over this many updates.
+            of an update reaches this value. Off by default: how much of the return variance a critic can explain
+            depends on the task (sampling noise it cannot predict), so no threshold fits every task.
+        value_pretrain_patience (`int`, *optional*, defaults to `20`): Stop pretraining when the value loss has not
+            improved by at least `value_pretrain_min_delta` (relative) over this many updates: the slow "knowledge
+            injection" stage has flattened and further updates only cost rollouts. `None` disables it.
         value_pretrain_min_delta (`float`, defaults to `0.01`): Relative improvement that resets the patience counter.
-        value_pretrain_min_steps (`int`, defaults to `1`): Never stop pretraining early before this many updates.
+        value_pretrain_min_steps (`int`, defaults to `50`): Never stop pretraining early before this many updates
+            (the paper's 50-step critic was clearly worse than its 100-step one).
         value_pretrain_save_steps (`list[int]`, *optional*): Pretraining steps at which to also save the critic (the
             paper compared 50/100/150), under `output_dir/value_pretrained-step-<n>`.
         value_pretrain_cliprange_value (`float`, *optional*): Value clip range during value pretraining. `None` (the
@@ -341,7 +407,7 @@ class VCPPOConfig(PPOConfig):
             variance on the next rollouts 0.04–0.11 without clipping vs 0.09–0.18 with it, 3 seeds, 10× the recipe's
             value learning rate); at the recipe's learning rate clipping never binds (clip fraction ≤ 0.5 %).
         value_model_path (`str`, *optional*): A saved pretrained critic (local directory or Hub id) to start from;
-            value pretraining is then skipped.
+            value pretraining is then skipped (a line in the log says so).
         lam_actor_length_alpha (`float`, *optional*): Length-adaptive λ_actor (VAPO, arXiv 2504.05118): each
             response of length l uses λ = 1 − 1/(α·l) (clipped to [0, 1]) instead of `lam_actor`. VAPO used 0.05.
         value_pretrain_push (`bool`, defaults to `False`): Push the pretrained critic to the Hub right after value
@@ -349,6 +415,9 @@ class VCPPOConfig(PPOConfig):
             (`value_model_path=<repo id>`). A failed push is logged as an error and training goes on.
         value_pretrain_hub_model_id (`str`, *optional*): Hub repo of the pretrained critic. Defaults to
             `<value_hub_model_id>-pretrained`, i.e. `<hub_model_id>-value-pretrained`.
+
+    Learning-rate schedules: the policy's (`lr_scheduler_type`, warmup) spans the PPO updates only and starts at the
+    first of them; the critic's spans value pretraining and PPO (see [`~schedules.RoleLR`]).
     """
 
     _uses_lam: ClassVar[bool] = False
@@ -360,21 +429,27 @@ class VCPPOConfig(PPOConfig):
     )
     lam_actor: float = field(default=0.95, metadata={"help": "GAE lambda of the policy's advantages."})
     lam_critic: float = field(default=1.0, metadata={"help": "GAE lambda of the critic's value targets."})
+    kl_coef: float = field(
+        default=0.0,
+        metadata={"help": "KL penalty coefficient (VC-PPO: 0, no reference model). TRL's PPO default is 0.05."},
+    )
     value_pretrain_steps: int = field(
-        default=0, metadata={"help": "Maximum number of value-pretraining updates (0 = off). Paper: 100."}
+        default=100, metadata={"help": "Maximum number of value-pretraining updates (0 = off). Paper: 100 was best."}
     )
     value_pretrain_stop_explained_variance: float | None = field(
-        default=None, metadata={"help": "Stop value pretraining once explained variance reaches this."}
+        default=None, metadata={"help": "Stop value pretraining once explained variance reaches this (None: off)."}
     )
     value_pretrain_patience: int | None = field(
-        default=None,
-        metadata={"help": "Stop value pretraining when value loss has not improved for this many updates."},
+        default=20,
+        metadata={
+            "help": "Stop value pretraining when value loss has not improved for this many updates (None: off)."
+        },
     )
     value_pretrain_min_delta: float = field(
         default=0.01, metadata={"help": "Relative value-loss improvement that resets the patience counter."}
     )
     value_pretrain_min_steps: int = field(
-        default=1, metadata={"help": "Never stop value pretraining early before this many updates."}
+        default=50, metadata={"help": "Never stop value pretraining early before this many updates."}
     )
     value_pretrain_save_steps: list[int] | None = field(
         default=None, metadata={"help": "Pretraining steps at which to also save the critic, e.g. 50 100 150."}
@@ -387,7 +462,8 @@ class VCPPOConfig(PPOConfig):
         },
     )
     value_model_path: str | None = field(
-        default=None, metadata={"help": "Pretrained critic to start from (skips value pretraining)."}
+        default=None,
+        metadata={"help": "Pretrained critic to start from (a local directory or Hub id; skips value pretraining)."},
     )
     lam_actor_length_alpha: float | None = field(
         default=None,

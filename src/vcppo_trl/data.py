@@ -90,6 +90,18 @@ def check_prompt_schema(dataset: Dataset, name: str) -> None:
     )
 
 
+def check_chat_template(dataset: Dataset, name: str, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Stop when the prompts are chat messages but the tokenizer has no chat template to turn them into text."""
+    sample = next((p for p in dataset["prompt"][:64] if p is not None), None)
+    if isinstance(sample, list) and getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(
+            f"`{name}` holds chat messages (conversational prompts) but the tokenizer "
+            f"({type(tokenizer).__name__}, {getattr(tokenizer, 'name_or_path', '') or 'built in-process'}) has no chat "
+            "template to format them. Use the instruct/chat variant's tokenizer, set `tokenizer.chat_template`, or "
+            "give text prompts (train.py: drop --conversational)."
+        )
+
+
 def _is_empty_prompt(prompt: Any) -> bool:
     if prompt is None:
         return True
@@ -130,6 +142,7 @@ def prepare_prompt_dataset(
         `(dataset, report)`: the rows kept, and what was dropped or truncated per reason.
     """
     check_prompt_schema(dataset, name)
+    check_chat_template(dataset, name, tokenizer)
     prompts = dataset["prompt"]
     keep = [True] * len(dataset)
     dropped = {"empty_prompt": 0}

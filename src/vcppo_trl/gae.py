@@ -225,12 +225,25 @@ def masked_whiten(
     return whitened * mask_f
 
 
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+def explained_variance(
+    values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, min_relative_std: float = 0.05
+) -> float:
     """
     `1 − Var(returns − values) / Var(returns)` over every masked token of the whole batch.
 
     Call it on the full batch (all micro-batches, gathered across ranks): averaging per-micro-batch values is wrong.
-    Returns `nan` when the returns have no variance.
+
+    Returns `nan` when the returns carry (almost) nothing to explain: their standard deviation is at most
+    `min_relative_std × max(1, RMS(returns))`. That is the case when every response got the same score and the returns
+    differ only by float noise, by KL penalties of a few hundredths, or by the bootstrapped values of λ < 1; the ratio
+    then divides the critic's error by a near-zero variance and gives numbers like −3e5 that say nothing about the
+    critic (and wreck dashboards). The `max(1, ·)` assumes rewards of order 1 (±1 or 0/1 verifiers, reward models);
+    pass a smaller `min_relative_std` for rewards on a much smaller scale.
+
+    Args:
+        values, returns (`torch.Tensor` of shape `[B, T]`): Predictions and targets.
+        mask (`torch.Tensor` of shape `[B, T]`): Valid tokens.
+        min_relative_std (`float`, defaults to `0.05`): See above; `0` keeps only the guard against exact constants.
     """
     mask = mask.bool()
     if mask.sum() < 2:
@@ -238,8 +251,9 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     targets = returns[mask].double()
     residual = targets - values[mask].double()
     var_targets = targets.var()
-    # Constant targets (e.g. every response wrong) leave nothing to explain; float noise would give huge negatives.
-    if var_targets <= 1e-8 * max(1.0, float(targets.abs().max()) ** 2):
+    scale = max(1.0, float(targets.pow(2).mean().sqrt()))
+    # Float noise on constant targets (relative 1e-8 in variance), or variation too small to be worth explaining.
+    if var_targets <= max(1e-8 * scale**2, (min_relative_std * scale) ** 2):
         return float("nan")
     return float(1.0 - residual.var() / var_targets)
 

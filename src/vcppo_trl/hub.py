@@ -14,6 +14,7 @@ commits go to `hub_revision` (a branch, created when missing) when it is set. A 
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -103,6 +104,7 @@ def push_folder(
     """
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"Nothing to push: {folder} does not exist.")
+    command = upload_command(repo_id, folder, ignore_patterns=ignore_patterns, revision=revision, private=private)
     try:
         api = HfApi(token=token)
         repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
@@ -119,8 +121,26 @@ def push_folder(
         raise HubPushError(
             f"Could not push the {what} to the Hub repo {repo_id!r} ({type(err).__name__}: {err}). The local "
             f"checkpoint in {folder} is complete; push it when the Hub is reachable (trainer.push_to_hub(), or "
-            f"`hf upload {repo_id} {folder}`)."
+            f"`{command}`)."
         ) from err
+
+
+def upload_command(
+    repo_id: str,
+    folder: str,
+    ignore_patterns: list[str] | None = None,
+    revision: str | None = None,
+    private: bool | None = None,
+) -> str:
+    """The `hf upload` command that pushes `folder` alone to `repo_id` (what [`push_folder`] would have pushed)."""
+    parts = ["hf", "upload", repo_id, shlex.quote(folder), "."]
+    for pattern in ignore_patterns or []:
+        parts += ["--exclude", shlex.quote(pattern)]
+    if revision and revision != "main":
+        parts += ["--revision", shlex.quote(revision)]
+    if private:
+        parts.append("--private")
+    return " ".join(parts)
 
 
 def push_trainer(
@@ -144,6 +164,8 @@ def push_trainer(
     private = private if private is not None else args.hub_private_repo
     revision = revision if revision is not None else args.hub_revision
     trainer.callback_handler.on_push_begin(args, trainer.state, trainer.control)
+    if dataset_name is not None:
+        trainer.model_card_dataset_name = dataset_name  # later saves keep naming it
     trainer.save_model(_internal_call=True)  # every process (sharded states are gathered)
     if not trainer.is_world_process_zero():
         return None
@@ -151,11 +173,22 @@ def push_trainer(
     policy_dir = args.output_dir
     value_dir = os.path.join(args.output_dir, VALUE_MODEL_DIRNAME)
     policy_id, value_id = policy_repo_id(args), value_repo_id(args)
-    common = {"dataset_name": dataset_name, "tags": tags}
-    write_card(trainer, "policy", policy_dir, policy_id, companion_repo=value_id, **common)
-    write_card(trainer, "critic", value_dir, value_id, companion_repo=policy_id, **common)
+    write_cards(trainer, args.output_dir, dataset_name=dataset_name, tags=tags)
     push = {"token": token, "private": private, "revision": revision, "commit_message": commit_message}
-    policy_commit = push_folder(policy_dir, policy_id, what="policy", ignore_patterns=POLICY_IGNORE_PATTERNS, **push)
+    commands = [
+        upload_command(policy_id, policy_dir, POLICY_IGNORE_PATTERNS, revision, private),
+        upload_command(value_id, value_dir, None, revision, private),
+    ]
+    try:
+        policy_commit = push_folder(
+            policy_dir, policy_id, what="policy", ignore_patterns=POLICY_IGNORE_PATTERNS, **push
+        )
+    except HubPushError as err:
+        # Two models, two repos: one command each (a plain `hf upload <repo> <output_dir>` would put the critic's
+        # folder inside the policy's repo).
+        raise HubPushError(
+            f"{err} Nothing was pushed; to push both models by hand, each to its own repo:\n  " + "\n  ".join(commands)
+        ) from err.__cause__
     value_commit = push_folder(value_dir, value_id, what="critic (value model)", **push)
     logger.warning(f"Pushed the policy to {policy_commit.repo_url} and the critic to {value_commit.repo_url}.")
     return {"policy": policy_commit, "value": value_commit}
@@ -204,14 +237,74 @@ def _hub_name(name_or_path: str | None) -> str | None:
     return name_or_path
 
 
-def base_model_name(trainer: PPOTrainer) -> str | None:
-    """The policy's base model as a Hub id (the adapter's base under PEFT), or `None` when it is local."""
+def _card_base_model(folder: str) -> str | None:
+    """The `base_model` a local checkpoint's own model card names (e.g. a local fine-tune of a Hub model)."""
+    path = os.path.join(folder, "README.md")
+    if not os.path.isfile(path):
+        return None
+    try:
+        base = ModelCard.load(path).data.to_dict().get("base_model")
+    except Exception:  # a README that is not a model card says nothing about the base model
+        return None
+    base = base[0] if isinstance(base, list) and base else base
+    return base if isinstance(base, str) else None
+
+
+def _policy_source(trainer: PPOTrainer) -> str | None:
     policy, _ = trainer.unwrapped_policy_and_critic()
     peft_config = getattr(policy, "peft_config", None)
     if peft_config:
-        config = next(iter(peft_config.values()))
-        return _hub_name(getattr(config, "base_model_name_or_path", None))
-    return _hub_name(getattr(policy.config, "_name_or_path", None))
+        return getattr(next(iter(peft_config.values())), "base_model_name_or_path", None)
+    return getattr(policy.config, "_name_or_path", None)
+
+
+def base_model_info(trainer: PPOTrainer) -> tuple[str | None, str]:
+    """
+    The policy's base model: `(hub_id, description)`.
+
+    `hub_id` is what the card's `base_model` metadata links (a Hub id, or the Hub model a local checkpoint's own card
+    names as its base), `None` when there is none; `description` says where the weights came from, local paths
+    included (the adapter's base under PEFT).
+    """
+    source = _policy_source(trainer)
+    if not source:
+        return None, "a model built in-process (no checkpoint)"
+    if os.path.isdir(source):
+        upstream = _card_base_model(source)
+        local = os.path.abspath(source)
+        if upstream:
+            return upstream, f"{upstream}, through the local checkpoint {local}"
+        return None, f"the local checkpoint {local}"
+    return source, source
+
+
+def base_model_name(trainer: PPOTrainer) -> str | None:
+    """The policy's base model as a Hub id (the adapter's base under PEFT), or `None` when there is none."""
+    return base_model_info(trainer)[0]
+
+
+def framework_versions() -> dict[str, str]:
+    """Versions of the libraries a training run depends on, as the card lists them."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {}
+    for label, dist in (
+        ("vcppo-trl", "vcppo-trl"),
+        ("TRL", "trl"),
+        ("Transformers", "transformers"),
+        ("PyTorch", "torch"),
+        ("Accelerate", "accelerate"),
+        ("Datasets", "datasets"),
+        ("Tokenizers", "tokenizers"),
+        ("PEFT", "peft"),
+        ("DeepSpeed", "deepspeed"),
+        ("math-verify", "math-verify"),
+    ):
+        try:
+            versions[label] = version(dist)
+        except PackageNotFoundError:
+            continue
+    return versions
 
 
 def training_facts(trainer: PPOTrainer, pretrain_steps: int | None = None) -> dict[str, Any]:
@@ -267,6 +360,8 @@ def render_card(
     tags: list[str],
     is_adapter: bool,
     companion_repo: str | None,
+    base_description: str | None = None,
+    versions: dict[str, str] | None = None,
 ) -> ModelCard:
     """
     The model card of a policy or a critic: what it is, its base model, the method and its λs, the data, citations.
@@ -290,7 +385,11 @@ def render_card(
         model_name=repo_id.split("/")[-1],
         tags=card_tags,
     )
-    base = f"[{base_model}](https://huggingface.co/{base_model})" if base_model else "a local base model"
+    base_description = base_description or base_model or "a local base model"
+    if base_model and base_description == base_model:
+        base = f"[{base_model}](https://huggingface.co/{base_model})"
+    else:
+        base = base_description
     data = ", ".join(f"[{d}](https://huggingface.co/datasets/{d})" for d in datasets) if datasets else None
     kind = " (a PEFT/LoRA adapter)" if is_adapter else ""
     if role == "policy":
@@ -341,6 +440,7 @@ def render_card(
         f"VC-PPO is introduced in [{PAPER_TITLE}](https://huggingface.co/papers/{PAPER_ID}) "
         f"(arXiv {PAPER_ID}): value pretraining of the critic, then decoupled GAE (λ_critic = 1, λ_actor ≈ 0.95)."
     )
+    versions_list = "\n".join(f"- {name}: {v}" for name, v in (versions or framework_versions()).items())
     content = f"""---
 {card_data.to_yaml()}
 ---
@@ -357,7 +457,7 @@ Trained with vcppo-trl, a TRL-compatible {algorithm} trainer built on [TRL](http
 | setting | value |
 | --- | --- |
 | role | {"policy" if role == "policy" else "critic (value model)"} |
-| base model | {base_model or "local"} |
+| base model | {base_description} |
 {rows}
 
 ## Usage
@@ -365,6 +465,10 @@ Trained with vcppo-trl, a TRL-compatible {algorithm} trainer built on [TRL](http
 ```python
 {usage}
 ```
+
+## Framework versions
+
+{versions_list}
 
 ## Citations
 
@@ -390,11 +494,13 @@ def write_card(
     pretrain_steps: int | None = None,
 ) -> ModelCard:
     """Render the card of the checkpoint in `folder` and save it there as `README.md`."""
+    base_model, base_description = base_model_info(trainer)
     card = render_card(
         role,
         repo_id,
         facts=training_facts(trainer, pretrain_steps=pretrain_steps),
-        base_model=base_model_name(trainer),
+        base_model=base_model,
+        base_description=base_description,
         dataset_name=dataset_name,
         tags=list(trainer._tag_names) + list(tags or []),
         is_adapter=_is_adapter(folder),
@@ -402,3 +508,20 @@ def write_card(
     )
     card.save(os.path.join(folder, "README.md"))
     return card
+
+
+def write_cards(
+    trainer: PPOTrainer,
+    output_dir: str,
+    dataset_name: str | list[str] | None = None,
+    tags: list[str] | None = None,
+) -> None:
+    """The cards of a saved run: the policy's in `output_dir`, the critic's in `output_dir/value_model`."""
+    args = trainer.args
+    policy_id, value_id = policy_repo_id(args), value_repo_id(args)
+    write_card(trainer, "policy", output_dir, policy_id, companion_repo=value_id, dataset_name=dataset_name, tags=tags)
+    value_dir = os.path.join(output_dir, VALUE_MODEL_DIRNAME)
+    if os.path.isdir(value_dir):
+        write_card(
+            trainer, "critic", value_dir, value_id, companion_repo=policy_id, dataset_name=dataset_name, tags=tags
+        )

@@ -52,7 +52,16 @@ def resolve_stop_token_ids(args: PPOConfig, tokenizer: PreTrainedTokenizerBase) 
     """Token ids that end a response: `stop_token_id`, else the tokenizer's EOS."""
     if args.stop_token_id is not None:
         if not 0 <= args.stop_token_id < len(tokenizer):
-            raise ValueError(f"`stop_token_id` {args.stop_token_id} is not a token of the tokenizer.")
+            eos = (
+                f" (its EOS token {tokenizer.eos_token!r} is id {tokenizer.eos_token_id})"
+                if tokenizer.eos_token
+                else ""
+            )
+            raise ValueError(
+                f"`stop_token_id` {args.stop_token_id} is out of range: the tokenizer has a vocabulary of "
+                f"{len(tokenizer)} tokens (ids 0 to {len(tokenizer) - 1}){eos}. Set an id inside it, or "
+                "`stop_token='eos'`."
+            )
         return [args.stop_token_id]
     if tokenizer.eos_token_id is None:
         raise ValueError("The tokenizer has no EOS token: set `stop_token_id` to the id that ends a response.")

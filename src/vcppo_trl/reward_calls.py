@@ -1,8 +1,9 @@
 """Calling reward functions so that a faulty verifier costs a few samples, not the run.
 
-A reward function is first called on the whole batch, under a wall-clock timeout. When that call raises, hangs past
-the timeout, or returns the wrong number of values, it is called again once per sample (all samples concurrently, under
-one shared deadline) so that only the samples it really fails on are lost. A sample fails when its call raises or
+A reward function is first called on the whole batch, under a wall-clock timeout. When that call raises or hangs past
+the timeout, it is called again once per sample (all samples concurrently, under one shared deadline) so that only the
+samples it really fails on are lost. A batch call that returns the wrong number of values is a bug in the function, not
+a fault of some samples: [`RewardFunctionError`] stops the run at the first batch. A sample fails when its call raises or
 times out, or when the value is not a finite number; it then gets `failure_value` and is counted. `None` keeps its
 meaning in TRL's protocol: the function does not apply to that sample, which is skipped. When every sample of the batch
 fails, [`RewardFunctionError`] stops the run rather than training on made-up rewards.
@@ -31,7 +32,7 @@ logger = logging.get_logger(__name__)
 
 
 class RewardFunctionError(RuntimeError):
-    """A reward function failed on every sample of a batch."""
+    """A reward function failed on every sample of a batch, or returned the wrong number of values."""
 
 
 @dataclass
@@ -112,7 +113,8 @@ def call_reward_function(
 
     Raises:
         `TypeError`: for an async function.
-        [`RewardFunctionError`]: when the function failed on every sample of a non-empty batch.
+        [`RewardFunctionError`]: when the function failed on every sample of a non-empty batch, or its batch call
+            returned a number of values other than the number of completions.
     """
     name = reward_func_name(func)
     n = len(completions)
@@ -136,8 +138,13 @@ def call_reward_function(
     if status == "ok" and len(result) == n:
         return _checked(name, _collect([("ok", v) for v in result], failure_value), "")
     if status == "ok":
-        batch_problem = f"returned {len(result)} values for {n} completions (it must return one per completion)"
-    elif status == "timeout":
+        # A bug in the function, not a verifier fault on some samples: retrying per sample would hide it on every batch.
+        raise RewardFunctionError(
+            f"Reward function {name!r} returned {len(result)} values for {n} completions: it must return exactly one "
+            "value per completion, in order (a float, or None to skip that sample). Check that it iterates over "
+            "`completions` (not over `prompts` or a fixed-length list) and does not drop or add items."
+        )
+    if status == "timeout":
         batch_problem = f"did not return within reward_timeout={timeout} s"
     else:
         batch_problem = f"raised {result.splitlines()[0]}"

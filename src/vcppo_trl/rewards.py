@@ -17,6 +17,7 @@ It also provides a small registry of reward functions for scripts ([`BUILTIN_REW
 from __future__ import annotations
 
 import atexit
+import difflib
 import importlib
 import logging
 import math
@@ -605,7 +606,9 @@ def resolve_reward_funcs(specs: str | Callable | Sequence[str | Callable]) -> li
             "import path to a callable, `my_pkg.module.func` or `my_pkg.module:func`."
         )
         if "." not in spec and ":" not in spec:
-            raise ValueError(f"Unknown reward {spec!r}. {hint}")
+            close = difflib.get_close_matches(spec, list(BUILTIN_REWARDS), n=1)
+            guess = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"Unknown reward {spec!r}.{guess} {hint}")
         try:
             func = _import_dotted(spec)
         except (ImportError, AttributeError) as error:

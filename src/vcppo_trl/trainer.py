@@ -19,20 +19,26 @@ from transformers import (
     GenerationConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
+    PrinterCallback,
     ProgressCallback,
     TrainerCallback,
     TrainerControl,
     TrainerState,
 )
 from transformers.trainer_callback import ExportableState
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, IntervalStrategy, get_last_checkpoint
+from transformers.trainer_utils import (
+    PREFIX_CHECKPOINT_DIR,
+    IntervalStrategy,
+    enable_full_determinism,
+    get_last_checkpoint,
+)
 from transformers.utils import is_peft_available, logging
 from trl.data_utils import is_conversational, maybe_apply_chat_template
 from trl.models import unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model, print_prompt_completions_sample
 
-from .callbacks import RolloutProgressCallback
+from .callbacks import CompactPrinterCallback, RolloutProgressCallback
 from .config import PPOConfig
 from .data import DataReport, prepare_prompt_dataset, reward_function_columns
 from .distributed import check_deepspeed_setup, micro_batch_context, reset_optimizer_state
@@ -48,6 +54,7 @@ from .gae import (
 )
 from .loading import build_critic, load_policy, load_reward_funcs, load_tokenizer, resolve_stop_token_ids
 from .losses import clipped_policy_loss, clipped_value_loss, kl_penalty, loss_normalizer
+from .output import quiet_replica
 from .peft_utils import wrap_value_model
 from .preemption import SignalWatcher, TrainingInterrupted
 from .reward_calls import call_reward_function
@@ -59,6 +66,7 @@ from .rollout import (
     reward_model_scores,
     truncate_at_stop,
 )
+from .schedules import RoleLR, schedule_multiplier
 from .trainer_saving import SavingMixin
 
 if is_peft_available():
@@ -139,6 +147,9 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             args = self._config_class(output_dir=f"{str(model_id).split('/')[-1] or 'model'}-{self._name}")
         if not isinstance(args, PPOConfig):
             raise TypeError(f"`args` must be a PPOConfig (or VCPPOConfig), got {type(args).__name__}.")
+        quiet_replica(args.process_index)  # warnings once per job, from the first process
+        # Seed before anything draws from the RNG (the critic's fresh scalar head, LoRA matrices), as `Trainer` does.
+        enable_full_determinism(args.seed) if args.full_determinism else set_seed(args.seed)
         self._check_dataset(train_dataset, "train_dataset", required=True)
         self._check_dataset(eval_dataset, "eval_dataset", required=False)
 
@@ -160,9 +171,14 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         if args.disable_dropout:
             disable_dropout_in_model(policy)
             disable_dropout_in_model(critic)
-        if args.gradient_checkpointing:
+        if args.activation_checkpointing:
             for m in (policy, critic):
-                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
+                if hasattr(m, "activation_checkpointing_enable"):  # transformers ≥ 5.2's name
+                    m.activation_checkpointing_enable(
+                        activation_checkpointing_kwargs=args.activation_checkpointing_kwargs
+                    )
+                else:
+                    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
 
         # The reference policy exists only when the KL penalty is on; under PEFT it is the base model.
         self.ref_model = None
@@ -217,8 +233,8 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             # depend on this RNG (see `_prompt_batches`), so offsetting it per rank keeps the ranks' prompts disjoint.
             set_seed(args.seed, device_specific=True)
         self.remove_callback(ProgressCallback)
-        if not args.disable_tqdm:
-            self.add_callback(RolloutProgressCallback)
+        self.remove_callback(PrinterCallback)
+        self.add_callback(CompactPrinterCallback if args.disable_tqdm else RolloutProgressCallback)
 
         self._prepare_auxiliary_models()
         self._compute_batch_sizes()
@@ -302,6 +318,11 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         total_episodes = args.total_episodes or int(args.num_train_epochs * len(self.train_dataset))
         self.num_ppo_updates = max(1, math.ceil(total_episodes / self.batch_size))
         self.total_episodes = total_episodes
+        if total_episodes % self.batch_size and self.is_world_process_zero():
+            logger.warning(
+                f"total_episodes={total_episodes} is not a multiple of the {self.batch_size} prompts per update: "
+                f"rounded up to {self.num_ppo_updates} updates = {self.num_ppo_updates * self.batch_size} episodes."
+            )
 
     # --------------------------------------------------------------- optimizer
 
@@ -326,8 +347,38 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         self.optimizer = optimizer_cls(groups, lr=self.args.learning_rate, **optimizer_kwargs)
         return self.optimizer
 
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
+        """
+        `lr_scheduler_type` with one clock per model ([`~schedules.RoleLR`]): the policy's schedule spans the PPO
+        updates only and starts at the first of them; the critic's spans value pretraining and PPO.
+        """
+        if self.lr_scheduler is None:
+            per_update = self.optimizer_steps_per_update()
+            policy_steps = self.num_ppo_updates * per_update
+            critic_steps = policy_steps + self.num_value_pretrain_updates() * per_update
+            multipliers = {
+                "policy": schedule_multiplier(self.args, policy_steps),
+                "value": schedule_multiplier(self.args, critic_steps),
+            }
+            starts = {"policy": None, "value": 0}  # the policy's clock starts at its first PPO update
+            self.lr_scheduler = RoleLR(optimizer or self.optimizer, multipliers, starts)
+        return self.lr_scheduler
+
+    def _start_policy_schedule(self) -> None:
+        """At the first PPO update: start the policy's clock, and move the critic's past unused pretraining steps."""
+        scheduler = self.lr_scheduler
+        if not isinstance(scheduler, RoleLR) or scheduler.started("policy"):
+            return
+        planned = self.num_value_pretrain_updates() * self.optimizer_steps_per_update()
+        scheduler.start("value", scheduler.last_epoch - planned)  # last_epoch: the pretraining steps actually run
+        scheduler.start("policy")
+
     def optimizer_steps_per_update(self) -> int:
         return self.args.num_ppo_epochs * self.args.num_mini_batches
+
+    def num_value_pretrain_updates(self) -> int:
+        """Value-pretraining updates planned for this run (at most; 0 for plain PPO)."""
+        return 0
 
     def num_training_updates(self) -> int:
         """Number of rollout batches this run will use (subclasses add value-pretraining updates)."""
@@ -754,6 +805,8 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             k: float(torch.stack([torch.as_tensor(x, dtype=torch.float32) for x in v]).mean())
             for k, v in stats.items()
         }
+        if len(stats.get("val/ratio", [])) > 1:  # TRL ≤ 1.12's val/ratio_var: variance of the micro-batch mean ratios
+            out["val/ratio_var"] = float(torch.stack([torch.as_tensor(x).float() for x in stats["val/ratio"]]).var())
         out["diagnostics/nonfinite_steps"] = float(nonfinite_steps)
         return out
 
@@ -990,6 +1043,8 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         """One rollout and the PPO epochs on it; returns the update's metrics."""
         self._update_start = time.time()
         train_policy = not self.policy_frozen
+        if train_policy:
+            self._start_policy_schedule()
         rollout = self.make_rollout(rows, train_policy=train_policy)
         advantages, returns = self.compute_advantages(rollout)
         prefix = "" if train_policy else "value_pretrain/"
@@ -1004,12 +1059,27 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         update_stats = self.ppo_update(rollout, advantages, returns, train_policy=train_policy)
         metrics["diagnostics/nonfinite_steps"] = update_stats.pop("diagnostics/nonfinite_steps")
         for name, value in update_stats.items():
-            key = f"{name}_avg"
+            key = name if name.endswith("_var") else f"{name}_avg"
             if not train_policy and name in PRETRAIN_METRIC_NAMES:
                 key = f"{PRETRAIN_METRIC_NAMES[name]}_avg"
             metrics[key] = self._mean_across(torch.tensor([value], device=self.accelerator.device))
+        metrics.update(self._trl_metric_names(rollout, metrics))
         self._last_rollout = (rollout, advantages)
         return metrics
+
+    def _trl_metric_names(self, rollout: Rollout, metrics: dict[str, float]) -> dict[str, float]:
+        """
+        TRL ≤ 1.12's PPO metrics under their names: `val/ratio` (mean policy ratio), `val/num_eos_tokens` (responses
+        that ended with the stop token, all processes), `objective/entropy` (Σ −log π of the sampled tokens per
+        response, averaged over responses: TRL's sequence-level entropy estimate).
+        """
+        out = {"val/num_eos_tokens": float(self.accelerator.gather(rollout.has_stop.float()).sum())}
+        if "val/ratio_avg" in metrics:
+            out["val/ratio"] = metrics["val/ratio_avg"]
+        if rollout.logprobs is not None:
+            mask = rollout.response_mask
+            out["objective/entropy"] = self._mean_across((-rollout.logprobs * mask).sum(1)[mask.any(1)])
+        return out
 
     def _print_samples(self, num_samples: int = 4) -> None:
         rollout, advantages = self._last_rollout

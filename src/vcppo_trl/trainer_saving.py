@@ -30,6 +30,7 @@ from .checkpointing import (
     write_training_state,
 )
 from .distributed import gathered_state_dict
+from .output import no_nested_progress_bars
 from .value_model import save_value_model
 
 logger = logging.get_logger(__name__)
@@ -46,6 +47,10 @@ class SavingMixin:
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         """Save the policy (or its adapter) and tokenizer in `output_dir`, the critic in `output_dir/value_model`."""
+        with no_nested_progress_bars():
+            self._save_models(output_dir, state_dict)
+
+    def _save_models(self, output_dir: str | None, state_dict: dict | None) -> None:
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         policy, critic = self.unwrapped_policy_and_critic()
         if state_dict:
@@ -60,6 +65,30 @@ class SavingMixin:
         self.processing_class.save_pretrained(output_dir)
         self.save_value_model(os.path.join(output_dir, VALUE_MODEL_DIRNAME), state_dict=critic_sd)
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+        hub.write_cards(self, output_dir, dataset_name=getattr(self, "model_card_dataset_name", None))
+
+    def create_model_card(
+        self,
+        model_name: str | None = None,
+        dataset_name: str | list[str] | None = None,
+        tags: str | list[str] | None = None,
+        **kwargs,
+    ) -> None:
+        """
+        Write this package's model cards in `output_dir`: the policy's `README.md`, and the critic's in `value_model/`.
+
+        The same cards `save_model()` and `push_to_hub()` write (TRL's generic card is not used): role, real base
+        model, method and its settings, dataset, framework versions, citations.
+        """
+        if not self.is_world_process_zero():
+            return
+        if dataset_name is not None:
+            self.model_card_dataset_name = dataset_name
+        tags = [tags] if isinstance(tags, str) else tags
+        os.makedirs(self.args.output_dir, exist_ok=True)
+        hub.write_cards(
+            self, self.args.output_dir, dataset_name=getattr(self, "model_card_dataset_name", None), tags=tags
+        )
 
     def save_value_model(self, output_dir: str, state_dict: dict | None = None) -> None:
         """Save the critic as a standard token-classification checkpoint (with the tokenizer). Call on every rank."""
@@ -69,7 +98,8 @@ class SavingMixin:
         if not self.args.should_save:
             return
         kwargs = {"state_dict": state_dict} if state_dict else {}
-        save_value_model(critic, self.processing_class, output_dir, **kwargs)
+        with no_nested_progress_bars():
+            save_value_model(critic, self.processing_class, output_dir, **kwargs)
 
     # ------------------------------------------------------------------- Hub
 

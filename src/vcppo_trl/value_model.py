@@ -95,23 +95,69 @@ def as_value_model(model: PreTrainedModel) -> PreTrainedModel:
     return critic.to(device=param.device, dtype=param.dtype)
 
 
+def _looks_like_hub_id(name: str) -> bool:
+    """`org/name` that is a valid Hub repo id and whose `org` is not a local directory (then it is a local path)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if name.count("/") != 1 or name.startswith((".", "~", "/")) or os.path.isdir(name.split("/")[0]):
+        return False
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def check_value_model_source(name_or_path: str) -> None:
+    """
+    Fail at once, with the path, when a critic is asked for at a local path that does not exist.
+
+    A string that exists locally is a local checkpoint; one shaped like a Hub repo id (`org/name`, whose `org` is not a
+    local directory) is left to the Hub; anything else is a local path that is missing.
+
+    Raises:
+        `FileNotFoundError`: "no such directory: <absolute path>", with what to pass instead.
+    """
+    if os.path.isdir(name_or_path):
+        return
+    if os.path.exists(name_or_path):
+        raise NotADirectoryError(
+            f"The value model path {name_or_path!r} is a file: give the directory of a saved critic (with "
+            "config.json and model.safetensors), e.g. <output_dir>/value_pretrained."
+        )
+    if _looks_like_hub_id(name_or_path):
+        return
+    raise FileNotFoundError(
+        f"Value model: no such directory: {os.path.abspath(os.path.expanduser(name_or_path))}. Give the directory a "
+        "value-pretraining run wrote (<output_dir>/value_pretrained, or <output_dir>/value_model after training), or a "
+        "Hub repo id (org/name)."
+    )
+
+
 def load_value_model(name_or_path: str, **model_init_kwargs) -> PreTrainedModel:
     """
     Load a critic from a value checkpoint, a reward-model checkpoint, or a saved LoRA critic (PEFT adapter directory
     or repo, loaded trainable), by local path or Hub id.
 
     Raises:
+        `FileNotFoundError`: "no such directory: ..." for a local path that does not exist.
         `ValueError`: when the checkpoint has more than one output.
     """
     from .peft_utils import is_adapter_dir, load_value_adapter
 
+    check_value_model_source(name_or_path)
     if is_adapter_dir(name_or_path):
         return load_value_adapter(name_or_path, **model_init_kwargs)
     try:
         config = AutoConfig.from_pretrained(name_or_path)
-    except OSError:
+    except OSError as err:
         if not _is_adapter_repo(name_or_path):
-            raise
+            if os.path.isdir(name_or_path):
+                raise
+            raise OSError(
+                f"Value model {name_or_path!r}: no such directory: {os.path.abspath(name_or_path)}, and it could not "
+                f"be loaded as a Hub repo id either ({str(err).splitlines()[0]})."
+            ) from err
         return load_value_adapter(name_or_path, **model_init_kwargs)
     if getattr(config, "num_labels", 1) != 1:
         raise ValueError(

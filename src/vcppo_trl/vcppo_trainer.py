@@ -10,12 +10,15 @@ from __future__ import annotations
 import math
 
 import torch
+from transformers.utils import logging
 
 from .callbacks import ValuePretrainCallback
 from .config import VCPPOConfig
 from .gae import dual_lambda_gae
 from .rollout import Rollout
 from .trainer import PPOTrainer
+
+logger = logging.get_logger(__name__)
 
 
 class VCPPOTrainer(PPOTrainer):
@@ -52,6 +55,11 @@ class VCPPOTrainer(PPOTrainer):
         if self.args.value_model_path is not None:
             for cb in given:
                 self.remove_callback(cb)
+            if self.is_world_process_zero():
+                logger.warning(
+                    f"Critic loaded from value_model_path={self.args.value_model_path!r}: value pretraining is skipped "
+                    f"(value_pretrain_steps={self.args.value_pretrain_steps} unused); PPO starts at the first update."
+                )
             return None  # the critic is already pretrained
         callback = given[0] if given else None
         if callback is None and self.args.value_pretrain_steps > 0:
@@ -60,6 +68,10 @@ class VCPPOTrainer(PPOTrainer):
         if callback is not None:
             callback.bind(self)
         return callback
+
+    def num_value_pretrain_updates(self) -> int:
+        callback = self.value_pretrain_callback
+        return callback.max_steps if callback is not None else 0
 
     def num_training_updates(self) -> int:
         callback = self.value_pretrain_callback

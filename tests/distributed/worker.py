@@ -115,7 +115,7 @@ def main(out_dir: str, extra: list[str]) -> None:
         value_pretrain_steps=1,
         response_length=12,
         bf16=False,
-        gradient_checkpointing=False,
+        activation_checkpointing=False,
         logging_steps=1,
         report_to="none",
         save_strategy="no",

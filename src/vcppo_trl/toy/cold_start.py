@@ -7,9 +7,12 @@ import logging
 from typing import Any
 
 from datasets import Dataset
+from datasets.utils import logging as datasets_logging
+from tqdm.auto import tqdm
 from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
+    ProgressCallback,
     TrainerCallback,
     TrainerControl,
     TrainerState,
@@ -85,6 +88,40 @@ class TargetAccuracyCallback(TrainerCallback):
             self.stopped_at_step = state.global_step
             control.should_training_stop = True
         return control
+
+
+class ColdStartProgressCallback(ProgressCallback):
+    """A progress bar for the cold start with the loss (and held-out exact match) as postfix: no raw log dicts."""
+
+    def __init__(self, target: TargetAccuracyCallback | None = None):
+        super().__init__()
+        self.target = target
+        self.last_loss: float | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
+        if self.training_bar is not None:
+            self.training_bar.set_description("cold-start SFT")
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.training_bar is None or not logs:
+            return
+        if "loss" in logs:
+            self.last_loss = float(logs["loss"])
+        postfix = {"loss": f"{self.last_loss:.3g}"} if self.last_loss is not None else {}
+        if self.target is not None and self.target.history:
+            postfix["exact_match"] = f"{self.target.history[-1][1]:.2f}"
+        self.training_bar.set_postfix(postfix)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        bar = self.training_bar
+        super().on_train_end(args, state, control, **kwargs)
+        if bar is not None:
+            reached = ""
+            if self.target is not None and self.target.history:
+                reached = f", held-out exact match {self.target.history[-1][1]:.2f}"
+            loss = f", loss {self.last_loss:.3g}" if self.last_loss is not None else ""
+            tqdm.write(f"cold-start SFT: {state.global_step} steps{loss}{reached}")
 
 
 def cold_start_sft(
@@ -169,6 +206,7 @@ def cold_start_sft(
                 logger.warning("Cold start: too few examples to hold some out, ignoring `target_accuracy`.")
         if eval_dataset is not None:
             callbacks.append(TargetAccuracyCallback(tokenizer, eval_dataset, target_accuracy, eval_steps))
+    target = next((cb for cb in callbacks if isinstance(cb, TargetAccuracyCallback)), None)
     train_dataset = train_dataset.select_columns(["prompt", "completion"])
     config_kwargs: dict[str, Any] = {
         "output_dir": output_dir,
@@ -188,7 +226,7 @@ def cold_start_sft(
         "fp16": False,
         "save_strategy": "no",
         "dataloader_num_workers": 0,
-        "disable_tqdm": True,
+        "disable_tqdm": False,  # a progress bar (ColdStartProgressCallback), not a dict per logging step
     }
     # Newer transformers renamed `gradient_checkpointing` (which TRL turns on by default) to `activation_checkpointing`.
     checkpointing_field = (
@@ -198,13 +236,22 @@ def cold_start_sft(
     )
     config_kwargs[checkpointing_field] = False
     config_kwargs.update(sft_kwargs)
-    trainer = SFTTrainer(
-        model=model,
-        args=SFTConfig(**config_kwargs),
-        train_dataset=train_dataset,
-        processing_class=tokenizer,
-        callbacks=callbacks,
-    )
+    bars_were_enabled = datasets_logging.is_progress_bar_enabled()
+    datasets_logging.disable_progress_bar()  # SFTTrainer's three map() bars over a few hundred rows say nothing
+    try:
+        trainer = SFTTrainer(
+            model=model,
+            args=SFTConfig(**config_kwargs),
+            train_dataset=train_dataset,
+            processing_class=tokenizer,
+            callbacks=callbacks,
+        )
+    finally:
+        if bars_were_enabled:
+            datasets_logging.enable_progress_bar()
+    if not trainer.args.disable_tqdm:
+        trainer.remove_callback(ProgressCallback)
+        trainer.add_callback(ColdStartProgressCallback(target))
     trainer.train()
     model = trainer.model
     model.config.use_cache = True
