@@ -274,6 +274,10 @@ def _run_vcppo(variant: Variant, seed: int, budget: Budget, assets: dict, out_di
         value_learning_rate=budget.value_learning_rate,
         vf_coef=budget.vf_coef,
         value_pretrain_steps=pretrain,
+        # A fixed number of pretraining updates (no early stop), so every seed gets the same budget.
+        value_pretrain_min_steps=max(pretrain, 1),
+        value_pretrain_patience=None,
+        value_pretrain_stop_explained_variance=None,
         missing_eos_penalty=1.0,
         reward_weights=[1.0, 0.0],
     )
