@@ -133,6 +133,7 @@ PILOT_KNOBS = {
     "lr1e-4_vlr5e-5": {"learning_rate": 1e-4, "value_learning_rate": 5e-5},
     "lr1e-4_vlr1e-5": {"learning_rate": 1e-4, "value_learning_rate": 1e-5},
     "lr3e-5_vlr5e-5": {"learning_rate": 3e-5, "value_learning_rate": 5e-5},
+    "lr1e-4_vlr2e-4": {"learning_rate": 1e-4, "value_learning_rate": 2e-4},  # the paper's ratio (critic 2x policy)
 }
 PILOT_VARIANTS = ("ppo", "ppo_biased", "vcppo")
 
