@@ -21,7 +21,15 @@ from .defaults import (
 )
 from .evaluate import greedy_accuracy, is_correct, teacher_forced_exact_match
 from .model import build_tiny_model
-from .task import extract_boxed_answer, format_prompt, format_solution, make_arithmetic_dataset, make_splits
+from .task import (
+    extract_boxed_answer,
+    format_prompt,
+    format_short_solution,
+    format_solution,
+    make_arithmetic_dataset,
+    make_splits,
+    response_mode,
+)
 from .tokenizer import build_tokenizer
 
 __all__ = [
@@ -46,10 +54,12 @@ __all__ = [
     "cold_start_sft",
     "extract_boxed_answer",
     "format_prompt",
+    "format_short_solution",
     "format_solution",
     "greedy_accuracy",
     "is_correct",
     "make_arithmetic_dataset",
     "make_splits",
+    "response_mode",
     "teacher_forced_exact_match",
 ]
