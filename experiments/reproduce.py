@@ -257,6 +257,20 @@ def short_form(completions, **kwargs) -> list[float]:
     return [1.0 if response_mode(completion_to_text(c)) == "short" else 0.0 for c in completions]
 
 
+def _common_args(out_dir: str, seed: int) -> dict[str, Any]:
+    """Settings every trainer of the comparison shares: CPU, fp32, every update logged, nothing saved."""
+    return {
+        "output_dir": out_dir,
+        "seed": seed,
+        "use_cpu": True,
+        "bf16": False,
+        "report_to": "none",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "disable_tqdm": True,
+    }
+
+
 def _run_vcppo(variant: Variant, seed: int, budget: Budget, assets: dict, out_dir: str, train, test) -> list[dict]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -266,16 +280,9 @@ def _run_vcppo(variant: Variant, seed: int, budget: Budget, assets: dict, out_di
     pretrain = (budget.pretrain_updates if variant.pretrain_updates is None else variant.pretrain_updates)
     pretrain = pretrain if variant.pretrain else 0
     args = VCPPOConfig(
-        output_dir=out_dir,
-        seed=seed,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        logging_steps=1,
-        save_strategy="no",
+        **_common_args(out_dir, seed),
         eval_strategy="no",
         num_sample_generations=0,
-        disable_tqdm=True,
         per_device_train_batch_size=budget.per_device_train_batch_size,
         gradient_accumulation_steps=budget.gradient_accumulation_steps,
         num_mini_batches=budget.num_mini_batches,
@@ -322,14 +329,7 @@ def _run_grpo(variant: Variant, seed: int, budget: Budget, assets: dict, out_dir
     # completions each), and the same number of optimizer steps per batch (num_mini_batches x num_ppo_epochs).
     completions = budget.prompts_per_update
     args = GRPOConfig(
-        output_dir=out_dir,
-        seed=seed,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=True,
+        **_common_args(out_dir, seed),
         num_generations=budget.grpo_generations,
         per_device_train_batch_size=completions // budget.num_mini_batches,
         gradient_accumulation_steps=1,

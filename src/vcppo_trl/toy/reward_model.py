@@ -95,14 +95,17 @@ def _right_padded(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor
     return ids, mask
 
 
-def _settings_match(path: str, settings: dict[str, Any]) -> bool:
-    file = os.path.join(path, SETTINGS_FILE)
-    if not os.path.isfile(file):
-        return False
+def _load_cached(output_dir: str | None, settings: dict[str, Any], model_class) -> tuple | None:
+    """`(model, stats)` from `output_dir` when it holds a model built with exactly `settings`, else `None`."""
+    file = os.path.join(output_dir, SETTINGS_FILE) if output_dir is not None else None
+    if file is None or not os.path.isfile(file):
+        return None
     with open(file) as f:
         saved = json.load(f)
-    saved.pop("stats", None)
-    return saved == settings
+    stats = saved.pop("stats", {})
+    if saved != settings:
+        return None
+    return model_class.from_pretrained(output_dir), stats
 
 
 def _write_settings(path: str, settings: dict[str, Any]) -> None:
@@ -156,10 +159,9 @@ def build_reward_model(
         "seed": seed,
         "cache_key": cache_key or {},
     }
-    if output_dir is not None and _settings_match(output_dir, settings):
-        model = AutoModelForSequenceClassification.from_pretrained(output_dir)
-        with open(os.path.join(output_dir, SETTINGS_FILE)) as f:
-            return model, json.load(f).get("stats", {})
+    cached = _load_cached(output_dir, settings, AutoModelForSequenceClassification)
+    if cached is not None:
+        return cached
 
     torch.manual_seed(seed)
     rows = [dataset[i % len(dataset)] for i in range(num_samples)]
@@ -263,10 +265,9 @@ def build_controlled_bias_critic(
         "seed": seed,
         "cache_key": cache_key or {},
     }
-    if output_dir is not None and _settings_match(output_dir, settings):
-        critic = AutoModelForTokenClassification.from_pretrained(output_dir)
-        with open(os.path.join(output_dir, SETTINGS_FILE)) as f:
-            return critic, json.load(f).get("stats", {})
+    cached = _load_cached(output_dir, settings, AutoModelForTokenClassification)
+    if cached is not None:
+        return cached
 
     from ..gae import position_bucket_means
 
