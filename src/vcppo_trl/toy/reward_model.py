@@ -309,7 +309,7 @@ def build_controlled_bias_critic(
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         mse = sum(losses) / len(losses)
     critic.eval()
     stats: dict[str, float] = {"mse": mse}
