@@ -293,22 +293,35 @@ def test_zero3_with_cpu_offload(tmp_path):
     assert _state_hash(AutoModelForCausalLM.from_pretrained(tmp_path / "model")) == r0["policy_hash"]
 
 
-@pytest.mark.parametrize("loss_type", ["token_mean", "seq_mean_token_mean"])
-def test_ddp_gradient_equals_one_big_batch(tmp_path, loss_type):
-    """Unequal micro-batches and ranks (rank 0 short responses, rank 1 long): the DDP step's gradient is the gradient
-    of the whole batch's loss — advantages whitened over both ranks, losses normalised by both ranks' count."""
+@pytest.mark.parametrize(
+    ("launcher", "loss_type"),
+    [("ddp", "token_mean"), ("ddp", "seq_mean_token_mean"), ("zero3", "token_mean")],
+)
+def test_gradient_of_two_ranks_equals_one_big_batch(tmp_path, launcher, loss_type):
+    """Unequal micro-batches and ranks (rank 0 short responses, rank 1 long): the step's gradient is the gradient of
+    the whole batch's loss — advantages whitened over both ranks, losses normalised by both ranks' count. DDP: every
+    gradient; ZeRO-3 (whose gradients are partitioned): the engine's gradient norm."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
     env.update(
-        CPU,
         OMP_NUM_THREADS="1",
         HF_HUB_OFFLINE="1",
         TRL_EXPERIMENTAL_SILENCE="1",
         PYTHONPATH=os.pathsep.join([os.path.join(REPO, "src"), env.get("PYTHONPATH", "")]),
     )
+    if launcher == "ddp":
+        env.update(CPU)
+        launch = TORCHRUN
+    else:
+        pytest.importorskip("deepspeed")
+        config = os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml")
+        launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file", config, "--main_process_port", "0"]
     worker = os.path.join(os.path.dirname(WORKER), "grad_worker.py")
-    cmd = [sys.executable, "-m", *TORCHRUN, worker, str(tmp_path), loss_type]
+    cmd = [sys.executable, "-m", *launch, worker, str(tmp_path), loss_type]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     result = json.load(open(tmp_path / "grad_check.json"))
     assert result["num_processes"] == 2
-    assert result["max_relative_difference"] < 1e-4
+    assert result["deepspeed"] == (launcher == "zero3")
+    assert result["grad_norm_relative_difference"] < 1e-4
+    if launcher == "ddp":
+        assert result["max_relative_difference"] < 1e-4

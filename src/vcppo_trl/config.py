@@ -127,9 +127,9 @@ class PPOConfig(_BaseConfig):
               with short responses the gradient is small.
         value_loss_type (`str`, *optional*): The same choice for the value loss. Defaults to `loss_type`.
         advantage_whitening (`"global"` or `"local"`, defaults to `"global"`): Statistics for whitening the advantages
-            (and the rewards with `whiten_rewards`): over the whole batch of all processes (verl's choice; one
-            all-reduce of three numbers; results do not depend on the number of processes), or over each process's
-            own share (TRL ≤ 1.12; with 8 prompts per process the mean and variance are noisy).
+            (and the rewards with `whiten_rewards`): over the whole batch of all processes (verl's choice; two
+            all-reduces of scalars; results do not depend on the number of processes), or over each process's own
+            share (TRL ≤ 1.12; with 8 prompts per process the mean and variance are noisy).
         value_peft_config (`dict`, *optional*): LoRA for the critic as keyword arguments of `peft.LoraConfig` (e.g.
             `{"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}`); the scalar head is trained fully. The
             `value_peft_config=` argument of the trainer takes a `PeftConfig` instead.
