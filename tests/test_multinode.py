@@ -1,0 +1,140 @@
+"""Two "nodes" on one host: two `accelerate launch --num_machines 2 --machine_rank {0,1}` launchers, one process each,
+meeting at 127.0.0.1 (gloo). This is what examples/slurm/train.sbatch runs on each node of a real cluster, with the
+node's own rank and the first node's address. Each rank runs tests/distributed/worker.py; both share one output
+directory, as nodes sharing a filesystem do."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
+WORKER = os.path.join(TESTS, "distributed", "worker.py")
+CONFIGS = os.path.join(REPO, "configs", "accelerate")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_nodes(out_dir, config, worker_args=(), cpu_env=True):
+    """Start one launcher per simulated node; returns the two Popen objects (node 0 first)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    env.update(
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TRL_EXPERIMENTAL_SILENCE="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join([os.path.join(REPO, "src"), env.get("PYTHONPATH", "")]),
+    )
+    if cpu_env:
+        env["ACCELERATE_USE_CPU"] = "1"  # DDP over gloo; DeepSpeed on CPU takes --ddp_backend gloo instead
+    port = _free_port()
+    nodes = []
+    for rank in (0, 1):
+        cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--config_file", config]
+        cmd += ["--num_machines", "2", "--num_processes", "2", "--machine_rank", str(rank)]
+        cmd += ["--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--mixed_precision", "no"]
+        cmd += [WORKER, str(out_dir), *worker_args]
+        nodes.append(
+            subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
+    return nodes
+
+
+def _finish(nodes, timeout=300):
+    outputs = []
+    try:
+        for node in nodes:
+            outputs.append(node.communicate(timeout=timeout)[0])
+    finally:
+        for node in nodes:
+            node.kill()
+    return outputs
+
+
+DDP = os.path.join(CONFIGS, "multi_node_ddp.yaml")
+ZERO3 = os.path.join(CONFIGS, "multi_node_zero3.yaml")
+SETTINGS = {
+    "ddp": (DDP, {}, True),
+    "zero3": (ZERO3, {"ddp_backend": "gloo"}, False),
+}
+
+
+@pytest.mark.parametrize("engine", ["ddp", "zero3"])
+def test_two_nodes_train_agree_and_checkpoint_once(tmp_path, engine):
+    config, settings, cpu_env = SETTINGS[engine]
+    if engine == "zero3":
+        pytest.importorskip("deepspeed")
+    overrides = {**settings, "save_strategy": "steps", "save_steps": 1}
+    outputs = _finish(_start_nodes(tmp_path, config, [json.dumps(overrides)], cpu_env))
+    for node, output in zip((0, 1), outputs):
+        assert (tmp_path / f"rank{node}.json").is_file(), output[-4000:]
+    r0, r1 = (json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1))
+    for rank, info in enumerate((r0, r1)):
+        assert info["rank"] == rank
+        assert info["num_processes"] == info["torch_world_size"] == 2  # one job of 2 ranks, not 2 jobs of 1
+        assert info["global_step"] == 3 and info["batch_size"] == 16
+    # Both ranks trained on their own prompts (no overlap) and end with the same weights.
+    seen0 = {i for update in r0["seen"] for i in update}
+    seen1 = {i for update in r1["seen"] for i in update}
+    assert len(seen0) == len(seen1) == 24 and not seen0 & seen1
+    assert r0["policy_hash"] != r0["initial_policy_hash"]
+    assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])
+
+    # One checkpoint per update, each complete (both ranks' RNG states in the one directory), nothing half-written.
+    from vcppo_trl.checkpointing import missing_checkpoint_files
+
+    run = tmp_path / "run"
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(("checkpoint", "tmp-"))) == [
+        "checkpoint-1",
+        "checkpoint-2",
+        "checkpoint-3",
+    ]
+    last = run / "checkpoint-3"
+    assert missing_checkpoint_files(str(last), 2, deepspeed=engine == "zero3") == []
+    assert sorted(p.name for p in last.glob("rng_state_*.pth")) == ["rng_state_0.pth", "rng_state_1.pth"]
+    # The saved policy is the trained one.
+    from transformers import AutoModelForCausalLM
+
+    sys.path.insert(0, os.path.dirname(WORKER))
+    try:
+        from worker import state_hash
+    finally:
+        sys.path.pop(0)
+    assert state_hash(AutoModelForCausalLM.from_pretrained(tmp_path / "model")) == r0["policy_hash"]
+
+
+def test_sigterm_to_one_node_stops_the_job_at_one_checkpoint(tmp_path):
+    """A scheduler preempting one node sends SIGTERM to its launcher only: the signal reaches that node's rank, the
+    ranks agree after the running update, save one complete checkpoint together and stop, on both nodes."""
+    nodes = _start_nodes(tmp_path, DDP, [json.dumps({"total_episodes": 16000})])
+    output = []
+    try:
+        for line in nodes[1].stdout:
+            output.append(line)
+            if line.startswith("UPDATE 2 "):
+                break
+        nodes[1].send_signal(signal.SIGTERM)
+        outputs = _finish(nodes, timeout=180)
+    finally:
+        for node in nodes:
+            node.kill()
+    assert nodes[0].returncode != 0 and nodes[1].returncode != 0, "".join(output)[-3000:]
+    ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
+    assert ranks[0] == ranks[1], outputs  # both stopped after the same update, naming the same checkpoint
+    checkpoint = ranks[0]["interrupted"]
+    assert checkpoint.endswith(f"checkpoint-{ranks[0]['global_step']}")
+    assert ranks[0]["global_step"] < 1000  # stopped long before the end of the run
+    from vcppo_trl.checkpointing import missing_checkpoint_files
+
+    assert missing_checkpoint_files(checkpoint, 2) == []
+    assert os.path.isfile(os.path.join(checkpoint, "rng_state_1.pth"))
+    assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith("tmp-")]
