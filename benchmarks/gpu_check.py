@@ -231,9 +231,9 @@ def check_logprob_memory(device: torch.device, smoke: bool, method: str, train: 
 
 
 def check_zero3_one_process(device: torch.device, smoke: bool) -> dict:
-    pytest_free_env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE"))}
-    pytest_free_env["PYTHONPATH"] = os.pathsep.join([os.path.join(REPO, "src"), os.environ.get("PYTHONPATH", "")])
-    pytest_free_env["OMP_NUM_THREADS"] = "1"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE"))}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(REPO, "src"), os.environ.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
     config = "zero3_cpu.yaml" if smoke else "zero3.yaml"
     overrides = {"ddp_backend": "gloo"} if smoke else {"bf16": True}
     with tempfile.TemporaryDirectory() as out:
@@ -242,7 +242,7 @@ def check_zero3_one_process(device: torch.device, smoke: bool) -> dict:
         cmd += ["--main_process_port", "0", os.path.join(REPO, "tests", "distributed", "worker.py"), out]
         cmd += [json.dumps(overrides)]
         start = time.perf_counter()
-        done = subprocess.run(cmd, env=pytest_free_env, capture_output=True, text=True, timeout=240, cwd=REPO)
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=REPO)
         seconds = time.perf_counter() - start
         if done.returncode != 0 or not os.path.isfile(os.path.join(out, "rank0.json")):
             raise RuntimeError(f"exit {done.returncode}: {(done.stdout + done.stderr)[-1500:]}")

@@ -112,10 +112,14 @@ def test_two_nodes_train_agree_and_checkpoint_once(tmp_path, engine):
     assert state_hash(AutoModelForCausalLM.from_pretrained(tmp_path / "model")) == r0["policy_hash"]
 
 
-def test_sigterm_to_one_node_stops_the_job_at_one_checkpoint(tmp_path):
+@pytest.mark.parametrize("engine", ["ddp", "zero3"])
+def test_sigterm_to_one_node_stops_the_job_at_one_checkpoint(tmp_path, engine):
     """A scheduler preempting one node sends SIGTERM to its launcher only: the signal reaches that node's rank, the
     ranks agree after the running update, save one complete checkpoint together and stop, on both nodes."""
-    nodes = _start_nodes(tmp_path, DDP, [json.dumps({"total_episodes": 16000})])
+    config, settings, cpu_env = SETTINGS[engine]
+    if engine == "zero3":
+        pytest.importorskip("deepspeed")
+    nodes = _start_nodes(tmp_path, config, [json.dumps({**settings, "total_episodes": 16000})], cpu_env)
     output = []
     try:
         for line in nodes[1].stdout:
@@ -135,6 +139,6 @@ def test_sigterm_to_one_node_stops_the_job_at_one_checkpoint(tmp_path):
     assert ranks[0]["global_step"] < 1000  # stopped long before the end of the run
     from vcppo_trl.checkpointing import missing_checkpoint_files
 
-    assert missing_checkpoint_files(checkpoint, 2) == []
+    assert missing_checkpoint_files(checkpoint, 2, deepspeed=engine == "zero3") == []
     assert os.path.isfile(os.path.join(checkpoint, "rng_state_1.pth"))
     assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith("tmp-")]
