@@ -100,3 +100,27 @@ def test_ddp_resume_refuses_another_global_batch(tmp_path):
     output = proc.stdout + proc.stderr
     assert "saved with 16 prompts per update (by 2 processes), this run has 8" in output
     assert "per_device_train_batch_size × gradient_accumulation_steps must be 8 (now 4)" in output
+
+
+def test_ddp_resume_2_to_1_without_sampling_noise(tmp_path):
+    """At temperature 1e-3 sampling is (nearly) argmax, so the resumed run draws the uninterrupted run's responses
+    although its random streams differ; then only float summation order separates the two runs' weights."""
+    cold = {**RUN, "temperature": 1e-3}
+    full = _run(tmp_path / "full", 2, {**cold, **LOCAL[2]})
+    checkpoint = tmp_path / "full" / "run" / "checkpoint-2"
+    resumed = _run(tmp_path / "resumed", 1, {**cold, **LOCAL[1], "resume_from_checkpoint": str(checkpoint)})
+    for k in range(2):
+        assert _global_order(resumed, k) == _global_order(full, 2 + k)
+        assert resumed[0]["completions"][k] == full[0]["completions"][2 + k] + full[1]["completions"][2 + k]
+    report = []
+    for sub in ("", "value_model"):
+        final = _weights(tmp_path / "full" / "model" / sub)
+        again = _weights(tmp_path / "resumed" / "model" / sub)
+        at_stop = _weights(checkpoint / sub)
+        max_diff, rel_diff = _difference(again, final)
+        moved_max, moved = _difference(final, at_stop)
+        report.append((sub or "policy", max_diff, rel_diff, moved_max, moved))
+    print("\n" + "\n".join(f"{n}: max |dw| {a:.3e}, relative {b:.3e}; moved max {c:.3e}, relative {d:.3e}" for n, a, b, c, d in report))
+    for name, max_diff, rel_diff, moved_max, moved in report:
+        assert moved > 0, name
+        assert rel_diff < 0.01 * moved, name
