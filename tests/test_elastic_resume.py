@@ -129,7 +129,9 @@ def test_ddp_resume_2_to_1_without_sampling_noise(tmp_path):
     assert policy_max == 0.0 and policy_moved == 0.0  # the policy did not move, in either run
     name, max_diff, rel_diff, moved_max, moved = critic
     assert moved > 0
-    assert rel_diff < 0.01 * moved
+    # float32 rounding of sums taken in another order (2 ranks' all-reduced gradients vs one process's), through 2
+    # Adam steps: measured 2e-9 relative (3.7e-9 max) against the critic's movement of 7.6e-3 over those updates.
+    assert rel_diff < 1e-6
 
 
 def test_zero3_resume_on_another_number_of_processes_is_refused(tmp_path):
