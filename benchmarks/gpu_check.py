@@ -175,7 +175,9 @@ def check_update(device: torch.device, smoke: bool) -> dict:
                 policy, input_ids[rows], attention_mask[rows], position_ids[rows], prompt_len, 1.0
             )
             values = critic_values(critic, input_ids[rows], attention_mask[rows], position_ids[rows], prompt_len)
-            pg = clipped_policy_loss(logprobs, old_logprobs[rows], advantages[rows], mask[rows], 0.2, normalizer=normalizer)
+            pg = clipped_policy_loss(
+                logprobs, old_logprobs[rows], advantages[rows], mask[rows], 0.2, normalizer=normalizer
+            )
             vf = clipped_value_loss(values, old_values[rows], returns[rows], mask[rows], 0.2, normalizer=normalizer)
             (pg.loss + 0.1 * vf.loss).backward()
         torch.nn.utils.clip_grad_norm_(list(policy.parameters()) + list(critic.parameters()), 1.0)
@@ -206,7 +208,9 @@ def check_logprob_memory(device: torch.device, smoke: bool, method: str, train: 
     policy, _ = build_pair(config, device, torch.bfloat16)
     policy.train(train)
     prompt = 16
-    input_ids = torch.randint(0, config["vocab_size"], (1, prompt + length), generator=torch.Generator().manual_seed(2))
+    input_ids = torch.randint(
+        0, config["vocab_size"], (1, prompt + length), generator=torch.Generator().manual_seed(2)
+    )
     input_ids = input_ids.to(device)
     attention_mask = torch.ones_like(input_ids)
     position_ids = position_ids_from_mask(attention_mask)

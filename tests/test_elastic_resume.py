@@ -82,8 +82,10 @@ def test_ddp_resume_on_another_number_of_processes(tmp_path, saved_with, resumed
     at_stop = _weights(checkpoint)
     max_diff, rel_diff = _difference(again, final)
     _, moved = _difference(final, at_stop)
-    print(f"\n{saved_with}->{resumed_with}: resumed vs uninterrupted policy: max |dw| {max_diff:.3e}, relative {rel_diff:.3e}; "
-          f"the uninterrupted run's last 2 updates moved it by relative {moved:.3e}")
+    print(
+        f"\n{saved_with}->{resumed_with}: resumed vs uninterrupted policy: max |dw| {max_diff:.3e}, relative {rel_diff:.3e}; "
+        f"the uninterrupted run's last 2 updates moved it by relative {moved:.3e}"
+    )
     assert 0 < moved
     assert rel_diff < 2 * moved
 
@@ -125,7 +127,12 @@ def test_ddp_resume_2_to_1_without_sampling_noise(tmp_path):
         max_diff, rel_diff = _difference(again, final)
         moved_max, moved = _difference(final, at_stop)
         report.append((sub or "policy", max_diff, rel_diff, moved_max, moved))
-    print("\n" + "\n".join(f"{n}: max |dw| {a:.3e}, relative {b:.3e}; moved max {c:.3e}, relative {d:.3e}" for n, a, b, c, d in report))
+    print(
+        "\n"
+        + "\n".join(
+            f"{n}: max |dw| {a:.3e}, relative {b:.3e}; moved max {c:.3e}, relative {d:.3e}" for n, a, b, c, d in report
+        )
+    )
     (_, policy_max, _, policy_moved, _), critic = report
     assert policy_max == 0.0 and policy_moved == 0.0  # the policy did not move, in either run
     name, max_diff, rel_diff, moved_max, moved = critic

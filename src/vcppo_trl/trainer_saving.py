@@ -335,4 +335,3 @@ class SavingMixin:
         with tempfile.TemporaryDirectory() as view:  # the saved file under this run's expected name
             os.symlink(source, os.path.join(view, "rng_state.pth" if world == 1 else f"rng_state_{rank}.pth"))
             self._load_rng_state(view)
-
