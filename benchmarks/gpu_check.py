@@ -195,7 +195,8 @@ def check_update(device: torch.device, smoke: bool) -> dict:
     memory = "" if peak is None else f"; peak {peak:.1f} GiB (of which {baseline / 2**30:.1f} GiB before it)"
     return {
         "size": f"{params / 1e6:.3g}M params, {batch}x{response_len} tok",
-        "result": f"{tokens / update_s:,.0f} tok/s update ({update_s:.2f} s), rollout forwards {forward_s:.2f} s{memory}",
+        "result": f"{tokens / update_s:,.0f} tok/s update ({update_s:.2f} s), "
+        f"rollout forwards {forward_s:.2f} s{memory}",
     }
 
 
