@@ -76,8 +76,8 @@ def test_ddp_resume_on_another_number_of_processes(tmp_path, saved_with, resumed
     # the same prompts, but samples its responses from other random streams (another number of processes) and groups
     # them into other mini-batches, so it is not bit-identical to the uninterrupted run: measured here, it differs
     # from it about as much as the uninterrupted run's own last 2 updates moved it (0.89x for 2 -> 1, 0.80x for
-    # 1 -> 2). The bound only catches a run that blew up; test_ddp_resume_2_to_1_without_sampling_noise takes the sampling out and finds
-    # rounding-level agreement.
+    # 1 -> 2). The bound only catches a run that blew up; test_ddp_resume_2_to_1_without_sampling_noise takes the
+    # sampling out and finds rounding-level agreement.
     final, again = _weights(tmp_path / "full" / "model"), _weights(tmp_path / "resumed" / "model")
     at_stop = _weights(checkpoint)
     max_diff, rel_diff = _difference(again, final)
