@@ -142,3 +142,79 @@ def test_sigterm_to_one_node_stops_the_job_at_one_checkpoint(tmp_path, engine):
     assert missing_checkpoint_files(checkpoint, 2, deepspeed=engine == "zero3") == []
     assert os.path.isfile(os.path.join(checkpoint, "rng_state_1.pth"))
     assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith("tmp-")]
+
+
+SRUN = """#!/bin/bash
+# Stand-in for SLURM's srun on one host: one task per "node", each with its SLURM_NODEID, all at once.
+while [[ "$1" == --* ]]; do shift; done
+pids=()
+for ((node = 0; node < SLURM_NNODES; node++)); do SLURM_NODEID=$node "$@" & pids+=($!); done
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+exit $status
+"""
+
+
+def test_slurm_script_with_stand_in_srun(tmp_path):
+    """examples/slurm/train.sbatch on 2 simulated nodes (stand-ins for srun and scontrol, CPU): the toy trains and
+    checkpoints once per save; run again (a requeued job), it finds the checkpoint and resumes from it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(SRUN)
+    (bin_dir / "scontrol").write_text("#!/bin/bash\necho 127.0.0.1\necho 127.0.0.1\n")
+    for tool in ("srun", "scontrol"):
+        os.chmod(bin_dir / tool, 0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    out = tmp_path / "run"
+    toy = "--toy_num_train 256 --toy_num_eval 8 --toy_max_digits 2 --toy_cold_start_steps 2 --value_pretrain_steps 1"
+    toy += " --response_length 24 --num_ppo_epochs 1 --save_strategy steps --save_steps 1"
+    env.update(
+        PATH=os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), env.get("PATH", "")]),
+        PYTHONPATH=os.pathsep.join([os.path.join(REPO, "src"), env.get("PYTHONPATH", "")]),
+        ACCELERATE_USE_CPU="1",
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TRL_EXPERIMENTAL_SILENCE="1",
+        SLURM_JOB_NODELIST="node[1-2]",
+        SLURM_NNODES="2",
+        SLURM_JOB_ID="4242",
+        SLURM_JOB_NAME="vcppo",
+        GPUS_PER_NODE="1",
+        MAIN_PROCESS_PORT=str(_free_port()),
+        ENGINE="ddp",
+        RECIPE="configs/recipes/tiny_cpu.yaml",
+        OUTPUT_DIR=str(out),
+        LAUNCH_ARGS="--mixed_precision no",
+    )
+    script = os.path.join(REPO, "examples", "slurm", "train.sbatch")
+    # 1 value-pretraining + 2 PPO updates of 64 prompts (2 ranks × 8 × 2 × 2).
+    first = subprocess.run(
+        ["bash", script],
+        env={**env, "TRAIN_ARGS": toy + " --total_episodes 128"},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-5000:]
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(("checkpoint-", "tmp-"))) == [
+        "checkpoint-1",
+        "checkpoint-2",
+        "checkpoint-3",
+    ]
+    from vcppo_trl.checkpointing import missing_checkpoint_files, read_training_state
+
+    assert missing_checkpoint_files(str(out / "checkpoint-3"), 2) == []
+    assert read_training_state(str(out / "checkpoint-3"))["num_processes"] == 2  # one job of 2 ranks
+    # Requeued with a larger budget: the script passes --resume_from_checkpoint true and the run continues.
+    second = subprocess.run(
+        ["bash", script],
+        env={**env, "TRAIN_ARGS": toy + " --total_episodes 192"},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-5000:]
+    assert "Resumed from" in second.stdout + second.stderr
+    assert (out / "checkpoint-4").is_dir() and read_training_state(str(out / "checkpoint-4"))["global_step"] == 4
