@@ -114,6 +114,17 @@ def _weight_files(directory: str) -> list[str]:
     return []
 
 
+def saved_world_size(checkpoint: str, state: dict[str, Any] | None = None) -> int:
+    """
+    Number of processes that wrote `checkpoint`: `num_processes` in its `vcppo_state.json` or, for checkpoints written
+    before that field existed, the count of its per-process RNG files (`rng_state.pth` alone means one process).
+    """
+    if state is not None and "num_processes" in state:
+        return int(state["num_processes"])
+    ranks = [n for n in os.listdir(checkpoint) if n.startswith("rng_state_") and n.endswith(".pth")]
+    return len(ranks) if ranks else 1
+
+
 def missing_checkpoint_files(checkpoint: str, world_size: int, deepspeed: bool = False) -> list[str]:
     """
     Files a resumable checkpoint must have that `checkpoint` lacks. Under DeepSpeed the weights and optimizer states

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from typing import Any
 
 import torch
+from accelerate.utils import set_seed
 from transformers import PreTrainedModel, TrainerState
 from transformers.integrations.deepspeed import deepspeed_load_checkpoint
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, rotate_checkpoints
@@ -18,6 +20,7 @@ from transformers.utils import logging
 from . import hub
 from .checkpointing import (
     TEMP_PREFIX,
+    TRAINING_STATE_NAME,
     VALUE_MODEL_DIRNAME,
     CheckpointError,
     check_free_space,
@@ -27,6 +30,7 @@ from .checkpointing import (
     publish,
     read_training_state,
     remove_stale_temp_checkpoints,
+    saved_world_size,
     write_training_state,
 )
 from .distributed import gathered_state_dict
@@ -175,6 +179,7 @@ class SavingMixin:
             "global_step": self.state.global_step,
             "batches_consumed": self.state.global_step,  # one prompt batch per update
             "batch_size": self.batch_size,
+            "num_processes": self.accelerator.num_processes,
             "train_rows": len(self.train_dataset),
             "num_ppo_updates": self.num_ppo_updates,
             "max_steps": self.state.max_steps,
@@ -235,19 +240,38 @@ class SavingMixin:
         checkpoint = str(resume_from_checkpoint)
         if not os.path.isdir(checkpoint):
             raise CheckpointError(f"Cannot resume: {checkpoint} is not a directory.")
-        missing = missing_checkpoint_files(checkpoint, self.accelerator.num_processes, self.is_deepspeed_enabled)
+        world = self.accelerator.num_processes
+        state_file = os.path.join(checkpoint, TRAINING_STATE_NAME)
+        saved = read_training_state(checkpoint) if os.path.isfile(state_file) else None
+        saved_world = saved_world_size(checkpoint, saved)
+        missing = missing_checkpoint_files(checkpoint, saved_world, self.is_deepspeed_enabled)
         if missing:
             raise CheckpointError(
                 f"Cannot resume from {checkpoint}: it lacks {', '.join(missing)}. It is incomplete (a save that was "
                 "interrupted, or one made with save_only_model=True); resume from an earlier checkpoint."
             )
-        saved = read_training_state(checkpoint)
-        if saved["batch_size"] != self.batch_size:
+        if saved_world != world and self.is_deepspeed_enabled:
             raise CheckpointError(
-                f"{checkpoint} was saved with {saved['batch_size']} prompts per update, this run has {self.batch_size} "
-                "(per_device_train_batch_size × gradient_accumulation_steps × num_mini_batches × processes): resume "
-                "with the same batch settings and number of processes."
+                f"{checkpoint} was saved by {saved_world} processes and this run has {world}: resuming DeepSpeed "
+                "states on another number of processes is not supported yet; resume with the same number."
             )
+        if saved["batch_size"] != self.batch_size:
+            local = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
+            raise CheckpointError(
+                f"{checkpoint} was saved with {saved['batch_size']} prompts per update (by {saved_world} processes), "
+                f"this run has {self.batch_size} (per_device_train_batch_size × gradient_accumulation_steps × "
+                f"num_mini_batches × processes = {self.args.per_device_train_batch_size} × "
+                f"{self.args.gradient_accumulation_steps} × {self.args.num_mini_batches} × {world}). Resume with the "
+                f"same global batch: with {world} processes, per_device_train_batch_size × gradient_accumulation_steps "
+                f"must be {saved['batch_size'] / (self.args.num_mini_batches * world):g} (now {local})."
+            )
+        if saved_world != world:
+            logger.warning(
+                f"{checkpoint} was saved by {saved_world} processes, this run has {world}: resuming with the same "
+                f"global batch of {self.batch_size} prompts, so the prompt order is that of the saved run; responses "
+                "are sampled from other random streams than an uninterrupted run would use."
+            )
+        self._saved_world_size = saved_world
         if saved["train_rows"] != len(self.train_dataset):
             logger.warning(
                 f"{checkpoint} was saved with {saved['train_rows']} training rows, this run has "
@@ -289,5 +313,25 @@ class SavingMixin:
                 logger.warning(f"{checkpoint} holds the state of a {name} that this trainer does not have; ignored.")
         # Saved updates still to run, plus any change of the PPO budget (e.g. a larger total_episodes).
         self.state.max_steps = saved["max_steps"] + (self.num_ppo_updates - saved["num_ppo_updates"])
-        self._load_rng_state(checkpoint)
+        self._load_rng_state_elastic(checkpoint)
         logger.warning(f"Resumed from {checkpoint} at update {self.state.global_step} of {self.state.max_steps}.")
+
+    def _load_rng_state_elastic(self, checkpoint: str) -> None:
+        """
+        The RNG states of this process. With as many processes as the saved run, process `r` takes the state saved
+        by process `r` (transformers' `_load_rng_state`). With another number (DDP only), process `r` takes the state
+        saved by process `r` when there was one, read under the name `_load_rng_state` expects for this run's
+        world size; a process the saved run did not have is seeded from `seed`, the update count and its rank.
+        """
+        saved_world = getattr(self, "_saved_world_size", self.accelerator.num_processes)
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        if saved_world == world:
+            self._load_rng_state(checkpoint)
+            return
+        source = os.path.join(checkpoint, "rng_state.pth" if saved_world == 1 else f"rng_state_{rank}.pth")
+        if rank >= saved_world or not os.path.isfile(source):
+            set_seed(self.args.seed + 1_000_003 * self.state.global_step + rank)
+            return
+        with tempfile.TemporaryDirectory() as view:  # the saved file under this run's expected name
+            os.symlink(source, os.path.join(view, "rng_state.pth" if world == 1 else f"rng_state_{rank}.pth"))
+            self._load_rng_state(view)

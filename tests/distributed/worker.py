@@ -167,7 +167,8 @@ def main(out_dir: str, extra: list[str]) -> None:
     except TrainingInterrupted as stop:  # a signal: the checkpoint is saved; report it and exit as train.py does
         with open(os.path.join(out_dir, f"rank{acc.process_index}.json"), "w") as f:
             json.dump({"interrupted": stop.checkpoint, "global_step": trainer.state.global_step}, f)
-        torch.distributed.destroy_process_group()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
         sys.stdout.flush()
         os._exit(stop.exit_code)
     policy_model, critic_model = trainer.unwrapped_policy_and_critic()
@@ -192,7 +193,8 @@ def main(out_dir: str, extra: list[str]) -> None:
     with open(os.path.join(out_dir, f"rank{acc.process_index}.json"), "w") as f:
         json.dump(info, f)
     acc.wait_for_everyone()
-    torch.distributed.destroy_process_group()  # a rank leaving while its peer still talks aborts gloo
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()  # a rank leaving while its peer still talks aborts gloo
     # Under DeepSpeed on CPU a rank sometimes aborts in interpreter teardown ("terminate called without an active
     # exception", SIGABRT) after all work is done; skip the teardown once everything is written.
     sys.stdout.flush()

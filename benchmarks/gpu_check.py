@@ -1,0 +1,308 @@
+"""One command for a machine with a GPU: does the package run there, how fast, in how much memory. Prints one table.
+
+    python benchmarks/gpu_check.py               # needs CUDA; about 2-4 minutes on one large GPU (estimate)
+    python benchmarks/gpu_check.py --cpu-smoke   # the same code paths on CPU at tiny sizes (tests/test_gpu_check.py)
+
+NOT RUN ON A GPU YET: this script was written and its code paths were run on CPU (`--cpu-smoke`) only; the GPU sizes
+below and the time estimate have never been run. Rows:
+
+1. `gae`: `vcppo_trl.gae.dual_lambda_gae` against the per-token Python loop of benchmarks/gae.py, 64 x 16,384 tokens
+   (smoke: 4 x 64), on the device; median times and their ratio, and the largest difference between the two.
+2. `update`: one bf16 VC-PPO update (rollout forward of policy and critic, dual-lambda GAE, whitening, then the clipped
+   policy and value losses with backward and an AdamW step over micro-batches) on a Qwen2.5-0.5B-shaped policy and
+   critic with random weights (no download), SDPA attention, 4,096-token responses after 256 prompt tokens,
+   activation checkpointing; tokens/s of the update and peak GPU memory (smoke: a 2-layer, hidden-32 model, 32 tokens).
+3. `logprob-*`: extra peak memory of the response log-probs at 16,384 tokens x a 151,936-token vocabulary (Qwen2.5's),
+   chunked (`vcppo_trl.logprobs.response_logprobs`) against full logits, without and with backward (smoke: 64 x 1,000).
+   The full-logit rows hold 16,384 x 151,936 logits in bf16 and fp32 (9.3 GiB for one fp32 copy), so by arithmetic
+   they need tens of GiB; on a small GPU they are expected to print FAILED (out of memory), which is itself a result.
+4. `zero3-1proc`: tests/distributed/worker.py (1 value-pretraining + 4 VC-PPO updates of the tiny toy model) under
+   DeepSpeed ZeRO-3 with one process, through `accelerate launch` (smoke: configs/accelerate/zero3_cpu.yaml over gloo).
+
+A row that fails prints FAILED and its error; the exit status is then 1. Without CUDA (and without `--cpu-smoke`) the
+script says so and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+
+# Qwen2.5-0.5B's architecture (its config.json), used with random weights.
+QWEN25_05B = dict(
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+)
+SMOKE_MODEL = dict(
+    vocab_size=1000,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def peak_reset(device: torch.device) -> int:
+    """Reset the peak counter; returns the memory allocated now (the baseline), in bytes (0 off CUDA)."""
+    gc.collect()
+    if device.type != "cuda":
+        return 0
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
+
+
+def peak_gib(device: torch.device, baseline: int = 0) -> float | None:
+    if device.type != "cuda":
+        return None  # host memory is not what this check is about; the CPU smoke reports none
+    return (torch.cuda.max_memory_allocated() - baseline) / 2**30
+
+
+def check_gae(device: torch.device, smoke: bool) -> dict:
+    import gae as gae_bench  # benchmarks/gae.py
+
+    from vcppo_trl.gae import dual_lambda_gae
+
+    batch, length = (4, 64) if smoke else (64, 16384)
+    rewards, values, mask = gae_bench.make_batch(batch, length, device)
+    fast = lambda: dual_lambda_gae(rewards, values, mask, 1.0, 0.95, 1.0)  # noqa: E731
+    loop = lambda: gae_bench.per_token_dual(rewards, values, mask, 1.0, 0.95, 1.0)  # noqa: E731
+    fast(), loop()  # warm-up (kernels, compilation caches)
+    fast_s = gae_bench.timed(fast, 5, device)
+    loop_s = gae_bench.timed(loop, 1 if not smoke else 2, device)
+    (a, r), (a_ref, r_ref) = fast(), loop()
+    diff = max((a - a_ref).abs().max().item(), (r - r_ref).abs().max().item())
+    return {
+        "size": f"{batch}x{length}",
+        "result": f"{fast_s * 1e3:.2f} ms vs loop {loop_s * 1e3:.1f} ms ({loop_s / fast_s:.0f}x); max diff {diff:.1e}",
+    }
+
+
+def build_pair(config_kwargs: dict, device: torch.device, dtype: torch.dtype):
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
+
+    config = Qwen2Config(**config_kwargs, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    with torch.device(device):
+        policy = Qwen2ForCausalLM(config).to(dtype)
+        critic = Qwen2ForTokenClassification(Qwen2Config(**config_kwargs, num_labels=1, attn_implementation="sdpa"))
+        critic = critic.to(dtype)
+    return policy, critic
+
+
+def critic_values(critic, input_ids, attention_mask, position_ids, context_length: int) -> torch.Tensor:
+    """V(s_t) for each response token t: the critic's output at the position before the token, float32 [B, T]."""
+    out = critic(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    return out.logits[:, context_length - 1 : -1, 0].float()
+
+
+def check_update(device: torch.device, smoke: bool) -> dict:
+    from vcppo_trl.gae import dual_lambda_gae, masked_whiten
+    from vcppo_trl.logprobs import response_logprobs
+    from vcppo_trl.losses import clipped_policy_loss, clipped_value_loss
+    from vcppo_trl.rollout import position_ids_from_mask
+
+    config = SMOKE_MODEL if smoke else QWEN25_05B
+    batch, prompt_len, response_len = (2, 8, 32) if smoke else (4, 256, 4096)
+    dtype = torch.bfloat16
+    policy, critic = build_pair(config, device, dtype)
+    for model in (policy, critic):
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+        model.train()
+    optimizer = torch.optim.AdamW(
+        [{"params": policy.parameters(), "lr": 1e-6}, {"params": critic.parameters(), "lr": 2e-6}]
+    )
+    generator = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(0, config["vocab_size"], (batch, prompt_len + response_len), generator=generator)
+    input_ids = input_ids.to(device)
+    lengths = torch.randint(response_len // 2, response_len + 1, (batch,), generator=generator)
+    lengths[0] = response_len
+    mask = (torch.arange(response_len)[None, :] < lengths[:, None]).to(device)
+    attention_mask = torch.cat([torch.ones(batch, prompt_len, dtype=torch.long, device=device), mask.long()], 1)
+    position_ids = position_ids_from_mask(attention_mask)
+    scores = torch.where(torch.rand(batch, generator=generator) < 0.5, 1.0, -1.0).to(device)
+
+    def one_update() -> tuple[float, float]:
+        sync(device)
+        start = time.perf_counter()
+        with torch.no_grad():  # the rollout-side forwards (generation itself is not part of this check)
+            old_logprobs, _ = response_logprobs(policy, input_ids, attention_mask, position_ids, prompt_len, 1.0)
+            old_values = critic_values(critic, input_ids, attention_mask, position_ids, prompt_len)
+            rewards = torch.zeros(batch, response_len, device=device)
+            rewards[torch.arange(batch, device=device), lengths.to(device) - 1] = scores
+            advantages, returns = dual_lambda_gae(rewards, old_values, mask, 1.0, 0.95, 1.0)
+            advantages = masked_whiten(advantages, mask)
+        sync(device)
+        middle = time.perf_counter()
+        normalizer = mask.sum()
+        for i in range(batch):  # micro-batches of one sequence, one optimizer step (gradient accumulation)
+            rows = slice(i, i + 1)
+            logprobs, _ = response_logprobs(
+                policy, input_ids[rows], attention_mask[rows], position_ids[rows], prompt_len, 1.0
+            )
+            values = critic_values(critic, input_ids[rows], attention_mask[rows], position_ids[rows], prompt_len)
+            pg = clipped_policy_loss(
+                logprobs, old_logprobs[rows], advantages[rows], mask[rows], 0.2, normalizer=normalizer
+            )
+            vf = clipped_value_loss(values, old_values[rows], returns[rows], mask[rows], 0.2, normalizer=normalizer)
+            (pg.loss + 0.1 * vf.loss).backward()
+        torch.nn.utils.clip_grad_norm_(list(policy.parameters()) + list(critic.parameters()), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        sync(device)
+        return middle - start, time.perf_counter() - middle
+
+    one_update()  # warm-up: kernels, allocator, optimizer states
+    baseline = peak_reset(device)
+    forward_s, update_s = one_update()
+    peak = peak_gib(device)  # absolute: weights, AdamW states, activations of the update
+    tokens = int(attention_mask.sum())
+    params = sum(p.numel() for p in policy.parameters()) + sum(p.numel() for p in critic.parameters())
+    memory = "" if peak is None else f"; peak {peak:.1f} GiB (of which {baseline / 2**30:.1f} GiB before it)"
+    return {
+        "size": f"{params / 1e6:.3g}M params, {batch}x{response_len} tok",
+        "result": f"{tokens / update_s:,.0f} tok/s update ({update_s:.2f} s), "
+        f"rollout forwards {forward_s:.2f} s{memory}",
+    }
+
+
+def check_logprob_memory(device: torch.device, smoke: bool, method: str, train: bool) -> dict:
+    from vcppo_trl.logprobs import full_logits_logprobs, response_logprobs
+    from vcppo_trl.rollout import position_ids_from_mask
+
+    config = dict(QWEN25_05B if not smoke else SMOKE_MODEL, num_hidden_layers=1)
+    length = 64 if smoke else 16384
+    policy, _ = build_pair(config, device, torch.bfloat16)
+    policy.train(train)
+    prompt = 16
+    input_ids = torch.randint(
+        0, config["vocab_size"], (1, prompt + length), generator=torch.Generator().manual_seed(2)
+    )
+    input_ids = input_ids.to(device)
+    attention_mask = torch.ones_like(input_ids)
+    position_ids = position_ids_from_mask(attention_mask)
+    fn = {"chunked": response_logprobs, "full": full_logits_logprobs}[method]
+    baseline = peak_reset(device)
+    sync(device)
+    start = time.perf_counter()
+    with torch.set_grad_enabled(train):
+        logprobs, entropy = fn(policy, input_ids, attention_mask, position_ids, prompt, 1.0, compute_entropy=train)
+        if train:
+            (logprobs.sum() + entropy.sum()).backward()
+    sync(device)
+    seconds = time.perf_counter() - start
+    assert torch.isfinite(logprobs).all()
+    peak = peak_gib(device, baseline)
+    logits_gib = length * config["vocab_size"] * 4 / 2**30
+    memory = "" if peak is None else f"extra peak {peak:.2f} GiB; "
+    return {
+        "size": f"{length}x{config['vocab_size']}",
+        "result": f"{memory}{seconds:.2f} s (fp32 logits would be {logits_gib:.2f} GiB)",
+    }
+
+
+def check_zero3_one_process(device: torch.device, smoke: bool) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE"))}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(REPO, "src"), os.environ.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+    config = "zero3_cpu.yaml" if smoke else "zero3.yaml"
+    overrides = {"ddp_backend": "gloo"} if smoke else {"bf16": True}
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--config_file"]
+        cmd += [os.path.join(REPO, "configs", "accelerate", config), "--num_processes", "1"]
+        cmd += ["--main_process_port", "0", os.path.join(REPO, "tests", "distributed", "worker.py"), out]
+        cmd += [json.dumps(overrides)]
+        start = time.perf_counter()
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=REPO)
+        seconds = time.perf_counter() - start
+        if done.returncode != 0 or not os.path.isfile(os.path.join(out, "rank0.json")):
+            raise RuntimeError(f"exit {done.returncode}: {(done.stdout + done.stderr)[-1500:]}")
+        info = json.load(open(os.path.join(out, "rank0.json")))
+    if info["distributed_type"] != "DistributedType.DEEPSPEED" or info["global_step"] != 5:
+        raise RuntimeError(f"unexpected run: {info['distributed_type']}, {info['global_step']} updates")
+    if info["policy_hash"] == info["initial_policy_hash"]:
+        raise RuntimeError("the policy did not move")
+    return {"size": "toy, 1 process", "result": f"5 updates, policy moved; {seconds:.0f} s with launch"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cpu-smoke", action="store_true", help="run every row on CPU at tiny sizes")
+    parser.add_argument("--skip", nargs="*", default=[], help="row names to skip (gae, update, logprob, zero3)")
+    args = parser.parse_args(argv)
+    if args.cpu_smoke:
+        device = torch.device("cpu")
+        torch.set_num_threads(1)
+    elif torch.cuda.is_available():
+        device = torch.device("cuda")
+    else:
+        print("gpu_check: no CUDA device is visible; nothing was measured. (--cpu-smoke runs the code paths on CPU.)")
+        return 2
+    smoke = args.cpu_smoke
+    checks = [
+        ("gae", lambda: check_gae(device, smoke)),
+        ("update", lambda: check_update(device, smoke)),
+        ("logprob-chunked", lambda: check_logprob_memory(device, smoke, "chunked", False)),
+        ("logprob-full", lambda: check_logprob_memory(device, smoke, "full", False)),
+        ("logprob-chunked-bwd", lambda: check_logprob_memory(device, smoke, "chunked", True)),
+        ("logprob-full-bwd", lambda: check_logprob_memory(device, smoke, "full", True)),
+        ("zero3-1proc", lambda: check_zero3_one_process(device, smoke)),
+    ]
+    rows, failed = [], 0
+    for name, check in checks:
+        if any(name.startswith(s) for s in args.skip):
+            continue
+        try:
+            row = check()
+        except Exception as exc:  # one failing row must not hide the others
+            traceback.print_exc()
+            row, failed = {"size": "-", "result": f"FAILED: {type(exc).__name__}: {str(exc)[:300]}"}, failed + 1
+        rows.append((name, row))
+        print(f"[gpu_check] {name} done", file=sys.stderr, flush=True)
+    where = "CPU smoke (tiny sizes)" if smoke else torch.cuda.get_device_name(0)
+    print(f"\ngpu_check on {where}, torch {torch.__version__}")
+    width = max(len(r["size"]) for _, r in rows) if rows else 4
+    print(f"{'check':<20} {'size':<{width}}  result")
+    for name, row in rows:
+        print(f"{name:<20} {row['size']:<{width}}  {row['result']}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

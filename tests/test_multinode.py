@@ -1,0 +1,220 @@
+"""Two "nodes" on one host: two `accelerate launch --num_machines 2 --machine_rank {0,1}` launchers, one process each,
+meeting at 127.0.0.1 (gloo). This is what examples/slurm/train.sbatch runs on each node of a real cluster, with the
+node's own rank and the first node's address. Each rank runs tests/distributed/worker.py; both share one output
+directory, as nodes sharing a filesystem do."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
+WORKER = os.path.join(TESTS, "distributed", "worker.py")
+CONFIGS = os.path.join(REPO, "configs", "accelerate")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_nodes(out_dir, config, worker_args=(), cpu_env=True):
+    """Start one launcher per simulated node; returns the two Popen objects (node 0 first)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    env.update(
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TRL_EXPERIMENTAL_SILENCE="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join([os.path.join(REPO, "src"), env.get("PYTHONPATH", "")]),
+    )
+    if cpu_env:
+        env["ACCELERATE_USE_CPU"] = "1"  # DDP over gloo; DeepSpeed on CPU takes --ddp_backend gloo instead
+    port = _free_port()
+    nodes = []
+    for rank in (0, 1):
+        cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--config_file", config]
+        cmd += ["--num_machines", "2", "--num_processes", "2", "--machine_rank", str(rank)]
+        cmd += ["--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--mixed_precision", "no"]
+        cmd += [WORKER, str(out_dir), *worker_args]
+        nodes.append(
+            subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
+    return nodes
+
+
+def _finish(nodes, timeout=300):
+    outputs = []
+    try:
+        for node in nodes:
+            outputs.append(node.communicate(timeout=timeout)[0])
+    finally:
+        for node in nodes:
+            node.kill()
+    return outputs
+
+
+DDP = os.path.join(CONFIGS, "multi_node_ddp.yaml")
+ZERO3 = os.path.join(CONFIGS, "multi_node_zero3.yaml")
+SETTINGS = {
+    "ddp": (DDP, {}, True),
+    "zero3": (ZERO3, {"ddp_backend": "gloo"}, False),
+}
+
+
+@pytest.mark.parametrize("engine", ["ddp", "zero3"])
+def test_two_nodes_train_agree_and_checkpoint_once(tmp_path, engine):
+    config, settings, cpu_env = SETTINGS[engine]
+    if engine == "zero3":
+        pytest.importorskip("deepspeed")
+    overrides = {**settings, "save_strategy": "steps", "save_steps": 1}
+    outputs = _finish(_start_nodes(tmp_path, config, [json.dumps(overrides)], cpu_env))
+    for node, output in zip((0, 1), outputs):
+        assert (tmp_path / f"rank{node}.json").is_file(), output[-4000:]
+    r0, r1 = (json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1))
+    for rank, info in enumerate((r0, r1)):
+        assert info["rank"] == rank
+        assert info["num_processes"] == info["torch_world_size"] == 2  # one job of 2 ranks, not 2 jobs of 1
+        assert info["global_step"] == 3 and info["batch_size"] == 16
+    # Both ranks trained on their own prompts (no overlap) and end with the same weights.
+    seen0 = {i for update in r0["seen"] for i in update}
+    seen1 = {i for update in r1["seen"] for i in update}
+    assert len(seen0) == len(seen1) == 24 and not seen0 & seen1
+    assert r0["policy_hash"] != r0["initial_policy_hash"]
+    assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])
+
+    # One checkpoint per update, each complete (both ranks' RNG states in the one directory), nothing half-written.
+    from vcppo_trl.checkpointing import missing_checkpoint_files
+
+    run = tmp_path / "run"
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(("checkpoint", "tmp-"))) == [
+        "checkpoint-1",
+        "checkpoint-2",
+        "checkpoint-3",
+    ]
+    last = run / "checkpoint-3"
+    assert missing_checkpoint_files(str(last), 2, deepspeed=engine == "zero3") == []
+    assert sorted(p.name for p in last.glob("rng_state_*.pth")) == ["rng_state_0.pth", "rng_state_1.pth"]
+    # The saved policy is the trained one.
+    from transformers import AutoModelForCausalLM
+
+    sys.path.insert(0, os.path.dirname(WORKER))
+    try:
+        from worker import state_hash
+    finally:
+        sys.path.pop(0)
+    assert state_hash(AutoModelForCausalLM.from_pretrained(tmp_path / "model")) == r0["policy_hash"]
+
+
+@pytest.mark.parametrize("engine", ["ddp", "zero3"])
+def test_sigterm_to_one_node_stops_the_job_at_one_checkpoint(tmp_path, engine):
+    """A scheduler preempting one node sends SIGTERM to its launcher only: the signal reaches that node's rank, the
+    ranks agree after the running update, save one complete checkpoint together and stop, on both nodes."""
+    config, settings, cpu_env = SETTINGS[engine]
+    if engine == "zero3":
+        pytest.importorskip("deepspeed")
+    nodes = _start_nodes(tmp_path, config, [json.dumps({**settings, "total_episodes": 16000})], cpu_env)
+    output = []
+    try:
+        for line in nodes[1].stdout:
+            output.append(line)
+            if line.startswith("UPDATE 2 "):
+                break
+        nodes[1].send_signal(signal.SIGTERM)
+        outputs = _finish(nodes, timeout=180)
+    finally:
+        for node in nodes:
+            node.kill()
+    assert nodes[0].returncode != 0 and nodes[1].returncode != 0, "".join(output)[-3000:]
+    ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
+    assert ranks[0] == ranks[1], outputs  # both stopped after the same update, naming the same checkpoint
+    checkpoint = ranks[0]["interrupted"]
+    assert checkpoint.endswith(f"checkpoint-{ranks[0]['global_step']}")
+    assert ranks[0]["global_step"] < 1000  # stopped long before the end of the run
+    from vcppo_trl.checkpointing import missing_checkpoint_files
+
+    assert missing_checkpoint_files(checkpoint, 2, deepspeed=engine == "zero3") == []
+    assert os.path.isfile(os.path.join(checkpoint, "rng_state_1.pth"))
+    assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith("tmp-")]
+
+
+SRUN = """#!/bin/bash
+# Stand-in for SLURM's srun on one host: one task per "node", each with its SLURM_NODEID, all at once.
+while [[ "$1" == --* ]]; do shift; done
+pids=()
+for ((node = 0; node < SLURM_NNODES; node++)); do SLURM_NODEID=$node "$@" & pids+=($!); done
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+exit $status
+"""
+
+
+def test_slurm_script_with_stand_in_srun(tmp_path):
+    """examples/slurm/train.sbatch on 2 simulated nodes (stand-ins for srun and scontrol, CPU): the toy trains and
+    checkpoints once per save; run again (a requeued job), it finds the checkpoint and resumes from it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(SRUN)
+    (bin_dir / "scontrol").write_text("#!/bin/bash\necho 127.0.0.1\necho 127.0.0.1\n")
+    for tool in ("srun", "scontrol"):
+        os.chmod(bin_dir / tool, 0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    out = tmp_path / "run"
+    toy = "--toy_num_train 256 --toy_num_eval 8 --toy_max_digits 2 --toy_cold_start_steps 2 --value_pretrain_steps 1"
+    toy += " --response_length 24 --num_ppo_epochs 1 --save_strategy steps --save_steps 1"
+    env.update(
+        PATH=os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), env.get("PATH", "")]),
+        PYTHONPATH=os.pathsep.join([os.path.join(REPO, "src"), env.get("PYTHONPATH", "")]),
+        ACCELERATE_USE_CPU="1",
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TRL_EXPERIMENTAL_SILENCE="1",
+        SLURM_JOB_NODELIST="node[1-2]",
+        SLURM_NNODES="2",
+        SLURM_JOB_ID="4242",
+        SLURM_JOB_NAME="vcppo",
+        GPUS_PER_NODE="1",
+        MAIN_PROCESS_PORT=str(_free_port()),
+        ENGINE="ddp",
+        RECIPE="configs/recipes/tiny_cpu.yaml",
+        OUTPUT_DIR=str(out),
+        LAUNCH_ARGS="--mixed_precision no",
+    )
+    script = os.path.join(REPO, "examples", "slurm", "train.sbatch")
+    # 1 value-pretraining + 2 PPO updates of 64 prompts (2 ranks × 8 × 2 × 2).
+    first = subprocess.run(
+        ["bash", script],
+        env={**env, "TRAIN_ARGS": toy + " --total_episodes 128"},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-5000:]
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(("checkpoint-", "tmp-"))) == [
+        "checkpoint-1",
+        "checkpoint-2",
+        "checkpoint-3",
+    ]
+    from vcppo_trl.checkpointing import missing_checkpoint_files, read_training_state
+
+    assert missing_checkpoint_files(str(out / "checkpoint-3"), 2) == []
+    assert read_training_state(str(out / "checkpoint-3"))["num_processes"] == 2  # one job of 2 ranks
+    # Requeued with a larger budget: the script passes --resume_from_checkpoint true and the run continues.
+    second = subprocess.run(
+        ["bash", script],
+        env={**env, "TRAIN_ARGS": toy + " --total_episodes 192"},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-5000:]
+    assert "Resumed from" in second.stdout + second.stderr
+    assert (out / "checkpoint-4").is_dir() and read_training_state(str(out / "checkpoint-4"))["global_step"] == 4
