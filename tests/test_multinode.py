@@ -209,7 +209,7 @@ def test_slurm_script_with_stand_in_srun(tmp_path):
     # Requeued with a larger budget: the script passes --resume_from_checkpoint true and the run continues.
     second = subprocess.run(
         ["bash", script],
-        env={**env, "TRAIN_ARGS": toy + " --total_episodes 192"},
+        env={**env, "TRAIN_ARGS": toy + " --total_episodes 192", "MAIN_PROCESS_PORT": str(_free_port())},
         cwd=REPO,
         capture_output=True,
         text=True,
