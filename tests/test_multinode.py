@@ -155,6 +155,7 @@ exit $status
 """
 
 
+@pytest.mark.flaky_hang
 def test_slurm_script_with_stand_in_srun(tmp_path):
     """examples/slurm/train.sbatch on 2 simulated nodes (stand-ins for srun and scontrol, CPU): the toy trains and
     checkpoints once per save; run again (a requeued job), it finds the checkpoint and resumes from it."""
