@@ -1,6 +1,7 @@
 """Benchmark: one PPO update, TRL 1.12's `trl.experimental.ppo.PPOTrainer` against vcppo_trl, and log-prob memory.
 
     python benchmarks/step.py                        # all three tables (installs TRL 1.12 into its own venv first)
+    python benchmarks/step.py --ours-only --skip-memory   # tables 1 (ours only) and 2 (ours vs GRPO): no install
     python benchmarks/step.py --ours-only --smoke    # CI smoke: our side only, one short update each, seconds
 
 Table 1, the same work on both sides: a tiny Qwen2 policy (2 layers, hidden 64, 99-token vocabulary) built from the
@@ -15,7 +16,13 @@ Printed: the median wall time per update (between consecutive `on_step_end` call
 generation (update minus the generation call: TRL's `batch_generation`, our `generate`), response tokens per second,
 the largest peak RSS of the processes (`resource.getrusage`), and ours/theirs ratios.
 
-Table 2, ours alone in the VC-PPO paper's setting: `VCPPOTrainer`, KL 0 (no reference model), a rule-based ±1 reward.
+Table 2, the VC-PPO paper's setting against TRL's `GRPOTrainer` (the TRL installed with vcppo_trl, `step_grpo.py`):
+our `VCPPOTrainer` update (KL 0, no reference model, a rule-based ±1 reward; it trains the policy and a critic of the
+policy's size) against a GRPO step (`beta=0`, one optimizer step per generation) on the same number of completions of
+the same length, the same policy and prompts and the same reward (GRPO: `--batch-size / --num-generations` prompts ×
+`--num-generations` samples). Ours twice: with the on-policy shortcut (the default: one PPO epoch and one mini-batch,
+so the old log-probs are the training forward's, as in GRPO) and without it (`on_policy_shortcut=False`: an extra
+policy forward in the rollout). The three run interleaved, in fresh processes, `--repeats` times.
 
 Table 3, memory of the log-prob pass for B = 2, T = 2048 with vocabularies of 1k, 32k and 152k (hidden 16): the peak
 RSS increase of one pass, chunked (ours) against full logits, each cell in a fresh process (`logprob_memory.py`).
@@ -82,12 +89,30 @@ def cell_command(python: str, script: str, args: argparse.Namespace, length: int
     ]
 
 
-def run_ours_cell(args: argparse.Namespace, length: int, paper: bool) -> dict:
+def run_ours_cell(args: argparse.Namespace, length: int) -> dict:
+    """One cell of table 1 (TRL 1.12's work: KL 0.05 with a reference model, a reward model)."""
     if args.in_process:
         import step_ours
 
-        return step_ours.run(length, args.batch_size, args.updates, args.warmup, paper)
-    extra = ("--paper",) if paper else ()
+        return step_ours.run(length, args.batch_size, args.updates, args.warmup)
+    return run_process(cell_command(sys.executable, "step_ours.py", args, length), dict(os.environ))
+
+
+def run_paper_cell(args: argparse.Namespace, length: int, side: str) -> dict:
+    """One cell of table 2: `side` is "grpo", "shortcut" (ours, default) or "no-shortcut" (ours)."""
+    if side == "grpo":
+        if args.in_process:
+            import step_grpo
+
+            return step_grpo.run(length, args.batch_size, args.updates, args.warmup, args.num_generations)
+        extra = ("--num-generations", str(args.num_generations))
+        return run_process(cell_command(sys.executable, "step_grpo.py", args, length, *extra), dict(os.environ))
+    shortcut = side == "shortcut"
+    if args.in_process:
+        import step_ours
+
+        return step_ours.run(length, args.batch_size, args.updates, args.warmup, paper=True, shortcut=shortcut)
+    extra = ("--paper",) if shortcut else ("--paper", "--no-shortcut")
     return run_process(cell_command(sys.executable, "step_ours.py", args, length, *extra), dict(os.environ))
 
 
@@ -153,17 +178,35 @@ def print_comparison(lengths: list[int], ours: dict, theirs: dict | None) -> Non
         print(f"  T={length} ours outside generation:     {fmt(ours[length]['raw_outside_s'])}")
 
 
-def print_paper(lengths: list[int], paper: dict) -> None:
-    print("\nTable 2 — ours alone, VC-PPO paper setting (VCPPOTrainer, KL 0, no reference model, rule-based reward):")
-    header = f"{'T':>5} {'s/update':>9} {'outside gen s':>14} {'tok/s':>7} {'peak RSS MiB':>13}"
+def print_paper(lengths: list[int], paper: dict, num_generations: int) -> None:
+    from trl import __version__ as trl_version
+
+    print(
+        f"\nTable 2 — VC-PPO paper setting (VCPPOTrainer: KL 0, rule-based reward, policy + critic) per update, "
+        f"against TRL {trl_version} GRPOTrainer (beta 0, {num_generations} samples per prompt, policy only) per step, "
+        "the same completions; 'shortcut' = ours with the on-policy shortcut (default), 'no-sc' = without it:"
+    )
+    header = (
+        f"{'T':>5} | {'s/step GRPO':>11} {'shortcut':>8} {'ratio':>6} {'no-sc':>7} {'ratio':>6} | "
+        f"{'outside gen GRPO':>16} {'shortcut':>8} {'ratio':>6} {'no-sc':>7} {'ratio':>6} | "
+        f"{'peak RSS MiB GRPO':>17} {'shortcut':>8}"
+    )
     print(header)
     print("-" * len(header))
     for length in lengths:
-        p = paper[length]
+        g, o, n = (paper[side][length] for side in ("grpo", "shortcut", "no-shortcut"))
         print(
-            f"{length:>5} {p['update_s']:>9.3f} {p['outside_s']:>14.3f} {p['tokens_per_s']:>7.0f} "
-            f"{p['peak_rss_mib']:>13.0f}"
+            f"{length:>5} | {g['update_s']:>11.3f} {o['update_s']:>8.3f} {o['update_s'] / g['update_s']:>6.2f} "
+            f"{n['update_s']:>7.3f} {n['update_s'] / g['update_s']:>6.2f} | {g['outside_s']:>16.3f} "
+            f"{o['outside_s']:>8.3f} {o['outside_s'] / g['outside_s']:>6.2f} {n['outside_s']:>7.3f} "
+            f"{n['outside_s'] / g['outside_s']:>6.2f} | {g['peak_rss_mib']:>17.0f} {o['peak_rss_mib']:>8.0f}"
         )
+    print("raw seconds per update or step (every timed one, all processes):")
+    fmt = lambda xs: " ".join(f"{x:.3f}" for x in xs)  # noqa: E731
+    for length in lengths:
+        for side in ("grpo", "shortcut", "no-shortcut"):
+            print(f"  T={length} {side}: {fmt(paper[side][length]['raw_update_s'])}")
+            print(f"  T={length} {side} outside generation: {fmt(paper[side][length]['raw_outside_s'])}")
 
 
 def run_memory_table(args: argparse.Namespace) -> None:
@@ -211,6 +254,7 @@ def main():
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads per process (1: stable timings on a shared machine)"
     )
+    parser.add_argument("--num-generations", type=int, default=4, help="GRPO samples per prompt (table 2)")
     parser.add_argument("--ours-only", action="store_true", help="skip TRL 1.12 (no venv, no install)")
     parser.add_argument("--smoke", action="store_true", help="one short update per table, in this process (CI)")
     parser.add_argument("--skip-memory", action="store_true", help="skip the log-prob memory table")
@@ -244,7 +288,7 @@ def main():
             order = ("ours", "trl") if repeat % 2 else ("trl", "ours")
             for side in order:
                 if side == "ours":
-                    ours_runs[length].append(run_ours_cell(args, length, paper=False))
+                    ours_runs[length].append(run_ours_cell(args, length))
                 elif not args.ours_only:
                     trl_runs[length].append(run_trl_cell(args, length))
             print(f"  done: repeat {repeat + 1}/{args.repeats}, T={length}", flush=True)
@@ -252,11 +296,18 @@ def main():
     theirs = None if args.ours_only else {length: summarise(r, args.batch_size) for length, r in trl_runs.items()}
     print_comparison(args.lengths, ours, theirs)
 
+    sides = ("grpo", "shortcut", "no-shortcut")
+    paper_runs = {side: {length: [] for length in args.lengths} for side in sides}
+    for repeat in range(args.repeats):
+        for length in args.lengths:
+            for side in sides[repeat % 3 :] + sides[: repeat % 3]:  # rotate who goes first
+                paper_runs[side][length].append(run_paper_cell(args, length, side))
+            print(f"  done (table 2): repeat {repeat + 1}/{args.repeats}, T={length}", flush=True)
     paper = {
-        length: summarise([run_ours_cell(args, length, paper=True) for _ in range(args.repeats)], args.batch_size)
-        for length in args.lengths
+        side: {length: summarise(runs, args.batch_size) for length, runs in by_length.items()}
+        for side, by_length in paper_runs.items()
     }
-    print_paper(args.lengths, paper)
+    print_paper(args.lengths, paper, args.num_generations)
     if not args.skip_memory:
         run_memory_table(args)
 

@@ -5,6 +5,7 @@ wall time of each update, the time spent in generation during each update, and t
 
     python benchmarks/step_ours.py --response-length 64                # TRL 1.12's work: KL 0.05, reward model
     python benchmarks/step_ours.py --response-length 64 --paper        # VC-PPO paper setting: KL 0, rule reward
+    python benchmarks/step_ours.py --response-length 64 --paper --no-shortcut   # ... with the rollout policy forward
 """
 
 from __future__ import annotations
@@ -33,7 +34,13 @@ def first_letter_reward(completions, **kwargs):
 
 
 def run(
-    response_length: int, batch_size: int = 8, updates: int = 5, warmup: int = 1, paper: bool = False, seed: int = 0
+    response_length: int,
+    batch_size: int = 8,
+    updates: int = 5,
+    warmup: int = 1,
+    paper: bool = False,
+    seed: int = 0,
+    shortcut: bool = True,
 ):
     from vcppo_trl import PPOConfig, PPOTrainer, VCPPOConfig, VCPPOTrainer
 
@@ -61,11 +68,15 @@ def run(
         disable_tqdm=True,
         use_cpu=True,
         seed=seed,
+        on_policy_shortcut=shortcut,  # only the paper setting (KL 0) can take it
     )
     with tempfile.TemporaryDirectory() as output_dir:
         clock = UpdateClock()
         if paper:
-            config = VCPPOConfig(output_dir=output_dir, kl_coef=0.0, lam_actor=0.95, lam_critic=1.0, **common)
+            # No value pretraining (VCPPOConfig's default is 100 updates): the timed updates are VC-PPO updates.
+            config = VCPPOConfig(
+                output_dir=output_dir, kl_coef=0.0, lam_actor=0.95, lam_critic=1.0, value_pretrain_steps=0, **common
+            )
             trainer_cls, reward_funcs, reward_tokenizers = VCPPOTrainer, first_letter_reward, None
         else:
             config = PPOConfig(output_dir=output_dir, kl_coef=0.05, lam=0.95, **common)
@@ -94,7 +105,7 @@ def run(
         trainer.train()
     update_seconds = [b - a for a, b in zip(clock.marks, clock.marks[1:])]
     return {
-        "side": "ours-paper" if paper else "ours",
+        "side": ("ours-paper" if paper else "ours") + ("" if shortcut else "-no-shortcut"),
         "response_length": response_length,
         "update_s": update_seconds[warmup:],
         "generation_s": generation_seconds[warmup:],
@@ -109,11 +120,14 @@ def main():
     parser.add_argument("--updates", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--paper", action="store_true", help="KL 0, rule-based reward, no reference model (VC-PPO)")
+    parser.add_argument("--no-shortcut", action="store_true", help="on_policy_shortcut=False: old log-probs from a rollout forward")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    result = run(args.response_length, args.batch_size, args.updates, args.warmup, args.paper, args.seed)
+    result = run(
+        args.response_length, args.batch_size, args.updates, args.warmup, args.paper, args.seed, not args.no_shortcut
+    )
     print("BENCH_JSON " + json.dumps(result))
 
 

@@ -1,9 +1,11 @@
-"""Smoke run of `benchmarks/step.py` for our side only (CI cannot afford installing TRL 1.12): it must run end to end
-and print its three tables. No timing is asserted."""
+"""Smoke run of `benchmarks/step.py` without the TRL 1.12 side (CI cannot afford installing it): ours, and TRL's
+`GRPOTrainer` from the installed TRL, must run end to end and print the three tables. No timing is asserted."""
 
 import os
 import subprocess
 import sys
+
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -24,8 +26,16 @@ def test_step_benchmark_smoke_ours_only():
     assert "TRL1.12" not in out  # --ours-only: the TRL 1.12 side is neither installed nor run
     rows = [line.split() for line in out.splitlines() if line.strip().startswith("16 ")]
     assert len(rows) == 2  # one row (T=16) in each timing table
-    for row in rows:
-        update_s, outside_s = float(row[1]), float(row[2])
-        assert 0 < outside_s < update_s
+    ours = rows[0]  # table 1, ours only: T, s/update, outside generation, tok/s, peak RSS
+    assert 0 < float(ours[2]) < float(ours[1])
+    # Table 2: T | GRPO, shortcut, ratio, no-shortcut, ratio | the same outside generation | peak RSS GRPO, shortcut
+    paper = rows[1]
+    assert paper[1] == "|" and paper[7] == "|" and paper[13] == "|", paper
+    grpo, shortcut, no_shortcut = float(paper[2]), float(paper[3]), float(paper[5])
+    assert float(paper[4]) == pytest.approx(shortcut / grpo, abs=0.006)
+    assert float(paper[6]) == pytest.approx(no_shortcut / grpo, abs=0.006)
+    for update_s, outside_s in ((grpo, paper[8]), (shortcut, paper[9]), (no_shortcut, paper[11])):
+        assert 0 < float(outside_s) < update_s
+    assert "GRPOTrainer" in out
     memory_rows = [line.split() for line in out.splitlines() if line.strip().startswith("1000 ")]
     assert [row[1] for row in memory_rows] == ["rollout", "train"]

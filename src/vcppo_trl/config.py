@@ -101,6 +101,12 @@ class PPOConfig(_BaseConfig):
         model_init_kwargs (`dict`, *optional*): Keyword arguments for `from_pretrained` when `model` is a string.
         disable_dropout (`bool`, defaults to `True`): Disable dropout in the policy, critic and reference model
             (dropout makes the rollout's log-probabilities disagree with the training pass).
+        on_policy_shortcut (`bool`, defaults to `True`): When an update is fully on-policy (`num_ppo_epochs=1`,
+            `num_mini_batches=1`: its one optimizer step sees the weights that sampled the rollout), `kl_coef=0` and
+            dropout is disabled, take the old log-probabilities from the training forward, detached, instead of an
+            extra policy forward in the rollout (as TRL's `GRPOTrainer` does). The loss and its gradient are the
+            same (the ratio is exactly 1); one policy forward per update is saved. Set `False` to always run the
+            rollout's policy forward.
         eval_num_generations (`int`, defaults to `1`): Responses per evaluation prompt. `1` generates greedily;
             `k > 1` samples `k` responses at `eval_temperature` and also logs `eval/pass@k`.
         eval_temperature (`float`, defaults to `1.0`): Sampling temperature of evaluation when
@@ -252,6 +258,13 @@ class PPOConfig(_BaseConfig):
     )
     disable_dropout: bool = field(
         default=True, metadata={"help": "Disable dropout in the policy, critic and reference model."}
+    )
+    on_policy_shortcut: bool = field(
+        default=True,
+        metadata={
+            "help": "With num_ppo_epochs=1, num_mini_batches=1, kl_coef=0 and dropout disabled, take the old "
+            "log-probs from the training forward (detached) instead of an extra rollout forward, as TRL's GRPO does."
+        },
     )
     eval_num_generations: int = field(
         default=1, metadata={"help": "Responses per eval prompt: 1 = greedy; k > 1 samples k and logs pass@k."}

@@ -38,7 +38,7 @@ class Rollout:
     rewards_per_func: torch.Tensor  # [B, F], nan where a function returned None
     reward_failed: torch.Tensor  # [B] bool: a reward function failed on the sample (given reward_failure_value)
     values: torch.Tensor | None = None  # [B, T]
-    logprobs: torch.Tensor | None = None  # [B, T]
+    logprobs: torch.Tensor | None = None  # [B, T] old log-probs; filled by the update under the on-policy shortcut
     ref_logprobs: torch.Tensor | None = None  # [B, T]
     rewards: torch.Tensor | None = None  # [B, T] per-token rewards fed to GAE
     kl: torch.Tensor | None = None  # [B, T] per-token KL estimate

@@ -604,7 +604,11 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             reward_failed=reward_failed,
         )
         with_kl = args.kl_coef > 0 and (train_policy or not self.reference_is_initial_policy)
-        rollout.logprobs, rollout.values = self._forward_in_chunks(rollout, compute_policy=train_policy or with_kl)
+        # Under the on-policy shortcut ppo_update fills rollout.logprobs from its own forward.
+        needs_old_logprobs = train_policy and not self.old_logprobs_from_training_forward()
+        rollout.logprobs, rollout.values = self._forward_in_chunks(
+            rollout, compute_policy=needs_old_logprobs or with_kl
+        )
         if with_kl:
             rollout.ref_logprobs = self._ref_logprobs(rollout)
             rollout.kl = kl_penalty(rollout.logprobs, rollout.ref_logprobs, args.kl_estimator) * response_mask
@@ -612,6 +616,24 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             rollout.kl = torch.zeros_like(rollout.values)
         rollout.rewards = self.token_rewards(rollout)
         return rollout
+
+    def old_logprobs_from_training_forward(self) -> bool:
+        """
+        Whether policy updates take their old log-probabilities from the training forward, detached (the on-policy
+        shortcut, `on_policy_shortcut`), instead of a policy forward in the rollout.
+
+        Exact only when the single optimizer step of the update sees the weights that sampled the rollout (one epoch,
+        one mini-batch: its micro-batches all run before the step), no KL term needs the log-probabilities before the
+        update, and dropout does not make the training forward differ from the rollout's eval-mode forward.
+        """
+        args = self.args
+        return (
+            args.on_policy_shortcut
+            and args.num_ppo_epochs == 1
+            and args.num_mini_batches == 1
+            and args.kl_coef == 0
+            and args.disable_dropout
+        )
 
     def token_rewards(self, rollout: Rollout) -> torch.Tensor:
         """Per-token rewards: −kl_coef·KL on every token, plus the score on the last valid response token."""
@@ -723,6 +745,10 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         stats = defaultdict(list)
         nonfinite_steps = 0
         batch = input_ids.shape[0]
+        # On-policy shortcut: the old log-probs are this update's own forward, detached (ratio exactly 1).
+        fill_old_logprobs = train_policy and rollout.logprobs is None
+        if fill_old_logprobs:
+            old_logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
         micro = args.per_device_train_batch_size
         world = self.accelerator.num_processes
         length = args.response_length
@@ -763,9 +789,11 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
                         )
                         loss = args.vf_coef * vf.loss
                         if train_policy:
+                            if fill_old_logprobs:
+                                old_logprobs[idx] = logprobs.detach().float()
                             pg = clipped_policy_loss(
                                 logprobs,
-                                rollout.logprobs[idx],
+                                old_logprobs[idx] if fill_old_logprobs else rollout.logprobs[idx],
                                 adv[idx],
                                 m,
                                 args.cliprange,
@@ -801,6 +829,8 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
                 if self.lr_scheduler is not None:
                     self.lr_scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
+        if fill_old_logprobs:
+            rollout.logprobs = old_logprobs
         out = {
             k: float(torch.stack([torch.as_tensor(x, dtype=torch.float32) for x in v]).mean())
             for k, v in stats.items()
