@@ -322,6 +322,7 @@ def test_gradient_of_two_ranks_equals_one_big_batch(tmp_path, launcher, loss_typ
     result = json.load(open(tmp_path / "grad_check.json"))
     assert result["num_processes"] == 2
     assert result["deepspeed"] == (launcher == "zero3")
+    assert result["on_policy_shortcut"]  # so this also checks the shortcut's gradient under DDP and ZeRO-3
     assert result["grad_norm_relative_difference"] < 1e-4
     if launcher == "ddp":
         assert result["max_relative_difference"] < 1e-4

@@ -129,6 +129,8 @@ def main(out_dir: str, loss_type: str) -> None:
     result = {
         "num_processes": acc.num_processes,
         "deepspeed": trainer.is_deepspeed_enabled,
+        # One epoch, one mini-batch, KL 0: the update took its old log-probs from its own forward (on-policy shortcut).
+        "on_policy_shortcut": trainer.old_logprobs_from_training_forward(),
         # The joint gradient norm the step reports (DeepSpeed's own under DeepSpeed) against the reference's.
         "grad_norm_relative_difference": abs(stats["grad_norm"] - expected_norm) / expected_norm,
     }
