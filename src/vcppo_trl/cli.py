@@ -274,6 +274,7 @@ def main(argv: list[str] | None = None) -> VCPPOTrainer:
         trainer.train(resume_from_checkpoint=resume)
     except TrainingInterrupted as stop:
         logger.error(str(stop))
+        leave_process_group(trainer)  # every rank agreed on the stop and saved the checkpoint together
         raise SystemExit(stop.exit_code) from None
     if eval_dataset is not None:
         results.append(("after VC-PPO", trainer.evaluate()))
@@ -285,4 +286,19 @@ def main(argv: list[str] | None = None) -> VCPPOTrainer:
         if not resume:
             results[0] = ("after cold start" if toy else "initial policy", results[0][1])
         print("\n" + format_results_table(results) + "\n")
+    leave_process_group(trainer)
     return trainer
+
+
+def leave_process_group(trainer: VCPPOTrainer) -> None:
+    """
+    End a multi-process run as accelerate prescribes: all ranks meet, then `accelerator.end_training()` destroys the
+    process group. A rank whose interpreter exits with gloo's process group still alive can abort in teardown
+    ("terminate called without an active exception", SIGABRT; seen on 1 of 7 runs of the 2-node SLURM test under CPU
+    load), failing its node's launcher although training had finished and everything was saved.
+    """
+    import torch
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()
