@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 
 from datasets import Dataset, DatasetDict, load_dataset
@@ -293,12 +294,42 @@ def main(argv: list[str] | None = None) -> VCPPOTrainer:
 def leave_process_group(trainer: VCPPOTrainer) -> None:
     """
     End a multi-process run as accelerate prescribes: all ranks meet, then `accelerator.end_training()` destroys the
-    process group. A rank whose interpreter exits with gloo's process group still alive can abort in teardown
-    ("terminate called without an active exception", SIGABRT; seen on 1 of 7 runs of the 2-node SLURM test under CPU
-    load), failing its node's launcher although training had finished and everything was saved.
+    process group. See [`exit_process`] for why that is not the last step.
     """
     import torch
 
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         trainer.accelerator.wait_for_everyone()
+        global _LEFT_PROCESS_GROUP
+        _LEFT_PROCESS_GROUP = True
     trainer.accelerator.end_training()
+
+
+_LEFT_PROCESS_GROUP = False
+
+
+def left_process_group() -> bool:
+    """Whether this process ended a multi-process run with [`leave_process_group`] (then see [`exit_process`])."""
+    return _LEFT_PROCESS_GROUP
+
+
+def exit_process(code: int = 0) -> None:
+    """
+    Exit a process of a multi-process run without the interpreter's teardown, once its work is done and saved: flush
+    the output, run the `atexit` handlers (loggers, trackers), then `os._exit(code)`.
+
+    A gloo rank sometimes aborts in teardown, after training and saving, even with the process group destroyed
+    ("terminate called without an active exception", SIGABRT, from a C++ thread still alive while the interpreter
+    finalizes): seen on node 1's rank in 2 of about 30 runs of the 2-node SLURM test under CPU load, once after
+    `destroy_process_group`. Its launcher then fails the node, and the other node's launcher waited 300 s at torchrun's
+    exit barrier for it. tests/distributed/worker.py ends its ranks the same way.
+    """
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
