@@ -205,7 +205,6 @@ def _run_script(script, env, timeout=300):
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
-@pytest.mark.flaky_hang
 def test_slurm_script_with_stand_in_srun(tmp_path):
     """examples/slurm/train.sbatch on 2 simulated nodes (stand-ins for srun and scontrol, CPU): the toy trains and
     checkpoints once per save; run again (a requeued job), it finds the checkpoint and resumes from it."""
