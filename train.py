@@ -10,7 +10,7 @@ long-CoT arithmetic task, a tiny model and tokenizer built in-process, cold-star
 import os
 import sys
 
-from vcppo_trl.cli import main
+from vcppo_trl.cli import exit_process, left_process_group, main
 
 DEFAULT_RECIPE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "recipes", "tiny_cpu.yaml")
 
@@ -23,4 +23,11 @@ if __name__ == "__main__":
     ):
         print(f"No --config or --model_name_or_path given: running the embedded default ({DEFAULT_RECIPE}).")
         argv = ["--config", DEFAULT_RECIPE, *argv]
-    main(argv)
+    try:
+        main(argv)
+    except SystemExit as stop:  # stopped by a signal after saving a checkpoint (exit status 128 + signal)
+        if left_process_group():
+            exit_process(stop.code if isinstance(stop.code, int) else 1)
+        raise
+    if left_process_group():  # a multi-process run, finished and saved: skip the interpreter's teardown
+        exit_process(0)

@@ -145,17 +145,66 @@ def test_sigterm_to_one_node_stops_the_job_at_one_checkpoint(tmp_path, engine):
 
 
 SRUN = """#!/bin/bash
-# Stand-in for SLURM's srun on one host: one task per "node", each with its SLURM_NODEID, all at once.
+# Stand-in for SLURM's srun on one host: one task per "node", each with its SLURM_NODEID, all at once. Like srun with
+# --kill-on-bad-exit=1 (which train.sbatch passes), the first task that fails ends the others: SIGTERM to their
+# launchers (which pass it on to their ranks), SIGKILL 30 s later; a SIGTERM or SIGINT to srun itself does the same.
+# Without this a node that died left the other waiting at the rendezvous or the launcher's exit barrier (up to 300 s)
+# while srun waited for both.
 while [[ "$1" == --* ]]; do shift; done
 pids=()
+stop() {
+    kill -TERM "${pids[@]}" 2>/dev/null
+    for ((i = 0; i < 30; i++)); do
+        kill -0 "${pids[@]}" 2>/dev/null || return 0
+        sleep 1
+    done
+    kill -KILL "${pids[@]}" 2>/dev/null
+}
+trap 'stop; exit 143' TERM INT
 for ((node = 0; node < SLURM_NNODES; node++)); do SLURM_NODEID=$node "$@" & pids+=($!); done
 status=0
-for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+for ((left = ${#pids[@]}; left > 0; left--)); do
+    wait -n "${pids[@]}"
+    code=$?
+    if ((code != 0)); then
+        echo "srun (stand-in): a task exited with status $code; terminating the other tasks (--kill-on-bad-exit)" >&2
+        status=$code
+        stop
+        break
+    fi
+done
+wait
 exit $status
 """
 
 
-@pytest.mark.flaky_hang
+def _run_script(script, env, timeout=300):
+    """Run the batch script in its own process group; past `timeout`, stop the whole job (srun's tasks included, as
+    scancel would) and fail with its output, rather than leave it running."""
+    proc = subprocess.Popen(
+        ["bash", script],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)  # the script and the srun stand-in, which stops its tasks
+        try:
+            stdout, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+        pytest.fail(
+            f"train.sbatch did not finish within {timeout} s; stopped. Output:\n{stdout[-3000:]}\n{stderr[-6000:]}"
+        )
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
 def test_slurm_script_with_stand_in_srun(tmp_path):
     """examples/slurm/train.sbatch on 2 simulated nodes (stand-ins for srun and scontrol, CPU): the toy trains and
     checkpoints once per save; run again (a requeued job), it finds the checkpoint and resumes from it."""
@@ -189,14 +238,7 @@ def test_slurm_script_with_stand_in_srun(tmp_path):
     )
     script = os.path.join(REPO, "examples", "slurm", "train.sbatch")
     # 1 value-pretraining + 2 PPO updates of 64 prompts (2 ranks × 8 × 2 × 2).
-    first = subprocess.run(
-        ["bash", script],
-        env={**env, "TRAIN_ARGS": toy + " --total_episodes 128"},
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    first = _run_script(script, {**env, "TRAIN_ARGS": toy + " --total_episodes 128"})
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-5000:]
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(("checkpoint-", "tmp-"))) == [
         "checkpoint-1",
@@ -208,14 +250,55 @@ def test_slurm_script_with_stand_in_srun(tmp_path):
     assert missing_checkpoint_files(str(out / "checkpoint-3"), 2) == []
     assert read_training_state(str(out / "checkpoint-3"))["num_processes"] == 2  # one job of 2 ranks
     # Requeued with a larger budget: the script passes --resume_from_checkpoint true and the run continues.
-    second = subprocess.run(
-        ["bash", script],
-        env={**env, "TRAIN_ARGS": toy + " --total_episodes 192", "MAIN_PROCESS_PORT": str(_free_port())},
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    second = _run_script(
+        script, {**env, "TRAIN_ARGS": toy + " --total_episodes 192", "MAIN_PROCESS_PORT": str(_free_port())}
     )
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-5000:]
     assert "Resumed from" in second.stdout + second.stderr
     assert (out / "checkpoint-4").is_dir() and read_training_state(str(out / "checkpoint-4"))["global_step"] == 4
+
+
+def test_slurm_script_fails_fast_when_a_node_dies(tmp_path):
+    """A node whose launcher dies before the rendezvous (here node 1, at once) ends the job with its exit status,
+    quickly, as `srun --kill-on-bad-exit=1` does; the other node does not wait out the rendezvous timeout (600 s)."""
+    import time
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(SRUN)
+    (bin_dir / "scontrol").write_text("#!/bin/bash\necho 127.0.0.1\necho 127.0.0.1\n")
+    real = os.path.join(os.path.dirname(sys.executable), "accelerate")
+    (bin_dir / "accelerate").write_text(
+        '#!/bin/bash\nif [[ "$SLURM_NODEID" == 1 ]]; then echo "node 1: simulated crash" >&2; exit 3; fi\n'
+        f'exec "{real}" "$@"\n'
+    )
+    for tool in ("srun", "scontrol", "accelerate"):
+        os.chmod(bin_dir / tool, 0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    env.update(
+        PATH=os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), env.get("PATH", "")]),
+        PYTHONPATH=os.pathsep.join([os.path.join(REPO, "src"), env.get("PYTHONPATH", "")]),
+        ACCELERATE_USE_CPU="1",
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TRL_EXPERIMENTAL_SILENCE="1",
+        SLURM_JOB_NODELIST="node[1-2]",
+        SLURM_NNODES="2",
+        SLURM_JOB_ID="4243",
+        SLURM_JOB_NAME="vcppo",
+        GPUS_PER_NODE="1",
+        MAIN_PROCESS_PORT=str(_free_port()),
+        ENGINE="ddp",
+        RECIPE="configs/recipes/tiny_cpu.yaml",
+        OUTPUT_DIR=str(tmp_path / "run"),
+        LAUNCH_ARGS="--mixed_precision no",
+        TRAIN_ARGS="--toy_num_train 64 --total_episodes 64",
+    )
+    start = time.monotonic()
+    proc = _run_script(os.path.join(REPO, "examples", "slurm", "train.sbatch"), env, timeout=150)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "node 1: simulated crash" in proc.stderr
+    assert "a task exited with status 3; terminating the other tasks" in proc.stderr
+    assert elapsed < 120, f"took {elapsed:.0f} s"
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").glob("checkpoint-*"))

@@ -35,6 +35,7 @@ from .checkpointing import (
 )
 from .distributed import gathered_state_dict
 from .output import no_nested_progress_bars
+from .universal_checkpoint import convert_to_universal, is_converted, load_universal, universal_dir
 from .value_model import save_value_model
 
 logger = logging.get_logger(__name__)
@@ -250,11 +251,6 @@ class SavingMixin:
                 f"Cannot resume from {checkpoint}: it lacks {', '.join(missing)}. It is incomplete (a save that was "
                 "interrupted, or one made with save_only_model=True); resume from an earlier checkpoint."
             )
-        if saved_world != world and self.is_deepspeed_enabled:
-            raise CheckpointError(
-                f"{checkpoint} was saved by {saved_world} processes and this run has {world}: resuming DeepSpeed "
-                "states on another number of processes is not supported yet; resume with the same number."
-            )
         if saved["batch_size"] != self.batch_size:
             local = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
             raise CheckpointError(
@@ -265,6 +261,9 @@ class SavingMixin:
                 f"same global batch: with {world} processes, per_device_train_batch_size × gradient_accumulation_steps "
                 f"must be {saved['batch_size'] / (self.args.num_mini_batches * world):g} (now {local})."
             )
+        self._universal_checkpoint = None
+        if saved_world != world and self.is_deepspeed_enabled:
+            self._universal_checkpoint = self._prepare_universal_checkpoint(checkpoint, saved_world)
         if saved_world != world:
             logger.warning(
                 f"{checkpoint} was saved by {saved_world} processes, this run has {world}: resuming with the same "
@@ -279,6 +278,47 @@ class SavingMixin:
             )
         return checkpoint
 
+    def _prepare_universal_checkpoint(self, checkpoint: str, saved_world: int) -> str:
+        """
+        A ZeRO-3 checkpoint resumed on another number of processes: the main process converts its DeepSpeed states
+        with DeepSpeed's `ds_to_universal` into `checkpoint/universal/` (once; atomically, the checkpoint's own files
+        untouched), every process learns whether that worked, and the engine is built to load universal checkpoints.
+        """
+        from accelerate.utils import broadcast_object_list
+
+        world = self.accelerator.num_processes
+        plugin = self.accelerator.state.deepspeed_plugin
+        stage = plugin.zero_stage
+        if stage != 3:
+            raise CheckpointError(
+                f"{checkpoint} was saved by {saved_world} processes and this run has {world}: under DeepSpeed ZeRO-"
+                f"{stage} that is not supported (only ZeRO-3 checkpoints resume on another number of processes, through "
+                "DeepSpeed's universal checkpoints); resume with the same number of processes."
+            )
+        error = [None]
+        if self.accelerator.is_main_process:
+            try:
+                logger.warning(
+                    f"{checkpoint} was saved by {saved_world} ZeRO-3 processes and this run has {world}: converting "
+                    f"its DeepSpeed states to a universal checkpoint in {universal_dir(checkpoint)} (DeepSpeed's "
+                    "ds_to_universal; for a large model run `python -m vcppo_trl.universal_checkpoint` beforehand)."
+                )
+                convert_to_universal(checkpoint)
+            except Exception as exc:  # every process stops with the same message rather than waiting
+                error = [f"{type(exc).__name__}: {exc}"]
+        if world > 1:
+            broadcast_object_list(error, from_process=0)
+        if error[0] is not None:
+            raise CheckpointError(error[0])
+        if not is_converted(checkpoint):
+            raise CheckpointError(
+                f"Process {self.accelerator.process_index} does not see the universal checkpoint the main process "
+                f"wrote in {universal_dir(checkpoint)}: resuming a ZeRO-3 checkpoint on another number of processes "
+                "needs output_dir on a filesystem every node sees, at the same path."
+            )
+        plugin.deepspeed_config.setdefault("checkpoint", {})["load_universal"] = True
+        return checkpoint
+
     def _load_checkpoint_weights(self, checkpoint: str) -> None:
         """Weights before the models are prepared; under DeepSpeed the engine loads them later (its own states)."""
         if self.is_deepspeed_enabled:
@@ -290,8 +330,11 @@ class SavingMixin:
     def _restore_training_state(self, checkpoint: str) -> None:
         """Optimizer, scheduler, trainer state, callbacks' state, and last the RNG states (nothing draws after)."""
         if self.is_deepspeed_enabled:
-            # The engine's partitioned weights and optimizer states, saved by `engine.save_checkpoint` (all ranks).
-            deepspeed_load_checkpoint(self.model_wrapped, checkpoint)
+            if getattr(self, "_universal_checkpoint", None):  # ZeRO-3 on another number of processes
+                load_universal(self.model_wrapped, self._universal_checkpoint)
+            else:
+                # The engine's partitioned weights and optimizer states, saved by `engine.save_checkpoint` (all ranks).
+                deepspeed_load_checkpoint(self.model_wrapped, checkpoint)
         self._load_optimizer_and_scheduler(checkpoint)  # under DeepSpeed: the scheduler only
         saved = read_training_state(checkpoint)
         previous = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
@@ -319,7 +362,7 @@ class SavingMixin:
     def _load_rng_state_elastic(self, checkpoint: str) -> None:
         """
         The RNG states of this process. With as many processes as the saved run, process `r` takes the state saved
-        by process `r` (transformers' `_load_rng_state`). With another number (DDP only), process `r` takes the state
+        by process `r` (transformers' `_load_rng_state`). With another number (DDP, or ZeRO-3), process `r` takes the state
         saved by process `r` when there was one, read under the name `_load_rng_state` expects for this run's
         world size; a process the saved run did not have is seeded from `seed`, the update count and its rank.
         """
