@@ -80,29 +80,14 @@ def run(
         )
         trainer.log = lambda *a, **k: None  # no printing of metrics: same on both sides
         generation_seconds = []
-        original_generate = trainer._generate
-
-        def timed_generate(*a, **k):
-            start = time.perf_counter()
-            out = original_generate(*a, **k)
-            generation_seconds.append(time.perf_counter() - start)
-            return out
-
-        trainer._generate = timed_generate
+        trainer._generate = step_setup.timed(trainer._generate, generation_seconds)
         clock.marks = [time.perf_counter()]
         trainer.train()
         # Every completion must run to full length, as on our side (the stop token lies outside the vocabulary).
         lengths = trainer._metrics["train"]["completions/mean_length"]
         if any(length != response_length for length in lengths):
             raise RuntimeError(f"GRPO completions were not all {response_length} tokens long: {lengths}")
-    update_seconds = [b - a for a, b in zip(clock.marks, clock.marks[1:])]
-    return {
-        "side": "grpo",
-        "response_length": response_length,
-        "update_s": update_seconds[warmup:],
-        "generation_s": generation_seconds[warmup:],
-        "peak_rss_mib": step_setup.peak_rss_mib(),
-    }
+    return step_setup.bench_result("grpo", response_length, clock, generation_seconds, warmup)
 
 
 def main():

@@ -92,25 +92,11 @@ def run(
         )
         trainer.log = lambda *a, **k: None  # no printing of metrics: same on both sides
         generation_seconds = []
-        original_generate = trainer.generate
-
-        def timed_generate(*a, **k):
-            start = time.perf_counter()
-            out = original_generate(*a, **k)
-            generation_seconds.append(time.perf_counter() - start)
-            return out
-
-        trainer.generate = timed_generate
+        trainer.generate = step_setup.timed(trainer.generate, generation_seconds)
         clock.marks = [time.perf_counter()]
         trainer.train()
-    update_seconds = [b - a for a, b in zip(clock.marks, clock.marks[1:])]
-    return {
-        "side": ("ours-paper" if paper else "ours") + ("" if shortcut else "-no-shortcut"),
-        "response_length": response_length,
-        "update_s": update_seconds[warmup:],
-        "generation_s": generation_seconds[warmup:],
-        "peak_rss_mib": step_setup.peak_rss_mib(),
-    }
+    side = ("ours-paper" if paper else "ours") + ("" if shortcut else "-no-shortcut")
+    return step_setup.bench_result(side, response_length, clock, generation_seconds, warmup)
 
 
 def main():

@@ -97,3 +97,27 @@ class UpdateClock(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.marks.append(time.perf_counter())
+
+
+def timed(function, seconds: list[float]):
+    """`function`, wrapped to append the wall time of each call to `seconds` (the generation time of each update)."""
+
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        out = function(*args, **kwargs)
+        seconds.append(time.perf_counter() - start)
+        return out
+
+    return wrapper
+
+
+def bench_result(side: str, response_length: int, clock: UpdateClock, generation_seconds: list[float], warmup: int):
+    """The JSON a runner prints: per-update wall and generation times after the warm-up updates, and the peak RSS."""
+    update_seconds = [b - a for a, b in zip(clock.marks, clock.marks[1:])]
+    return {
+        "side": side,
+        "response_length": response_length,
+        "update_s": update_seconds[warmup:],
+        "generation_s": generation_seconds[warmup:],
+        "peak_rss_mib": peak_rss_mib(),
+    }

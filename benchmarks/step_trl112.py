@@ -40,15 +40,7 @@ def main():
     from trl.experimental.ppo import ppo_trainer as trl_ppo
 
     generation_seconds = []
-    original_batch_generation = trl_ppo.batch_generation
-
-    def timed_batch_generation(*a, **k):
-        start = time.perf_counter()
-        out = original_batch_generation(*a, **k)
-        generation_seconds.append(time.perf_counter() - start)
-        return out
-
-    trl_ppo.batch_generation = timed_batch_generation
+    trl_ppo.batch_generation = step_setup.timed(trl_ppo.batch_generation, generation_seconds)
 
     tokenizer = step_setup.build_tokenizer()
     policy, reward_model, value_model = step_setup.build_models(args.response_length, args.seed)
@@ -94,20 +86,8 @@ def main():
         trainer.log = lambda *a, **k: None  # no printing of metrics: same on both sides
         clock.marks = [time.perf_counter()]
         trainer.train()
-    update_seconds = [b - a for a, b in zip(clock.marks, clock.marks[1:])]
-    print(
-        "BENCH_JSON "
-        + json.dumps(
-            {
-                "side": "trl112",
-                "response_length": args.response_length,
-                "update_s": update_seconds[args.warmup :],
-                "generation_s": generation_seconds[args.warmup :],
-                "peak_rss_mib": step_setup.peak_rss_mib(),
-            }
-        )
-    )
-
+    result = step_setup.bench_result("trl112", args.response_length, clock, generation_seconds, args.warmup)
+    print("BENCH_JSON " + json.dumps(result))
 
 if __name__ == "__main__":
     main()
