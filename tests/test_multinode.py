@@ -205,9 +205,9 @@ def _run_script(script, env, timeout=300):
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
-def test_slurm_script_with_stand_in_srun(tmp_path):
-    """examples/slurm/train.sbatch on 2 simulated nodes (stand-ins for srun and scontrol, CPU): the toy trains and
-    checkpoints once per save; run again (a requeued job), it finds the checkpoint and resumes from it."""
+def _slurm_stand_ins(tmp_path, out, job_id: str):
+    """Stand-ins for `srun` and `scontrol` in `tmp_path/bin`, and the environment `train.sbatch` sees on 2 nodes of one
+    CPU process each (DDP, the toy recipe, output in `out`)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "srun").write_text(SRUN)
@@ -215,9 +215,6 @@ def test_slurm_script_with_stand_in_srun(tmp_path):
     for tool in ("srun", "scontrol"):
         os.chmod(bin_dir / tool, 0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
-    out = tmp_path / "run"
-    toy = "--toy_num_train 256 --toy_num_eval 8 --toy_max_digits 2 --toy_cold_start_steps 2 --value_pretrain_steps 1"
-    toy += " --response_length 24 --num_ppo_epochs 1 --save_strategy steps --save_steps 1"
     env.update(
         PATH=os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), env.get("PATH", "")]),
         PYTHONPATH=os.pathsep.join([os.path.join(REPO, "src"), env.get("PYTHONPATH", "")]),
@@ -227,7 +224,7 @@ def test_slurm_script_with_stand_in_srun(tmp_path):
         TRL_EXPERIMENTAL_SILENCE="1",
         SLURM_JOB_NODELIST="node[1-2]",
         SLURM_NNODES="2",
-        SLURM_JOB_ID="4242",
+        SLURM_JOB_ID=job_id,
         SLURM_JOB_NAME="vcppo",
         GPUS_PER_NODE="1",
         MAIN_PROCESS_PORT=str(_free_port()),
@@ -236,6 +233,16 @@ def test_slurm_script_with_stand_in_srun(tmp_path):
         OUTPUT_DIR=str(out),
         LAUNCH_ARGS="--mixed_precision no",
     )
+    return bin_dir, env
+
+
+def test_slurm_script_with_stand_in_srun(tmp_path):
+    """examples/slurm/train.sbatch on 2 simulated nodes (stand-ins for srun and scontrol, CPU): the toy trains and
+    checkpoints once per save; run again (a requeued job), it finds the checkpoint and resumes from it."""
+    out = tmp_path / "run"
+    bin_dir, env = _slurm_stand_ins(tmp_path, out, job_id="4242")
+    toy = "--toy_num_train 256 --toy_num_eval 8 --toy_max_digits 2 --toy_cold_start_steps 2 --value_pretrain_steps 1"
+    toy += " --response_length 24 --num_ppo_epochs 1 --save_strategy steps --save_steps 1"
     script = os.path.join(REPO, "examples", "slurm", "train.sbatch")
     # 1 value-pretraining + 2 PPO updates of 64 prompts (2 ranks × 8 × 2 × 2).
     first = _run_script(script, {**env, "TRAIN_ARGS": toy + " --total_episodes 128"})
@@ -263,37 +270,14 @@ def test_slurm_script_fails_fast_when_a_node_dies(tmp_path):
     quickly, as `srun --kill-on-bad-exit=1` does; the other node does not wait out the rendezvous timeout (600 s)."""
     import time
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "srun").write_text(SRUN)
-    (bin_dir / "scontrol").write_text("#!/bin/bash\necho 127.0.0.1\necho 127.0.0.1\n")
+    bin_dir, env = _slurm_stand_ins(tmp_path, tmp_path / "run", job_id="4243")
+    env["TRAIN_ARGS"] = "--toy_num_train 64 --total_episodes 64"
     real = os.path.join(os.path.dirname(sys.executable), "accelerate")
     (bin_dir / "accelerate").write_text(
         '#!/bin/bash\nif [[ "$SLURM_NODEID" == 1 ]]; then echo "node 1: simulated crash" >&2; exit 3; fi\n'
         f'exec "{real}" "$@"\n'
     )
-    for tool in ("srun", "scontrol", "accelerate"):
-        os.chmod(bin_dir / tool, 0o755)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
-    env.update(
-        PATH=os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), env.get("PATH", "")]),
-        PYTHONPATH=os.pathsep.join([os.path.join(REPO, "src"), env.get("PYTHONPATH", "")]),
-        ACCELERATE_USE_CPU="1",
-        OMP_NUM_THREADS="1",
-        HF_HUB_OFFLINE="1",
-        TRL_EXPERIMENTAL_SILENCE="1",
-        SLURM_JOB_NODELIST="node[1-2]",
-        SLURM_NNODES="2",
-        SLURM_JOB_ID="4243",
-        SLURM_JOB_NAME="vcppo",
-        GPUS_PER_NODE="1",
-        MAIN_PROCESS_PORT=str(_free_port()),
-        ENGINE="ddp",
-        RECIPE="configs/recipes/tiny_cpu.yaml",
-        OUTPUT_DIR=str(tmp_path / "run"),
-        LAUNCH_ARGS="--mixed_precision no",
-        TRAIN_ARGS="--toy_num_train 64 --total_episodes 64",
-    )
+    os.chmod(bin_dir / "accelerate", 0o755)
     start = time.monotonic()
     proc = _run_script(os.path.join(REPO, "examples", "slurm", "train.sbatch"), env, timeout=150)
     elapsed = time.monotonic() - start
