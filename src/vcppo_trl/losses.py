@@ -17,6 +17,8 @@ from .gae import masked_mean
 
 LossType = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"]
 LOSS_TYPES: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
+# How the sampler/training mismatch is corrected (TRL GRPO's `vllm_importance_sampling_mode` values).
+IMPORTANCE_SAMPLING_MODES: tuple[str, ...] = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
 def _check_loss_type(loss_type: str) -> None:
@@ -24,7 +26,9 @@ def _check_loss_type(loss_type: str) -> None:
         raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}.")
 
 
-def loss_normalizer(mask: torch.Tensor, loss_type: LossType = "token_mean", max_length: int | None = None) -> torch.Tensor:
+def loss_normalizer(
+    mask: torch.Tensor, loss_type: LossType = "token_mean", max_length: int | None = None
+) -> torch.Tensor:
     """
     The denominator of [`aggregate_loss`] for the sequences in `mask` (sum it over micro-batches and processes to get
     the normaliser of a whole mini-batch).
@@ -123,6 +127,7 @@ def clipped_policy_loss(
     loss_type: LossType = "token_mean",
     normalizer: torch.Tensor | float | None = None,
     max_length: int | None = None,
+    importance_weights: torch.Tensor | None = None,
 ) -> PolicyLossOutput:
     """
     PPO's clipped surrogate, aggregated over valid tokens as `loss_type` says (see [`aggregate_loss`]).
@@ -136,6 +141,8 @@ def clipped_policy_loss(
         loss_type (`str`, defaults to `"token_mean"`): How token losses are reduced ([`aggregate_loss`]).
         normalizer (`torch.Tensor` or `float`, *optional*): Denominator of the reduction (default: from `mask`).
         max_length (`int`, *optional*): Constant of `"seq_mean_token_sum_norm"`.
+        importance_weights (`torch.Tensor` of shape `[B, T]` or `[B, 1]`, *optional*): Detached weights of each
+            token's loss: the sampler-mismatch correction ([`sampler_importance_weights`]).
 
     Returns:
         [`PolicyLossOutput`]; the statistics are token means over `mask` whatever the `loss_type`.
@@ -144,7 +151,10 @@ def clipped_policy_loss(
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    loss = aggregate_loss(torch.maximum(unclipped, clipped), mask, loss_type, normalizer, max_length)
+    per_token = torch.maximum(unclipped, clipped)
+    if importance_weights is not None:
+        per_token = per_token * importance_weights
+    loss = aggregate_loss(per_token, mask, loss_type, normalizer, max_length)
     with torch.no_grad():
         clipfrac = masked_mean((clipped > unclipped).float(), mask)
         approxkl = 0.5 * masked_mean(log_ratio**2, mask)
@@ -211,3 +221,41 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     if estimator == "k3":
         return torch.expm1(-log_ratio) + log_ratio
     raise ValueError(f"kl_estimator must be 'k1' or 'k3', got {estimator!r}.")
+
+
+def sampler_importance_weights(
+    old_logprobs: torch.Tensor,
+    sampler_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str = "sequence_mask",
+    clip_min: float | None = None,
+    clip_max: float | None = 3.0,
+) -> torch.Tensor:
+    """
+    Importance weights that correct for a sampler (vLLM) whose probabilities differ from the training forward's.
+
+    The ratio is π_train(y) / π_sampler(y) of the sampled tokens, per token (`token_*`) or per sequence (`sequence_*`:
+    the product over the response's tokens), then clipped to `[clip_min, clip_max]` (`*_truncate`, truncated IS) or
+    set to 0 outside it (`*_mask`), as TRL's GRPO does with `vllm_importance_sampling_mode`.
+
+    Args:
+        old_logprobs (`torch.Tensor` of shape `[B, T]`): Training-forward log-probs of the sampled tokens (the PPO
+            "old" log-probs).
+        sampler_logprobs (`torch.Tensor` of shape `[B, T]`): The sampler's log-probs of the same tokens.
+        mask (`torch.Tensor` of shape `[B, T]`): Valid response tokens.
+
+    Returns:
+        Detached weights, `[B, T]` for token modes and `[B, 1]` for sequence modes.
+    """
+    if mode not in IMPORTANCE_SAMPLING_MODES:
+        raise ValueError(f"mode must be one of {IMPORTANCE_SAMPLING_MODES}, got {mode!r}.")
+    with torch.no_grad():
+        diff = ((old_logprobs.float() - sampler_logprobs.float()) * mask).nan_to_num(0.0)
+        if mode.startswith("sequence"):
+            diff = diff.sum(dim=1, keepdim=True)
+        ratio = torch.exp(diff)
+        if mode.endswith("truncate"):
+            return torch.clamp(ratio, min=clip_min, max=clip_max)
+        low = -float("inf") if clip_min is None else clip_min
+        high = float("inf") if clip_max is None else clip_max
+        return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)

@@ -42,6 +42,7 @@ class Rollout:
     ref_logprobs: torch.Tensor | None = None  # [B, T]
     rewards: torch.Tensor | None = None  # [B, T] per-token rewards fed to GAE
     kl: torch.Tensor | None = None  # [B, T] per-token KL estimate
+    sampler_logprobs: torch.Tensor | None = None  # [B, T] the sampler's own log-probs (vLLM), 0 outside the mask
 
     @property
     def input_ids(self) -> torch.Tensor:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import os
@@ -16,7 +15,6 @@ import torch
 from accelerate.utils import gather_object, is_peft_model, set_seed
 from datasets import Dataset, IterableDataset
 from transformers import (
-    GenerationConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     PrinterCallback,
@@ -34,13 +32,12 @@ from transformers.trainer_utils import (
 )
 from transformers.utils import is_peft_available, logging
 from trl.data_utils import is_conversational, maybe_apply_chat_template
-from trl.models import unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model, print_prompt_completions_sample
 
 from .callbacks import CompactPrinterCallback, RolloutProgressCallback
 from .config import PPOConfig
-from .data import DataReport, prepare_prompt_dataset, reward_function_columns
+from .data import DataReport, prepare_prompt_dataset, prompt_token_lengths, reward_function_columns
 from .distributed import check_deepspeed_setup, micro_batch_context, reset_optimizer_state
 from .gae import (
     dual_lambda_gae,
@@ -52,8 +49,28 @@ from .gae import (
     position_bucket_means,
     position_correlation,
 )
+from .generation import (
+    HFSampler,
+    SamplerError,
+    Samples,
+    VLLMColocateSampler,
+    VLLMServerSampler,
+    check_vllm_model,
+    eval_mode,
+    neutralised_generation_fields,
+    require_vllm,
+    server_base_url,
+    vllm_dtype,
+    vllm_platform_is_cpu,
+)
 from .loading import build_critic, load_policy, load_reward_funcs, load_tokenizer, resolve_stop_token_ids
-from .losses import clipped_policy_loss, clipped_value_loss, kl_penalty, loss_normalizer
+from .losses import (
+    clipped_policy_loss,
+    clipped_value_loss,
+    kl_penalty,
+    loss_normalizer,
+    sampler_importance_weights,
+)
 from .output import quiet_replica
 from .peft_utils import wrap_value_model
 from .preemption import SignalWatcher, TrainingInterrupted
@@ -64,7 +81,6 @@ from .rollout import (
     policy_logprobs,
     reward_func_name,
     reward_model_scores,
-    truncate_at_stop,
 )
 from .schedules import RoleLR, schedule_multiplier
 from .trainer_saving import SavingMixin
@@ -249,6 +265,8 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         self.latest_metrics: dict[str, float] = {}
         self.policy_frozen = False
         self.nonfinite_steps_in_a_row = 0
+        self._generation_log: list[tuple[float, int]] = []  # (seconds, tokens) of each generation in an update
+        self.sampler = self._build_sampler(policy)
 
     # ------------------------------------------------------------------ setup
 
@@ -285,6 +303,59 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             prepared.append(dataset)
         return prepared
 
+    def _build_sampler(self, policy: torch.nn.Module):
+        """The generation backend (see [`~generation`]): HF `generate`, or vLLM colocate/server with `use_vllm`."""
+        args = self.args
+        if not args.use_vllm:
+            return HFSampler(
+                lambda: self.model_wrapped,
+                self.accelerator,
+                self.processing_class,
+                self.stop_token_ids,
+                args.response_length,
+                args.local_rollout_forward_batch_size,
+                args.ds3_gather_for_generation,
+            )
+        require_vllm()
+        from trl.distributed import DistributedBackend
+
+        gather = DistributedBackend(self.accelerator).gather_params
+
+        def current_policy():
+            return self.accelerator.unwrap_model(self.model_wrapped).policy
+
+        common = (current_policy, gather, self.accelerator, self.processing_class, self.stop_token_ids)
+        if args.vllm_mode == "server":
+            return VLLMServerSampler(
+                *common,
+                args.response_length,
+                base_url=server_base_url(args),
+                timeout=args.vllm_server_timeout,
+                group_port=args.vllm_group_port,
+            )
+        config = (policy.get_base_model() if is_peft_model(policy) else policy).config
+        max_model_length = args.vllm_max_model_length or (
+            args.max_prompt_length + args.response_length
+            if args.max_prompt_length is not None
+            else config.max_position_embeddings
+        )
+        longest_prompt = args.max_prompt_length
+        if longest_prompt is None:
+            datasets = [d for d in (self.train_dataset, self.eval_dataset) if d is not None]
+            longest_prompt = max(max(prompt_token_lengths(d["prompt"], self.processing_class)) for d in datasets)
+        check_vllm_model(config, max_model_length, longest_prompt + args.response_length, vllm_platform_is_cpu())
+        return VLLMColocateSampler(
+            *common,
+            args.response_length,
+            dtype=vllm_dtype(args, policy),
+            max_model_length=max_model_length,
+            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+            tensor_parallel_size=args.vllm_tensor_parallel_size,
+            enable_sleep_mode=args.vllm_enable_sleep_mode,
+            model_impl=args.vllm_model_impl,
+            seed=args.seed,
+        )
+
     def _prepare_auxiliary_models(self) -> None:
         """Place the reference and reward models for inference (DeepSpeed-initialised under DeepSpeed)."""
 
@@ -308,19 +379,29 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         )
         self.local_mini_batch_size = self.local_batch_size // args.num_mini_batches
         self.batch_size = self.local_batch_size * self.world_size
-        if len(self.train_dataset) < self.batch_size:
+        k = args.num_generations
+        if self.local_batch_size % k:
+            raise ValueError(
+                f"num_generations={k} must divide the {self.local_batch_size} sequences each process rolls out per "
+                f"update (per_device_train_batch_size × gradient_accumulation_steps × num_mini_batches = "
+                f"{args.per_device_train_batch_size} × {args.gradient_accumulation_steps} × {args.num_mini_batches})."
+            )
+        self.local_prompts_per_update = self.local_batch_size // k
+        self.prompts_per_update = self.batch_size // k
+        if len(self.train_dataset) < self.prompts_per_update:
             raise ValueError(
                 f"One update needs batch_size = per_device_train_batch_size ({args.per_device_train_batch_size}) × "
                 f"gradient_accumulation_steps ({args.gradient_accumulation_steps}) × num_mini_batches "
-                f"({args.num_mini_batches}) × processes ({self.world_size}) = {self.batch_size} prompts, but the "
-                f"train dataset has only {len(self.train_dataset)} rows. Lower those settings or add data."
+                f"({args.num_mini_batches}) × processes ({self.world_size}) / num_generations ({k}) = "
+                f"{self.prompts_per_update} prompts, but the train dataset has only {len(self.train_dataset)} rows. "
+                "Lower those settings or add data."
             )
-        total_episodes = args.total_episodes or int(args.num_train_epochs * len(self.train_dataset))
+        total_episodes = args.total_episodes or int(args.num_train_epochs * len(self.train_dataset) * k)
         self.num_ppo_updates = max(1, math.ceil(total_episodes / self.batch_size))
         self.total_episodes = total_episodes
         if total_episodes % self.batch_size and self.is_world_process_zero():
             logger.warning(
-                f"total_episodes={total_episodes} is not a multiple of the {self.batch_size} prompts per update: "
+                f"total_episodes={total_episodes} is not a multiple of the {self.batch_size} responses per update: "
                 f"rounded up to {self.num_ppo_updates} updates = {self.num_ppo_updates * self.batch_size} episodes."
             )
 
@@ -391,18 +472,21 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         Endless stream of this process's prompt batches, from batch number `start` on (for resuming).
 
         Each pass over the dataset is a permutation drawn from `seed + pass` (so a position is just a batch count);
-        every update takes the next `batch_size` prompts of it and process `r` the `r`-th slice of `local_batch_size`,
-        so processes never overlap. The tail that does not fill a whole batch is left out of that pass.
+        every update takes the next `prompts_per_update` prompts of it and process `r` the `r`-th slice of
+        `local_prompts_per_update`, so processes never overlap; each prompt appears `num_generations` times in a row.
+        The tail that does not fill a whole batch is left out of that pass.
         """
-        batches_per_pass = len(self.train_dataset) // self.batch_size
+        per_update, local = self.prompts_per_update, self.local_prompts_per_update
+        batches_per_pass = len(self.train_dataset) // per_update
         rank = self.accelerator.process_index
         batch = start
         while True:
             epoch, index = divmod(batch, batches_per_pass)
             generator = torch.Generator().manual_seed(self.args.seed + epoch)
             order = torch.randperm(len(self.train_dataset), generator=generator)
-            first = index * self.batch_size + rank * self.local_batch_size
-            yield [self.train_dataset[int(i)] for i in order[first : first + self.local_batch_size]]
+            first = index * per_update + rank * local
+            rows = [self.train_dataset[int(i)] for i in order[first : first + local]]
+            yield [row for row in rows for _ in range(self.args.num_generations)]
             batch += 1
 
     def _prompt_texts(self, rows: list[dict[str, Any]]) -> list[str]:
@@ -421,50 +505,21 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         )
         return encoded["input_ids"].to(self.accelerator.device), encoded["attention_mask"].to(self.accelerator.device)
 
-    def _generation_config(self, greedy: bool, temperature: float) -> GenerationConfig:
-        """
-        Exactly what PPO samples with: temperature only (no top-k/top-p or other logits processing), so that the
-        sampling distribution is the one the training forward computes log-probabilities under. The model's own
-        `generation_config` is set aside while generating (see [`clean_generation_defaults`]).
-        """
-        tokenizer = self.processing_class
-        return GenerationConfig(
-            max_new_tokens=self.args.response_length,
-            do_sample=not greedy,
-            temperature=None if greedy else temperature,
-            top_k=None if greedy else 0,
-            top_p=None if greedy else 1.0,
-            eos_token_id=self.stop_token_ids,
-            pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.bos_token_id,
-        )
-
     @torch.no_grad()
     def generate(
         self, query_ids: torch.Tensor, query_mask: torch.Tensor, greedy: bool = False, temperature: float | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> Samples:
         """
-        Sample responses for left-padded prompts and cut them at the stop token.
+        Sample responses for left-padded prompts and cut them at the stop token, with the configured sampler (HF
+        `generate` or vLLM; see [`~generation`]).
 
         Returns:
-            `(response_ids, response_mask, has_stop)` as in [`~rollout.truncate_at_stop`].
+            [`~generation.Samples`]: response ids, mask and `has_stop` as in [`~rollout.truncate_at_stop`], and the
+            sampler's own log-probabilities when it reports them (vLLM).
         """
-        config = self._generation_config(greedy, temperature or self.args.temperature)
-        chunk = self.args.local_rollout_forward_batch_size
-        pieces = []
-        with unwrap_model_for_generation(
-            self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
-        ) as unwrapped:
-            policy = unwrapped.policy
-            with eval_mode(policy), clean_generation_defaults(policy):
-                for start in range(0, query_ids.shape[0], chunk):
-                    ids, mask = query_ids[start : start + chunk], query_mask[start : start + chunk]
-                    out = policy.generate(input_ids=ids, attention_mask=mask, generation_config=config)
-                    pieces.append(out[:, ids.shape[1] :])
-        width = max(p.shape[1] for p in pieces)
-        pad = self.processing_class.pad_token_id
-        responses = torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=pad) for p in pieces])
-        return truncate_at_stop(responses, self.stop_token_ids, pad)
+        samples = self.sampler.generate(query_ids, query_mask, greedy, temperature or self.args.temperature)
+        self._generation_log.append((samples.seconds, samples.num_tokens))
+        return samples
 
     def _completions(self, rows: list[dict[str, Any]], response_ids: torch.Tensor, response_mask: torch.Tensor):
         """Decode responses (stop token excluded) into what reward functions receive."""
@@ -575,7 +630,8 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         args = self.args
         prompt_texts = self._prompt_texts(rows)
         query_ids, query_mask = self._tokenize_prompts(prompt_texts)
-        response_ids, response_mask, has_stop = self.generate(query_ids, query_mask)
+        samples = self.generate(query_ids, query_mask)
+        response_ids, response_mask, has_stop = samples.response_ids, samples.response_mask, samples.has_stop
         completions, completion_texts, completion_ids = self._completions(rows, response_ids, response_mask)
         rewards_per_func, reward_failed = self.score(rows, prompt_texts, completions, completion_texts, completion_ids)
 
@@ -602,6 +658,7 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             raw_scores=raw_scores,
             rewards_per_func=rewards_per_func,
             reward_failed=reward_failed,
+            sampler_logprobs=samples.logprobs,
         )
         with_kl = args.kl_coef > 0 and (train_policy or not self.reference_is_initial_policy)
         # Under the on-policy shortcut ppo_update fills rollout.logprobs from its own forward.
@@ -749,6 +806,11 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         fill_old_logprobs = train_policy and rollout.logprobs is None
         if fill_old_logprobs:
             old_logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+        # vLLM sampled the rollout: weight the policy loss by π_train/π_sampler of the sampled tokens (see
+        # `losses.sampler_importance_weights`). Under the on-policy shortcut the "old" log-probs are this forward's.
+        correct_sampler = (
+            train_policy and rollout.sampler_logprobs is not None and args.vllm_importance_sampling_correction
+        )
         micro = args.per_device_train_batch_size
         world = self.accelerator.num_processes
         length = args.response_length
@@ -791,15 +853,27 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
                         if train_policy:
                             if fill_old_logprobs:
                                 old_logprobs[idx] = logprobs.detach().float()
+                            old = old_logprobs[idx] if fill_old_logprobs else rollout.logprobs[idx]
+                            is_weights = None
+                            if correct_sampler:
+                                is_weights = sampler_importance_weights(
+                                    old,
+                                    rollout.sampler_logprobs[idx],
+                                    m,
+                                    args.vllm_importance_sampling_mode,
+                                    args.vllm_importance_sampling_clip_min,
+                                    args.vllm_importance_sampling_clip_max,
+                                )
                             pg = clipped_policy_loss(
                                 logprobs,
-                                old_logprobs[idx] if fill_old_logprobs else rollout.logprobs[idx],
+                                old,
                                 adv[idx],
                                 m,
                                 args.cliprange,
                                 loss_type=args.loss_type,
                                 normalizer=pg_norm,
                                 max_length=length,
+                                importance_weights=is_weights,
                             )
                             loss = loss + pg.loss
                         self.accelerator.backward(loss * scale)
@@ -822,7 +896,11 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
                 if grad_norm is not None and not self._step_is_finite(grad_norm):
                     nonfinite_steps += 1  # skipped: the weights and optimizer state stay as they were
                 else:
-                    for key, name in (("total", "grad_norm"), ("policy", "grad_norm/policy"), ("value", "grad_norm/value")):
+                    for key, name in (
+                        ("total", "grad_norm"),
+                        ("policy", "grad_norm/policy"),
+                        ("value", "grad_norm/value"),
+                    ):
                         if norms.get(key) is not None:
                             stats[name].append(torch.as_tensor(norms[key]).detach().float())
                     self.optimizer.step()  # a no-op under DeepSpeed, whose engine stepped in the last backward
@@ -997,7 +1075,10 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         if checkpoint is not None:
             self._restore_training_state(checkpoint)
         prompt_batches = self._prompt_batches(start=self.state.global_step)
+        self.sampler.mark_stale()  # the sampler starts from the weights training starts from (resumed ones included)
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
+        if self.args.use_vllm:  # 0 when this process's engine was started by an earlier trainer and reused
+            self.log({"time/sampler_start_s": self.sampler.start_seconds})
         if checkpoint is None:
             data_metrics = {k: v for name, r in self.data_reports.items() for k, v in r.metrics(name).items()}
             if data_metrics:
@@ -1012,9 +1093,12 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             while self.state.global_step < self.state.max_steps:
                 self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
                 rows = next(prompt_batches)
-                metrics = self.training_update(rows)
+                try:
+                    metrics = self.training_update(rows)
+                except SamplerError as err:
+                    raise self._sampler_failed(err) from err
                 self.state.global_step += 1
-                self.state.epoch = self.state.global_step * self.batch_size / len(self.train_dataset)
+                self.state.epoch = self.state.global_step * self.prompts_per_update / len(self.train_dataset)
                 metrics["episode"] = self.state.global_step * self.batch_size
                 metrics["lr"] = self._learning_rate("policy")
                 metrics["value_lr"] = self._learning_rate("value")
@@ -1052,6 +1136,27 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         return self.state
 
+    def _sampler_failed(self, err: SamplerError) -> SamplerError:
+        """
+        The error to stop with when the sampler fails mid-run, after saving a checkpoint where that is safe.
+
+        The failure happens before the update's policy step, so the models and optimizer are those of the last
+        finished update: a single process (or a server failure, which every process learns of) saves them as
+        `checkpoint-<step>` unless that exists. A colocated engine failing on one of several processes saves nothing
+        (the others could not join the save); the last complete checkpoint stays as it was.
+        """
+        step = self.state.global_step
+        path = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
+        if os.path.isdir(path):
+            note = f"The last complete checkpoint, {path}, is intact."
+        elif step > 0 and (self.accelerator.num_processes == 1 or self.args.vllm_mode == "server"):
+            self._save_checkpoint(self.model, trial=None)
+            note = f"Saved {path} (after update {step}); resume from it once the sampler works."
+        else:
+            last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
+            note = f"The last complete checkpoint is {last}." if last else "No checkpoint was saved."
+        return SamplerError(f"Sampling failed at update {step + 1}: {err} {note}")
+
     def _agreed_signal(self, signum: int | None) -> int | None:
         """The stop signal if any process received one (all processes must stop at the same update)."""
         if self.accelerator.num_processes == 1:
@@ -1072,6 +1177,7 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
     def training_update(self, rows: list[dict[str, Any]]) -> dict[str, float]:
         """One rollout and the PPO epochs on it; returns the update's metrics."""
         self._update_start = time.time()
+        self._generation_log = []
         train_policy = not self.policy_frozen
         if train_policy:
             self._start_policy_schedule()
@@ -1087,6 +1193,9 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             self._last_rollout = (rollout, advantages)
             return metrics
         update_stats = self.ppo_update(rollout, advantages, returns, train_policy=train_policy)
+        if train_policy:
+            self.sampler.mark_stale()  # the next generation loads the updated weights first (once per update)
+        metrics.update(self._sampling_metrics(rollout))
         metrics["diagnostics/nonfinite_steps"] = update_stats.pop("diagnostics/nonfinite_steps")
         for name, value in update_stats.items():
             key = name if name.endswith("_var") else f"{name}_avg"
@@ -1096,6 +1205,62 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         metrics.update(self._trl_metric_names(rollout, metrics))
         self._last_rollout = (rollout, advantages)
         return metrics
+
+    def _sampling_metrics(self, rollout: Rollout) -> dict[str, float]:
+        """
+        Generation time and throughput of the update's rollout, and, when vLLM sampled, how far its log-probs are from
+        the training forward's (TRL GRPO's `sampling/...` names): |Δ log p| over valid tokens, and the importance
+        ratios the correction uses (per token, or per sequence in `sequence_*` modes; 0 where masked).
+        """
+        seconds = sum(t for t, _ in self._generation_log)
+        tokens = sum(n for _, n in self._generation_log)
+        metrics = {"time/generation_s": seconds}
+        total_tokens = self.accelerator.reduce(torch.tensor([float(tokens)], device=self.accelerator.device), "sum")
+        slowest = self.accelerator.reduce(torch.tensor([seconds], device=self.accelerator.device), "max")
+        metrics["time/generation_tokens_per_s"] = float(total_tokens) / max(float(slowest), 1e-9)
+        sync_seconds = getattr(self.sampler, "sync_seconds", None)
+        if sync_seconds is not None:
+            metrics["time/weight_sync_s"] = float(sync_seconds)
+        if rollout.sampler_logprobs is None or rollout.logprobs is None:
+            return metrics
+        args = self.args
+        mask = rollout.response_mask
+        delta = (rollout.logprobs - rollout.sampler_logprobs).abs()[mask]
+        mean, _, high = self._reduce_stats(delta)
+        if not math.isnan(mean):
+            metrics["sampling/sampling_logp_difference/mean"] = mean
+            metrics["sampling/sampling_logp_difference/max"] = high
+        weights = sampler_importance_weights(
+            rollout.logprobs,
+            rollout.sampler_logprobs,
+            mask,
+            args.vllm_importance_sampling_mode,
+            args.vllm_importance_sampling_clip_min,
+            args.vllm_importance_sampling_clip_max,
+        )
+        flat = weights.flatten()[mask.any(1)] if weights.shape[1] == 1 else weights[mask]
+        mean, low, high = self._reduce_stats(flat)
+        if not math.isnan(mean):
+            metrics["sampling/importance_sampling_ratio/min"] = low
+            metrics["sampling/importance_sampling_ratio/mean"] = mean
+            metrics["sampling/importance_sampling_ratio/max"] = high
+        return metrics
+
+    def _reduce_stats(self, values: torch.Tensor) -> tuple[float, float, float]:
+        """Mean, min and max of a 1-D tensor whose length differs between processes (nan when empty everywhere)."""
+        values = values.detach().float().reshape(-1)
+        device = self.accelerator.device
+        inf = torch.tensor(float("inf"), device=device)
+        total = torch.stack([values.sum(), torch.tensor(float(values.numel()), device=device)])
+        low = values.min() if values.numel() else inf
+        high = values.max() if values.numel() else -inf
+        if self.accelerator.num_processes > 1:
+            total = self.accelerator.reduce(total, "sum")
+            low = -self.accelerator.reduce(-low.reshape(1), "max")[0]  # accelerate has no "min"
+            high = self.accelerator.reduce(high.reshape(1), "max")[0]
+        if float(total[1]) == 0:
+            return float("nan"), float("nan"), float("nan")
+        return float(total[0] / total[1]), float(low), float(high)
 
     def _trl_metric_names(self, rollout: Rollout, metrics: dict[str, float]) -> dict[str, float]:
         """
@@ -1156,9 +1321,8 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             rows = [dataset[i] for i in idx for _ in range(k)]
             prompt_texts = self._prompt_texts(rows)
             query_ids, query_mask = self._tokenize_prompts(prompt_texts)
-            response_ids, response_mask, _ = self.generate(
-                query_ids, query_mask, greedy=(k == 1), temperature=self.args.eval_temperature
-            )
+            samples = self.generate(query_ids, query_mask, greedy=(k == 1), temperature=self.args.eval_temperature)
+            response_ids, response_mask = samples.response_ids, samples.response_mask
             completions, texts, completion_ids = self._completions(rows, response_ids, response_mask)
             per_func, _ = self.score(rows, prompt_texts, completions, texts, completion_ids)
             weights = self.reward_weights.to(per_func.device)
@@ -1184,77 +1348,6 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         self.log(dict(metrics))
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
         return metrics
-
-
-@contextlib.contextmanager
-def eval_mode(module: torch.nn.Module) -> Iterator[None]:
-    """Run `module` in eval mode (dropout off) and restore each submodule's own training flag afterwards."""
-    flags = [(m, m.training) for m in module.modules()]
-    module.eval()
-    try:
-        yield
-    finally:
-        for m, training in flags:
-            m.training = training
-
-
-# Fields of a model's generation config that do not change which tokens are sampled (ids, lengths, caching, outputs).
-_GENERATION_FIELDS_THAT_DO_NOT_SAMPLE = {
-    "bos_token_id",
-    "eos_token_id",
-    "pad_token_id",
-    "decoder_start_token_id",
-    "max_length",
-    "max_new_tokens",
-    "use_cache",
-    "cache_implementation",
-    "do_sample",
-    "cache_config",
-    "transformers_version",
-    "_from_model_config",
-    "output_attentions",
-    "output_hidden_states",
-    "output_scores",
-    "output_logits",
-    "return_dict_in_generate",
-}
-
-
-def _generating_model(policy: torch.nn.Module) -> torch.nn.Module:
-    """The transformers model whose `generation_config` `generate` reads (the base model of a PEFT model)."""
-    return policy.get_base_model() if is_peft_model(policy) else policy
-
-
-def neutralised_generation_fields(policy: torch.nn.Module) -> dict[str, Any]:
-    """
-    Settings of the policy's own `generation_config` that would change the sampling distribution (repetition penalty,
-    `min_p`, `top_k`, `no_repeat_ngram_size`, `bad_words_ids`, `min_new_tokens`, beams, ...) and that PPO ignores.
-    """
-    config = getattr(_generating_model(policy), "generation_config", None)
-    if config is None:
-        return {}
-    return {k: v for k, v in config.to_diff_dict().items() if k not in _GENERATION_FIELDS_THAT_DO_NOT_SAMPLE}
-
-
-@contextlib.contextmanager
-def clean_generation_defaults(policy: torch.nn.Module) -> Iterator[None]:
-    """
-    Set the policy's `generation_config` aside while generating.
-
-    transformers fills every field a `GenerationConfig` passed to `generate` leaves unset from the model's own
-    `generation_config`, so a checkpoint that ships `repetition_penalty`, `min_p`, `bad_words_ids`... would sample from
-    another distribution than the one PPO's ratio assumes. With a blank default only what the trainer sets applies.
-    """
-    model = _generating_model(policy)
-    saved = getattr(model, "generation_config", None)
-    if saved is None:
-        yield
-        return
-    model.generation_config = GenerationConfig()
-    try:
-        yield
-    finally:
-        model.generation_config = saved
 
 
 def role_prefix(role: str) -> str:

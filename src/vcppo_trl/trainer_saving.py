@@ -180,6 +180,7 @@ class SavingMixin:
             "global_step": self.state.global_step,
             "batches_consumed": self.state.global_step,  # one prompt batch per update
             "batch_size": self.batch_size,
+            "num_generations": self.args.num_generations,
             "num_processes": self.accelerator.num_processes,
             "train_rows": len(self.train_dataset),
             "num_ppo_updates": self.num_ppo_updates,
@@ -260,6 +261,11 @@ class SavingMixin:
                 f"{self.args.gradient_accumulation_steps} × {self.args.num_mini_batches} × {world}). Resume with the "
                 f"same global batch: with {world} processes, per_device_train_batch_size × gradient_accumulation_steps "
                 f"must be {saved['batch_size'] / (self.args.num_mini_batches * world):g} (now {local})."
+            )
+        if saved.get("num_generations", 1) != self.args.num_generations:
+            raise CheckpointError(
+                f"{checkpoint} was saved with num_generations={saved.get('num_generations', 1)}, this run has "
+                f"{self.args.num_generations}: resume with the same num_generations (the prompt order depends on it)."
             )
         self._universal_checkpoint = None
         if saved_world != world and self.is_deepspeed_enabled:
