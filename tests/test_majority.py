@@ -119,3 +119,30 @@ def test_sequences_fit_the_toy_model(tokenizer):
     completion = tokenizer(format_solution(bits), add_special_tokens=False).input_ids
     assert tokenizer.decode(completion) == format_solution(bits)  # every character is covered
     assert 200 < len(completion) < 320 and len(prompt) + len(completion) + 1 < 512
+
+
+def test_harness_runs_the_majority_task_on_a_tiny_budget(tmp_path):
+    """`reproduce.py --task majority`: its own cache and results directories, the task's data and logged metric; the
+    first toy's directories stay untouched. No outcome is asserted."""
+    import json
+    import os
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(repo, "experiments"))
+    try:
+        import reproduce
+    finally:
+        sys.path.pop(0)
+    assert reproduce.TASKS["addition"][0] == reproduce.Budget()  # the default run does not change
+    results, cache = str(tmp_path / "results"), str(tmp_path / "cache")
+    argv = ["--task", "majority", "--smoke", "--variants", "ppo", "--results-dir", results, "--cache-dir", cache]
+    assert reproduce.main([*argv, "--workers", "1"]) == 0
+    with open(os.path.join(cache, "majority", "assets.json")) as f:
+        assert json.load(f)["key"]["task"] == "majority"
+    with open(os.path.join(results, "majority", "runs", "ppo", "seed0.json")) as f:
+        record = json.load(f)
+    assert record["budget"]["min_bits"] == 3 and "accuracy" in record["final_eval"]
+    updates = [e for e in record["log_history"] if "diagnostics/stop_advantage_gap" in e]
+    assert updates and all("rewards/reasoning_lines_reward/mean" in e for e in updates)
+    assert not os.path.exists(os.path.join(results, "runs")) and not os.path.exists(os.path.join(cache, "assets.json"))
