@@ -3,6 +3,7 @@
     python experiments/reproduce.py              # main table: 7 variants x 3 seeds, 2 worker processes
     python experiments/reproduce.py --full       # + the sweeps (lambda_actor, pretraining steps, lambda_critic)
     python experiments/reproduce.py --report     # rebuild the table and plots from the saved runs only
+    python experiments/reproduce.py --task majority  # the stop-anytime task (results/majority/, .cache/majority/)
 
 Everything is cached and resumable: the cold start, the reward model and the controlled-bias critic are built once
 under `experiments/.cache/`, and every run writes `experiments/results/runs/<variant>/seed<k>.json` when it ends (its
@@ -29,7 +30,7 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -93,6 +94,72 @@ SMOKE_BUDGET = Budget(
     grpo_generations=2,
     seeds=(0,),
 )
+
+
+@dataclass(frozen=True)
+class MajorityBudget(Budget):
+    """The stop-anytime task (`--task majority`, `vcppo_trl.toy.majority`): the majority of a noisy bit string, one
+    running tally per line, where an answer given after fewer lines is right less often but not never. The cold start
+    mixes complete solutions with ones stopped at a random line (`early_stop_fraction`). `short_fraction` is unused.
+
+    The RL knobs below are the first toy's, provisional: they are to be fixed on the first rollouts' stop-advantage gap
+    and critic explained variance (never on accuracy or length) before any table is run.
+    """
+
+    short_fraction: float = 0.0
+    min_bits: int = 15
+    max_bits: int = 31
+    bias: float = 0.6
+    early_stop_fraction: float = 0.5
+    response_length: int = 320  # complete responses are 117-258 tokens
+
+    def asset_key(self) -> dict[str, Any]:
+        keys = ("num_train", "num_eval", "cold_start_steps", "min_bits", "max_bits", "bias", "early_stop_fraction")
+        return {"task": "majority", **{k: getattr(self, k) for k in keys}}
+
+
+MAJORITY_SMOKE_BUDGET = MajorityBudget(
+    **{
+        **{f.name: getattr(SMOKE_BUDGET, f.name) for f in dataclasses.fields(Budget) if f.name != "short_fraction"},
+        "min_bits": 3,
+        "max_bits": 5,
+        "response_length": 48,
+    }
+)
+
+# `--task`: (budget, smoke budget, results sub-directory); the first toy keeps the top-level directories.
+TASKS = {
+    "addition": (Budget(), SMOKE_BUDGET, ""),
+    "majority": (MajorityBudget(), MAJORITY_SMOKE_BUDGET, "majority"),
+}
+
+
+def task_splits(budget: Budget):
+    """The train/test splits of the budget's task (seed 0 for every run: the same problems, whatever the seed)."""
+    if isinstance(budget, MajorityBudget):
+        from vcppo_trl.toy.majority import make_majority_splits
+
+        return make_majority_splits(
+            budget.num_train,
+            budget.num_eval,
+            seed=0,
+            min_bits=budget.min_bits,
+            max_bits=budget.max_bits,
+            bias=budget.bias,
+            early_stop_fraction=budget.early_stop_fraction,
+        )
+    from vcppo_trl.toy import make_splits
+
+    return make_splits(budget.num_train, budget.num_eval, seed=0, short_fraction=budget.short_fraction)
+
+
+def logged_rewards(budget: Budget) -> list:
+    """Reward functions logged with weight 0 (never trained on) beside the verifier: a length-mode metric."""
+    if isinstance(budget, MajorityBudget):
+        from vcppo_trl.toy.majority import reasoning_lines_reward
+
+        return [reasoning_lines_reward]
+    return [short_form]
 
 
 @dataclass(frozen=True)
@@ -179,14 +246,14 @@ def build_assets(budget: Budget, cache_dir: str) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from vcppo_trl.toy import build_tiny_model, build_tokenizer, cold_start_sft, greedy_accuracy, make_splits
+    from vcppo_trl.toy import build_tiny_model, build_tokenizer, cold_start_sft, greedy_accuracy
     from vcppo_trl.toy.reward_model import build_controlled_bias_critic, build_reward_model
 
     os.makedirs(cache_dir, exist_ok=True)
     key = budget.asset_key()
     manifest_path = os.path.join(cache_dir, "assets.json")
     policy_dir = os.path.join(cache_dir, "cold_start")
-    splits = make_splits(budget.num_train, budget.num_eval, seed=0, short_fraction=budget.short_fraction)
+    splits = task_splits(budget)
     manifest = _read_json(manifest_path)
     if manifest is None or manifest.get("key") != key:
         t0 = time.time()
@@ -310,7 +377,7 @@ def _run_vcppo(variant: Variant, seed: int, budget: Budget, assets: dict, out_di
     trainer = VCPPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(assets["policy"]),
         processing_class=tokenizer,
-        reward_funcs=[math_verify_reward, short_form],
+        reward_funcs=[math_verify_reward, *logged_rewards(budget)],
         args=args,
         train_dataset=train,
         value_model=critic_dir,
@@ -348,7 +415,7 @@ def _run_grpo(variant: Variant, seed: int, budget: Budget, assets: dict, out_dir
     tokenizer = AutoTokenizer.from_pretrained(assets["policy"])
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(assets["policy"]),
-        reward_funcs=[math_verify_reward, short_form],
+        reward_funcs=[math_verify_reward, *logged_rewards(budget)],
         args=args,
         train_dataset=train,
         processing_class=tokenizer,
@@ -363,9 +430,9 @@ def run_one(variant: Variant, seed: int, budget: Budget, assets: dict, path: str
 
     torch.set_num_threads(1)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    from vcppo_trl.toy import greedy_accuracy, make_splits
+    from vcppo_trl.toy import greedy_accuracy
 
-    splits = make_splits(budget.num_train, budget.num_eval, seed=0, short_fraction=budget.short_fraction)
+    splits = task_splits(budget)
     columns = ["prompt", "solution", "difficulty"]
     train, test = splits["train"].select_columns(columns), splits["test"].select_columns(columns)
     scratch = os.path.join(os.path.dirname(path), f".scratch-seed{seed}")
@@ -475,6 +542,13 @@ def _json_default(x):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--task",
+        choices=sorted(TASKS),
+        default="addition",
+        help="addition: the first toy (fixed-length reasoning). majority: the stop-anytime task, whose results and "
+        "cache go to a 'majority' sub-directory of --results-dir and --cache-dir.",
+    )
     parser.add_argument("--full", action="store_true", help="Also run the sweeps (λ_actor, pretraining, λ_critic).")
     parser.add_argument("--report", action="store_true", help="Only rebuild the table and plots from saved runs.")
     parser.add_argument("--smoke", action="store_true", help="Tiny budget (tests): 1 seed, 2 updates.")
@@ -488,7 +562,11 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, HERE)
     import report
 
-    budget = SMOKE_BUDGET if args.smoke else Budget()
+    full_budget, smoke_budget, subdir = TASKS[args.task]
+    budget = smoke_budget if args.smoke else full_budget
+    if subdir:
+        args.results_dir = os.path.join(args.results_dir, subdir)
+        args.cache_dir = os.path.join(args.cache_dir, subdir)
     variants = MAIN_VARIANTS + (SWEEP_VARIANTS if args.full else ())
     if args.variants:
         known = {v.name: v for v in MAIN_VARIANTS + SWEEP_VARIANTS}

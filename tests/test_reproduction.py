@@ -117,6 +117,54 @@ def test_reward_model_builder_trains_saves_and_caches(rm_setup, tokenizer, tmp_p
     assert torch.allclose(cached(input_ids=ids).logits, model(input_ids=ids).logits)
 
 
+def test_reward_model_with_truncated_prefixes(rm_setup, tokenizer, tmp_path):
+    """Our device: complete responses and truncated prefixes, each labelled by the verifier; cached, and loadable as a
+    critic through `value_model=`."""
+    from vcppo_trl.rewards import math_verify_reward
+
+    policy, data = rm_setup
+    calls = []
+
+    def recording_verifier(completions, solution, **kwargs):
+        calls.append(list(completions))
+        return math_verify_reward(completions, solution)
+
+    out = str(tmp_path / "prefix_rm")
+    kwargs = dict(output_dir=out, num_samples=8, num_epochs=1, batch_size=4, max_new_tokens=16)
+    model, stats = build_reward_model(
+        policy, tokenizer, data, reward_func=recording_verifier, prefixes_per_response=2, **kwargs
+    )
+    complete, prefixes = calls  # one call on the 8 responses, one on their 16 prefixes
+    assert len(complete) == 8 and len(prefixes) == 16
+    # The prefixes of response i are entries 2i and 2i + 1; a cut before the EOS token gives the whole text.
+    assert all(complete[n // 2].startswith(prefix) for n, prefix in enumerate(prefixes))
+    assert any(len(prefix) < len(complete[n // 2]) for n, prefix in enumerate(prefixes))
+    assert stats["num_responses"] == 24.0 and stats["num_prefixes"] == 16.0
+    assert stats["prefix_label_mean"] == -1.0  # none holds a whole (right) answer
+    assert math.isfinite(stats["prefix_score_mean"]) and math.isfinite(stats["complete_score_mean"])
+    with open(os.path.join(out, "toy_build_settings.json")) as f:
+        settings = json.load(f)
+    assert settings["kind"] == "reward_model_with_prefixes" and settings["prefixes_per_response"] == 2
+    critic = load_value_model(out)  # what value_model=<path> does
+    assert type(critic).__name__.endswith("ForTokenClassification") and critic.config.num_labels == 1
+
+    # Cached with its settings: the same call loads it; a reward model without prefixes is another model.
+    def must_not_run(**kw):
+        raise AssertionError("the cached reward model was rebuilt")
+
+    cached, cached_stats = build_reward_model(
+        policy, tokenizer, data, reward_func=must_not_run, prefixes_per_response=2, **kwargs
+    )
+    assert cached_stats == stats
+    ids = torch.tensor([[5, 6, 7]])
+    assert torch.allclose(cached(input_ids=ids).logits, model(input_ids=ids).logits)
+    calls.clear()
+    _, plain_stats = build_reward_model(policy, tokenizer, data, reward_func=recording_verifier, **kwargs)
+    assert len(calls) == 1 and "num_prefixes" not in plain_stats
+    with pytest.raises(ValueError, match="prefixes_per_response"):
+        build_reward_model(policy, tokenizer, data, prefixes_per_response=-1)
+
+
 def test_controlled_bias_critic_is_a_loadable_critic(rm_setup, tokenizer, tmp_path):
     policy, data = rm_setup
     rm, _ = build_reward_model(policy, tokenizer, data, num_samples=4, num_epochs=1, max_new_tokens=8)

@@ -84,7 +84,11 @@ class PPOConfig(_BaseConfig):
             the share of +1 (or 1) rewards.
         position_buckets (`int`, defaults to `8`): Relative-position buckets of the per-update Figure-2 diagnostics
             `diagnostics/advantage_bucket_<k>` and `diagnostics/value_error_bucket_<k>` (V − return), and `diagnostics/mc_explained_variance_bucket_<k>` (the critic
-            against Monte-Carlo returns, the paper's Figure 3); 0 turns them off.
+            against Monte-Carlo returns, the paper's Figure 3); 0 turns them off. Also the absolute-position buckets
+            (over `response_length`) of `diagnostics/stop_advantage_gap_bucket_<k>`.
+        end_of_thinking_marker (`str`, *optional*, defaults to `"</think>"`): Text that ends the reasoning. The first
+            token of its first occurrence is where `diagnostics/stop_advantage_gap` takes a response to stop thinking; a
+            response without it stops at its stop token. `None`: stop tokens only.
         max_prompt_length (`int`, *optional*): Longest prompt in tokens (chat template applied); longer ones are
             handled as `overlong_prompt` says.
         overlong_prompt (`"truncate"` or `"drop"`, defaults to `"truncate"`): Prompts over `max_prompt_length` are
@@ -265,6 +269,13 @@ class PPOConfig(_BaseConfig):
         default=8,
         metadata={
             "help": "Relative-position buckets of diagnostics/advantage_bucket_<k> and value_error_bucket_<k> (0: off)."
+        },
+    )
+    end_of_thinking_marker: str | None = field(
+        default="</think>",
+        metadata={
+            "help": "Text that ends the reasoning: its first token is where diagnostics/stop_advantage_gap takes a "
+            "response to stop thinking (without it: the stop token). None: stop tokens only."
         },
     )
     max_prompt_length: int | None = field(

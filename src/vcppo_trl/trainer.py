@@ -38,6 +38,7 @@ from trl.trainer.utils import disable_dropout_in_model, print_prompt_completions
 from .callbacks import CompactPrinterCallback, RolloutProgressCallback
 from .config import PPOConfig
 from .data import DataReport, prepare_prompt_dataset, prompt_token_lengths, reward_function_columns
+from .diagnostics import marker_token_ids, stop_advantage_gap, stop_positions
 from .distributed import check_deepspeed_setup, micro_batch_context, reset_optimizer_state
 from .gae import (
     dual_lambda_gae,
@@ -172,6 +173,7 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         policy = load_policy(model, args)
         tokenizer = load_tokenizer(processing_class, policy)
         self.stop_token_ids = resolve_stop_token_ids(args, tokenizer)
+        self.end_of_thinking_ids = marker_token_ids(tokenizer, args.end_of_thinking_marker)
         critic = build_critic(value_model, policy, tokenizer, args)
 
         if peft_config is not None:
@@ -1002,6 +1004,17 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             "reward/verifier_failures": float(self.accelerator.gather(rollout.reward_failed.float()).sum()),
         }
         metrics["objective/rlhf_reward"] = metrics["objective/scores"] + metrics["objective/non_score_reward"]
+        # The critic-bias signature that shortens responses: advantage of stopping to think minus continuing, by
+        # absolute position (see vcppo_trl.diagnostics).
+        stops = stop_positions(rollout.response_ids, mask, self.end_of_thinking_ids, rollout.has_stop)
+        num_stop_buckets = self.args.position_buckets or 8
+        stop_gap = stop_advantage_gap(
+            advantages_g, mask_g, self.accelerator.gather(stops), num_stop_buckets, self.args.response_length
+        )
+        metrics["diagnostics/stop_advantage_gap"] = stop_gap.gap
+        if self.args.position_buckets > 0:
+            for k in range(num_stop_buckets):
+                metrics[f"diagnostics/stop_advantage_gap_bucket_{k}"] = float(stop_gap.bucket_gaps[k])
         if self.args.position_buckets > 0:
             # The paper's Figure 2 per update: advantage and value error by relative position in the response.
             num = self.args.position_buckets

@@ -8,6 +8,11 @@ regressed (MSE) on the label at the last token. It saves a standard checkpoint, 
 sequence-classification model becomes a token-classification critic with the same head, see
 [`~vcppo_trl.value_model.as_value_model`]).
 
+With `prefixes_per_response > 0`, [`build_reward_model`] also trains on truncated prefixes of the sampled responses,
+labelled by the same verifier (a prefix holds no complete answer, so it does not verify: −1). That is **our device**,
+not the paper's: on a real LLM a reward model trained at `<EOS>` only scores incomplete prefixes low, which the first
+toy's EOS-only reward model did not do; adding prefixes is a natural way for early prefixes to be scored low.
+
 [`build_controlled_bias_critic`] builds a *controlled-bias* critic, a labelled experimental device rather than
 anything a reward model gives by itself: the reward model's own values plus a known ramp in relative position,
 `−bias · (1 − (t + 1) / L)` for token `t` of a response of `L` tokens (low at the start of every response, unbiased at
@@ -126,8 +131,10 @@ def build_reward_model(
     reward_func: Callable[..., list[float | None]] = math_verify_reward,
     seed: int = 0,
     cache_key: dict[str, Any] | None = None,
+    prefixes_per_response: int = 0,
 ) -> tuple[PreTrainedModel, dict[str, float]]:
-    """Trains a reward model on complete responses of `policy`, scored at the last token (the paper's RM).
+    """Trains a reward model on complete responses of `policy`, scored at the last token (the paper's RM), and with
+    `prefixes_per_response > 0` also on truncated prefixes of them (our device, see the module docstring).
 
     With `output_dir`, the model is saved there as a standard checkpoint with the tokenizer; when that directory
     already holds a reward model built with the same settings (and `cache_key`), it is loaded instead of trained.
@@ -144,10 +151,16 @@ def build_reward_model(
         reward_func: Labels the responses (TRL's reward-function protocol; `None` labels are dropped).
         seed (`int`): Seed of sampling, head initialisation and data order.
         cache_key (`dict`, *optional*): Extra identity of the inputs (e.g. how the policy was made) for the cache.
+        prefixes_per_response (`int`, defaults to `0`): Truncated prefixes added per labelled response: the response
+            cut before token `c`, `c` drawn uniformly in `[0, len(response) − 1]` (from the bare prompt to all but the
+            last token), labelled by `reward_func` on the prefix text (−1 unless it already holds the whole answer).
+            `0`: complete responses only (the paper's reward model).
 
     Returns:
         `(reward_model, stats)`: an `AutoModelForSequenceClassification` with `num_labels == 1`, and the training
-        statistics (`label_mean`, `sign_accuracy` and `mse` of the last epoch on the training responses).
+        statistics (`label_mean`, `sign_accuracy` and `mse` of the last epoch on the training sequences; with
+        prefixes also `num_prefixes`, `prefix_label_mean`, and the last epoch's mean score on complete responses and
+        on prefixes, `complete_score_mean` and `prefix_score_mean`).
     """
     settings = {
         "kind": "reward_model",
@@ -159,6 +172,10 @@ def build_reward_model(
         "seed": seed,
         "cache_key": cache_key or {},
     }
+    if prefixes_per_response < 0:
+        raise ValueError(f"`prefixes_per_response` must be >= 0, got {prefixes_per_response}.")
+    if prefixes_per_response:  # a key only then: reward models cached before the option stay valid
+        settings.update(kind="reward_model_with_prefixes", prefixes_per_response=prefixes_per_response)
     cached = _load_cached(output_dir, settings, AutoModelForSequenceClassification)
     if cached is not None:
         return cached
@@ -172,7 +189,24 @@ def build_reward_model(
     keep = [i for i, y in enumerate(labels) if y is not None and math.isfinite(y)]
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
     sequences = [prompt_ids[i] + responses[i] for i in keep]
-    targets = torch.tensor([float(labels[i]) for i in keep])
+    target_list = [float(labels[i]) for i in keep]
+    num_complete = len(sequences)
+    if prefixes_per_response:
+        # Cut points from their own generator: the global RNG (hence the head's initialisation) is the same as without.
+        cuts = torch.Generator().manual_seed(seed + 1)
+        owners, prefixes = [], []
+        for i in keep:
+            for _ in range(prefixes_per_response if responses[i] else 0):
+                cut = int(torch.randint(0, len(responses[i]), (1,), generator=cuts))
+                owners.append(i)
+                prefixes.append(responses[i][:cut])
+        prefix_texts = tokenizer.batch_decode(prefixes, skip_special_tokens=True)
+        prefix_labels = reward_func(completions=prefix_texts, solution=[rows[i]["solution"] for i in owners])
+        for i, prefix, y in zip(owners, prefixes, prefix_labels):
+            if y is not None and math.isfinite(y):
+                sequences.append(prompt_ids[i] + prefix)
+                target_list.append(float(y))
+    targets = torch.tensor(target_list)
 
     config = policy.config.__class__.from_dict(policy.config.to_dict())
     config.num_labels = 1
@@ -202,6 +236,13 @@ def build_reward_model(
         "sign_accuracy": float((preds.sign() == targets.sign()).float().mean()),
         "mse": float(F.mse_loss(preds, targets)),
     }
+    if prefixes_per_response:
+        stats.update(
+            num_prefixes=float(len(sequences) - num_complete),
+            prefix_label_mean=float(targets[num_complete:].mean()) if len(sequences) > num_complete else math.nan,
+            complete_score_mean=float(preds[:num_complete].mean()),
+            prefix_score_mean=float(preds[num_complete:].mean()) if len(sequences) > num_complete else math.nan,
+        )
     if output_dir is not None:
         os.makedirs(output_dir, exist_ok=True)
         model.save_pretrained(output_dir)
