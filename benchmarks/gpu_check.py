@@ -16,6 +16,10 @@ below and the time estimate have never been run. Rows:
    chunked (`vcppo_trl.logprobs.response_logprobs`) against full logits, without and with backward (smoke: 64 x 1,000).
    The full-logit rows hold 16,384 x 151,936 logits in bf16 and fp32 (9.3 GiB for one fp32 copy), so by arithmetic
    they need tens of GiB; on a small GPU they are expected to print FAILED (out of memory), which is itself a result.
+5. `rollout`: benchmarks/rollout.py on the device: HF `generate` against vLLM colocate, both through the trainer's
+   generation seam, on the Qwen2.5-0.5B shape with random weights in bf16, 64 prompts of 32 tokens, forced
+   1,024-token responses; tokens/s of each and their ratio, and vLLM's engine start (smoke: the tiny model, 16 tokens,
+   CPU build of vLLM). Needs vLLM (`pip install -e ".[vllm]"`); without it the row says "not run" and why.
 4. `zero3-1proc`: tests/distributed/worker.py (1 value-pretraining + 4 VC-PPO updates of the tiny toy model) under
    DeepSpeed ZeRO-3 with one process, through `accelerate launch` (smoke: configs/accelerate/zero3_cpu.yaml over gloo).
 
@@ -261,10 +265,31 @@ def check_zero3_one_process(device: torch.device, smoke: bool) -> dict:
     return {"size": "toy, 1 process", "result": f"5 updates, policy moved; {seconds:.0f} s with launch"}
 
 
+def check_rollout(device: torch.device, smoke: bool) -> dict:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return {"size": "-", "result": 'not run: vLLM is not installed (pip install -e ".[vllm]")'}
+    import rollout
+
+    if smoke:
+        rows = rollout.run([16], 4, 8, 1, rollout.SMOKE)
+    else:
+        rows = rollout.run([1024], 64, 32, 1, QWEN25_05B)
+    row = rows[0]
+    return {
+        "size": f"{row['tokens']} tokens",
+        "result": f"HF {row['hf_tokens_per_s']:.0f} tok/s, vLLM {row['vllm_tokens_per_s']:.0f} tok/s, ratio "
+        f"{row['ratio']:.2f}x; engine start {row['engine_start_s']:.0f} s",
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-smoke", action="store_true", help="run every row on CPU at tiny sizes")
-    parser.add_argument("--skip", nargs="*", default=[], help="row names to skip (gae, update, logprob, zero3)")
+    parser.add_argument(
+        "--skip", nargs="*", default=[], help="row names to skip (gae, update, logprob, zero3, rollout)"
+    )
     args = parser.parse_args(argv)
     if args.cpu_smoke:
         device = torch.device("cpu")
@@ -283,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         ("logprob-chunked-bwd", lambda: check_logprob_memory(device, smoke, "chunked", True)),
         ("logprob-full-bwd", lambda: check_logprob_memory(device, smoke, "full", True)),
         ("zero3-1proc", lambda: check_zero3_one_process(device, smoke)),
+        ("rollout", lambda: check_rollout(device, smoke)),
     ]
     rows, failed = [], 0
     for name, check in checks:

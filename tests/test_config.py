@@ -118,6 +118,11 @@ PPO_ERRORS = [
     ({"kl_coef": -0.01}, "kl_coef"),
     ({"num_mini_batches": 0}, "num_mini_batches"),
     ({"missing_eos_penalty": -1.0}, "missing_eos_penalty"),
+    ({"num_generations": 0}, "num_generations"),
+    ({"vllm_mode": "remote"}, "vllm_mode"),
+    ({"vllm_importance_sampling_mode": "token"}, "vllm_importance_sampling_mode"),
+    ({"vllm_gpu_memory_utilization": 0.0}, "vllm_gpu_memory_utilization"),
+    ({"vllm_max_model_length": 1}, "vllm_max_model_length"),
 ]
 
 
@@ -246,3 +251,20 @@ def test_loss_aggregation_and_whitening_defaults(tmp_path):
 def test_loss_aggregation_validation(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
         make(VCPPOConfig, tmp_path, **kwargs)
+
+
+def test_vllm_defaults_are_trls(tmp_path):
+    """The vLLM fields keep TRL GRPOConfig's defaults (PPO needs no other)."""
+    from trl import GRPOConfig
+
+    ours = make(PPOConfig, tmp_path)
+    trl = GRPOConfig(output_dir=str(tmp_path / "grpo"), use_cpu=True, bf16=False)
+    names = [
+        "use_vllm", "vllm_mode", "vllm_model_impl", "vllm_enable_sleep_mode", "vllm_server_base_url",
+        "vllm_server_host", "vllm_server_port", "vllm_server_timeout", "vllm_group_port",
+        "vllm_gpu_memory_utilization", "vllm_max_model_length", "vllm_tensor_parallel_size",
+        "vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
+        "vllm_importance_sampling_clip_min",
+    ]  # fmt: skip
+    assert {n: getattr(ours, n) for n in names} == {n: getattr(trl, n) for n in names}
+    assert ours.num_generations == 1  # one response per prompt, as TRL's PPO (GRPO's default is 8)

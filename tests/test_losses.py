@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from vcppo_trl.losses import clipped_policy_loss, clipped_value_loss, kl_penalty
+from vcppo_trl.losses import clipped_policy_loss, clipped_value_loss, kl_penalty, sampler_importance_weights
 
 EPS = 0.2
 
@@ -280,3 +280,38 @@ def test_value_loss_without_clipping_is_half_mse_even_far_from_old_values():
     assert out.clipfrac.item() == 0.0
     clipped = clipped_value_loss(values, old, returns, mask, cliprange_value=0.2)
     assert clipped.clipfrac.item() > 0
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# sampler_importance_weights (vLLM mismatch correction)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_importance_weights_by_hand():
+    train = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, 0.0]])
+    sampler = torch.tensor([[-1.5, -2.0, -9.0], [-0.5, -1.5, 0.0]])
+    mask = _mask([2, 2], 3)  # the third column is padding: its large difference must not count
+    token = sampler_importance_weights(train, sampler, mask, "token_truncate", None, 3.0)
+    assert torch.allclose(token, torch.tensor([[math.exp(0.5), 1.0, 1.0], [1.0, math.exp(1.0), 1.0]]))
+    seq = sampler_importance_weights(train, sampler, mask, "sequence_truncate", None, 3.0)
+    assert seq.shape == (2, 1) and torch.allclose(seq, torch.tensor([[math.exp(0.5)], [math.exp(1.0)]]))
+    seq_mask = sampler_importance_weights(train, sampler, mask, "sequence_mask", None, 2.0)
+    assert torch.allclose(seq_mask, torch.tensor([[math.exp(0.5)], [0.0]]))  # e^1 > 2: masked out
+    token_mask = sampler_importance_weights(train, sampler, mask, "token_mask", 1.5, None)
+    assert torch.allclose(token_mask, torch.tensor([[math.exp(0.5), 0.0, 0.0], [0.0, math.exp(1.0), 0.0]]))
+    clipped = sampler_importance_weights(train, sampler, mask, "token_truncate", 1.2, 1.5)
+    assert torch.allclose(clipped, torch.tensor([[1.5, 1.2, 1.2], [1.2, 1.5, 1.2]]))
+
+
+def test_importance_weights_rejects_unknown_mode():
+    with pytest.raises(ValueError, match="mode must be one of"):
+        sampler_importance_weights(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool), "token")
+
+
+def test_policy_loss_weighted_by_importance_weights():
+    logprobs = torch.tensor([[-1.0, -1.0]], requires_grad=True)
+    advantages = torch.tensor([[1.0, 2.0]])
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    weights = torch.tensor([[0.5, 0.0]])
+    out = clipped_policy_loss(logprobs, logprobs.detach(), advantages, mask, EPS, importance_weights=weights)
+    assert math.isclose(float(out.loss), -(0.5 * 1.0 + 0.0 * 2.0) / 2)

@@ -15,6 +15,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -383,6 +384,7 @@ def vllm_server(tmp_path_factory):
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
+        start_new_session=True,  # its engine core is a child process: the whole group is stopped at the end
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 240
@@ -394,13 +396,17 @@ def vllm_server(tmp_path_factory):
                 break
         time.sleep(2)
     else:
-        proc.kill()
+        _kill_server(proc)
         pytest.fail(f"vllm serve did not come up in 240 s; see {log.name}")
     yield {"url": url, "path": path, "proc": proc}
-    proc.terminate()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=30)
-    proc.kill()
+    _kill_server(proc)
+
+
+def _kill_server(proc) -> None:
+    """Stop the server and its engine-core child (a separate process that would outlive a plain kill)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
 
 
 def _server_sampler(trainer, url, timeout=30.0):
@@ -456,8 +462,53 @@ def test_server_that_stops_answering_is_a_clear_error(vllm_server, make_trainer,
 
     trainer = make_trainer(model=_wide_policy(tokenizer), args=tiny_config(response_length=24))
     sampler = _server_sampler(trainer, vllm_server["url"], timeout=5.0)
-    vllm_server["proc"].kill()
-    vllm_server["proc"].wait(timeout=30)
+    _kill_server(vllm_server["proc"])
     ids, mask = _encode(tokenizer)
     with pytest.raises(SamplerError, match=f"server at {vllm_server['url']} failed to generate"):
         sampler.generate(ids, mask, greedy=True, temperature=1.0)
+
+
+# ------------------------------------------------------------------------------------------------ benchmarks
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run_script(*args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.join(REPO, "src"), env.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
+
+
+def test_rollout_benchmark_smoke(tmp_path):
+    """benchmarks/rollout.py's code paths at tiny sizes; forced full-length responses on both sides. No timing asserted."""
+    out = tmp_path / "rollout.json"
+    done = _run_script("benchmarks/rollout.py", "--smoke", "--json", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["response_length"] for row in rows] == [8, 16]
+    assert all(row["tokens"] == 4 * row["response_length"] for row in rows)
+    assert "vLLM / HF" in done.stdout and "engine start" in done.stdout
+
+
+def test_gpu_check_rollout_row_smoke():
+    done = _run_script("benchmarks/gpu_check.py", "--cpu-smoke", "--skip", "gae", "update", "logprob", "zero3")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("rollout "))
+    assert "64 tokens" in row and "ratio" in row and "FAILED" not in row
+
+
+def test_train_py_with_the_vllm_toy_recipe(tmp_path):
+    """`train.py --config configs/recipes/tiny_cpu_vllm.yaml` end to end at a tiny budget: cold start, value
+    pretraining and VC-PPO sampled by vLLM, and the final evaluation through the same engine."""
+    out = tmp_path / "run"
+    done = _run_script(
+        "train.py", "--config", "configs/recipes/tiny_cpu_vllm.yaml", "--output_dir", str(out),
+        "--toy_num_train", "256", "--toy_num_eval", "8", "--toy_max_digits", "2", "--toy_cold_start_steps", "2",
+        "--total_episodes", "32", "--value_pretrain_steps", "1", "--response_length", "24", "--num_ppo_epochs", "1",
+        "--logging_steps", "1", "--report_to", "none",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "after VC-PPO" in done.stdout
+    assert os.path.isfile(out / "model.safetensors")
+    assert "Rollouts are sampled by vLLM (colocate, float32)" in done.stderr

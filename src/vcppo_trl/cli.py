@@ -58,6 +58,13 @@ class VCPPOScriptArguments(ScriptArguments):
     toy_cold_start_learning_rate: float | None = field(
         default=None, metadata={"help": "Toy task: cold-start SFT learning rate (default: the tuned toy default)."}
     )
+    toy_num_heads: int | None = field(
+        default=None,
+        metadata={
+            "help": "Toy model: attention heads (default 4, heads 24 wide). vLLM's CPU backend needs heads at least 32 "
+            "wide: 3 heads (configs/recipes/tiny_cpu_vllm.yaml)."
+        },
+    )
 
 
 def _to_chat(example: dict, column: str, system_prompt: str | None) -> dict:
@@ -123,7 +130,9 @@ def build_toy(script_args: VCPPOScriptArguments, training_args: VCPPOConfig):
     )
     tokenizer = build_tokenizer()
     resolve_stop_token_ids(training_args, tokenizer)  # a bad stop_token_id stops here, not after the cold start
-    model = build_tiny_model(tokenizer, seed=training_args.seed)
+    model = build_tiny_model(
+        tokenizer, num_heads=pick(script_args.toy_num_heads, toy_defaults.TOY_NUM_HEADS), seed=training_args.seed
+    )
     steps = pick(script_args.toy_cold_start_steps, toy_defaults.TOY_SFT_STEPS)
     lr = pick(script_args.toy_cold_start_learning_rate, toy_defaults.TOY_SFT_LEARNING_RATE)
     logger.warning(

@@ -328,13 +328,15 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
 
         common = (current_policy, gather, self.accelerator, self.processing_class, self.stop_token_ids)
         if args.vllm_mode == "server":
-            return VLLMServerSampler(
+            sampler = VLLMServerSampler(
                 *common,
                 args.response_length,
                 base_url=server_base_url(args),
                 timeout=args.vllm_server_timeout,
                 group_port=args.vllm_group_port,
             )
+            logger.warning(f"Rollouts are sampled by the vLLM server at {sampler.base_url}.")
+            return sampler
         config = (policy.get_base_model() if is_peft_model(policy) else policy).config
         max_model_length = args.vllm_max_model_length or (
             args.max_prompt_length + args.response_length
@@ -346,10 +348,11 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             datasets = [d for d in (self.train_dataset, self.eval_dataset) if d is not None]
             longest_prompt = max(max(prompt_token_lengths(d["prompt"], self.processing_class)) for d in datasets)
         check_vllm_model(config, max_model_length, longest_prompt + args.response_length, vllm_platform_is_cpu())
-        return VLLMColocateSampler(
+        dtype = vllm_dtype(args, policy)
+        sampler = VLLMColocateSampler(
             *common,
             args.response_length,
-            dtype=vllm_dtype(args, policy),
+            dtype=dtype,
             max_model_length=max_model_length,
             gpu_memory_utilization=args.vllm_gpu_memory_utilization,
             tensor_parallel_size=args.vllm_tensor_parallel_size,
@@ -357,6 +360,11 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             model_impl=args.vllm_model_impl,
             seed=args.seed,
         )
+        started = f"engine started in {sampler.start_seconds:.0f} s" if sampler.start_seconds else "engine reused"
+        logger.warning(
+            f"Rollouts are sampled by vLLM (colocate, {dtype}, context {max_model_length} tokens); {started}."
+        )
+        return sampler
 
     def _prepare_auxiliary_models(self) -> None:
         """Place the reference and reward models for inference (DeepSpeed-initialised under DeepSpeed)."""
