@@ -475,7 +475,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run_script(*args):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    # Not this process's rendezvous: its engine holds MASTER_PORT.
+    launch = ("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(launch)}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.join(REPO, "src"), env.get("PYTHONPATH")) if p)
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
 
@@ -511,4 +513,5 @@ def test_train_py_with_the_vllm_toy_recipe(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "after VC-PPO" in done.stdout
     assert os.path.isfile(out / "model.safetensors")
-    assert "Rollouts are sampled by vLLM (colocate, float32)" in done.stderr
+    assert "Rollouts are sampled by vLLM (colocate, float32, context 512 tokens)" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]

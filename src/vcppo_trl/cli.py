@@ -311,6 +311,8 @@ def leave_process_group(trainer: VCPPOTrainer) -> None:
         trainer.accelerator.wait_for_everyone()
         global _LEFT_PROCESS_GROUP
         _LEFT_PROCESS_GROUP = True
+    # A colocated vLLM engine tears down its own process groups: before the default group goes, not at exit.
+    trainer.sampler.close()
     trainer.accelerator.end_training()
 
 

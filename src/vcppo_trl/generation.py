@@ -338,13 +338,18 @@ def check_vllm_model(config, max_model_length: int, needed_length: int, on_cpu: 
         )
 
 
-def named_policy_weights(policy: torch.nn.Module, gather: Callable) -> Iterator[tuple[str, torch.Tensor]]:
+def named_policy_weights(
+    policy: torch.nn.Module, gather: Callable, copy: bool = False
+) -> Iterator[tuple[str, torch.Tensor]]:
     """
     The policy's weights under the names of its checkpoint, one tensor at a time.
 
     A PEFT policy yields its base weights with the adapters merged (and unmerges them afterwards); `gather(params)` is
-    a context that materialises ZeRO-3-partitioned parameters (a no-op elsewhere).
+    a context that materialises ZeRO-3-partitioned parameters (a no-op elsewhere). With `copy`, each tensor is cloned
+    before its parameter is released again (under ZeRO-3, where a gathered tensor does not outlive its context and
+    vLLM's layer-wise reload may hold a layer's tensors until the layer is complete).
     """
+    own = (lambda t: t.clone()) if copy else (lambda t: t)
     if is_peft_model(policy):
         params = list(policy.parameters())
         with gather(params):
@@ -355,7 +360,7 @@ def named_policy_weights(policy: torch.nn.Module, gather: Callable) -> Iterator[
                     name = name.removeprefix("base_model.model.").replace(".base_layer", "")
                     if prefix in name or "original_module" in name:
                         continue
-                    yield name.replace("modules_to_save.default.", ""), param.data
+                    yield name.replace("modules_to_save.default.", ""), own(param.data)
             finally:
                 policy.unmerge_adapter()
         return
@@ -363,7 +368,7 @@ def named_policy_weights(policy: torch.nn.Module, gather: Callable) -> Iterator[
     # reload fills each of its layers from the names it expects.
     for name, param in policy.named_parameters(remove_duplicate=False):
         with gather([param]):
-            yield name, param.data
+            yield name, own(param.data)
 
 
 def _policy_config(policy: torch.nn.Module):
@@ -437,11 +442,13 @@ class VLLMColocateSampler(_VLLMSamplerBase):
         enable_sleep_mode: bool = False,
         model_impl: str = "vllm",
         seed: int = 0,
+        copy_weights: bool = False,
     ):
         require_vllm()
         super().__init__(tokenizer, stop_token_ids, response_length, accelerator.device)
         self.policy_provider = policy_provider
         self.gather = gather
+        self.copy_weights = copy_weights
         self.accelerator = accelerator
         self.enable_sleep_mode = enable_sleep_mode
         if tensor_parallel_size != 1:
@@ -478,8 +485,10 @@ class VLLMColocateSampler(_VLLMSamplerBase):
             # reused as is: a second trainer in a notebook or a test session does not start (and allocate) another.
             self.llm = _ENGINES[key]
         else:
+            for old in _ENGINES.values():  # one engine per process: a new shape replaces (and frees) the old one
+                _shutdown(old)
+            _ENGINES.clear()
             self.llm = _start_engine(config, engine_args, seed + accelerator.process_index)
-            _ENGINES.clear()  # one engine per process: a new shape replaces the old one
             _ENGINES[key] = self.llm
             self.start_seconds = time.perf_counter() - start
         if enable_sleep_mode:
@@ -491,7 +500,7 @@ class VLLMColocateSampler(_VLLMSamplerBase):
         try:
             if self.enable_sleep_mode:
                 self.llm.wake_up(tags=["weights"])
-            weights = named_policy_weights(self.policy_provider(), self.gather)
+            weights = named_policy_weights(self.policy_provider(), self.gather, self.copy_weights)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
             self.llm.reset_prefix_cache()
         except Exception as err:
@@ -534,9 +543,13 @@ class VLLMColocateSampler(_VLLMSamplerBase):
         if llm is not None:
             for key in [k for k, v in _ENGINES.items() if v is llm]:
                 del _ENGINES[key]
-            with contextlib.suppress(Exception):
-                llm.llm_engine.engine_core.shutdown()
+            _shutdown(llm)
             self.llm = None
+
+
+def _shutdown(llm) -> None:
+    with contextlib.suppress(Exception):
+        llm.llm_engine.engine_core.shutdown()
 
 
 def _shorten(err: Exception, limit: int = 600) -> str:

@@ -321,7 +321,8 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         require_vllm()
         from trl.distributed import DistributedBackend
 
-        gather = DistributedBackend(self.accelerator).gather_params
+        backend = DistributedBackend(self.accelerator)
+        gather = backend.gather_params
 
         def current_policy():
             return self.accelerator.unwrap_model(self.model_wrapped).policy
@@ -359,6 +360,7 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             enable_sleep_mode=args.vllm_enable_sleep_mode,
             model_impl=args.vllm_model_impl,
             seed=args.seed,
+            copy_weights=backend.is_zero3,
         )
         started = f"engine started in {sampler.start_seconds:.0f} s" if sampler.start_seconds else "engine reused"
         logger.warning(
@@ -411,7 +413,8 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         self.total_episodes = total_episodes
         if total_episodes % self.batch_size and self.is_world_process_zero():
             logger.warning(
-                f"total_episodes={total_episodes} is not a multiple of the {self.batch_size} responses per update: "
+                f"total_episodes={total_episodes} is not a multiple of the {self.batch_size} "
+                f"{'prompts' if k == 1 else 'responses'} per update: "
                 f"rounded up to {self.num_ppo_updates} updates = {self.num_ppo_updates * self.batch_size} episodes."
             )
 
