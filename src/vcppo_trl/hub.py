@@ -339,7 +339,9 @@ def training_facts(trainer: PPOTrainer, pretrain_steps: int | None = None) -> di
             "training updates run (value pretraining included)": trainer.state.global_step
             if trainer.state is not None
             else 0,
-            "prompts per update": getattr(trainer, "batch_size", None),
+            "prompts per update": getattr(trainer, "prompts_per_update", None),
+            "responses per prompt": args.num_generations,
+            "sampler": "vLLM" if args.use_vllm else "transformers generate",
             "response length": args.response_length,
         }
     )
