@@ -171,3 +171,34 @@ def test_ddp_run_warns_once_per_job(tmp_path):
     both = result.stdout + result.stderr
     assert both.count("train_dataset: ") == 1, both[-3000:]
     assert both.count("Value pretraining: training the critic alone") == 1
+
+
+@pytest.mark.parametrize("recipe", sorted(glob.glob(os.path.join(ROOT, "configs", "recipes", "*.yaml"))))
+def test_recipe_comments_name_files_that_exist(recipe):
+    """Every repository file a recipe's comments name (launch configs, recipes, docs) exists."""
+    import re
+
+    comments = "\n".join(line for line in open(recipe) if line.lstrip().startswith("#"))
+    named = set(re.findall(r"((?:configs|docs|scripts)/[\w./-]+\.(?:yaml|md|sh|json))", comments))
+    missing = [path for path in sorted(named) if not os.path.isfile(os.path.join(ROOT, path))]
+    assert not missing, f"{os.path.basename(recipe)} names missing files: {missing}"
+    assert "not in this version" not in comments
+
+
+def test_accelerate_use_cpu_under_a_deepspeed_config_is_refused_before_the_cold_start(monkeypatch, tmp_path):
+    """`ACCELERATE_USE_CPU=1 accelerate launch --config_file zero3_cpu.yaml ...` crashed in the first forward: accelerate
+    ran CPU DDP while transformers applied ZeRO-3. It now stops before any model is built, saying what to change."""
+    from vcppo_trl.cli import main
+
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    with pytest.raises(ValueError, match="unset ACCELERATE_USE_CPU and pass --ddp_backend gloo"):
+        main(["--output_dir", str(tmp_path / "run"), "--toy_cold_start_steps", "2"])
+    assert not os.path.exists(tmp_path / "run" / "cold_start")
+
+
+def test_accelerate_use_cpu_under_a_deepspeed_config_is_refused_by_the_trainer(monkeypatch, make_trainer):
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    with pytest.raises(ValueError, match="ACCELERATE_USE_CPU=1 is set under a DeepSpeed launch config"):
+        make_trainer()

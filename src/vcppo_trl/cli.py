@@ -18,6 +18,7 @@ from trl import ModelConfig, ScriptArguments, TrlParser
 from trl.trainer.utils import get_peft_config, get_quantization_config
 
 from .config import VCPPOConfig
+from .distributed import check_launch_environment
 from .loading import resolve_stop_token_ids
 from .preemption import TrainingInterrupted
 from .rewards import resolve_reward_funcs
@@ -249,6 +250,7 @@ def main(argv: list[str] | None = None) -> VCPPOTrainer:
     script_args, training_args, model_args = parser.parse_args_and_config(argv)
 
     # Checks that need no model, before any minutes are spent loading models or on the toy's cold-start SFT.
+    check_launch_environment()
     reward_funcs = resolve_reward_funcs(script_args.reward_funcs)
     if training_args.value_model_path is not None:
         check_value_model_source(training_args.value_model_path)

@@ -20,6 +20,29 @@ if TYPE_CHECKING:
     from .trainer import PPOTrainer
 
 
+def check_launch_environment() -> None:
+    """
+    Refuse `ACCELERATE_USE_CPU=1` under a DeepSpeed launch config, before any model is built.
+
+    The variable makes accelerate run plain CPU DDP, while the DeepSpeed config that `accelerate launch` exports still
+    tells transformers and TRL that ZeRO-3 is on: the two disagree and the first forward crashes (`'Parameter' object
+    has no attribute 'ds_status'`, or `'weight' must be 2-D` in generation).
+
+    Raises:
+        `ValueError`: saying what to change.
+    """
+    from accelerate.utils import parse_flag_from_env
+
+    if parse_flag_from_env("ACCELERATE_USE_CPU") and parse_flag_from_env("ACCELERATE_USE_DEEPSPEED"):
+        raise ValueError(
+            "ACCELERATE_USE_CPU=1 is set under a DeepSpeed launch config: accelerate would then run plain CPU DDP while "
+            "transformers still applies the DeepSpeed (ZeRO-3) config, and training would crash. DeepSpeed runs on a "
+            "CPU without that variable: unset ACCELERATE_USE_CPU and pass --ddp_backend gloo "
+            "(configs/accelerate/zero3_cpu.yaml), or drop the DeepSpeed config to run CPU DDP "
+            "(configs/accelerate/multi_gpu.yaml with ACCELERATE_USE_CPU=1)."
+        )
+
+
 def check_deepspeed_setup(trainer: PPOTrainer) -> None:
     """
     Fail early, with the fix, when DeepSpeed and accelerate disagree on the world or on gradient accumulation.

@@ -39,7 +39,12 @@ from .callbacks import CompactPrinterCallback, RolloutProgressCallback
 from .config import PPOConfig
 from .data import DataReport, prepare_prompt_dataset, prompt_token_lengths, reward_function_columns
 from .diagnostics import marker_token_ids, stop_advantage_gap, stop_positions
-from .distributed import check_deepspeed_setup, micro_batch_context, reset_optimizer_state
+from .distributed import (
+    check_deepspeed_setup,
+    check_launch_environment,
+    micro_batch_context,
+    reset_optimizer_state,
+)
 from .gae import (
     dual_lambda_gae,
     explained_variance,
@@ -167,6 +172,7 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         if not isinstance(args, PPOConfig):
             raise TypeError(f"`args` must be a PPOConfig (or VCPPOConfig), got {type(args).__name__}.")
         quiet_replica(args.process_index)  # warnings once per job, from the first process
+        check_launch_environment()
         # Seed before anything draws from the RNG (the critic's fresh scalar head, LoRA matrices), as `Trainer` does.
         enable_full_determinism(args.seed) if args.full_determinism else set_seed(args.seed)
         self._check_dataset(train_dataset, "train_dataset", required=True)
