@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from .trainer import PPOTrainer
+    from transformers import (
+        Trainer,  # the PPOTrainer (typed as its transformers base: no import back into the trainer)
+    )
 
 
 def check_launch_environment() -> None:
@@ -43,7 +45,7 @@ def check_launch_environment() -> None:
         )
 
 
-def check_deepspeed_setup(trainer: PPOTrainer) -> None:
+def check_deepspeed_setup(trainer: Trainer) -> None:
     """
     Fail early, with the fix, when DeepSpeed and accelerate disagree on the world or on gradient accumulation.
 
@@ -72,7 +74,7 @@ def check_deepspeed_setup(trainer: PPOTrainer) -> None:
 
 
 @contextlib.contextmanager
-def micro_batch_context(trainer: PPOTrainer, model: torch.nn.Module, is_last: bool) -> Iterator[None]:
+def micro_batch_context(trainer: Trainer, model: torch.nn.Module, is_last: bool) -> Iterator[None]:
     """Forward and backward of one micro-batch: gradients are synchronised (and DeepSpeed steps) on the last one."""
     accelerator = trainer.accelerator
     if trainer.is_deepspeed_enabled:

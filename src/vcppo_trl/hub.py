@@ -24,7 +24,9 @@ from transformers.utils import logging
 from .checkpointing import VALUE_MODEL_DIRNAME
 
 if TYPE_CHECKING:
-    from .trainer import PPOTrainer
+    from transformers import (
+        Trainer,  # the PPOTrainer (typed as its transformers base: no import back into the trainer)
+    )
 
 logger = logging.get_logger(__name__)
 
@@ -144,7 +146,7 @@ def upload_command(
 
 
 def push_trainer(
-    trainer: PPOTrainer,
+    trainer: Trainer,
     commit_message: str = "End of training",
     token: str | None = None,
     revision: str | None = None,
@@ -194,7 +196,7 @@ def push_trainer(
     return {"policy": policy_commit, "value": value_commit}
 
 
-def push_pretrained_critic(trainer: PPOTrainer, folder: str, steps: int) -> CommitInfo | None:
+def push_pretrained_critic(trainer: Trainer, folder: str, steps: int) -> CommitInfo | None:
     """
     Push a value-pretrained critic (saved in `folder`) with its card; on failure log the error and return `None`.
 
@@ -250,7 +252,7 @@ def _card_base_model(folder: str) -> str | None:
     return base if isinstance(base, str) else None
 
 
-def _policy_source(trainer: PPOTrainer) -> str | None:
+def _policy_source(trainer: Trainer) -> str | None:
     policy, _ = trainer.unwrapped_policy_and_critic()
     peft_config = getattr(policy, "peft_config", None)
     if peft_config:
@@ -258,7 +260,7 @@ def _policy_source(trainer: PPOTrainer) -> str | None:
     return getattr(policy.config, "_name_or_path", None)
 
 
-def base_model_info(trainer: PPOTrainer) -> tuple[str | None, str]:
+def base_model_info(trainer: Trainer) -> tuple[str | None, str]:
     """
     The policy's base model: `(hub_id, description)`.
 
@@ -278,7 +280,7 @@ def base_model_info(trainer: PPOTrainer) -> tuple[str | None, str]:
     return source, source
 
 
-def base_model_name(trainer: PPOTrainer) -> str | None:
+def base_model_name(trainer: Trainer) -> str | None:
     """The policy's base model as a Hub id (the adapter's base under PEFT), or `None` when there is none."""
     return base_model_info(trainer)[0]
 
@@ -307,7 +309,7 @@ def framework_versions() -> dict[str, str]:
     return versions
 
 
-def training_facts(trainer: PPOTrainer, pretrain_steps: int | None = None) -> dict[str, Any]:
+def training_facts(trainer: Trainer, pretrain_steps: int | None = None) -> dict[str, Any]:
     """The method and its settings, as the cards state them."""
     args = trainer.args
     vc = hasattr(args, "lam_actor")
@@ -486,7 +488,7 @@ Trained with vcppo-trl, a TRL-compatible {algorithm} trainer built on [TRL](http
 
 
 def write_card(
-    trainer: PPOTrainer,
+    trainer: Trainer,
     role: Role,
     folder: str,
     repo_id: str,
@@ -513,7 +515,7 @@ def write_card(
 
 
 def write_cards(
-    trainer: PPOTrainer,
+    trainer: Trainer,
     output_dir: str,
     dataset_name: str | list[str] | None = None,
     tags: list[str] | None = None,

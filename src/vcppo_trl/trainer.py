@@ -35,7 +35,6 @@ from trl.data_utils import is_conversational, maybe_apply_chat_template
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model, print_prompt_completions_sample
 
-from .callbacks import CompactPrinterCallback, RolloutProgressCallback
 from .config import PPOConfig
 from .data import DataReport, prepare_prompt_dataset, prompt_token_lengths, reward_function_columns
 from .diagnostics import marker_token_ids, stop_advantage_gap, stop_positions
@@ -73,6 +72,7 @@ from .losses import (
 from .output import quiet_replica
 from .peft_utils import wrap_value_model
 from .preemption import SignalWatcher, TrainingInterrupted
+from .progress import CompactPrinterCallback, RolloutProgressCallback
 from .reward_calls import call_reward_function
 from .rollout import (
     PolicyAndValueModel,
