@@ -133,9 +133,10 @@ def critic_values(critic, input_ids, attention_mask, position_ids, context_lengt
 
 
 def check_update(device: torch.device, smoke: bool) -> dict:
-    from vcppo_trl.gae import dual_lambda_gae, masked_whiten
+    from vcppo_trl.gae import dual_lambda_gae
     from vcppo_trl.logprobs import response_logprobs
     from vcppo_trl.losses import clipped_policy_loss, clipped_value_loss
+    from vcppo_trl.masked import masked_whiten
     from vcppo_trl.rollout import position_ids_from_mask
 
     config = SMOKE_MODEL if smoke else QWEN25_05B

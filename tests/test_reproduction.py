@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
 
 from vcppo_trl import PPOConfig, PPOTrainer
-from vcppo_trl.gae import position_bucket_explained_variance, position_bucket_means
+from vcppo_trl.diagnostics import position_bucket_explained_variance, position_bucket_means
 from vcppo_trl.toy import build_tiny_model, make_arithmetic_dataset
 from vcppo_trl.toy.reward_model import build_controlled_bias_critic, build_reward_model, position_ramp
 from vcppo_trl.toy.task import format_short_solution, format_solution, response_mode

@@ -1,4 +1,6 @@
-"""Diagnostics of the advantage signal: pure tensor functions, no trainer state (they import nothing from the trainer).
+"""Diagnostics of the critic and the advantage signal: pure tensor functions, no trainer state (they import nothing
+from the trainer): explained variance (over the batch and by position), advantage by position (the paper's Figure 2),
+and the stop-vs-continue gap.
 
 The stop-vs-continue gap measures the mechanism by which a critic biased low on early prefixes shortens responses:
 with V = V* − b(t) and λ < 1, the action that *stops* reasoning at position k collects the whole bias b(k) in its
@@ -170,3 +172,102 @@ def marker_token_ids(tokenizer, marker: str | None) -> list[int]:
     if unk is not None and unk in ids:
         return []
     return ids
+
+
+def explained_variance(
+    values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, min_relative_std: float = 0.05
+) -> float:
+    """
+    `1 − Var(returns − values) / Var(returns)` over every masked token of the whole batch.
+
+    Call it on the full batch (all micro-batches, gathered across ranks): averaging per-micro-batch values is wrong.
+
+    Returns `nan` when the returns carry (almost) nothing to explain: their standard deviation is at most
+    `min_relative_std × max(1, RMS(returns))`. That is the case when every response got the same score and the returns
+    differ only by float noise, by KL penalties of a few hundredths, or by the bootstrapped values of λ < 1; the ratio
+    then divides the critic's error by a near-zero variance and gives numbers like −3e5 that say nothing about the
+    critic (and wreck dashboards). The `max(1, ·)` assumes rewards of order 1 (±1 or 0/1 verifiers, reward models);
+    pass a smaller `min_relative_std` for rewards on a much smaller scale.
+
+    Args:
+        values, returns (`torch.Tensor` of shape `[B, T]`): Predictions and targets.
+        mask (`torch.Tensor` of shape `[B, T]`): Valid tokens.
+        min_relative_std (`float`, defaults to `0.05`): See above; `0` keeps only the guard against exact constants.
+    """
+    mask = mask.bool()
+    if mask.sum() < 2:
+        return float("nan")
+    targets = returns[mask].double()
+    residual = targets - values[mask].double()
+    var_targets = targets.var()
+    scale = max(1.0, float(targets.pow(2).mean().sqrt()))
+    # Float noise on constant targets (relative 1e-8 in variance), or variation too small to be worth explaining.
+    if var_targets <= max(1e-8 * scale**2, (min_relative_std * scale) ** 2):
+        return float("nan")
+    return float(1.0 - residual.var() / var_targets)
+
+
+def position_correlation(advantages: torch.Tensor, mask: torch.Tensor) -> float:
+    """
+    Pearson correlation between a per-token quantity and the token's position in its response.
+
+    VC-PPO's Figure 2 signal: with a biased critic, advantages grow toward early tokens (a negative correlation),
+    and the policy learns to stop early. Returns `nan` when either side has no variance.
+    """
+    mask = mask.bool()
+    positions = torch.arange(advantages.shape[1], device=advantages.device).expand_as(advantages)
+    x = positions[mask].double()
+    y = advantages[mask].double()
+    if x.numel() < 2 or x.std() == 0 or y.std() == 0:
+        return float("nan")
+    x = x - x.mean()
+    y = y - y.mean()
+    return float((x * y).sum() / torch.sqrt((x * x).sum() * (y * y).sum()))
+
+
+def position_buckets(mask: torch.Tensor, num_buckets: int) -> torch.Tensor:
+    """Relative-position bucket `floor(t · num_buckets / L)` of token `t` in a response of `L` valid tokens, `[B, T]`."""
+    mask = mask.bool()
+    lengths = mask.sum(dim=1, keepdim=True).clamp(min=1)
+    positions = torch.arange(mask.shape[1], device=mask.device).unsqueeze(0)
+    return torch.div(positions * num_buckets, lengths, rounding_mode="floor").clamp(max=num_buckets - 1)
+
+
+def position_bucket_means(values: torch.Tensor, mask: torch.Tensor, num_buckets: int = 8) -> torch.Tensor:
+    """
+    Mean of a per-token quantity by relative position in the response (the paper's Figure 2, as numbers).
+
+    Token `t` of a response with `L` valid tokens falls in bucket `floor(t · num_buckets / L)`, so bucket 0 holds the
+    first eighth of every response (with 8 buckets) and bucket `num_buckets − 1` its last eighth, whatever the length.
+
+    Args:
+        values (`torch.Tensor` of shape `[B, T]`): e.g. advantages, or values minus returns.
+        mask (`torch.Tensor` of shape `[B, T]`): right-padded mask of valid response tokens (bool or 0/1).
+        num_buckets (`int`): number of position buckets.
+
+    Returns:
+        `torch.Tensor` of shape `[num_buckets]` (float64): the mean over every valid token in each bucket, over the
+        whole batch; `nan` for a bucket with no token.
+    """
+    mask = mask.bool()
+    buckets = position_buckets(mask, num_buckets)
+    sums = torch.zeros(num_buckets, dtype=torch.float64, device=values.device)
+    counts = torch.zeros(num_buckets, dtype=torch.float64, device=values.device)
+    sums.index_add_(0, buckets[mask], values[mask].double())
+    counts.index_add_(0, buckets[mask], torch.ones_like(values[mask], dtype=torch.float64))
+    return torch.where(counts > 0, sums / counts.clamp(min=1), torch.full_like(sums, float("nan")))
+
+
+def position_bucket_explained_variance(
+    values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, num_buckets: int = 8
+) -> list[float]:
+    """
+    [`explained_variance`] of `values` against `returns` within each relative-position bucket (see
+    [`position_bucket_means`]); `nan` for a bucket with fewer than two tokens or constant returns.
+
+    With Monte-Carlo returns as `returns`, it shows the paper's Figure 3 effect: a critic trained with λ < 1 explains
+    the end reward poorly at early tokens, which the decayed targets never reach.
+    """
+    mask = mask.bool()
+    buckets = position_buckets(mask, num_buckets)
+    return [explained_variance(values, returns, mask & (buckets == k)) for k in range(num_buckets)]

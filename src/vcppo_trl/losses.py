@@ -13,7 +13,7 @@ from typing import Literal
 
 import torch
 
-from .gae import masked_mean
+from .masked import masked_mean
 
 LossType = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"]
 LOSS_TYPES: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")

@@ -37,23 +37,22 @@ from trl.trainer.utils import disable_dropout_in_model, print_prompt_completions
 
 from .config import PPOConfig
 from .data import DataReport, prepare_prompt_dataset, prompt_token_lengths, reward_function_columns
-from .diagnostics import marker_token_ids, stop_advantage_gap, stop_positions
+from .diagnostics import (
+    explained_variance,
+    marker_token_ids,
+    position_bucket_explained_variance,
+    position_bucket_means,
+    position_correlation,
+    stop_advantage_gap,
+    stop_positions,
+)
 from .distributed import (
     check_deepspeed_setup,
     check_launch_environment,
     micro_batch_context,
     reset_optimizer_state,
 )
-from .gae import (
-    dual_lambda_gae,
-    explained_variance,
-    gae,
-    masked_mean,
-    masked_whiten,
-    position_bucket_explained_variance,
-    position_bucket_means,
-    position_correlation,
-)
+from .gae import dual_lambda_gae, gae
 from .generation import (
     HFSampler,
     SamplerError,
@@ -69,6 +68,7 @@ from .losses import (
     loss_normalizer,
     sampler_importance_weights,
 )
+from .masked import masked_mean, masked_whiten
 from .output import quiet_replica
 from .peft_utils import wrap_value_model
 from .preemption import SignalWatcher, TrainingInterrupted
@@ -754,7 +754,7 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         return self.args.cliprange_value
 
     def whiten(self, values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
-        """[`~gae.masked_whiten`] with the statistics `args.advantage_whitening` asks for (all processes, or this one)."""
+        """[`~masked.masked_whiten`] with the statistics `args.advantage_whitening` asks for (all processes, or this one)."""
         all_reduce = None
         if self.args.advantage_whitening == "global" and self.accelerator.num_processes > 1:
             all_reduce = lambda t: self.accelerator.reduce(t, "sum")  # noqa: E731
