@@ -440,6 +440,26 @@ def test_server_mode_generation_matches_hf(vllm_server, make_trainer, tokenizer,
     assert _max_logprob_gap(trainer.model.policy, ids, mask, sampled, 0.7) < LOGPROB_TOLERANCE
 
 
+def test_server_context_too_short_is_refused(vllm_server, make_trainer, tokenizer, tiny_config):
+    from vcppo_trl.vllm_sampling import VLLMServerSampler
+
+    trainer = make_trainer(model=_wide_policy(tokenizer), args=tiny_config())
+    assert _server_sampler(trainer, vllm_server["url"]).server_max_model_length() == 256  # its --max-model-len
+    with pytest.raises(ValueError, match=r"need up to 300 tokens but the vLLM server at .* serves a context of 256"):
+        VLLMServerSampler(
+            lambda: trainer.model.policy,
+            lambda params: contextlib.nullcontext(),
+            trainer.accelerator,
+            tokenizer,
+            trainer.stop_token_ids,
+            24,
+            base_url=vllm_server["url"],
+            timeout=30.0,
+            init_communicator=False,
+            needed_length=300,
+        )
+
+
 def test_server_mode_training_on_cpu_is_refused_with_the_reason(vllm_server, vllm_trainer):
     with pytest.raises(ValueError, match="NCCL, which needs CUDA"):
         vllm_trainer(vllm_mode="server", vllm_server_base_url=vllm_server["url"])

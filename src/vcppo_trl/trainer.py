@@ -336,6 +336,11 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             return self.accelerator.unwrap_model(self.model_wrapped).policy
 
         common = (current_policy, gather, self.accelerator, self.processing_class, self.stop_token_ids)
+        longest_prompt = args.max_prompt_length
+        if longest_prompt is None:
+            datasets = [d for d in (self.train_dataset, self.eval_dataset) if d is not None]
+            longest_prompt = max(max(prompt_token_lengths(d["prompt"], self.processing_class)) for d in datasets)
+        needed_length = longest_prompt + args.response_length
         if args.vllm_mode == "server":
             sampler = VLLMServerSampler(
                 *common,
@@ -343,6 +348,7 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
                 base_url=server_base_url(args),
                 timeout=args.vllm_server_timeout,
                 group_port=args.vllm_group_port,
+                needed_length=needed_length,
             )
             logger.warning(f"Rollouts are sampled by the vLLM server at {sampler.base_url}.")
             return sampler
@@ -352,11 +358,7 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             if args.max_prompt_length is not None
             else config.max_position_embeddings
         )
-        longest_prompt = args.max_prompt_length
-        if longest_prompt is None:
-            datasets = [d for d in (self.train_dataset, self.eval_dataset) if d is not None]
-            longest_prompt = max(max(prompt_token_lengths(d["prompt"], self.processing_class)) for d in datasets)
-        check_vllm_model(config, max_model_length, longest_prompt + args.response_length, vllm_platform_is_cpu())
+        check_vllm_model(config, max_model_length, needed_length, vllm_platform_is_cpu())
         dtype = vllm_dtype(args, policy)
         sampler = VLLMColocateSampler(
             *common,

@@ -377,6 +377,7 @@ class VLLMServerSampler(_VLLMSamplerBase):
         timeout: float,
         group_port: int = 51216,
         init_communicator: bool = True,
+        needed_length: int | None = None,
     ):
         require_vllm()
         super().__init__(tokenizer, stop_token_ids, response_length, accelerator.device)
@@ -386,46 +387,80 @@ class VLLMServerSampler(_VLLMSamplerBase):
         self.base_url = base_url
         self.timeout = timeout
         self.client = None
+        self._weight_metadata = None  # names, dtypes and shapes the server expects; constant after the first sync
         if init_communicator and accelerator.device.type != "cuda":
             raise ValueError(
                 "vllm_mode='server' pushes the policy's weights to the server over NCCL, which needs CUDA devices; "
                 f"this run is on {accelerator.device.type}. Use vllm_mode='colocate' (which works on CPU) or "
                 "use_vllm=False."
             )
+        problem = [None]  # decided by the main process, raised by every process (none waits at a barrier forever)
         if accelerator.is_main_process:
-            from trl.generation.vllm_client import VLLMClient
-
             start = time.perf_counter()
-            try:
-                self.client = VLLMClient(base_url=base_url, group_port=group_port, connection_timeout=timeout)
-            except Exception as err:
-                raise SamplerError(
-                    f"No vLLM server answered at {base_url} within vllm_server_timeout={timeout:g} s "
-                    f"({type(err).__name__}: {err}). Start one (see docs/vllm.md) or fix "
-                    "vllm_server_base_url / vllm_server_host / vllm_server_port."
-                ) from err
-            # Requests fail after `timeout` seconds without an answer, and retry a dead server only briefly.
-            from requests.adapters import HTTPAdapter, Retry
-
-            adapter = HTTPAdapter(max_retries=Retry(total=2, connect=2, read=0, status=0, backoff_factor=0.5))
-            self.client.session.mount("http://", adapter)
-            self.client.session.mount("https://", adapter)
-            self.client.session.post = functools.partial(self.client.session.post, timeout=timeout)
-            if init_communicator:
-                self.client.init_communicator(device=accelerator.device)
+            problem[0] = self._connect(group_port, needed_length)
+            if problem[0] is None and init_communicator:
+                try:
+                    self.client.init_communicator(device=accelerator.device)
+                except Exception as err:
+                    problem[0] = (
+                        f"No vLLM server weight-update group at {self.base_url} (group port {group_port}): "
+                        f"{type(err).__name__}: {_shorten(err)}. Start the server with TRL's settings (docs/vllm.md)."
+                    )
             self.start_seconds = time.perf_counter() - start
-        accelerator.wait_for_everyone()
+        if accelerator.num_processes > 1:
+            from accelerate.utils import broadcast_object_list
+
+            broadcast_object_list(problem, from_process=0)
+        if problem[0] is not None:
+            error = SamplerError if problem[0].startswith("No vLLM server") else ValueError
+            raise error(problem[0])
+
+    def _connect(self, group_port: int, needed_length: int | None) -> str | None:
+        """Connect to the server (main process); returns what is wrong, or `None`."""
+        from requests.adapters import HTTPAdapter, Retry
+        from trl.generation.vllm_client import VLLMClient
+
+        try:
+            self.client = VLLMClient(base_url=self.base_url, group_port=group_port, connection_timeout=self.timeout)
+        except Exception as err:
+            return (
+                f"No vLLM server answered at {self.base_url} within vllm_server_timeout={self.timeout:g} s "
+                f"({type(err).__name__}: {_shorten(err)}). Start one (see docs/vllm.md) or fix "
+                "vllm_server_base_url / vllm_server_host / vllm_server_port."
+            )
+        # Requests fail after `timeout` seconds without an answer, and retry a dead server only briefly.
+        adapter = HTTPAdapter(max_retries=Retry(total=2, connect=2, read=0, status=0, backoff_factor=0.5))
+        self.client.session.mount("http://", adapter)
+        self.client.session.mount("https://", adapter)
+        self.client.session.post = functools.partial(self.client.session.post, timeout=self.timeout)
+        server_length = self.server_max_model_length()
+        if needed_length is not None and server_length is not None and needed_length > server_length:
+            return (
+                f"Prompt plus response need up to {needed_length} tokens but the vLLM server at {self.base_url} serves "
+                f"a context of {server_length} (its --max-model-len): restart it with a longer one, or lower "
+                "max_prompt_length / response_length."
+            )
+        return None
+
+    def server_max_model_length(self) -> int | None:
+        """The server's context length, from its `/server_info` (dev mode); `None` when it does not say."""
+        try:
+            info = self.client.get_server_info()
+            return int(info["model_config"]["max_model_len"])
+        except Exception:
+            return None
 
     def sync_weights(self) -> None:
         start = time.perf_counter()
         try:
             policy = self.policy_provider()
-            metadata = [
-                (n, str(p.dtype).removeprefix("torch."), list(p.shape))
-                for n, p in named_policy_weights(policy, self.gather)
-            ]
+            if self._weight_metadata is None:  # one extra pass (with its ZeRO-3 gathers) on the first sync only
+                self._weight_metadata = [
+                    (n, str(p.dtype).removeprefix("torch."), list(p.shape))
+                    for n, p in named_policy_weights(policy, self.gather)
+                ]
             if self.client is not None:
-                self.client.update_named_params(metadata, named_policy_weights(policy, self.gather))
+                self.client.update_named_params(self._weight_metadata, named_policy_weights(policy, self.gather))
                 self.client.reset_prefix_cache()
             else:
                 for _ in named_policy_weights(policy, self.gather):  # take part in the ZeRO-3 gathers
