@@ -87,3 +87,46 @@ def test_the_graph_sees_local_and_type_checking_imports():
     # Pure math imports nothing of the package but the shared masked reductions.
     for module in ("gae", "masked", "diagnostics", "losses"):
         assert graph[f"vcppo_trl.{module}"] <= {"vcppo_trl.masked"}, module
+
+
+def _top_level_names(path: str) -> set[str]:
+    names = set()
+    for node in ast.parse(open(path).read()).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.If):  # `if TYPE_CHECKING:` / availability guards
+            for inner in node.body:
+                if isinstance(inner, ast.Import | ast.ImportFrom):
+                    names |= {(alias.asname or alias.name).split(".")[0] for alias in inner.names}
+    return names
+
+
+def test_every_name_imported_from_the_package_exists():
+    """Function-local imports run only when their function does: a name moved elsewhere must fail here, not there."""
+    modules = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                modules[_module_name(os.path.join(folder, name))] = os.path.join(folder, name)
+    missing = []
+    for name, path in modules.items():
+        package = name if path.endswith("__init__.py") else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(open(path).read())):
+            if not isinstance(node, ast.ImportFrom) or not node.level:
+                continue
+            base = package.split(".")
+            base = base[: len(base) - node.level + 1]
+            target = ".".join(base + ([node.module] if node.module else []))
+            if target not in modules:
+                continue
+            defined = _top_level_names(modules[target])
+            for alias in node.names:
+                if alias.name not in defined and f"{target}.{alias.name}" not in modules:
+                    missing.append(f"{name} imports {alias.name} from {target}")
+    assert not missing, missing

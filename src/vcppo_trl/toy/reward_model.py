@@ -310,7 +310,7 @@ def build_controlled_bias_critic(
     if cached is not None:
         return cached
 
-    from ..gae import position_bucket_means
+    from ..diagnostics import position_bucket_means
 
     torch.manual_seed(seed)
     teacher = as_value_model(reward_model).eval()
