@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 import signal
@@ -105,6 +106,19 @@ PRETRAIN_METRIC_NAMES = {
     "val/clipfrac": "value_pretrain/clipfrac",
     "val/vpred": "value_pretrain/vpred",
 }
+
+
+@dataclasses.dataclass
+class ScoredSamples:
+    """What [`PPOTrainer.sample_and_score`] returns: prompts as tokens, the samples, and their rewards."""
+
+    query_ids: torch.Tensor  # [B, P] left-padded
+    query_mask: torch.Tensor  # [B, P]
+    samples: Samples
+    completions: list[Any]  # what the reward functions received
+    rewards_per_func: torch.Tensor  # [B, F], nan where a function returned None
+    reward_failed: torch.Tensor  # [B] bool
+    raw_scores: torch.Tensor  # [B] weighted sum of the functions, nan where none applied
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -601,6 +615,25 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         rewards = torch.tensor(columns, dtype=torch.float32, device=device).T
         return rewards, torch.tensor(failed, dtype=torch.bool, device=device)
 
+    def sample_and_score(
+        self, rows: list[dict[str, Any]], greedy: bool = False, temperature: float | None = None
+    ) -> ScoredSamples:
+        """
+        The steps training and evaluation share: chat template and tokenization, generation with the configured
+        sampler, decoding, and every reward function's score with their weighted sum (`raw_scores`, nan where no
+        function scored the sample). No penalty is applied here.
+        """
+        prompt_texts = self._prompt_texts(rows)
+        query_ids, query_mask = self._tokenize_prompts(prompt_texts)
+        samples = self.generate(query_ids, query_mask, greedy=greedy, temperature=temperature)
+        completions, texts, completion_ids = self._completions(rows, samples.response_ids, samples.response_mask)
+        rewards_per_func, reward_failed = self.score(rows, prompt_texts, completions, texts, completion_ids)
+        weights = self.reward_weights.to(rewards_per_func.device)
+        raw_scores = (rewards_per_func.nan_to_num(0.0) * weights).sum(dim=1)
+        all_none = torch.isnan(rewards_per_func).all(dim=1)
+        raw_scores = torch.where(all_none, torch.full_like(raw_scores, float("nan")), raw_scores)
+        return ScoredSamples(query_ids, query_mask, samples, completions, rewards_per_func, reward_failed, raw_scores)
+
     @torch.no_grad()
     def _forward_in_chunks(self, rollout: Rollout, compute_policy: bool):
         """Old log-probabilities and values of a rollout, in eval mode (no dropout), like generation."""
@@ -651,36 +684,27 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
                 reference is a copy of the initial policy, where it is exactly 0, are the log-probabilities skipped.
         """
         args = self.args
-        prompt_texts = self._prompt_texts(rows)
-        query_ids, query_mask = self._tokenize_prompts(prompt_texts)
-        samples = self.generate(query_ids, query_mask)
-        response_ids, response_mask, has_stop = samples.response_ids, samples.response_mask, samples.has_stop
-        completions, completion_texts, completion_ids = self._completions(rows, response_ids, response_mask)
-        rewards_per_func, reward_failed = self.score(rows, prompt_texts, completions, completion_texts, completion_ids)
-
-        weights = self.reward_weights.to(rewards_per_func.device)
-        all_none = torch.isnan(rewards_per_func).all(dim=1)
-        raw_scores = (rewards_per_func.nan_to_num(0.0) * weights).sum(dim=1)
-        raw_scores = torch.where(all_none, torch.full_like(raw_scores, float("nan")), raw_scores)
+        scored = self.sample_and_score(rows)
+        samples, raw_scores, has_stop = scored.samples, scored.raw_scores, scored.samples.has_stop
         scores = raw_scores.nan_to_num(0.0).clone()
         if args.missing_eos_penalty is not None:
             scores = scores - args.missing_eos_penalty * (~has_stop).float()
         # A sample that no reward function could score is dropped from the losses.
-        response_mask = response_mask & ~all_none.unsqueeze(1)
+        response_mask = samples.response_mask & ~torch.isnan(raw_scores).unsqueeze(1)
 
         rollout = Rollout(
             prompts=[row["prompt"] for row in rows],
-            completions=completions,
+            completions=scored.completions,
             extra_columns={k: [row[k] for row in rows] for k in rows[0] if k != "prompt"},
-            query_ids=query_ids,
-            query_mask=query_mask,
-            response_ids=response_ids,
+            query_ids=scored.query_ids,
+            query_mask=scored.query_mask,
+            response_ids=samples.response_ids,
             response_mask=response_mask,
             has_stop=has_stop,
             scores=scores,
             raw_scores=raw_scores,
-            rewards_per_func=rewards_per_func,
-            reward_failed=reward_failed,
+            rewards_per_func=scored.rewards_per_func,
+            reward_failed=scored.reward_failed,
             sampler_logprobs=samples.logprobs,
         )
         with_kl = args.kl_coef > 0 and (train_policy or not self.reference_is_initial_policy)
@@ -1353,16 +1377,9 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         for start in range(0, len(indices), max(1, chunk // k)):
             idx = indices[start : start + max(1, chunk // k)]
             rows = [dataset[i] for i in idx for _ in range(k)]
-            prompt_texts = self._prompt_texts(rows)
-            query_ids, query_mask = self._tokenize_prompts(prompt_texts)
-            samples = self.generate(query_ids, query_mask, greedy=(k == 1), temperature=self.args.eval_temperature)
-            response_ids, response_mask = samples.response_ids, samples.response_mask
-            completions, texts, completion_ids = self._completions(rows, response_ids, response_mask)
-            per_func, _ = self.score(rows, prompt_texts, completions, texts, completion_ids)
-            weights = self.reward_weights.to(per_func.device)
-            scores = (per_func.nan_to_num(0.0) * weights).sum(1)
-            valid = ~torch.isnan(per_func).all(1)
-            lengths = response_mask.sum(1)
+            scored = self.sample_and_score(rows, greedy=(k == 1), temperature=self.args.eval_temperature)
+            scores, valid = scored.raw_scores.nan_to_num(0.0), ~torch.isnan(scored.raw_scores)
+            lengths = scored.samples.response_mask.sum(1)
             for j, i in enumerate(r for r in idx for _ in range(k)):
                 if bool(valid[j]):
                     correct = float(scores[j]) > self.args.accuracy_threshold
