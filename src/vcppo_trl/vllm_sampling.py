@@ -166,6 +166,23 @@ class _VLLMSamplerBase:
     def mark_stale(self) -> None:
         self.stale = True
 
+    def sync_weights(self) -> None:
+        """Bring the sampler to the policy's current weights; a failure stops training (never stale samples)."""
+        start = time.perf_counter()
+        try:
+            self._push_weights()
+        except Exception as err:
+            raise SamplerError(
+                f"{self.sync_description} failed ({type(err).__name__}: {_shorten(err)}); training stops rather than "
+                "sample from stale weights."
+            ) from err
+        self.stale = False
+        self.num_syncs += 1
+        self.sync_seconds = time.perf_counter() - start
+
+    def _push_weights(self) -> None:
+        raise NotImplementedError
+
 
 class VLLMColocateSampler(_VLLMSamplerBase):
     """
@@ -180,6 +197,7 @@ class VLLMColocateSampler(_VLLMSamplerBase):
     """
 
     name = "vllm-colocate"
+    sync_description = "Loading the policy's weights into vLLM"
 
     def __init__(
         self,
@@ -248,23 +266,13 @@ class VLLMColocateSampler(_VLLMSamplerBase):
         if enable_sleep_mode:
             self.llm.sleep(level=1)
 
-    def sync_weights(self) -> None:
+    def _push_weights(self) -> None:
         """Load the policy's current weights into the engine (all of them, in checkpoint format)."""
-        start = time.perf_counter()
-        try:
-            if self.enable_sleep_mode:
-                self.llm.wake_up(tags=["weights"])
-            weights = named_policy_weights(self.policy_provider(), self.gather, self.copy_weights)
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
-            self.llm.reset_prefix_cache()
-        except Exception as err:
-            raise SamplerError(
-                f"Loading the policy's weights into vLLM failed ({type(err).__name__}: {err}); training stops rather "
-                "than sample from stale weights."
-            ) from err
-        self.stale = False
-        self.num_syncs += 1
-        self.sync_seconds = time.perf_counter() - start
+        if self.enable_sleep_mode:
+            self.llm.wake_up(tags=["weights"])
+        weights = named_policy_weights(self.policy_provider(), self.gather, self.copy_weights)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self.llm.reset_prefix_cache()
 
     @torch.no_grad()
     def generate(self, query_ids: torch.Tensor, query_mask: torch.Tensor, greedy: bool, temperature: float) -> Samples:
@@ -385,6 +393,7 @@ class VLLMServerSampler(_VLLMSamplerBase):
         self.gather = gather
         self.accelerator = accelerator
         self.base_url = base_url
+        self.sync_description = f"Pushing the policy's weights to the vLLM server at {base_url}"
         self.timeout = timeout
         self.client = None
         self._weight_metadata = None  # names, dtypes and shapes the server expects; constant after the first sync
@@ -450,29 +459,20 @@ class VLLMServerSampler(_VLLMSamplerBase):
         except Exception:
             return None
 
-    def sync_weights(self) -> None:
-        start = time.perf_counter()
-        try:
-            policy = self.policy_provider()
-            if self._weight_metadata is None:  # one extra pass (with its ZeRO-3 gathers) on the first sync only
-                self._weight_metadata = [
-                    (n, str(p.dtype).removeprefix("torch."), list(p.shape))
-                    for n, p in named_policy_weights(policy, self.gather)
-                ]
-            if self.client is not None:
-                self.client.update_named_params(self._weight_metadata, named_policy_weights(policy, self.gather))
-                self.client.reset_prefix_cache()
-            else:
-                for _ in named_policy_weights(policy, self.gather):  # take part in the ZeRO-3 gathers
-                    pass
-        except Exception as err:
-            raise SamplerError(
-                f"Pushing the policy's weights to the vLLM server at {self.base_url} failed "
-                f"({type(err).__name__}: {err}); training stops rather than sample from stale weights."
-            ) from err
-        self.stale = False
-        self.num_syncs += 1
-        self.sync_seconds = time.perf_counter() - start
+    def _push_weights(self) -> None:
+        """Stream the policy's weights to the server over NCCL (every process takes part in the ZeRO-3 gathers)."""
+        policy = self.policy_provider()
+        if self._weight_metadata is None:  # one extra pass (with its ZeRO-3 gathers) on the first sync only
+            self._weight_metadata = [
+                (n, str(p.dtype).removeprefix("torch."), list(p.shape))
+                for n, p in named_policy_weights(policy, self.gather)
+            ]
+        if self.client is not None:
+            self.client.update_named_params(self._weight_metadata, named_policy_weights(policy, self.gather))
+            self.client.reset_prefix_cache()
+        else:
+            for _ in named_policy_weights(policy, self.gather):  # take part in the ZeRO-3 gathers
+                pass
 
     @torch.no_grad()
     def generate(self, query_ids: torch.Tensor, query_mask: torch.Tensor, greedy: bool, temperature: float) -> Samples:
