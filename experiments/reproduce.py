@@ -4,11 +4,12 @@
     python experiments/reproduce.py --full       # + the sweeps (lambda_actor, pretraining steps, lambda_critic)
     python experiments/reproduce.py --report     # rebuild the table and plots from the saved runs only
     python experiments/reproduce.py --task majority  # the stop-anytime task (results/majority/, .cache/majority/)
+    python experiments/reproduce.py --seeds 3 4 5    # other seeds than the budget's (a rerun with unused seeds)
 
 Everything is cached and resumable: the cold start, the reward model and the controlled-bias critic are built once
 under `experiments/.cache/`, and every run writes `experiments/results/runs/<variant>/seed<k>.json` when it ends (its
-whole metric history and the held-out evaluation; its console output goes to `results/logs/`, not kept in git); a run
-whose file exists (with the same budget) is skipped. The table and plots are then
+whole metric history, the held-out evaluation, its seed and the commit it ran at; its console output goes to
+`results/logs/`, not kept in git); a run whose file exists (with the same budget, whatever the seed list) is skipped. The table and plots are then
 rebuilt from those files by `experiments/report.py`.
 
 The toy (fixed before any run, see `Budget`): additions of 1- to 6-digit numbers, with a cold start on a 50/50 mix of
@@ -111,11 +112,23 @@ class MajorityBudget(Budget):
     max_bits: int = 31
     bias: float = 0.6
     early_stop_fraction: float = 0.5
+    tally: str = "counts"  # the task variant (vcppo_trl.toy.majority): "counts" or "diff"
+    encoding: str = "plain"  # "plain" or "changes"
+    toy_hidden_size: int = 96  # the toy policy's size (vcppo_trl.toy.build_tiny_model)
+    toy_num_layers: int = 2
     response_length: int = 320  # complete responses are 117-258 tokens
+    # The PPO baseline's critic: a reward model trained on complete responses and on truncated prefixes (our device,
+    # vcppo_trl.toy.reward_model); the EOS-only reward model (the paper's) is built beside it as `reward_model_eos`.
+    rm_prefixes_per_response: int = 1
 
     def asset_key(self) -> dict[str, Any]:
         keys = ("num_train", "num_eval", "cold_start_steps", "min_bits", "max_bits", "bias", "early_stop_fraction")
-        return {"task": "majority", **{k: getattr(self, k) for k in keys}}
+        key = {"task": "majority", **{k: getattr(self, k) for k in keys}}
+        # Only where they differ from the first majority assets, so that those stay valid.
+        for k, default in (("tally", "counts"), ("encoding", "plain"), ("toy_hidden_size", 96), ("toy_num_layers", 2)):
+            if getattr(self, k) != default:
+                key[k] = getattr(self, k)
+        return key
 
 
 MAJORITY_SMOKE_BUDGET = MajorityBudget(
@@ -134,6 +147,30 @@ TASKS = {
 }
 
 
+# Written before any table run of the stop-anytime task (`--task majority`), from the stop-bias note
+# (shared/notes/stop-bias-mechanism.md) and its tabular simulation; not to be edited after the runs.
+PREDICTION = """\
+Prediction (written before the table's runs). If the stop-bias mechanism drives the paper's collapse, then at a critic
+that refits slower than the policy moves (critic/policy learning-rate ratio below 1; the simulation collapses at 1/2
+and below, only dips and recovers at 1 and 2):
+  1. PPO (RM critic, λ .95/.95) loses length and accuracy;
+  2. VC-PPO without value pretraining (RM critic, λ .95/1.0) drifts early on like PPO, until its critic refits;
+  3. VC-PPO without decoupled GAE (pretrained, λ .95/.95) holds at first, then drifts as its λ = 0.95 critic lags;
+  4. VC-PPO (pretrained, λ .95/1.0) keeps or gains both;
+  5. λ_actor = 1.0 with the RM critic shows no spurious stop gap (its cost is variance) and does not lose length.
+At a critic at least as fast as the policy, PPO only dips (training-rollout length falls, then recovers) and the end
+points do not separate. The first updates' diagnostics/stop_advantage_gap is positive for the RM critic at λ 0.95 and
+≈ 0 or negative for the pretrained one (λ = 1 targets).
+What counts: per variant, the difference (end − cold start) of held-out accuracy and of held-out length, averaged over
+≥ 3 seeds with a 95 % t-interval. "Loses length" / "loses accuracy": that interval lies entirely below 0. "Keeps or
+gains": it contains 0 or lies above 0. The claim "PPO collapses and VC-PPO holds" needs, at the same critic speed, PPO
+losing both and VC-PPO keeping or gaining both, with the two variants' intervals of the end values not overlapping.
+Held-out decoding is greedy, which may hide a shift of the stop hazard that stays below 1/2 at every line; the training
+rollouts' mean length (sampled at temperature 1, mean of the last 5 updates minus the first 5) is judged by the same
+rule beside it.
+"""
+
+
 def task_splits(budget: Budget):
     """The train/test splits of the budget's task (seed 0 for every run: the same problems, whatever the seed)."""
     if isinstance(budget, MajorityBudget):
@@ -147,6 +184,8 @@ def task_splits(budget: Budget):
             max_bits=budget.max_bits,
             bias=budget.bias,
             early_stop_fraction=budget.early_stop_fraction,
+            tally=budget.tally,
+            encoding=budget.encoding,
         )
     from vcppo_trl.toy import make_splits
 
@@ -258,7 +297,10 @@ def build_assets(budget: Budget, cache_dir: str) -> dict[str, Any]:
     if manifest is None or manifest.get("key") != key:
         t0 = time.time()
         tokenizer = build_tokenizer()
-        policy = build_tiny_model(tokenizer, seed=0)
+        size = {}
+        if isinstance(budget, MajorityBudget):
+            size = {"hidden_size": budget.toy_hidden_size, "num_layers": budget.toy_num_layers}
+        policy = build_tiny_model(tokenizer, seed=0, **size)
         policy = cold_start_sft(
             policy,
             tokenizer,
@@ -278,16 +320,21 @@ def build_assets(budget: Budget, cache_dir: str) -> dict[str, Any]:
     rm_dir = os.path.join(cache_dir, "reward_model")
     t0 = time.time()
     torch.manual_seed(0)
+    prefixes = budget.rm_prefixes_per_response if isinstance(budget, MajorityBudget) else 0
+    rm_kwargs = {
+        "num_samples": budget.rm_samples,
+        "num_epochs": budget.rm_epochs,
+        "max_new_tokens": budget.response_length,
+        "cache_key": key,
+    }
     reward_model, rm_stats = build_reward_model(
-        policy,
-        tokenizer,
-        splits["train"],
-        output_dir=rm_dir,
-        num_samples=budget.rm_samples,
-        num_epochs=budget.rm_epochs,
-        max_new_tokens=budget.response_length,
-        cache_key=key,
+        policy, tokenizer, splits["train"], output_dir=rm_dir, prefixes_per_response=prefixes, **rm_kwargs
     )
+    if prefixes:
+        torch.manual_seed(0)
+        rm_eos_dir = os.path.join(cache_dir, "reward_model_eos")
+        _, rm_eos_stats = build_reward_model(policy, tokenizer, splits["train"], output_dir=rm_eos_dir, **rm_kwargs)
+        manifest.update(reward_model_eos=rm_eos_dir, reward_model_eos_stats=rm_eos_stats)
     cb_dir = os.path.join(cache_dir, "controlled_bias_critic")
     _, cb_stats = build_controlled_bias_critic(
         reward_model,
@@ -447,6 +494,7 @@ def run_one(variant: Variant, seed: int, budget: Budget, assets: dict, path: str
     record = {
         "variant": dataclasses.asdict(variant),
         "seed": seed,
+        "commit": git_commit(),
         "budget": _budget_dict(budget),
         "train_seconds": train_seconds,
         "wall_seconds": time.time() - t0,
@@ -488,7 +536,7 @@ def run_all(
         for variant in variants:
             path = run_path(results_dir, variant, seed)
             existing = _read_json(path)
-            if existing is not None and existing.get("budget") == _budget_dict(budget):
+            if existing is not None and _same_budget(existing.get("budget"), budget):
                 continue
             tasks.append((variant, seed, budget, assets, path))
     print(f"{len(tasks)} runs to do ({len(variants)} variants x {len(budget.seeds)} seeds, rest already saved).")
@@ -512,6 +560,33 @@ def run_all(
 
 def _budget_dict(budget: Budget) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(budget).items()}
+
+
+def _same_budget(saved: dict | None, budget: Budget) -> bool:
+    """Whether a saved run used this budget; the seed list is not part of it (`--seeds` picks which runs to do)."""
+    if saved is None:
+        return False
+    current = _budget_dict(budget)
+    return {k: v for k, v in saved.items() if k != "seeds"} == {k: v for k, v in current.items() if k != "seeds"}
+
+
+def git_commit() -> str | None:
+    """The commit this code runs at (`<sha>`, with `-dirty` when tracked files differ from it); `None` outside git."""
+    import subprocess
+
+    try:
+        sha = subprocess.run(
+            ["git", "-C", HERE, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", HERE, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return f"{sha}-dirty" if dirty else sha
 
 
 def _read_json(path: str) -> dict | None:
@@ -554,6 +629,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="Tiny budget (tests): 1 seed, 2 updates.")
     parser.add_argument("--pilot", action="store_true", help="The knob exploration (PILOT_KNOBS) into results/pilot/.")
     parser.add_argument("--variants", nargs="*", help="Only these variants (names), e.g. ppo vcppo.")
+    parser.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        help="Run (and report) these seeds instead of the budget's, e.g. --seeds 3 4 5 to rerun the table with seeds "
+        "not used before. Saved runs of other seeds are kept; a run's file records its seed and commit.",
+    )
     parser.add_argument("--workers", type=int, default=2, help="Parallel worker processes (one torch thread each).")
     parser.add_argument("--results-dir", default=DEFAULT_RESULTS)
     parser.add_argument("--cache-dir", default=DEFAULT_CACHE)
@@ -564,6 +646,10 @@ def main(argv: list[str] | None = None) -> int:
 
     full_budget, smoke_budget, subdir = TASKS[args.task]
     budget = smoke_budget if args.smoke else full_budget
+    if args.seeds:
+        if len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0:
+            parser.error(f"--seeds must be distinct non-negative integers, got {args.seeds}")
+        budget = dataclasses.replace(budget, seeds=tuple(args.seeds))
     if subdir:
         args.results_dir = os.path.join(args.results_dir, subdir)
         args.cache_dir = os.path.join(args.cache_dir, subdir)
