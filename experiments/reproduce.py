@@ -280,21 +280,18 @@ SWEEP_TABLES = (
 # --------------------------------------------------------------------------------------------------------- assets
 
 
-def build_assets(budget: Budget, cache_dir: str) -> dict[str, Any]:
-    """Cold-start policy, reward model and controlled-bias critic (cached), and the cold start's held-out scores."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def build_cold_start(budget: Budget, cache_dir: str) -> dict[str, Any]:
+    """The cold-start policy (cached under `cache_dir/cold_start`, keyed by `budget.asset_key()` in
+    `cache_dir/assets.json`) and its greedy held-out scores; returns the manifest."""
     from vcppo_trl.toy import build_tiny_model, build_tokenizer, cold_start_sft, greedy_accuracy
-    from vcppo_trl.toy.reward_model import build_controlled_bias_critic, build_reward_model
 
     os.makedirs(cache_dir, exist_ok=True)
     key = budget.asset_key()
     manifest_path = os.path.join(cache_dir, "assets.json")
     policy_dir = os.path.join(cache_dir, "cold_start")
-    splits = task_splits(budget)
     manifest = _read_json(manifest_path)
     if manifest is None or manifest.get("key") != key:
+        splits = task_splits(budget)
         t0 = time.time()
         tokenizer = build_tokenizer()
         size = {}
@@ -312,9 +309,26 @@ def build_assets(budget: Budget, cache_dir: str) -> dict[str, Any]:
         )
         policy.save_pretrained(policy_dir)
         tokenizer.save_pretrained(policy_dir)
+        seconds = time.time() - t0
         evaluation = greedy_accuracy(policy, tokenizer, splits["test"], max_new_tokens=budget.response_length)
-        manifest = {"key": key, "cold_start_seconds": time.time() - t0, "cold_start_eval": evaluation}
+        manifest = {"key": key, "cold_start_seconds": seconds, "cold_start_eval": evaluation}
         _write_json(manifest_path, manifest)
+    manifest["policy"] = policy_dir
+    return manifest
+
+
+def build_assets(budget: Budget, cache_dir: str) -> dict[str, Any]:
+    """Cold-start policy, reward model and controlled-bias critic (cached), and the cold start's held-out scores."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vcppo_trl.toy.reward_model import build_controlled_bias_critic, build_reward_model
+
+    manifest = build_cold_start(budget, cache_dir)
+    key = budget.asset_key()
+    manifest_path = os.path.join(cache_dir, "assets.json")
+    policy_dir = manifest["policy"]
+    splits = task_splits(budget)
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
     policy = AutoModelForCausalLM.from_pretrained(policy_dir)
     rm_dir = os.path.join(cache_dir, "reward_model")
