@@ -35,12 +35,16 @@ KEYS = (
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--name", required=True)
-    parser.add_argument("--variant", required=True)
+    parser.add_argument("--name", default=None)
+    parser.add_argument("--variant", default=None)
+    parser.add_argument("--critic", default=None, help="Override the variant's critic (rm, rm_eos).")
+    parser.add_argument(
+        "--build-rm", choices=("prefixes", "eos"), help="Only build (cache) this reward model of the budget, then exit."
+    )
     parser.add_argument("--updates", type=int, default=6)
     parser.add_argument("--pretrain-updates", type=int, default=None)
-    parser.add_argument("--learning-rate", type=float, required=True)
-    parser.add_argument("--value-learning-rate", type=float, required=True)
+    parser.add_argument("--learning-rate", type=float, default=1e-4)
+    parser.add_argument("--value-learning-rate", type=float, default=2e-4)
     parser.add_argument("--seed", type=int, default=100)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
@@ -60,8 +64,21 @@ def main(argv: list[str] | None = None) -> int:
         **({} if args.pretrain_updates is None else {"pretrain_updates": args.pretrain_updates}),
     )
     cache = os.path.join(reproduce.DEFAULT_CACHE, "majority")
-    assets = reproduce.build_assets(budget, cache)
+    # The cold start and the two reward models only (built and cached as `build_assets` does; the controlled-bias
+    # critic is not needed here).
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    assets = reproduce.build_cold_start(budget, cache)
+    if args.build_rm:
+        policy = AutoModelForCausalLM.from_pretrained(assets["policy"])
+        tokenizer = AutoTokenizer.from_pretrained(assets["policy"])
+        _, stats = reproduce.build_reward_model_asset(budget, cache, policy, tokenizer, eos_only=args.build_rm == "eos")
+        print(json.dumps(stats))
+        return 0
+    assets |= {"reward_model": os.path.join(cache, "reward_model"), "reward_model_eos": os.path.join(cache, "reward_model_eos")}
     variant = {v.name: v for v in reproduce.MAIN_VARIANTS}[args.variant]
+    if args.critic:
+        variant = dataclasses.replace(variant, critic=args.critic)
     splits = reproduce.task_splits(budget)
     columns = ["prompt", "solution", "difficulty"]
     train = splits["train"].select_columns(columns)

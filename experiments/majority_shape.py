@@ -109,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=600, help="Cold-start steps.")
     parser.add_argument("--hidden", type=int, default=96)
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--bias", type=float, default=None, help="The task's bias (cold start data and test prompts).")
+    parser.add_argument(
+        "--eval-bias", type=float, default=None, help="Measure on test prompts of this bias instead (same cold start)."
+    )
     parser.add_argument("--threads", type=int, default=1, help="1: the numerics of reproduce.py's asset build.")
     parser.add_argument("--cache-dir", default=os.path.join(HERE, ".cache", "majority", "shape"))
     parser.add_argument("--results-dir", default=os.path.join(HERE, "results", "majority", "shape"))
@@ -132,13 +136,16 @@ def main(argv: list[str] | None = None) -> int:
         encoding=args.encoding,
         toy_hidden_size=args.hidden,
         toy_num_layers=args.layers,
+        **({} if args.bias is None else {"bias": args.bias}),
     )
     # The same cold start (code, data, seed) as `reproduce.py --task majority` with this budget: adopting it means
     # copying this directory's `assets.json` and `cold_start/` into `experiments/.cache/majority/`.
-    manifest = reproduce.build_cold_start(budget, os.path.join(args.cache_dir, args.name))
+    cache_name = args.name.split("@")[0]  # "<attempt>@<measurement>": another measurement of the same cold start
+    manifest = reproduce.build_cold_start(budget, os.path.join(args.cache_dir, cache_name))
     tokenizer = AutoTokenizer.from_pretrained(manifest["policy"])
     model = AutoModelForCausalLM.from_pretrained(manifest["policy"])
-    test = reproduce.task_splits(budget)["test"]
+    eval_budget = budget if args.eval_bias is None else dataclasses.replace(budget, bias=args.eval_bias)
+    test = reproduce.task_splits(eval_budget)["test"]
     t0 = time.time()
     torch.manual_seed(1)
     responses = sample_responses(model, tokenizer, test["prompt"], max_new_tokens=budget.response_length)
@@ -150,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python experiments/majority_shape.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "commit": reproduce.git_commit(),
         "asset_key": manifest["key"],
+        "eval_bias": eval_budget.bias,
         "cold_start_seconds": manifest["cold_start_seconds"],
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "greedy_eval": {k: v for k, v in manifest["cold_start_eval"].items() if not k.endswith("by_difficulty")},

@@ -108,10 +108,12 @@ class MajorityBudget(Budget):
     """
 
     short_fraction: float = 0.0
+    cold_start_steps: int = 1500  # provisional: the best measured shape so far (results/majority/shape/)
     min_bits: int = 15
     max_bits: int = 31
     bias: float = 0.6
     early_stop_fraction: float = 0.5
+    cold_start_bias: float | None = None  # the cold start's strings drawn with this bias (None: `bias`)
     tally: str = "counts"  # the task variant (vcppo_trl.toy.majority): "counts" or "diff"
     encoding: str = "plain"  # "plain" or "changes"
     toy_hidden_size: int = 96  # the toy policy's size (vcppo_trl.toy.build_tiny_model)
@@ -120,12 +122,19 @@ class MajorityBudget(Budget):
     # The PPO baseline's critic: a reward model trained on complete responses and on truncated prefixes (our device,
     # vcppo_trl.toy.reward_model); the EOS-only reward model (the paper's) is built beside it as `reward_model_eos`.
     rm_prefixes_per_response: int = 1
+    rm_samples: int = 640  # per reward model (two are built); the first toy used 1280 for its one
 
     def asset_key(self) -> dict[str, Any]:
         keys = ("num_train", "num_eval", "cold_start_steps", "min_bits", "max_bits", "bias", "early_stop_fraction")
         key = {"task": "majority", **{k: getattr(self, k) for k in keys}}
         # Only where they differ from the first majority assets, so that those stay valid.
-        for k, default in (("tally", "counts"), ("encoding", "plain"), ("toy_hidden_size", 96), ("toy_num_layers", 2)):
+        for k, default in (
+            ("tally", "counts"),
+            ("encoding", "plain"),
+            ("toy_hidden_size", 96),
+            ("toy_num_layers", 2),
+            ("cold_start_bias", None),
+        ):
             if getattr(self, k) != default:
                 key[k] = getattr(self, k)
         return key
@@ -171,18 +180,20 @@ rule beside it.
 """
 
 
-def task_splits(budget: Budget):
-    """The train/test splits of the budget's task (seed 0 for every run: the same problems, whatever the seed)."""
+def task_splits(budget: Budget, cold_start: bool = False):
+    """The train/test splits of the budget's task (seed 0 for every run: the same problems, whatever the seed); with
+    `cold_start`, those the cold start trains on (the majority task may draw them with another bias)."""
     if isinstance(budget, MajorityBudget):
         from vcppo_trl.toy.majority import make_majority_splits
 
+        bias = budget.cold_start_bias if cold_start and budget.cold_start_bias is not None else budget.bias
         return make_majority_splits(
             budget.num_train,
             budget.num_eval,
             seed=0,
             min_bits=budget.min_bits,
             max_bits=budget.max_bits,
-            bias=budget.bias,
+            bias=bias,
             early_stop_fraction=budget.early_stop_fraction,
             tally=budget.tally,
             encoding=budget.encoding,
@@ -203,7 +214,8 @@ def logged_rewards(budget: Budget) -> list:
 
 @dataclass(frozen=True)
 class Variant:
-    """One arm of the comparison. `critic`: where the critic starts ("rm", "controlled_bias"); unused by GRPO."""
+    """One arm of the comparison. `critic`: where the critic starts ("rm", "controlled_bias", or on the majority task
+    "rm_eos", the EOS-only reward model beside the prefix-trained one); unused by GRPO."""
 
     name: str
     label: str
@@ -291,7 +303,7 @@ def build_cold_start(budget: Budget, cache_dir: str) -> dict[str, Any]:
     policy_dir = os.path.join(cache_dir, "cold_start")
     manifest = _read_json(manifest_path)
     if manifest is None or manifest.get("key") != key:
-        splits = task_splits(budget)
+        splits = task_splits(budget, cold_start=True)
         t0 = time.time()
         tokenizer = build_tokenizer()
         size = {}
@@ -317,12 +329,34 @@ def build_cold_start(budget: Budget, cache_dir: str) -> dict[str, Any]:
     return manifest
 
 
+def build_reward_model_asset(budget: Budget, cache_dir: str, policy, tokenizer, eos_only: bool = False):
+    """The baseline critic's reward model, cached in `cache_dir/reward_model` (with truncated prefixes where the budget
+    asks, the majority task), or with `eos_only` the paper's EOS-only one in `cache_dir/reward_model_eos`."""
+    import torch
+
+    from vcppo_trl.toy.reward_model import build_reward_model
+
+    prefixes = budget.rm_prefixes_per_response if isinstance(budget, MajorityBudget) and not eos_only else 0
+    torch.manual_seed(0)
+    return build_reward_model(
+        policy,
+        tokenizer,
+        task_splits(budget)["train"],
+        output_dir=os.path.join(cache_dir, "reward_model_eos" if eos_only else "reward_model"),
+        num_samples=budget.rm_samples,
+        num_epochs=budget.rm_epochs,
+        max_new_tokens=budget.response_length,
+        cache_key=budget.asset_key(),
+        prefixes_per_response=prefixes,
+    )
+
+
 def build_assets(budget: Budget, cache_dir: str) -> dict[str, Any]:
     """Cold-start policy, reward model and controlled-bias critic (cached), and the cold start's held-out scores."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from vcppo_trl.toy.reward_model import build_controlled_bias_critic, build_reward_model
+    from vcppo_trl.toy.reward_model import build_controlled_bias_critic
 
     manifest = build_cold_start(budget, cache_dir)
     key = budget.asset_key()
@@ -334,21 +368,10 @@ def build_assets(budget: Budget, cache_dir: str) -> dict[str, Any]:
     rm_dir = os.path.join(cache_dir, "reward_model")
     t0 = time.time()
     torch.manual_seed(0)
-    prefixes = budget.rm_prefixes_per_response if isinstance(budget, MajorityBudget) else 0
-    rm_kwargs = {
-        "num_samples": budget.rm_samples,
-        "num_epochs": budget.rm_epochs,
-        "max_new_tokens": budget.response_length,
-        "cache_key": key,
-    }
-    reward_model, rm_stats = build_reward_model(
-        policy, tokenizer, splits["train"], output_dir=rm_dir, prefixes_per_response=prefixes, **rm_kwargs
-    )
-    if prefixes:
-        torch.manual_seed(0)
-        rm_eos_dir = os.path.join(cache_dir, "reward_model_eos")
-        _, rm_eos_stats = build_reward_model(policy, tokenizer, splits["train"], output_dir=rm_eos_dir, **rm_kwargs)
-        manifest.update(reward_model_eos=rm_eos_dir, reward_model_eos_stats=rm_eos_stats)
+    reward_model, rm_stats = build_reward_model_asset(budget, cache_dir, policy, tokenizer)
+    if isinstance(budget, MajorityBudget) and budget.rm_prefixes_per_response:
+        _, rm_eos_stats = build_reward_model_asset(budget, cache_dir, policy, tokenizer, eos_only=True)
+        manifest.update(reward_model_eos=os.path.join(cache_dir, "reward_model_eos"), reward_model_eos_stats=rm_eos_stats)
     cb_dir = os.path.join(cache_dir, "controlled_bias_critic")
     _, cb_stats = build_controlled_bias_critic(
         reward_model,
@@ -433,7 +456,8 @@ def _run_vcppo(variant: Variant, seed: int, budget: Budget, assets: dict, out_di
         missing_eos_penalty=1.0,
         reward_weights=[1.0, 0.0],
     )
-    critic_dir = assets["controlled_bias_critic"] if variant.critic == "controlled_bias" else assets["reward_model"]
+    critics = {"controlled_bias": "controlled_bias_critic", "rm_eos": "reward_model_eos"}  # else "reward_model"
+    critic_dir = assets[critics.get(variant.critic, "reward_model")]
     tokenizer = AutoTokenizer.from_pretrained(assets["policy"])
     trainer = VCPPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(assets["policy"]),
