@@ -4,11 +4,12 @@
     python experiments/reproduce.py --full       # + the sweeps (lambda_actor, pretraining steps, lambda_critic)
     python experiments/reproduce.py --report     # rebuild the table and plots from the saved runs only
     python experiments/reproduce.py --task majority  # the stop-anytime task (results/majority/, .cache/majority/)
+    python experiments/reproduce.py --seeds 3 4 5    # other seeds than the budget's (a rerun with unused seeds)
 
 Everything is cached and resumable: the cold start, the reward model and the controlled-bias critic are built once
 under `experiments/.cache/`, and every run writes `experiments/results/runs/<variant>/seed<k>.json` when it ends (its
-whole metric history and the held-out evaluation; its console output goes to `results/logs/`, not kept in git); a run
-whose file exists (with the same budget) is skipped. The table and plots are then
+whole metric history, the held-out evaluation, its seed and the commit it ran at; its console output goes to
+`results/logs/`, not kept in git); a run whose file exists (with the same budget, whatever the seed list) is skipped. The table and plots are then
 rebuilt from those files by `experiments/report.py`.
 
 The toy (fixed before any run, see `Budget`): additions of 1- to 6-digit numbers, with a cold start on a 50/50 mix of
@@ -102,21 +103,50 @@ class MajorityBudget(Budget):
     running tally per line, where an answer given after fewer lines is right less often but not never. The cold start
     mixes complete solutions with ones stopped at a random line (`early_stop_fraction`). `short_fraction` is unused.
 
-    The RL knobs below are the first toy's, provisional: they are to be fixed on the first rollouts' stop-advantage gap
-    and critic explained variance (never on accuracy or length) before any table is run.
+    The RL knobs were fixed on the first rollouts' stop-advantage gap, critic explained variance, the policy's clip
+    fraction and approximate KL, and the tabular simulation, never on accuracy or length
+    (`results/majority/first_look.md`): policy lr 1e-4, value lr 2e-4 (ratio 2) as the budget's, and the grid's second
+    critic speed in `MAJORITY_CRITIC_RATIOS`. The task (fair strings, counts tally, plain prompt) and its 2200-step
+    cold start were chosen on sampled accuracy by stop line, measured before any RL (`experiments/majority_shape.py`).
     """
 
     short_fraction: float = 0.0
+    cold_start_steps: int = 2200  # chosen on the shape measurements (results/majority/first_look.md)
     min_bits: int = 15
     max_bits: int = 31
-    bias: float = 0.6
+    bias: float = 0.5  # fair strings: the leader after a few lines is a weak guess (60/40 strings made it a strong one)
     early_stop_fraction: float = 0.5
+    cold_start_bias: float | None = None  # the cold start's strings drawn with this bias (None: `bias`)
+    tally: str = "counts"  # the task variant (vcppo_trl.toy.majority): "counts" or "diff"
+    encoding: str = "plain"  # "plain" or "changes"
+    toy_hidden_size: int = 96  # the toy policy's size (vcppo_trl.toy.build_tiny_model)
+    toy_num_layers: int = 2
     response_length: int = 320  # complete responses are 117-258 tokens
+    # The PPO baseline's critic: a reward model trained on complete responses and on truncated prefixes (our device,
+    # vcppo_trl.toy.reward_model); the EOS-only reward model (the paper's) is built beside it as `reward_model_eos`.
+    rm_prefixes_per_response: int = 1
+    rm_samples: int = 640  # per reward model (two are built); the first toy used 1280 for its one
 
     def asset_key(self) -> dict[str, Any]:
         keys = ("num_train", "num_eval", "cold_start_steps", "min_bits", "max_bits", "bias", "early_stop_fraction")
-        return {"task": "majority", **{k: getattr(self, k) for k in keys}}
+        key = {"task": "majority", **{k: getattr(self, k) for k in keys}}
+        # Only where they differ from the first majority assets, so that those stay valid.
+        for k, default in (
+            ("tally", "counts"),
+            ("encoding", "plain"),
+            ("toy_hidden_size", 96),
+            ("toy_num_layers", 2),
+            ("cold_start_bias", None),
+        ):
+            if getattr(self, k) != default:
+                key[k] = getattr(self, k)
+        return key
 
+
+# The critic's speed relative to the policy's, the grid's axis on the majority task (value lr = ratio x policy lr),
+# fixed before any table run from the first rollouts (results/majority/first_look.md) and the tabular simulation:
+# 2 (the paper's, the budget's value lr 2e-4) and 1/2 (value lr 5e-5).
+MAJORITY_CRITIC_RATIOS = (2.0, 0.5)
 
 MAJORITY_SMOKE_BUDGET = MajorityBudget(
     **{
@@ -134,19 +164,47 @@ TASKS = {
 }
 
 
-def task_splits(budget: Budget):
-    """The train/test splits of the budget's task (seed 0 for every run: the same problems, whatever the seed)."""
+# Written before any table run of the stop-anytime task (`--task majority`), from the stop-bias note
+# (shared/notes/stop-bias-mechanism.md) and its tabular simulation; not to be edited after the runs.
+PREDICTION = """\
+Prediction (written before the table's runs). If the stop-bias mechanism drives the paper's collapse, then at a critic
+that refits slower than the policy moves (critic/policy learning-rate ratio below 1; the simulation collapses at 1/2
+and below, only dips and recovers at 1 and 2):
+  1. PPO (RM critic, λ .95/.95) loses length and accuracy;
+  2. VC-PPO without value pretraining (RM critic, λ .95/1.0) drifts early on like PPO, until its critic refits;
+  3. VC-PPO without decoupled GAE (pretrained, λ .95/.95) holds at first, then drifts as its λ = 0.95 critic lags;
+  4. VC-PPO (pretrained, λ .95/1.0) keeps or gains both;
+  5. λ_actor = 1.0 with the RM critic shows no spurious stop gap (its cost is variance) and does not lose length.
+At a critic at least as fast as the policy, PPO only dips (training-rollout length falls, then recovers) and the end
+points do not separate. The first updates' diagnostics/stop_advantage_gap is positive for the RM critic at λ 0.95 and
+≈ 0 or negative for the pretrained one (λ = 1 targets).
+What counts: per variant, the difference (end − cold start) of held-out accuracy and of held-out length, averaged over
+≥ 3 seeds with a 95 % t-interval. "Loses length" / "loses accuracy": that interval lies entirely below 0. "Keeps or
+gains": it contains 0 or lies above 0. The claim "PPO collapses and VC-PPO holds" needs, at the same critic speed, PPO
+losing both and VC-PPO keeping or gaining both, with the two variants' intervals of the end values not overlapping.
+Held-out decoding is greedy, which may hide a shift of the stop hazard that stays below 1/2 at every line; the training
+rollouts' mean length (sampled at temperature 1, mean of the last 5 updates minus the first 5) is judged by the same
+rule beside it.
+"""
+
+
+def task_splits(budget: Budget, cold_start: bool = False):
+    """The train/test splits of the budget's task (seed 0 for every run: the same problems, whatever the seed); with
+    `cold_start`, those the cold start trains on (the majority task may draw them with another bias)."""
     if isinstance(budget, MajorityBudget):
         from vcppo_trl.toy.majority import make_majority_splits
 
+        bias = budget.cold_start_bias if cold_start and budget.cold_start_bias is not None else budget.bias
         return make_majority_splits(
             budget.num_train,
             budget.num_eval,
             seed=0,
             min_bits=budget.min_bits,
             max_bits=budget.max_bits,
-            bias=budget.bias,
+            bias=bias,
             early_stop_fraction=budget.early_stop_fraction,
+            tally=budget.tally,
+            encoding=budget.encoding,
         )
     from vcppo_trl.toy import make_splits
 
@@ -164,7 +222,8 @@ def logged_rewards(budget: Budget) -> list:
 
 @dataclass(frozen=True)
 class Variant:
-    """One arm of the comparison. `critic`: where the critic starts ("rm", "controlled_bias"); unused by GRPO."""
+    """One arm of the comparison. `critic`: where the critic starts ("rm", "controlled_bias", or on the majority task
+    "rm_eos", the EOS-only reward model beside the prefix-trained one); unused by GRPO."""
 
     name: str
     label: str
@@ -241,24 +300,24 @@ SWEEP_TABLES = (
 # --------------------------------------------------------------------------------------------------------- assets
 
 
-def build_assets(budget: Budget, cache_dir: str) -> dict[str, Any]:
-    """Cold-start policy, reward model and controlled-bias critic (cached), and the cold start's held-out scores."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def build_cold_start(budget: Budget, cache_dir: str) -> dict[str, Any]:
+    """The cold-start policy (cached under `cache_dir/cold_start`, keyed by `budget.asset_key()` in
+    `cache_dir/assets.json`) and its greedy held-out scores; returns the manifest."""
     from vcppo_trl.toy import build_tiny_model, build_tokenizer, cold_start_sft, greedy_accuracy
-    from vcppo_trl.toy.reward_model import build_controlled_bias_critic, build_reward_model
 
     os.makedirs(cache_dir, exist_ok=True)
     key = budget.asset_key()
     manifest_path = os.path.join(cache_dir, "assets.json")
     policy_dir = os.path.join(cache_dir, "cold_start")
-    splits = task_splits(budget)
     manifest = _read_json(manifest_path)
     if manifest is None or manifest.get("key") != key:
+        splits = task_splits(budget, cold_start=True)
         t0 = time.time()
         tokenizer = build_tokenizer()
-        policy = build_tiny_model(tokenizer, seed=0)
+        size = {}
+        if isinstance(budget, MajorityBudget):
+            size = {"hidden_size": budget.toy_hidden_size, "num_layers": budget.toy_num_layers}
+        policy = build_tiny_model(tokenizer, seed=0, **size)
         policy = cold_start_sft(
             policy,
             tokenizer,
@@ -270,24 +329,57 @@ def build_assets(budget: Budget, cache_dir: str) -> dict[str, Any]:
         )
         policy.save_pretrained(policy_dir)
         tokenizer.save_pretrained(policy_dir)
+        seconds = time.time() - t0
         evaluation = greedy_accuracy(policy, tokenizer, splits["test"], max_new_tokens=budget.response_length)
-        manifest = {"key": key, "cold_start_seconds": time.time() - t0, "cold_start_eval": evaluation}
+        manifest = {"key": key, "cold_start_seconds": seconds, "cold_start_eval": evaluation}
         _write_json(manifest_path, manifest)
+    manifest["policy"] = policy_dir
+    return manifest
+
+
+def build_reward_model_asset(budget: Budget, cache_dir: str, policy, tokenizer, eos_only: bool = False):
+    """The baseline critic's reward model, cached in `cache_dir/reward_model` (with truncated prefixes where the budget
+    asks, the majority task), or with `eos_only` the paper's EOS-only one in `cache_dir/reward_model_eos`."""
+    import torch
+
+    from vcppo_trl.toy.reward_model import build_reward_model
+
+    prefixes = budget.rm_prefixes_per_response if isinstance(budget, MajorityBudget) and not eos_only else 0
+    torch.manual_seed(0)
+    return build_reward_model(
+        policy,
+        tokenizer,
+        task_splits(budget)["train"],
+        output_dir=os.path.join(cache_dir, "reward_model_eos" if eos_only else "reward_model"),
+        num_samples=budget.rm_samples,
+        num_epochs=budget.rm_epochs,
+        max_new_tokens=budget.response_length,
+        cache_key=budget.asset_key(),
+        prefixes_per_response=prefixes,
+    )
+
+
+def build_assets(budget: Budget, cache_dir: str) -> dict[str, Any]:
+    """Cold-start policy, reward model and controlled-bias critic (cached), and the cold start's held-out scores."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vcppo_trl.toy.reward_model import build_controlled_bias_critic
+
+    manifest = build_cold_start(budget, cache_dir)
+    key = budget.asset_key()
+    manifest_path = os.path.join(cache_dir, "assets.json")
+    policy_dir = manifest["policy"]
+    splits = task_splits(budget)
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
     policy = AutoModelForCausalLM.from_pretrained(policy_dir)
     rm_dir = os.path.join(cache_dir, "reward_model")
     t0 = time.time()
     torch.manual_seed(0)
-    reward_model, rm_stats = build_reward_model(
-        policy,
-        tokenizer,
-        splits["train"],
-        output_dir=rm_dir,
-        num_samples=budget.rm_samples,
-        num_epochs=budget.rm_epochs,
-        max_new_tokens=budget.response_length,
-        cache_key=key,
-    )
+    reward_model, rm_stats = build_reward_model_asset(budget, cache_dir, policy, tokenizer)
+    if isinstance(budget, MajorityBudget) and budget.rm_prefixes_per_response:
+        _, rm_eos_stats = build_reward_model_asset(budget, cache_dir, policy, tokenizer, eos_only=True)
+        manifest.update(reward_model_eos=os.path.join(cache_dir, "reward_model_eos"), reward_model_eos_stats=rm_eos_stats)
     cb_dir = os.path.join(cache_dir, "controlled_bias_critic")
     _, cb_stats = build_controlled_bias_critic(
         reward_model,
@@ -372,7 +464,8 @@ def _run_vcppo(variant: Variant, seed: int, budget: Budget, assets: dict, out_di
         missing_eos_penalty=1.0,
         reward_weights=[1.0, 0.0],
     )
-    critic_dir = assets["controlled_bias_critic"] if variant.critic == "controlled_bias" else assets["reward_model"]
+    critics = {"controlled_bias": "controlled_bias_critic", "rm_eos": "reward_model_eos"}  # else "reward_model"
+    critic_dir = assets[critics.get(variant.critic, "reward_model")]
     tokenizer = AutoTokenizer.from_pretrained(assets["policy"])
     trainer = VCPPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(assets["policy"]),
@@ -447,6 +540,7 @@ def run_one(variant: Variant, seed: int, budget: Budget, assets: dict, path: str
     record = {
         "variant": dataclasses.asdict(variant),
         "seed": seed,
+        "commit": git_commit(),
         "budget": _budget_dict(budget),
         "train_seconds": train_seconds,
         "wall_seconds": time.time() - t0,
@@ -488,7 +582,7 @@ def run_all(
         for variant in variants:
             path = run_path(results_dir, variant, seed)
             existing = _read_json(path)
-            if existing is not None and existing.get("budget") == _budget_dict(budget):
+            if existing is not None and _same_budget(existing.get("budget"), budget):
                 continue
             tasks.append((variant, seed, budget, assets, path))
     print(f"{len(tasks)} runs to do ({len(variants)} variants x {len(budget.seeds)} seeds, rest already saved).")
@@ -512,6 +606,33 @@ def run_all(
 
 def _budget_dict(budget: Budget) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(budget).items()}
+
+
+def _same_budget(saved: dict | None, budget: Budget) -> bool:
+    """Whether a saved run used this budget; the seed list is not part of it (`--seeds` picks which runs to do)."""
+    if saved is None:
+        return False
+    current = _budget_dict(budget)
+    return {k: v for k, v in saved.items() if k != "seeds"} == {k: v for k, v in current.items() if k != "seeds"}
+
+
+def git_commit() -> str | None:
+    """The commit this code runs at (`<sha>`, with `-dirty` when tracked files differ from it); `None` outside git."""
+    import subprocess
+
+    try:
+        sha = subprocess.run(
+            ["git", "-C", HERE, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", HERE, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return f"{sha}-dirty" if dirty else sha
 
 
 def _read_json(path: str) -> dict | None:
@@ -554,6 +675,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="Tiny budget (tests): 1 seed, 2 updates.")
     parser.add_argument("--pilot", action="store_true", help="The knob exploration (PILOT_KNOBS) into results/pilot/.")
     parser.add_argument("--variants", nargs="*", help="Only these variants (names), e.g. ppo vcppo.")
+    parser.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        help="Run (and report) these seeds instead of the budget's, e.g. --seeds 3 4 5 to rerun the table with seeds "
+        "not used before. Saved runs of other seeds are kept; a run's file records its seed and commit.",
+    )
     parser.add_argument("--workers", type=int, default=2, help="Parallel worker processes (one torch thread each).")
     parser.add_argument("--results-dir", default=DEFAULT_RESULTS)
     parser.add_argument("--cache-dir", default=DEFAULT_CACHE)
@@ -564,6 +692,10 @@ def main(argv: list[str] | None = None) -> int:
 
     full_budget, smoke_budget, subdir = TASKS[args.task]
     budget = smoke_budget if args.smoke else full_budget
+    if args.seeds:
+        if len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0:
+            parser.error(f"--seeds must be distinct non-negative integers, got {args.seeds}")
+        budget = dataclasses.replace(budget, seeds=tuple(args.seeds))
     if subdir:
         args.results_dir = os.path.join(args.results_dir, subdir)
         args.cache_dir = os.path.join(args.cache_dir, subdir)

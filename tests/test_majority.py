@@ -146,3 +146,32 @@ def test_harness_runs_the_majority_task_on_a_tiny_budget(tmp_path):
     updates = [e for e in record["log_history"] if "diagnostics/stop_advantage_gap" in e]
     assert updates and all("rewards/reasoning_lines_reward/mean" in e for e in updates)
     assert not os.path.exists(os.path.join(results, "runs")) and not os.path.exists(os.path.join(cache, "assets.json"))
+
+
+def test_variants_hand_written():
+    """`tally="diff"` keeps ones − zeros; `encoding="changes"` shows each bit XOR the previous one and decodes it."""
+    assert format_solution(BITS, 3, tally="diff") == "<think>a0 -1\nb0 -2\nc1 -1\n</think> \\boxed{0}"
+    assert format_prompt(BITS, encoding="changes") == "Majority of changes: a0 b0 c1 d0 e0\n"
+    assert parse_prompt(format_prompt(BITS, encoding="changes")) == BITS
+    assert format_solution(BITS, tally="diff", encoding="changes") == (
+        "<think>a0 0 -1\nb0 0 -2\nc1 1 -1\nd0 1 +0\ne0 1 +1\n</think> \\boxed{1}"
+    )
+    assert reasoning_lines(format_solution(BITS, 4, tally="diff", encoding="changes")) == 4
+    assert reasoning_lines(format_solution(BITS, 2, encoding="changes")) == 2
+    with pytest.raises(ValueError, match="tally"):
+        format_solution(BITS, tally="sum")
+
+
+@pytest.mark.parametrize("tally,encoding", [("diff", "plain"), ("counts", "changes"), ("diff", "changes")])
+def test_variants_draw_the_same_strings_and_score_the_same(tally, encoding):
+    plain = make_majority_dataset(30, seed=5)
+    variant = make_majority_dataset(30, seed=5, tally=tally, encoding=encoding)
+    assert [parse_prompt(p) for p in plain["prompt"]] == [parse_prompt(p) for p in variant["prompt"]]
+    assert variant["completion_correct"] == plain["completion_correct"]
+    assert variant["stop_line"] == plain["stop_line"]
+    for row in variant.select(range(10)):
+        assert reasoning_lines(row["completion"]) == row["stop_line"]
+        assert row["completion_correct"] == (majority_reward([row["completion"]], [row["solution"]]) == [1.0])
+    if encoding == "changes":  # a shown bit is a change about half the time, whichever way the string leans
+        shown = [int(t[1]) for p in variant["prompt"] for t in p.split(": ")[1].split()]
+        assert 0.35 < sum(shown) / len(shown) < 0.65

@@ -207,3 +207,30 @@ def test_harness_on_a_tiny_budget_writes_table_and_plots(tmp_path):
     mtime = os.path.getmtime(os.path.join(results, "runs", "ppo", "seed0.json"))
     assert reproduce.main(["--smoke", "--variants", "ppo", "--results-dir", results, "--cache-dir", cache]) == 0
     assert os.path.getmtime(os.path.join(results, "runs", "ppo", "seed0.json")) == mtime
+
+
+def test_harness_seeds_flag_records_seed_and_commit(tmp_path):
+    """`--seeds` runs (and reports) the given seeds instead of the budget's; each run's file records its seed and the
+    commit; a later call with more seeds keeps the saved runs. No outcome is asserted."""
+    sys.path.insert(0, os.path.join(REPO, "experiments"))
+    try:
+        import reproduce
+    finally:
+        sys.path.pop(0)
+    results, cache = str(tmp_path / "results"), str(tmp_path / "cache")
+    argv = ["--smoke", "--variants", "ppo", "--results-dir", results, "--cache-dir", cache, "--workers", "1"]
+    assert reproduce.main([*argv, "--seeds", "7"]) == 0
+    path = os.path.join(results, "runs", "ppo", "seed7.json")
+    with open(path) as f:
+        record = json.load(f)
+    assert record["seed"] == 7 and record["budget"]["seeds"] == [7]
+    assert record["commit"] is None or len(record["commit"].split("-")[0]) == 40
+    assert not os.path.exists(os.path.join(results, "runs", "ppo", "seed0.json"))  # the budget's seed is not run
+    mtime = os.path.getmtime(path)
+    assert reproduce.main([*argv, "--seeds", "7", "8"]) == 0
+    assert os.path.getmtime(path) == mtime  # saved under another seed list: kept
+    with open(os.path.join(results, "runs", "ppo", "seed8.json")) as f:
+        assert json.load(f)["seed"] == 8
+    with pytest.raises(SystemExit):
+        reproduce.main([*argv, "--seeds", "7", "7"])
+    assert "loses length" in reproduce.PREDICTION.lower()

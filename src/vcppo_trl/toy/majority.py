@@ -23,6 +23,16 @@ the `solution` column).
 
 With the character-level toy tokenizer, 15 to 31 bits give prompts of 59 to 107 tokens and complete responses of about
 120 to 270 tokens (within the toy model's 512 positions).
+
+Two variants change the task's shape without changing what is scored (the whole string's majority):
+
+- `tally="diff"`: a line keeps the running difference ones − zeros (`"c1 +1"`) instead of both counts, a smaller number
+  to carry from line to line.
+- `encoding="changes"`: the prompt shows each bit XOR the previous one (`"Majority of changes: a1 b1 c1"` for the bits
+  1 0 1), and a line writes the bit it decodes (`"c1 1 +1"`: shown bit, decoded bit, tally). The majority of the decoded
+  string is then a running parity away from the prompt's symbols (each shown bit is a change with probability
+  2·0.6·0.4 = 0.48, whichever direction the string has), so a model cannot estimate it by looking at the prompt: only
+  the tally determines it.
 """
 
 from __future__ import annotations
@@ -47,9 +57,13 @@ MAJORITY_EARLY_STOP_FRACTION = 0.5
 MAJORITY_NUM_TRAIN = 4000
 MAJORITY_NUM_EVAL = 300
 MAJORITY_MAX_NEW_TOKENS = 320
+TALLIES = ("counts", "diff")
+"""Tally kept on each line: both counts (`"3:2"`) or the difference ones − zeros (`"+1"`)."""
+ENCODINGS = ("plain", "changes")
+"""How the prompt shows the string: the bits themselves, or each bit XOR the previous one (a running parity away)."""
 
-_PROMPT_RE = re.compile(r"Majority of: ((?:[A-Za-z][01] ?)+)")
-_LINE_RE = re.compile(r"^[A-Za-z][01] \d+:\d+$")
+_PROMPT_RE = re.compile(r"Majority of( changes)?: ((?:[A-Za-z][01] ?)+)")
+_LINE_RE = re.compile(r"^[A-Za-z][01]( [01])? (\d+:\d+|[+-]\d+)$")
 
 
 def _check_bits(bits: Sequence[int]) -> None:
@@ -95,26 +109,55 @@ def leader_after(bits: Sequence[int], k: int) -> int:
     return int(ones > zeros)
 
 
-def format_prompt(bits: Sequence[int]) -> str:
-    """The prompt, e.g. `"Majority of: a1 b0 c1\\n"`."""
+def _check_variant(tally: str, encoding: str) -> None:
+    if tally not in TALLIES:
+        raise ValueError(f"`tally` must be one of {TALLIES}, got {tally!r}.")
+    if encoding not in ENCODINGS:
+        raise ValueError(f"`encoding` must be one of {ENCODINGS}, got {encoding!r}.")
+
+
+def shown_bits(bits: Sequence[int], encoding: str = "plain") -> list[int]:
+    """The symbols the prompt shows: the bits (`"plain"`), or each bit XOR the previous one, the first as is
+    (`"changes"`)."""
+    _check_variant("counts", encoding)
+    if encoding == "plain":
+        return list(bits)
+    return [int(b) ^ (int(bits[i - 1]) if i else 0) for i, b in enumerate(bits)]
+
+
+def format_prompt(bits: Sequence[int], encoding: str = "plain") -> str:
+    """The prompt, e.g. `"Majority of: a1 b0 c1\\n"` (`"Majority of changes: a1 b1 c1\\n"` for the same bits with
+    `encoding="changes"`)."""
     _check_bits(bits)
-    return "Majority of: " + " ".join(f"{KEYS[i]}{b}" for i, b in enumerate(bits)) + "\n"
+    head = "Majority of changes: " if encoding == "changes" else "Majority of: "
+    return head + " ".join(f"{KEYS[i]}{b}" for i, b in enumerate(shown_bits(bits, encoding))) + "\n"
 
 
 def parse_prompt(prompt: str) -> list[int]:
-    """The bits of a prompt written by [`format_prompt`]."""
+    """The bits of a prompt written by [`format_prompt`] (decoded when it shows changes)."""
     match = _PROMPT_RE.search(prompt)
     if match is None:
         raise ValueError(f"Not a majority prompt: {prompt!r}")
-    return [int(token[1]) for token in match.group(1).split()]
+    shown = [int(token[1]) for token in match.group(2).split()]
+    if not match.group(1):
+        return shown
+    bits: list[int] = []
+    for i, c in enumerate(shown):
+        bits.append(c ^ (bits[i - 1] if i else 0))
+    return bits
 
 
-def format_solution(bits: Sequence[int], stop_line: int | None = None) -> str:
+def format_solution(
+    bits: Sequence[int], stop_line: int | None = None, tally: str = "counts", encoding: str = "plain"
+) -> str:
     """A worked solution that reads `stop_line` bits (all of them by default), one tally line each, then answers.
 
     Args:
-        bits (`Sequence[int]`): The string.
+        bits (`Sequence[int]`): The string (decoded bits, whatever the prompt shows).
         stop_line (`int`, *optional*): Lines before the reasoning closes, in `[1, len(bits)]`; `None`: all.
+        tally (`str`, defaults to `"counts"`): `"counts"` (`"a1 1:0"`) or `"diff"` (`"a1 +1"`, ones − zeros).
+        encoding (`str`, defaults to `"plain"`): The prompt's encoding; with `"changes"` each line also writes the bit
+            it decodes after the shown one (`"b1 0 +0"`).
 
     Returns:
         `str`: `"<think>…</think> \\boxed{a}"` with `a` = [`leader_after`]`(bits, stop_line)`, without an
@@ -124,10 +167,15 @@ def format_solution(bits: Sequence[int], stop_line: int | None = None) -> str:
     k = len(bits) if stop_line is None else stop_line
     if not 1 <= k <= len(bits):
         raise ValueError(f"stop_line must be in [1, {len(bits)}], got {stop_line}.")
+    _check_variant(tally, encoding)
+    shown = shown_bits(bits, encoding)
     lines, ones = [], 0
     for i in range(k):
         ones += bits[i]
-        lines.append(f"{KEYS[i]}{bits[i]} {ones}:{i + 1 - ones}\n")
+        zeros = i + 1 - ones
+        count = f"{ones}:{zeros}" if tally == "counts" else f"{ones - zeros:+d}"
+        decoded = f" {bits[i]}" if encoding == "changes" else ""
+        lines.append(f"{KEYS[i]}{shown[i]}{decoded} {count}\n")
     return f"{THINK_START}{''.join(lines)}{THINK_END} \\boxed{{{leader_after(bits, k)}}}"
 
 
@@ -181,6 +229,8 @@ def make_majority_dataset(
     early_stop_fraction: float = MAJORITY_EARLY_STOP_FRACTION,
     exclude_prompts: Iterable[str] | None = None,
     unique: bool = False,
+    tally: str = "counts",
+    encoding: str = "plain",
 ) -> Dataset:
     """Generates majority problems with worked solutions, a share of them stopped early (the cold-start data).
 
@@ -197,6 +247,7 @@ def make_majority_dataset(
         early_stop_fraction (`float`, defaults to `0.5`): Share of solutions stopped before the last line.
         exclude_prompts (`Iterable[str]`, *optional*): Prompts that must not appear (e.g. a held-out split's).
         unique (`bool`, defaults to `False`): Whether every prompt must be distinct.
+        tally, encoding (`str`): The task variant (see [`format_solution`]); the strings drawn do not depend on it.
 
     Returns:
         [`~datasets.Dataset`]: Columns `prompt`, `completion` (without end-of-sequence token), `solution`
@@ -204,6 +255,7 @@ def make_majority_dataset(
         completion), `completion_correct` (whether the completion's answer is the majority) and `margin` (|ones −
         zeros| of the whole string).
     """
+    _check_variant(tally, encoding)
     if not 0.0 <= early_stop_fraction <= 1.0:
         raise ValueError(f"`early_stop_fraction` must be in [0, 1], got {early_stop_fraction}.")
     if not 0.5 <= bias <= 1.0:
@@ -222,7 +274,7 @@ def make_majority_dataset(
             raise ValueError(f"Could only generate {len(rows)} of {num_examples} distinct examples.")
         num_bits = rng.choice(lengths)
         bits = sample_bits(rng, num_bits, bias)
-        prompt = format_prompt(bits)
+        prompt = format_prompt(bits, encoding)
         # Both drawn for every example, so that the prompts do not depend on `early_stop_fraction`.
         early = rng.random() < early_stop_fraction
         early_line = rng.randint(1, max(num_bits - 1, 1))
@@ -234,7 +286,7 @@ def make_majority_dataset(
         rows.append(
             {
                 "prompt": prompt,
-                "completion": format_solution(bits, stop_line),
+                "completion": format_solution(bits, stop_line, tally, encoding),
                 "solution": f"\\boxed{{{answer}}}",
                 "difficulty": num_bits,
                 "stop_line": stop_line,
@@ -253,6 +305,8 @@ def make_majority_splits(
     max_bits: int = MAJORITY_MAX_BITS,
     bias: float = MAJORITY_BIAS,
     early_stop_fraction: float = MAJORITY_EARLY_STOP_FRACTION,
+    tally: str = "counts",
+    encoding: str = "plain",
 ) -> DatasetDict:
     """Non-overlapping train and test splits. The test split has distinct prompts and complete reference solutions;
     the train split mixes complete and early-stopped ones (`early_stop_fraction`) and never holds a test prompt.
@@ -260,7 +314,7 @@ def make_majority_splits(
     Returns:
         [`~datasets.DatasetDict`]: `"train"` and `"test"`, with the columns of [`make_majority_dataset`].
     """
-    common = {"min_bits": min_bits, "max_bits": max_bits, "bias": bias}
+    common = {"min_bits": min_bits, "max_bits": max_bits, "bias": bias, "tally": tally, "encoding": encoding}
     test = make_majority_dataset(num_eval, seed=seed + 1_000_003, unique=True, early_stop_fraction=0.0, **common)
     train = make_majority_dataset(
         num_train, seed=seed, exclude_prompts=test["prompt"], early_stop_fraction=early_stop_fraction, **common
