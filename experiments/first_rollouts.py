@@ -49,8 +49,15 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from vcppo_trl.diagnostics import marker_token_ids, stop_advantage_gap, stop_positions
-    from vcppo_trl.gae import explained_variance, gae, position_bucket_explained_variance, position_bucket_means
+    from vcppo_trl.diagnostics import (
+        explained_variance,
+        marker_token_ids,
+        position_bucket_explained_variance,
+        position_bucket_means,
+        stop_advantage_gap,
+        stop_positions,
+    )
+    from vcppo_trl.gae import gae
     from vcppo_trl.rollout import position_ids_from_mask
     from vcppo_trl.toy.majority import majority_reward, make_majority_splits
     from vcppo_trl.toy.reward_model import sample_responses
