@@ -13,6 +13,7 @@ level: the package works without it.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import functools
 import json
@@ -129,14 +130,27 @@ def _policy_config(policy: torch.nn.Module):
     return (policy.get_base_model() if is_peft_model(policy) else policy).config
 
 
-class _VLLMSamplerBase:
-    """What colocate and server share: sampling parameters, the stale flag, the sampler's log-probs."""
+class _VLLMSamplerBase(abc.ABC):
+    """What colocate and server share: sampling parameters, the stale flag, the weight sync's bookkeeping."""
 
-    def __init__(self, tokenizer, stop_token_ids: list[int], response_length: int, device: torch.device):
+    sync_description = "Loading the policy's weights into the sampler"
+
+    def __init__(
+        self,
+        policy_provider: Callable[[], torch.nn.Module],
+        gather: Callable,
+        accelerator,
+        tokenizer,
+        stop_token_ids: list[int],
+        response_length: int,
+    ):
+        self.policy_provider = policy_provider
+        self.gather = gather
+        self.accelerator = accelerator
+        self.device = accelerator.device
         self.tokenizer = tokenizer
         self.stop_token_ids = list(stop_token_ids)
         self.response_length = response_length
-        self.device = device
         self.stale = True  # the engine does not hold the training weights until the first sync
         self.start_seconds = 0.0
         self.sync_seconds = 0.0
@@ -180,8 +194,9 @@ class _VLLMSamplerBase:
         self.num_syncs += 1
         self.sync_seconds = time.perf_counter() - start
 
+    @abc.abstractmethod
     def _push_weights(self) -> None:
-        raise NotImplementedError
+        """Send every weight of the policy to the engine (the subclass's transport)."""
 
 
 class VLLMColocateSampler(_VLLMSamplerBase):
@@ -217,11 +232,8 @@ class VLLMColocateSampler(_VLLMSamplerBase):
         copy_weights: bool = False,
     ):
         require_vllm()
-        super().__init__(tokenizer, stop_token_ids, response_length, accelerator.device)
-        self.policy_provider = policy_provider
-        self.gather = gather
+        super().__init__(policy_provider, gather, accelerator, tokenizer, stop_token_ids, response_length)
         self.copy_weights = copy_weights
-        self.accelerator = accelerator
         self.enable_sleep_mode = enable_sleep_mode
         if tensor_parallel_size != 1:
             raise ValueError(
@@ -388,10 +400,7 @@ class VLLMServerSampler(_VLLMSamplerBase):
         needed_length: int | None = None,
     ):
         require_vllm()
-        super().__init__(tokenizer, stop_token_ids, response_length, accelerator.device)
-        self.policy_provider = policy_provider
-        self.gather = gather
-        self.accelerator = accelerator
+        super().__init__(policy_provider, gather, accelerator, tokenizer, stop_token_ids, response_length)
         self.base_url = base_url
         self.sync_description = f"Pushing the policy's weights to the vLLM server at {base_url}"
         self.timeout = timeout
