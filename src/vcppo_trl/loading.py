@@ -5,6 +5,8 @@ I/O at the edge of [`PPOTrainer`]: names and paths become models here, and what 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
@@ -76,14 +78,54 @@ def build_critic(
 ) -> PreTrainedModel:
     """The critic: built from the policy, loaded from a path, or converted from a given model; checked against the policy."""
     if value_model is None:
-        return create_value_model_from_policy(policy)
-    if isinstance(value_model, str):
-        critic = load_value_model(value_model, **dict(args.model_init_kwargs or {}))
+        with zero3_init_like(policy, args):
+            critic = create_value_model_from_policy(policy)
+    elif isinstance(value_model, str):
+        with zero3_init_like(policy, args):
+            critic = load_value_model(value_model, **dict(args.model_init_kwargs or {}))
         check_value_model_matches_policy(critic, policy, tokenizer, source=value_model)
-        return critic.to(next(policy.parameters()).device)
-    critic = as_value_model(value_model)
-    check_value_model_matches_policy(critic, policy, tokenizer)
+        if not is_zero3_partitioned(critic):
+            critic = critic.to(next(policy.parameters()).device)
+    else:
+        critic = as_value_model(value_model)
+        check_value_model_matches_policy(critic, policy, tokenizer)
+    if is_zero3_partitioned(critic) != is_zero3_partitioned(policy):
+        built, given = ("critic", "policy") if is_zero3_partitioned(critic) else ("policy", "critic")
+        raise ValueError(
+            f"Under DeepSpeed ZeRO-3 the {built} is partitioned (built under `zero.Init`) and the {given} is not: "
+            "DeepSpeed casts only unpartitioned models to its mixed-precision dtype, so the two would train in "
+            "different dtypes and its optimizer refuses them. Build both models the same way: pass both as names "
+            "or paths (loaded under ZeRO-3), or both as models created before the trainer."
+        )
     return critic
+
+
+def is_zero3_partitioned(model: PreTrainedModel) -> bool:
+    """Whether DeepSpeed ZeRO-3 has partitioned the model's parameters (it was built under `zero.Init`)."""
+    return any(hasattr(p, "ds_id") for p in model.parameters())
+
+
+@contextmanager
+def zero3_init_like(policy: PreTrainedModel, args: PPOConfig):
+    """
+    Build the critic the way the policy was built: under `zero.Init` (partitioned at construction) only if the policy
+    was. transformers partitions every model built while a ZeRO-3 config is registered, but a policy created before the
+    trainer is not partitioned; DeepSpeed then casts it to bf16/fp16 at `prepare` and leaves a partitioned critic as
+    built, and its ZeRO-3 optimizer stops on the mix of dtypes.
+    """
+    from transformers.integrations import is_deepspeed_zero3_enabled, set_hf_deepspeed_config, unset_hf_deepspeed_config
+
+    registered = getattr(args, "hf_deepspeed_config", None) or getattr(
+        getattr(args, "deepspeed_plugin", None), "dschf", None
+    )
+    if is_zero3_partitioned(policy) or not is_deepspeed_zero3_enabled() or registered is None:
+        yield
+        return
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        set_hf_deepspeed_config(registered)
 
 
 def load_reward_funcs(reward_funcs, reward_processing_classes, args: PPOConfig):

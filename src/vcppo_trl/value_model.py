@@ -54,8 +54,8 @@ def create_value_model_from_policy(policy: PreTrainedModel) -> PreTrainedModel:
         raise ValueError(f"Could not find the backbone ('{backbone_prefix}') of {type(policy).__name__}.")
     from transformers.integrations import is_deepspeed_zero3_enabled
 
-    if is_deepspeed_zero3_enabled():
-        # Under ZeRO-3 (zero.Init) parameters are partitioned: gather both backbones to copy, then re-partition.
+    if is_deepspeed_zero3_enabled() and any(hasattr(p, "ds_id") for p in critic.parameters()):
+        # Built under zero.Init, the critic is partitioned: gather both backbones to copy, then re-partition.
         import deepspeed
 
         params = [p for m in (policy_backbone, critic_backbone) for p in m.parameters() if hasattr(p, "ds_id")]
