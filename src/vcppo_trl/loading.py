@@ -113,7 +113,11 @@ def zero3_init_like(policy: PreTrainedModel, args: PPOConfig):
     trainer is not partitioned; DeepSpeed then casts it to bf16/fp16 at `prepare` and leaves a partitioned critic as
     built, and its ZeRO-3 optimizer stops on the mix of dtypes.
     """
-    from transformers.integrations import is_deepspeed_zero3_enabled, set_hf_deepspeed_config, unset_hf_deepspeed_config
+    from transformers.integrations import (
+        is_deepspeed_zero3_enabled,
+        set_hf_deepspeed_config,
+        unset_hf_deepspeed_config,
+    )
 
     registered = getattr(args, "hf_deepspeed_config", None) or getattr(
         getattr(args, "deepspeed_plugin", None), "dschf", None
