@@ -1,10 +1,10 @@
 """One command for a machine with a GPU: does the package run there, how fast, in how much memory. Prints one table.
 
-    python benchmarks/gpu_check.py               # needs CUDA; about 2-4 minutes on one large GPU (estimate)
+    python benchmarks/gpu_check.py               # needs CUDA; under 2 minutes on one H200 without the rollout row
     python benchmarks/gpu_check.py --cpu-smoke   # the same code paths on CPU at tiny sizes (tests/test_gpu_check.py)
 
-NOT RUN ON A GPU YET: this script was written and its code paths were run on CPU (`--cpu-smoke`) only; the GPU sizes
-below and the time estimate have never been run. Rows:
+Run on one H200 at commit ea2077e (all rows but `rollout`, which needs vLLM there): benchmarks/results/gpu_check_h200.txt,
+figures in docs/benchmarks.md. Rows:
 
 1. `gae`: `vcppo_trl.gae.dual_lambda_gae` against the per-token Python loop of benchmarks/gae.py, 64 x 16,384 tokens
    (smoke: 4 x 64), on the device; median times and their ratio, and the largest difference between the two.

@@ -222,6 +222,24 @@ def test_zero3_reference_and_reward_models(tmp_path):
     assert r0["policy_hash"] == r1["policy_hash"]
 
 
+def test_zero3_bf16_with_a_policy_built_before_the_trainer(tmp_path):
+    """
+    bf16 under ZeRO-3 with a policy created before the trainer (not partitioned): the critic is built unpartitioned
+    too, so DeepSpeed casts both to bf16. Building it under zero.Init left the policy fp32 and the critic bf16, and
+    DeepSpeed's ZeRO-3 optimizer stopped on the mix (seen first on an H200, benchmarks/results/gpu_check_h200.txt).
+    """
+    pytest.importorskip("deepspeed")
+    launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file"]
+    launch += [os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml"), "--main_process_port", "0"]
+    launch += ["--mixed_precision", "bf16"]
+    overrides = {"ddp_backend": "gloo", "bf16": True, "use_cpu": True}
+    r0, r1 = _launch(tmp_path, launch, worker_args=[json.dumps(overrides)])
+    assert r0["distributed_type"] == "DistributedType.DEEPSPEED"
+    assert r0["global_step"] == r1["global_step"] == 3
+    assert r0["policy_hash"] != r0["initial_policy_hash"]
+    assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])
+
+
 def test_zero3_on_cpu_without_gloo_stops_with_the_fix(tmp_path):
     """Without a ddp_backend, accelerate counts 1 process while DeepSpeed runs 2: the trainer says what to pass."""
     pytest.importorskip("deepspeed")
