@@ -39,12 +39,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", default=None)
     parser.add_argument("--critic", default=None, help="Override the variant's critic (rm, rm_eos).")
     parser.add_argument(
-        "--build-rm", choices=("prefixes", "eos"), help="Only build (cache) this reward model of the budget, then exit."
+        "--build-rm",
+        choices=("prefixes", "eos"),
+        help="Only build (cache) this reward model of the budget, then exit.",
     )
     parser.add_argument("--updates", type=int, default=6)
     parser.add_argument("--pretrain-updates", type=int, default=None)
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--value-learning-rate", type=float, default=2e-4)
+    parser.add_argument(
+        "--stop-after-pretraining",
+        action="store_true",
+        help="End the run after the value-pretraining updates (the learning-rate schedule still spans the PPO "
+        "updates of --updates, as in a table run).",
+    )
     parser.add_argument("--seed", type=int, default=100)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
@@ -72,11 +80,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.build_rm:
         policy = AutoModelForCausalLM.from_pretrained(assets["policy"])
         tokenizer = AutoTokenizer.from_pretrained(assets["policy"])
-        _, stats = reproduce.build_reward_model_asset(budget, cache, policy, tokenizer, eos_only=args.build_rm == "eos")
+        _, stats = reproduce.build_reward_model_asset(
+            budget, cache, policy, tokenizer, eos_only=args.build_rm == "eos"
+        )
         print(json.dumps(stats))
         return 0
-    assets |= {"reward_model": os.path.join(cache, "reward_model"), "reward_model_eos": os.path.join(cache, "reward_model_eos")}
-    variant = {v.name: v for v in reproduce.MAIN_VARIANTS}[args.variant]
+    assets |= {
+        "reward_model": os.path.join(cache, "reward_model"),
+        "reward_model_eos": os.path.join(cache, "reward_model_eos"),
+    }
+    variant = {v.name: v for v in reproduce.MAIN_VARIANTS + reproduce.MAJORITY_GRID}[args.variant]
     if args.critic:
         variant = dataclasses.replace(variant, critic=args.critic)
     splits = reproduce.task_splits(budget)
@@ -84,7 +97,17 @@ def main(argv: list[str] | None = None) -> int:
     train = splits["train"].select_columns(columns)
     scratch = os.path.join("/tmp", f"knob_diag_{args.name}")
     t0 = time.time()
-    history, _ = reproduce._run_vcppo(variant, args.seed, budget, assets, scratch, train, None)
+    callbacks = ()
+    if args.stop_after_pretraining:
+        from transformers import TrainerCallback
+
+        class StopAfterPretraining(TrainerCallback):
+            def on_step_end(self, train_args, state, control, **kwargs):
+                if state.global_step >= budget.pretrain_updates:
+                    control.should_training_stop = True
+
+        callbacks = (StopAfterPretraining(),)
+    history, _ = reproduce._run_vcppo(variant, args.seed, budget, assets, scratch, train, None, callbacks)
     rows = [{k: e[k] for k in KEYS if k in e} | {"step": e.get("step")} for e in history if any(k in e for k in KEYS)]
     record = {
         "name": args.name,

@@ -1,6 +1,9 @@
 """Table and plots of the toy reproduction, rebuilt from the saved runs (`results/runs/<variant>/seed<k>.json`).
 
-    python experiments/report.py   # same as: python experiments/reproduce.py --report
+    python experiments/reproduce.py --report                  # the first toy
+    python experiments/reproduce.py --task majority --report  # the stop-anytime toy
+
+It imports nothing from `reproduce.py` (which imports it): the variants, seeds and prediction come in as arguments.
 
 Nothing here trains: every figure is read from the runs' metric histories, so the report can be rebuilt at any time
 and an interrupted sweep reports what it has.
@@ -61,7 +64,7 @@ def series(record: dict, what: str) -> list[float]:
     """Per-update `accuracy`, `length`, `short` (share of compressed responses), `corr`, `ev` of a run."""
     grpo = record["variant"]["trainer"] == "grpo"
     entries = training_entries(record)
-    if grpo and what in ("corr", "ev"):
+    if grpo and what in ("corr", "ev", "gap"):
         return []
     keys = {
         "accuracy": "rewards/math_verify_reward/mean" if grpo else "diagnostics/accuracy",
@@ -69,6 +72,7 @@ def series(record: dict, what: str) -> list[float]:
         "short": "rewards/short_form/mean",
         "corr": "diagnostics/advantage_position_corr",
         "ev": "value/explained_variance",
+        "gap": "diagnostics/stop_advantage_gap",
     }
     out = []
     for e in entries:
@@ -126,7 +130,7 @@ def table_rows(runs: dict[str, list[dict]], variants) -> list[dict[str, Any]]:
         if not records:
             continue
 
-        def per_seed(fn):
+        def per_seed(fn, records=records):
             return [fn(r) for r in records]
 
         rows.append(
@@ -184,6 +188,118 @@ def markdown_table(rows: list[dict[str, Any]], cold_start: dict | None) -> str:
     return intro + header + "\n".join(lines) + "\n"
 
 
+# -------------------------------------------------------------------------------- the prediction check (majority)
+
+
+def critic_ratio(record: dict) -> float | None:
+    """The run's critic/policy learning-rate ratio (None for GRPO, which has no critic)."""
+    if record["variant"]["trainer"] == "grpo":
+        return None
+    budget, ratio = record["budget"], record["variant"].get("value_lr_ratio")
+    return ratio if ratio is not None else budget["value_learning_rate"] / budget["learning_rate"]
+
+
+def verdict(values: Sequence[float]) -> str:
+    """The prediction's rule on a change (end − cold start): "loses" when its 95 % interval lies below 0."""
+    mean, half = mean_ci(values)
+    if math.isnan(mean) or math.isnan(half):
+        return "–"
+    if mean + half < 0:
+        return "loses"
+    return "gains" if mean - half > 0 else "keeps"
+
+
+def interval(values: Sequence[float]) -> tuple[float, float]:
+    mean, half = mean_ci(values)
+    return mean - half, mean + half
+
+
+def prediction_rows(runs: dict[str, list[dict]], variants) -> list[dict[str, Any]]:
+    rows = []
+    for v in variants:
+        records = runs.get(v.name, [])
+        if not records:
+            continue
+
+        def per_seed(fn, records=records):
+            return [fn(r) for r in records]
+
+        ratios = {critic_ratio(r) for r in records}
+        rows.append(
+            {
+                "name": v.name,
+                "label": v.label,
+                "ratio": ratios.pop() if len(ratios) == 1 else None,
+                "seeds": len(records),
+                "acc_end": per_seed(lambda r: r["final_eval"]["accuracy"]),
+                "d_acc": per_seed(lambda r: r["final_eval"]["accuracy"] - r["cold_start_eval"]["accuracy"]),
+                "len_end": per_seed(lambda r: r["final_eval"]["response_length_mean"]),
+                "d_len": per_seed(
+                    lambda r: r["final_eval"]["response_length_mean"] - r["cold_start_eval"]["response_length_mean"]
+                ),
+                "d_train_len": per_seed(
+                    lambda r: window_mean(series(r, "length"), False) - window_mean(series(r, "length"), True)
+                ),
+                "gap_start": per_seed(lambda r: window_mean(series(r, "gap"), True)),
+                "gap_end": per_seed(lambda r: window_mean(series(r, "gap"), False)),
+                "minutes": per_seed(lambda r: r["wall_seconds"] / 60.0),
+            }
+        )
+    return rows
+
+
+def prediction_table(rows: list[dict[str, Any]], cold_start: dict | None) -> str:
+    intro = ""
+    if cold_start:
+        intro = (
+            f"Cold start (shared by every run): held-out greedy accuracy {cold_start['accuracy']:.3f}, length "
+            f"{cold_start['response_length_mean']:.1f} tokens. Δ = end − cold start per seed; means ± the half-width "
+            'of a 95 % t-interval; verdicts by the prediction\'s rule ("loses": the interval of Δ lies below 0; '
+            '"keeps": it contains 0; "gains": above 0). Training length: mean of the last 5 policy updates\' '
+            "rollouts minus the first 5 (temperature 1). Stop gap: `diagnostics/stop_advantage_gap`, mean of the first "
+            "and of the last 5 policy updates.\n\n"
+        )
+    header = (
+        "| variant | critic/policy lr | seeds | held-out accuracy, end | Δ accuracy | held-out length, end | Δ length "
+        "| Δ training length | stop gap, first → last 5 | minutes/run |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+    )
+    lines = []
+    for r in rows:
+        ratio = "–" if r["ratio"] is None else f"{r['ratio']:g}"
+        lines.append(
+            f"| {r['label']} | {ratio} | {r['seeds']} | {fmt(r['acc_end'])} | {fmt(r['d_acc'])} ({verdict(r['d_acc'])}) "
+            f"| {fmt(r['len_end'], 1)} | {fmt(r['d_len'], 1)} ({verdict(r['d_len'])}) "
+            f"| {fmt(r['d_train_len'], 1)} ({verdict(r['d_train_len'])}) "
+            f"| {fmt(r['gap_start'], 2)} → {fmt(r['gap_end'], 2)} | {fmt(r['minutes'], 1)} |"
+        )
+    return intro + header + "\n".join(lines) + "\n"
+
+
+def claim_check(rows: list[dict[str, Any]], pairs: Sequence[tuple[str, str]]) -> str:
+    """The prediction's claim for each (PPO, VC-PPO) pair at one critic speed, from the rows' per-seed values."""
+    by_name = {r["name"]: r for r in rows}
+    out = []
+    for ppo, vcppo in pairs:
+        if ppo not in by_name or vcppo not in by_name:
+            continue
+        p, v = by_name[ppo], by_name[vcppo]
+        ppo_loses = verdict(p["d_acc"]) == "loses" and verdict(p["d_len"]) == "loses"
+        vc_holds = verdict(v["d_acc"]) != "loses" and verdict(v["d_len"]) != "loses"
+        apart = []
+        for key in ("acc_end", "len_end"):
+            (plo, phi), (vlo, vhi) = interval(p[key]), interval(v[key])
+            apart.append(not (math.isnan(plo) or math.isnan(vlo)) and (phi < vlo or vhi < plo))
+        holds = ppo_loses and vc_holds and all(apart)
+        ratio = "–" if p["ratio"] is None else f"{p['ratio']:g}"
+        out.append(
+            f"- critic/policy lr {ratio} ({p['label']} vs {v['label']}): PPO loses both: {ppo_loses}; VC-PPO keeps or "
+            f"gains both: {vc_holds}; end intervals apart (accuracy, length): {apart[0]}, {apart[1]} → "
+            f"**claim {'holds' if holds else 'does not hold'}**."
+        )
+    return "\n".join(out) + ("\n" if out else "")
+
+
 # --------------------------------------------------------------------------------------------------------- plots
 
 
@@ -196,25 +312,32 @@ def _mean_curve(records: list[dict], what: str) -> list[float]:
     return [sum(c[i] for c in curves) / len(curves) for i in range(n)]
 
 
-def plot_training_curves(runs, variants, path: str) -> None:
+PANEL_TITLES = {
+    "length": "response length (training rollouts)",
+    "accuracy": "accuracy (training rollouts)",
+    "short": "share of short-form responses",
+    "gap": "stop-advantage gap (diagnostics/stop_advantage_gap)",
+}
+
+
+def plot_training_curves(runs, variants, path: str, panels: Sequence[str] = ("length", "accuracy", "short")) -> None:
     fig = Figure(figsize=(16, 4.2))
-    axes = fig.subplots(1, 3)
+    axes = fig.subplots(1, len(panels))
     for v in variants:
         records = runs.get(v.name)
         if not records:
             continue
-        for ax, what in zip(axes, ("length", "accuracy", "short")):
+        for ax, what in zip(axes, panels):
             curve = _mean_curve(records, what)
             if curve:
-                ax.plot(range(1, len(curve) + 1), curve, label=v.label, linestyle="--" if "bias" in v.name else "-")
-    for ax, title in zip(
-        axes, ("response length (training rollouts)", "accuracy (training rollouts)", "share of short-form responses")
-    ):
+                style = "--" if "bias" in v.name else (":" if v.name.endswith("_slow") else "-")
+                ax.plot(range(1, len(curve) + 1), curve, label=v.label, linestyle=style)
+    for ax, title in zip(axes, (PANEL_TITLES[p] for p in panels)):
         ax.set_title(title)
         ax.set_xlabel("policy update")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"Training curves, mean over seeds (cf. the paper's Figures 1 and 5)")
+    fig.suptitle("Training curves, mean over seeds (cf. the paper's Figures 1 and 5)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -238,6 +361,26 @@ def plot_advantage_by_position(runs, names_labels, path: str, first_updates: int
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle("Figure 2 analogue: advantages by token position for each starting critic")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def plot_stop_gap_by_position(runs, names_labels, path: str, first_updates: int = 3) -> None:
+    """The stop-vs-continue advantage gap by absolute position bucket, over the first policy updates (new)."""
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.subplots(1, 1)
+    x = list(range(NUM_BUCKETS))
+    for name, label in names_labels:
+        records = runs.get(name)
+        if not records:
+            continue
+        entries = [e for r in records for e in training_entries(r)[:first_updates]]
+        ax.plot(x, buckets(entries, "diagnostics/stop_advantage_gap_bucket_"), marker="o", label=label)
+    ax.axhline(0, color="k", lw=0.5)
+    ax.set_xlabel("position bucket (eighths of the response length limit)")
+    ax.set_title(f"stop-minus-continue advantage by position, first {first_updates} updates")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -272,7 +415,7 @@ def plot_value_pretraining(runs, names_labels, path: str) -> None:
     fig = Figure(figsize=(12, 4.2))
     axes = fig.subplots(1, 2)
     for name, label in names_labels:
-        for i, r in enumerate(runs.get(name, [])):
+        for r in runs.get(name, []):
             entries = pretrain_entries(r)
             if not entries:
                 continue
@@ -292,12 +435,20 @@ def plot_value_pretraining(runs, names_labels, path: str) -> None:
 
 
 def build_report(
-    results_dir: str, variants, seeds: Sequence[int], cache_dir: str | None = None, sweeps: Sequence = ()
+    results_dir: str,
+    variants,
+    seeds: Sequence[int],
+    cache_dir: str | None = None,
+    sweeps: Sequence = (),
+    prediction: str | None = None,
 ) -> str:
     """Write `results.md` and the PNGs into `results_dir` from whatever runs are saved; returns the markdown.
 
-    `sweeps`: `(title, [(variant name, row label), ...])` tables, whose rows may reuse main runs.
+    `sweeps`: `(title, [(variant name, row label), ...])` tables, whose rows may reuse main runs. `prediction`: the
+    stop-anytime task's prediction, written before its runs; with it the report checks it (`prediction_table`).
     """
+    if prediction is not None:
+        return build_prediction_report(results_dir, variants, seeds, cache_dir, prediction)
     runs = load_runs(results_dir, [v.name for v in variants], seeds)
     cold_start = None
     for records in runs.values():
@@ -348,12 +499,47 @@ def build_report(
     return markdown
 
 
-if __name__ == "__main__":
-    import sys
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from reproduce import DEFAULT_CACHE, DEFAULT_RESULTS, MAIN_VARIANTS, SWEEP_TABLES, SWEEP_VARIANTS, Budget
-
-    build_report(
-        DEFAULT_RESULTS, MAIN_VARIANTS + SWEEP_VARIANTS, Budget().seeds, cache_dir=DEFAULT_CACHE, sweeps=SWEEP_TABLES
+def build_prediction_report(results_dir: str, variants, seeds: Sequence[int], cache_dir: str | None, prediction: str):
+    """The stop-anytime task's report: the prediction, the grid with its verdicts, the claim per critic speed, plots."""
+    runs = load_runs(results_dir, [v.name for v in variants], seeds)
+    cold_start = next((records[0]["cold_start_eval"] for records in runs.values()), None)
+    rows = prediction_rows(runs, variants)
+    commits = sorted({r.get("commit") or "?" for records in runs.values() for r in records})
+    parts = [
+        "# The stop-anytime toy (`--task majority`): results\n\n",
+        f"Generated by `python experiments/reproduce.py --task majority --report` from `runs/` (seeds {list(seeds)}; "
+        f"runs made at commit(s) {', '.join(commits)}).\n\n",
+        "## The prediction (written before the runs)\n\n```\n" + prediction + "```\n\n",
+        "## The grid\n\n" + prediction_table(rows, cold_start),
+        "\n## The claim, per critic speed\n\n" + claim_check(rows, [("ppo", "vcppo"), ("ppo_slow", "vcppo_slow")]),
+    ]
+    if cache_dir and os.path.isfile(os.path.join(cache_dir, "assets.json")):
+        with open(os.path.join(cache_dir, "assets.json")) as f:
+            assets = json.load(f)
+        parts.append(
+            "\n## Assets\n\n"
+            f"- Reward model with truncated prefixes (our device): {json.dumps(assets.get('reward_model_stats'))}\n"
+            f"- EOS-only reward model (the paper's): {json.dumps(assets.get('reward_model_eos_stats'))}\n"
+            f"- Controlled-bias critic (our device): {json.dumps(assets.get('controlled_bias_stats'))}\n"
+            f"- Cold start {assets.get('cold_start_seconds', math.nan):.0f} s, critics "
+            f"{assets.get('critic_build_seconds', math.nan):.0f} s\n"
+        )
+    markdown = "".join(parts)
+    os.makedirs(results_dir, exist_ok=True)
+    with open(os.path.join(results_dir, "results.md"), "w") as f:
+        f.write(markdown)
+    plot_training_curves(
+        runs, variants, os.path.join(results_dir, "training_curves.png"), ("length", "accuracy", "gap")
     )
+    first = [
+        ("ppo", "PPO, RM critic (ratio 2)"),
+        ("ppo_slow", "PPO, RM critic (ratio ½)"),
+        ("vcppo", "VC-PPO, pretrained (ratio 2)"),
+        ("vcppo_slow", "VC-PPO, pretrained (ratio ½)"),
+        ("ppo_lam_actor1", "λ_actor 1.0, RM critic"),
+        ("ppo_biased", "PPO, controlled-bias critic"),
+    ]
+    plot_stop_gap_by_position(runs, first, os.path.join(results_dir, "stop_gap_by_position.png"))
+    plot_advantage_by_position(runs, first, os.path.join(results_dir, "advantage_by_position.png"))
+    print(markdown)
+    return markdown

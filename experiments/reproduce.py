@@ -114,7 +114,8 @@ class MajorityBudget(Budget):
     cold_start_steps: int = 2200  # chosen on the shape measurements (results/majority/first_look.md)
     min_bits: int = 15
     max_bits: int = 31
-    bias: float = 0.5  # fair strings: the leader after a few lines is a weak guess (60/40 strings made it a strong one)
+    # Fair strings: the leader after a few lines is a weak guess (60/40 strings made it a strong one).
+    bias: float = 0.5
     early_stop_fraction: float = 0.5
     cold_start_bias: float | None = None  # the cold start's strings drawn with this bias (None: `bias`)
     tally: str = "counts"  # the task variant (vcppo_trl.toy.majority): "counts" or "diff"
@@ -126,6 +127,9 @@ class MajorityBudget(Budget):
     # vcppo_trl.toy.reward_model); the EOS-only reward model (the paper's) is built beside it as `reward_model_eos`.
     rm_prefixes_per_response: int = 1
     rm_samples: int = 640  # per reward model (two are built); the first toy used 1280 for its one
+    # Value-pretraining updates of the slow-critic arm (critic lr ½x the policy's), measured before the table by the
+    # rule in results/majority/first_look.md §4 (knobs/vcppo_pretrain60_vlr5e-5.json).
+    slow_pretrain_updates: int = 40
 
     def asset_key(self) -> dict[str, Any]:
         keys = ("num_train", "num_eval", "cold_start_steps", "min_bits", "max_bits", "bias", "early_stop_fraction")
@@ -153,6 +157,7 @@ MAJORITY_SMOKE_BUDGET = MajorityBudget(
         **{f.name: getattr(SMOKE_BUDGET, f.name) for f in dataclasses.fields(Budget) if f.name != "short_fraction"},
         "min_bits": 3,
         "max_bits": 5,
+        "slow_pretrain_updates": 1,
         "response_length": 48,
     }
 )
@@ -230,10 +235,17 @@ class Variant:
     trainer: str = "vcppo"  # "vcppo" or "grpo"
     critic: str = "rm"
     pretrain: bool = False
-    pretrain_updates: int | None = None  # None: the budget's
+    pretrain_updates: int | None = None  # None: the budget's field named by `pretrain_field`
+    pretrain_field: str = "pretrain_updates"
     lam_actor: float = 0.95
     lam_critic: float = 0.95
     group: str = "main"
+    value_lr_ratio: float | None = None  # critic lr = ratio x policy lr; None: the budget's value_learning_rate
+
+    def value_learning_rate(self, budget: Budget) -> float:
+        return (
+            budget.value_learning_rate if self.value_lr_ratio is None else self.value_lr_ratio * budget.learning_rate
+        )
 
 
 MAIN_VARIANTS = (
@@ -251,6 +263,34 @@ MAIN_VARIANTS = (
         lam_critic=1.0,
     ),
 )
+
+# The stop-anytime task's grid adds the slow critic (MAJORITY_CRITIC_RATIOS[1], value lr = ½ x policy lr) for the
+# three variants whose critic speed is the experiment's axis, and λ_actor = 1 with the reward-model critic (no spurious
+# stop gap, more variance); the main variants run at the budget's ratio 2. Fixed before the table's runs.
+MAJORITY_GRID = (
+    Variant("ppo_slow", "PPO (RM critic, λ .95/.95), critic lr ½x", value_lr_ratio=0.5),
+    Variant(
+        "vcppo_no_dgae_slow",
+        "VC-PPO w/o decoupled GAE (pretrain, λ .95/.95), critic lr ½x",
+        pretrain=True,
+        pretrain_field="slow_pretrain_updates",
+        value_lr_ratio=0.5,
+    ),
+    Variant(
+        "vcppo_slow",
+        "VC-PPO (pretrain, λ .95/1.0), critic lr ½x",
+        pretrain=True,
+        pretrain_field="slow_pretrain_updates",
+        lam_critic=1.0,
+        value_lr_ratio=0.5,
+    ),
+    Variant("ppo_lam_actor1", "PPO with λ_actor 1.0 (RM critic, λ 1.0/.95)", lam_actor=1.0),
+)
+# Run only when asked (`--variants ppo_rm_eos`): the paper's EOS-only reward model as PPO's critic.
+MAJORITY_EXTRA = (
+    Variant("ppo_rm_eos", "PPO, EOS-only reward-model critic (the paper's; λ .95/.95)", critic="rm_eos"),
+)
+TASK_VARIANTS = {"addition": MAIN_VARIANTS, "majority": MAIN_VARIANTS + MAJORITY_GRID}
 
 # The knob exploration run before the table (`--pilot`): one seed (100, not a table seed), 30 updates, the three
 # critics. The rule, fixed before the last knob was run, looks at critics and the Figure-2 diagnostic only, never at
@@ -271,13 +311,20 @@ PILOT_VARIANTS = ("ppo", "ppo_biased", "vcppo")
 # λ_critic 0.95 (the paper's Figure 3 comparison, drawn from the main runs).
 SWEEP_VARIANTS = (
     *(
-        Variant(f"lam_actor_{lam}", f"VC-PPO, λ_actor {lam}", pretrain=True, lam_actor=lam, lam_critic=1.0,
-                group="sweep")
+        Variant(
+            f"lam_actor_{lam}", f"VC-PPO, λ_actor {lam}", pretrain=True, lam_actor=lam, lam_critic=1.0, group="sweep"
+        )
         for lam in (0.9, 0.99, 1.0)
     ),
     *(
-        Variant(f"pretrain_{n}", f"VC-PPO, {n} pretraining updates", pretrain=True, pretrain_updates=n,
-                lam_critic=1.0, group="sweep")
+        Variant(
+            f"pretrain_{n}",
+            f"VC-PPO, {n} pretraining updates",
+            pretrain=True,
+            pretrain_updates=n,
+            lam_critic=1.0,
+            group="sweep",
+        )
         for n in (5, 60)
     ),
 )
@@ -286,13 +333,21 @@ SWEEP_VARIANTS = (
 SWEEP_TABLES = (
     (
         "λ_actor with λ_critic = 1 and value pretraining (cf. the paper's Table 4)",
-        [("lam_actor_0.9", "λ_actor 0.9"), ("vcppo", "λ_actor 0.95 (the main VC-PPO runs)"),
-         ("lam_actor_0.99", "λ_actor 0.99"), ("lam_actor_1.0", "λ_actor 1.0")],
+        [
+            ("lam_actor_0.9", "λ_actor 0.9"),
+            ("vcppo", "λ_actor 0.95 (the main VC-PPO runs)"),
+            ("lam_actor_0.99", "λ_actor 0.99"),
+            ("lam_actor_1.0", "λ_actor 1.0"),
+        ],
     ),
     (
         "Value-pretraining updates, λ 0.95/1.0 (cf. the paper's Table 3)",
-        [("vcppo_no_pretrain", "0 (the main w/o-pretraining runs)"), ("pretrain_5", "5"),
-         ("vcppo", "20 (the main VC-PPO runs)"), ("pretrain_60", "60")],
+        [
+            ("vcppo_no_pretrain", "0 (the main w/o-pretraining runs)"),
+            ("pretrain_5", "5"),
+            ("vcppo", "20 (the main VC-PPO runs)"),
+            ("pretrain_60", "60"),
+        ],
     ),
 )
 
@@ -379,7 +434,9 @@ def build_assets(budget: Budget, cache_dir: str) -> dict[str, Any]:
     reward_model, rm_stats = build_reward_model_asset(budget, cache_dir, policy, tokenizer)
     if isinstance(budget, MajorityBudget) and budget.rm_prefixes_per_response:
         _, rm_eos_stats = build_reward_model_asset(budget, cache_dir, policy, tokenizer, eos_only=True)
-        manifest.update(reward_model_eos=os.path.join(cache_dir, "reward_model_eos"), reward_model_eos_stats=rm_eos_stats)
+        manifest.update(
+            reward_model_eos=os.path.join(cache_dir, "reward_model_eos"), reward_model_eos_stats=rm_eos_stats
+        )
     cb_dir = os.path.join(cache_dir, "controlled_bias_critic")
     _, cb_stats = build_controlled_bias_critic(
         reward_model,
@@ -430,13 +487,17 @@ def _common_args(out_dir: str, seed: int) -> dict[str, Any]:
     }
 
 
-def _run_vcppo(variant: Variant, seed: int, budget: Budget, assets: dict, out_dir: str, train, test) -> list[dict]:
+def _run_vcppo(
+    variant: Variant, seed: int, budget: Budget, assets: dict, out_dir: str, train, test, callbacks: tuple = ()
+) -> list[dict]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from vcppo_trl import VCPPOConfig, VCPPOTrainer
     from vcppo_trl.rewards import math_verify_reward
 
-    pretrain = (budget.pretrain_updates if variant.pretrain_updates is None else variant.pretrain_updates)
+    pretrain = (
+        getattr(budget, variant.pretrain_field) if variant.pretrain_updates is None else variant.pretrain_updates
+    )
     pretrain = pretrain if variant.pretrain else 0
     args = VCPPOConfig(
         **_common_args(out_dir, seed),
@@ -454,7 +515,7 @@ def _run_vcppo(variant: Variant, seed: int, budget: Budget, assets: dict, out_di
         lam_actor=variant.lam_actor,
         lam_critic=variant.lam_critic,
         learning_rate=budget.learning_rate,
-        value_learning_rate=budget.value_learning_rate,
+        value_learning_rate=variant.value_learning_rate(budget),
         vf_coef=budget.vf_coef,
         value_pretrain_steps=pretrain,
         # A fixed number of pretraining updates (no early stop), so every seed gets the same budget.
@@ -474,6 +535,7 @@ def _run_vcppo(variant: Variant, seed: int, budget: Budget, assets: dict, out_di
         args=args,
         train_dataset=train,
         value_model=critic_dir,
+        callbacks=list(callbacks),
     )
     trainer.train()
     return trainer.state.log_history, trainer.model.policy if hasattr(trainer.model, "policy") else trainer.model
@@ -554,7 +616,9 @@ def run_one(variant: Variant, seed: int, budget: Budget, assets: dict, path: str
 def _worker(task: tuple) -> tuple[str, str | None]:
     variant, seed, budget, assets, path = task
     # Each run's own output (metric dicts, warnings) goes to its log file, not to the sweep's console.
-    log_path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(path))), "logs", f"{variant.name}-seed{seed}.log")
+    log_path = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(path))), "logs", f"{variant.name}-seed{seed}.log"
+    )
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     with open(log_path, "w") as log:
         os.dup2(log.fileno(), 1)
@@ -699,9 +763,10 @@ def main(argv: list[str] | None = None) -> int:
     if subdir:
         args.results_dir = os.path.join(args.results_dir, subdir)
         args.cache_dir = os.path.join(args.cache_dir, subdir)
-    variants = MAIN_VARIANTS + (SWEEP_VARIANTS if args.full else ())
+    variants = TASK_VARIANTS[args.task] + (SWEEP_VARIANTS if args.full else ())
+    all_variants = MAIN_VARIANTS + SWEEP_VARIANTS + (MAJORITY_GRID + MAJORITY_EXTRA if args.task == "majority" else ())
     if args.variants:
-        known = {v.name: v for v in MAIN_VARIANTS + SWEEP_VARIANTS}
+        known = {v.name: v for v in all_variants}
         unknown = [n for n in args.variants if n not in known]
         if unknown:
             parser.error(f"unknown variant(s) {unknown}; choose from {sorted(known)}")
@@ -730,7 +795,12 @@ def main(argv: list[str] | None = None) -> int:
         failures = run_all(variants, budget, assets, args.results_dir, args.workers)
         print(f"All runs finished in {time.time() - t0:.0f} s.")
     report.build_report(
-        args.results_dir, MAIN_VARIANTS + SWEEP_VARIANTS, budget.seeds, cache_dir=args.cache_dir, sweeps=SWEEP_TABLES
+        args.results_dir,
+        all_variants,
+        budget.seeds,
+        cache_dir=args.cache_dir,
+        sweeps=SWEEP_TABLES,
+        prediction=PREDICTION if args.task == "majority" else None,
     )
     if failures:
         print(f"{len(failures)} run(s) failed: {[os.path.relpath(p, args.results_dir) for p, _ in failures]}")

@@ -234,3 +234,51 @@ def test_harness_seeds_flag_records_seed_and_commit(tmp_path):
     with pytest.raises(SystemExit):
         reproduce.main([*argv, "--seeds", "7", "7"])
     assert "loses length" in reproduce.PREDICTION.lower()
+
+
+def test_majority_grid_on_a_tiny_budget_checks_the_prediction(tmp_path):
+    """`--task majority`: the slow-critic arm trains its critic at ½ the policy's lr, with the budget's slow-arm
+    pretraining; the report holds the prediction, the grid with verdicts, the claim per critic speed and the plots.
+    No outcome is asserted."""
+    sys.path.insert(0, os.path.join(REPO, "experiments"))
+    try:
+        import report
+        import reproduce
+    finally:
+        sys.path.pop(0)
+    results, cache = str(tmp_path / "results"), str(tmp_path / "cache")
+    argv = ["--task", "majority", "--smoke", "--results-dir", results, "--cache-dir", cache, "--workers", "1"]
+    assert reproduce.main([*argv, "--variants", "ppo", "ppo_slow", "vcppo_slow"]) == 0
+    runs = os.path.join(results, "majority", "runs")
+    first_ppo = {}
+    for name in ("ppo", "ppo_slow", "vcppo_slow"):
+        with open(os.path.join(runs, name, "seed0.json")) as f:
+            record = json.load(f)
+        assert report.critic_ratio(record) == (2.0 if name == "ppo" else 0.5)
+        first_ppo[name] = report.training_entries(record)[0]
+        assert "diagnostics/stop_advantage_gap" in first_ppo[name]
+    # The same schedule at a quarter of the critic lr (ratio ½ against the budget's 2); the policy lr unchanged.
+    assert first_ppo["ppo_slow"]["value_lr"] == pytest.approx(0.25 * first_ppo["ppo"]["value_lr"], rel=1e-6)
+    assert first_ppo["ppo_slow"]["lr"] == first_ppo["ppo"]["lr"]
+    with open(os.path.join(runs, "vcppo_slow", "seed0.json")) as f:
+        pretraining = report.pretrain_entries(json.load(f))
+    assert len(pretraining) == reproduce.MAJORITY_SMOKE_BUDGET.slow_pretrain_updates
+    with open(os.path.join(results, "majority", "results.md")) as f:
+        text = f.read()
+    assert reproduce.PREDICTION.splitlines()[0] in text
+    assert "| PPO (RM critic, λ .95/.95), critic lr ½x | 0.5 | 1 |" in text
+    assert "critic/policy lr 0.5" in text and "claim" in text
+    for png in ("training_curves.png", "stop_gap_by_position.png", "advantage_by_position.png"):
+        assert os.path.getsize(os.path.join(results, "majority", png)) > 1000, png
+
+
+def test_verdicts_follow_the_written_rule():
+    sys.path.insert(0, os.path.join(REPO, "experiments"))
+    try:
+        import report
+    finally:
+        sys.path.pop(0)
+    assert report.verdict([-0.3, -0.25, -0.2]) == "loses"
+    assert report.verdict([0.3, 0.25, 0.2]) == "gains"
+    assert report.verdict([-0.3, 0.0, 0.3]) == "keeps"
+    assert report.verdict([0.1]) == "–"  # one seed: no interval, no verdict
