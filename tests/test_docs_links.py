@@ -50,3 +50,30 @@ def test_slug_matches_github():
 
 def test_readme_is_a_landing_page():
     assert sum(1 for _ in open(PAGES[0])) <= 200
+
+
+REPO_PATH = re.compile(
+    r"(?<![\w/.$-])((?:configs|benchmarks|experiments|scripts|notebooks|tests|src|docs|examples)/[\w./-]+"
+    r"\.(?:py|yaml|yml|sh|ipynb|md|toml)|train\.py)\b"
+)
+
+
+def command_block_paths(path: str) -> list[str]:
+    """Repository files named in the page's fenced code blocks (commands and configs a reader will run)."""
+    blocks = re.findall(r"```[^\n]*\n(.*?)```", open(path).read(), flags=re.S)
+    return [m for block in blocks for m in REPO_PATH.findall(block)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[os.path.relpath(p, ROOT) for p in PAGES])
+def test_files_named_in_command_blocks_exist(page):
+    missing = sorted({p for p in command_block_paths(page) if not os.path.exists(os.path.join(ROOT, p))})
+    assert not missing, f"{os.path.relpath(page, ROOT)} names files that are not in the repository: {missing}"
+
+
+def test_command_block_paths_finds_repository_files(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```bash\naccelerate launch --config_file configs/accelerate/zero3.yaml train.py \\\n"
+        "  --config configs/recipes/nope.yaml --output_dir /runs/x/out.yaml\n```\n"
+    )
+    assert command_block_paths(str(page)) == ["configs/accelerate/zero3.yaml", "train.py", "configs/recipes/nope.yaml"]
