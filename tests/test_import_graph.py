@@ -84,9 +84,10 @@ def test_the_graph_sees_local_and_type_checking_imports():
     assert "vcppo_trl.hub" in graph["vcppo_trl.callbacks"]  # a function-local import
     assert "vcppo_trl.trainer" in graph["vcppo_trl.vcppo_trainer"]
     assert "vcppo_trl.trainer" not in graph["vcppo_trl.distributed"]
-    # Pure math imports nothing of the package but the shared masked reductions.
+    # Pure math imports nothing of the package but the shared masked reductions (and the PPO loss, the losses).
     for module in ("gae", "masked", "diagnostics", "losses"):
         assert graph[f"vcppo_trl.{module}"] <= {"vcppo_trl.masked"}, module
+    assert graph["vcppo_trl.ppo_loss"] <= {"vcppo_trl.masked", "vcppo_trl.losses"}
 
 
 def _top_level_names(path: str) -> set[str]:
