@@ -104,9 +104,9 @@ def test_verifier_faults_in_training_are_counted(make_trainer, tiny_config):
 
 def nan_value_loss(fail_calls):
     """clipped_value_loss that returns a NaN loss on the given (1-based) calls."""
-    from vcppo_trl import trainer as trainer_module
+    from vcppo_trl import ppo_loss
 
-    original = trainer_module.clipped_value_loss
+    original = ppo_loss.clipped_value_loss
     count = {"n": 0}
 
     def patched(*args, **kwargs):
@@ -120,10 +120,10 @@ def nan_value_loss(fail_calls):
 
 
 def test_nonfinite_step_is_skipped(make_trainer, tiny_config, monkeypatch):
-    from vcppo_trl import trainer as trainer_module
+    from vcppo_trl import ppo_loss
 
     # One update = 2 minibatches × 2 micro-batches; the first micro-batch of the first step is NaN.
-    monkeypatch.setattr(trainer_module, "clipped_value_loss", nan_value_loss(lambda n: n == 1))
+    monkeypatch.setattr(ppo_loss, "clipped_value_loss", nan_value_loss(lambda n: n == 1))
     trainer = make_trainer(args=tiny_config(total_episodes=32))
     policy, critic = trainer.unwrapped_policy_and_critic()
     trainer.train()
@@ -134,10 +134,10 @@ def test_nonfinite_step_is_skipped(make_trainer, tiny_config, monkeypatch):
 
 
 def test_persistent_nonfinite_loss_stops_with_last_checkpoint_intact(make_trainer, tiny_config, monkeypatch):
-    from vcppo_trl import trainer as trainer_module
+    from vcppo_trl import ppo_loss
 
     # Update 1 (4 micro-batches, 2 steps) is fine and saved; from update 2 on every loss is NaN.
-    monkeypatch.setattr(trainer_module, "clipped_value_loss", nan_value_loss(lambda n: n > 4))
+    monkeypatch.setattr(ppo_loss, "clipped_value_loss", nan_value_loss(lambda n: n > 4))
     args = tiny_config(total_episodes=64, save_strategy="steps", save_steps=1, max_consecutive_nonfinite_steps=1)
     trainer = make_trainer(args=args)
     with pytest.raises(NonFiniteTrainingError, match="checkpoint-1, was saved before this and is intact"):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from vcppo_trl import PPOConfig, PPOTrainer
+from vcppo_trl import ppo_loss
 from vcppo_trl import trainer as trainer_module
 
 from .conftest import length_reward
@@ -25,13 +26,13 @@ def _rows(trainer, n=None):
 
 def _record_value_clipranges(monkeypatch, trainer):
     calls = []
-    original = trainer_module.clipped_value_loss
+    original = ppo_loss.clipped_value_loss
 
     def spy(values, old_values, returns, mask, cliprange_value, **kwargs):
         calls.append((trainer.policy_frozen, cliprange_value))
         return original(values, old_values, returns, mask, cliprange_value, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "clipped_value_loss", spy)
+    monkeypatch.setattr(ppo_loss, "clipped_value_loss", spy)
     return calls
 
 

@@ -62,16 +62,11 @@ from .generation import (
     neutralised_generation_fields,
 )
 from .loading import build_critic, load_policy, load_reward_funcs, load_tokenizer, resolve_stop_token_ids
-from .losses import (
-    clipped_policy_loss,
-    clipped_value_loss,
-    kl_penalty,
-    loss_normalizer,
-    sampler_importance_weights,
-)
+from .losses import kl_penalty, loss_normalizer, sampler_importance_weights
 from .masked import masked_mean, masked_whiten
 from .output import quiet_replica
 from .peft_utils import wrap_value_model
+from .ppo_loss import PPOBatch, PPOLossSettings, mean_metrics, ppo_micro_batch_loss
 from .preemption import SignalWatcher, TrainingInterrupted
 from .progress import CompactPrinterCallback, RolloutProgressCallback
 from .reward_calls import call_reward_function
@@ -844,30 +839,29 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         model.train()
         mask = rollout.response_mask
         adv = self.whiten(advantages, mask) if train_policy else advantages
-        value_cliprange = self.value_cliprange()
+        settings = PPOLossSettings.from_args(args, self.value_cliprange())
         input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
-        stats = defaultdict(list)
-        nonfinite_steps = 0
-        batch = input_ids.shape[0]
-        # On-policy shortcut: the old log-probs are this update's own forward, detached (ratio exactly 1).
+        # On-policy shortcut: the old log-probs are this update's own forward, detached (ratio exactly 1), written
+        # into the batch's tensor before each micro-batch's loss reads them.
         fill_old_logprobs = train_policy and rollout.logprobs is None
+        old_logprobs = rollout.logprobs
         if fill_old_logprobs:
             old_logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
         # vLLM sampled the rollout: weight the policy loss by π_train/π_sampler of the sampled tokens (see
         # `losses.sampler_importance_weights`). Under the on-policy shortcut the "old" log-probs are this forward's.
-        correct_sampler = (
-            train_policy and rollout.sampler_logprobs is not None and args.vllm_importance_sampling_correction
+        correct_sampler = args.vllm_importance_sampling_correction
+        batch = PPOBatch(
+            mask, rollout.values, returns, adv, old_logprobs, rollout.sampler_logprobs if correct_sampler else None
         )
-        micro = args.per_device_train_batch_size
+        stats = defaultdict(list)
+        nonfinite_steps = 0
         world = self.accelerator.num_processes
-        length = args.response_length
         for _ in range(args.num_ppo_epochs):
-            order = torch.randperm(batch, device=input_ids.device)
-            for mb_start in range(0, batch, self.local_mini_batch_size):
+            order = torch.randperm(input_ids.shape[0], device=input_ids.device)
+            for mb_idx in order.split(self.local_mini_batch_size):
                 if not train_policy:  # before the backward passes: DeepSpeed steps inside the last one
                     self._set_policy_lr_to_zero()
-                mb_idx = order[mb_start : mb_start + self.local_mini_batch_size]
-                micro_batches = list(mb_idx.split(micro))
+                micro_batches = list(mb_idx.split(args.per_device_train_batch_size))
                 pg_norm, vf_norm = self._loss_normalizers(mask[mb_idx])
                 # DDP and DeepSpeed average gradients over processes (× world undoes it: the normaliser is global);
                 # DeepSpeed also divides by its gradient_accumulation_steps (== len(micro_batches)).
@@ -875,9 +869,7 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
                 vf_total = pg_total = 0.0
                 for i, idx in enumerate(micro_batches):
                     # Gradient accumulation over the micro-batches of one minibatch; DDP syncs on the last one only.
-                    is_last = i == len(micro_batches) - 1
-                    sync_context = micro_batch_context(self, model, is_last)
-                    with sync_context:
+                    with micro_batch_context(self, model, is_last=i == len(micro_batches) - 1):
                         logprobs, entropy, vpred = model(
                             input_ids[idx],
                             attention_mask[idx],
@@ -885,55 +877,17 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
                             args.temperature,
                             compute_policy=train_policy,
                         )
-                        m = mask[idx]
-                        vf = clipped_value_loss(
-                            vpred,
-                            rollout.values[idx],
-                            returns[idx],
-                            m,
-                            value_cliprange,
-                            loss_type=args.value_loss_type,
-                            normalizer=vf_norm,
-                            max_length=length,
+                        if fill_old_logprobs:
+                            old_logprobs[idx] = logprobs.detach().float()
+                        out = ppo_micro_batch_loss(
+                            settings, batch.select(idx), logprobs, entropy, vpred, pg_norm, vf_norm
                         )
-                        loss = args.vf_coef * vf.loss
-                        if train_policy:
-                            if fill_old_logprobs:
-                                old_logprobs[idx] = logprobs.detach().float()
-                            old = old_logprobs[idx] if fill_old_logprobs else rollout.logprobs[idx]
-                            is_weights = None
-                            if correct_sampler:
-                                is_weights = sampler_importance_weights(
-                                    old,
-                                    rollout.sampler_logprobs[idx],
-                                    m,
-                                    args.vllm_importance_sampling_mode,
-                                    args.vllm_importance_sampling_clip_min,
-                                    args.vllm_importance_sampling_clip_max,
-                                )
-                            pg = clipped_policy_loss(
-                                logprobs,
-                                old,
-                                adv[idx],
-                                m,
-                                args.cliprange,
-                                loss_type=args.loss_type,
-                                normalizer=pg_norm,
-                                max_length=length,
-                                importance_weights=is_weights,
-                            )
-                            loss = loss + pg.loss
-                        self.accelerator.backward(loss * scale)
-                    with torch.no_grad():
-                        vf_total = vf_total + vf.loss.detach() * world
-                        stats["val/clipfrac"].append(vf.clipfrac)
-                        stats["val/vpred"].append(masked_mean(vpred.detach(), m))
-                        if train_policy:
-                            pg_total = pg_total + pg.loss.detach() * world
-                            stats["policy/clipfrac"].append(pg.clipfrac)
-                            stats["policy/approxkl"].append(pg.approxkl)
-                            stats["val/ratio"].append(pg.ratio)
-                            stats["policy/entropy"].append(masked_mean(entropy.detach(), m))
+                        self.accelerator.backward(out.loss * scale)
+                    for name, value in out.metrics().items():
+                        stats[name].append(value)
+                    vf_total = vf_total + out.value.loss.detach() * world
+                    if train_policy:
+                        pg_total = pg_total + out.policy.loss.detach() * world
                 # This process's share of the mini-batch loss, × world: its mean over processes is the global loss.
                 stats["loss/value"].append(vf_total)
                 if train_policy:
@@ -956,14 +910,7 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
                 self.optimizer.zero_grad(set_to_none=True)
         if fill_old_logprobs:
             rollout.logprobs = old_logprobs
-        out = {
-            k: float(torch.stack([torch.as_tensor(x, dtype=torch.float32) for x in v]).mean())
-            for k, v in stats.items()
-        }
-        if len(stats.get("val/ratio", [])) > 1:  # TRL ≤ 1.12's val/ratio_var: variance of the micro-batch mean ratios
-            out["val/ratio_var"] = float(torch.stack([torch.as_tensor(x).float() for x in stats["val/ratio"]]).var())
-        out["diagnostics/nonfinite_steps"] = float(nonfinite_steps)
-        return out
+        return mean_metrics(stats) | {"diagnostics/nonfinite_steps": float(nonfinite_steps)}
 
     def _step_is_finite(self, grad_norm: torch.Tensor) -> bool:
         """
