@@ -799,29 +799,6 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             counts = self.accelerator.reduce(counts, "sum")
         return counts
 
-    def _clip_gradients(self, model: torch.nn.Module) -> dict[str, torch.Tensor | None]:
-        """
-        Clip the policy's and the critic's gradients each to `max_grad_norm` (a large critic gradient does not shrink
-        the policy's step); returns their norms before clipping and the joint norm (`"total"`).
-
-        Under DeepSpeed the engine has already clipped the joint norm of both models (its `gradient_clipping`) inside
-        the last backward: only the joint norm is returned.
-        """
-        args = self.args
-        # The norms are computed even without clipping (max_norm=inf): they tell a non-finite step.
-        max_norm = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else math.inf
-        if self.is_deepspeed_enabled:
-            return {"total": self.accelerator.clip_grad_norm_(model.parameters(), max_norm)}
-        self.accelerator.unscale_gradients()
-        wrapper = self.accelerator.unwrap_model(model)
-        norms: dict[str, torch.Tensor | None] = {}
-        for role, module in (("policy", wrapper.policy), ("value", wrapper.critic)):
-            params = [p for p in module.parameters() if p.grad is not None]
-            norms[role] = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else None
-        present = [n.float() for n in norms.values() if n is not None]
-        norms["total"] = torch.linalg.vector_norm(torch.stack(present)) if present else None
-        return norms
-
     def ppo_update(
         self, rollout: Rollout, advantages: torch.Tensor, returns: torch.Tensor, train_policy: bool = True
     ) -> dict[str, float]:
@@ -892,25 +869,60 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
                 stats["loss/value"].append(vf_total)
                 if train_policy:
                     stats["loss/policy"].append(pg_total)
-                norms = self._clip_gradients(model)
-                grad_norm = norms["total"]
-                if grad_norm is not None and not self._step_is_finite(grad_norm):
-                    nonfinite_steps += 1  # skipped: the weights and optimizer state stay as they were
+                grad_norms = self._optimizer_step(model)
+                if grad_norms is None:
+                    nonfinite_steps += 1
                 else:
-                    for key, name in (
-                        ("total", "grad_norm"),
-                        ("policy", "grad_norm/policy"),
-                        ("value", "grad_norm/value"),
-                    ):
-                        if norms.get(key) is not None:
-                            stats[name].append(torch.as_tensor(norms[key]).detach().float())
-                    self.optimizer.step()  # a no-op under DeepSpeed, whose engine stepped in the last backward
-                if self.lr_scheduler is not None:
-                    self.lr_scheduler.step()
-                self.optimizer.zero_grad(set_to_none=True)
+                    for name, value in grad_norms.items():
+                        stats[name].append(value)
         if fill_old_logprobs:
             rollout.logprobs = old_logprobs
         return mean_metrics(stats) | {"diagnostics/nonfinite_steps": float(nonfinite_steps)}
+
+    def _optimizer_step(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+        """
+        The end of a mini-batch: clip the gradients, step the optimizer unless they are non-finite, step the scheduler
+        (after a skipped step too) and clear the gradients.
+
+        Returns:
+            The gradient norms before clipping (`grad_norm`, `grad_norm/policy`, `grad_norm/value`), or `None` when
+            the step was skipped: the weights and optimizer state stay as they were.
+        """
+        norms = self._clip_gradients(model)
+        grad_norms = None
+        if norms["total"] is None or self._step_is_finite(norms["total"]):
+            names = (("total", "grad_norm"), ("policy", "grad_norm/policy"), ("value", "grad_norm/value"))
+            grad_norms = {
+                name: torch.as_tensor(norms[key]).detach().float() for key, name in names if norms.get(key) is not None
+            }
+            self.optimizer.step()  # a no-op under DeepSpeed, whose engine stepped in the last backward
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norms
+
+    def _clip_gradients(self, model: torch.nn.Module) -> dict[str, torch.Tensor | None]:
+        """
+        Clip the policy's and the critic's gradients each to `max_grad_norm` (a large critic gradient does not shrink
+        the policy's step); returns their norms before clipping and the joint norm (`"total"`).
+
+        Under DeepSpeed the engine has already clipped the joint norm of both models (its `gradient_clipping`) inside
+        the last backward: only the joint norm is returned.
+        """
+        args = self.args
+        # The norms are computed even without clipping (max_norm=inf): they tell a non-finite step.
+        max_norm = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else math.inf
+        if self.is_deepspeed_enabled:
+            return {"total": self.accelerator.clip_grad_norm_(model.parameters(), max_norm)}
+        self.accelerator.unscale_gradients()
+        wrapper = self.accelerator.unwrap_model(model)
+        norms: dict[str, torch.Tensor | None] = {}
+        for role, module in (("policy", wrapper.policy), ("value", wrapper.critic)):
+            params = [p for p in module.parameters() if p.grad is not None]
+            norms[role] = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else None
+        present = [n.float() for n in norms.values() if n is not None]
+        norms["total"] = torch.linalg.vector_norm(torch.stack(present)) if present else None
+        return norms
 
     def _step_is_finite(self, grad_norm: torch.Tensor) -> bool:
         """
