@@ -34,26 +34,18 @@ from transformers.trainer_utils import (
 from transformers.utils import is_peft_available, logging
 from trl.data_utils import is_conversational, maybe_apply_chat_template
 from trl.trainer.base_trainer import _BaseTrainer
-from trl.trainer.utils import disable_dropout_in_model, print_prompt_completions_sample
+from trl.trainer.utils import disable_dropout_in_model
 
 from .config import PPOConfig
 from .data import DataReport, prepare_prompt_dataset, prompt_token_lengths, reward_function_columns
-from .diagnostics import (
-    explained_variance,
-    marker_token_ids,
-    position_bucket_explained_variance,
-    position_bucket_means,
-    position_correlation,
-    stop_advantage_gap,
-    stop_positions,
-)
+from .diagnostics import marker_token_ids
 from .distributed import (
     check_deepspeed_setup,
     check_launch_environment,
     micro_batch_context,
     reset_optimizer_state,
 )
-from .gae import dual_lambda_gae, gae
+from .gae import gae
 from .generation import (
     HFSampler,
     SamplerError,
@@ -62,8 +54,8 @@ from .generation import (
     neutralised_generation_fields,
 )
 from .loading import build_critic, load_policy, load_reward_funcs, load_tokenizer, resolve_stop_token_ids
-from .losses import kl_penalty, loss_normalizer, sampler_importance_weights
-from .masked import masked_mean, masked_whiten
+from .losses import kl_penalty, loss_normalizer
+from .masked import masked_whiten
 from .output import quiet_replica
 from .peft_utils import wrap_value_model
 from .ppo_loss import PPOBatch, PPOLossSettings, mean_metrics, ppo_micro_batch_loss
@@ -78,6 +70,7 @@ from .rollout import (
     reward_model_scores,
 )
 from .schedules import RoleLR, schedule_multiplier
+from .trainer_metrics import print_samples, rollout_metrics, sampling_metrics, trl_metric_names, update_metrics
 from .trainer_saving import SavingMixin
 from .vllm_sampling import (
     VLLMColocateSampler,
@@ -95,12 +88,6 @@ if is_peft_available():
 logger = logging.get_logger(__name__)
 
 RewardFunc = str | PreTrainedModel | Callable[..., list[float | None]]
-# Value-only updates log their critic statistics under `value_pretrain/`.
-PRETRAIN_METRIC_NAMES = {
-    "loss/value": "value_pretrain/loss",
-    "val/clipfrac": "value_pretrain/clipfrac",
-    "val/vpred": "value_pretrain/vpred",
-}
 
 
 @dataclasses.dataclass
@@ -954,92 +941,6 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             )
         return False
 
-    # ---------------------------------------------------------------- metrics
-
-    def _gather_masked(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
-        """Gather `[B, T]` tensors from every process (padded to a common T)."""
-        out = []
-        for t in tensors:
-            t = self.accelerator.pad_across_processes(t, dim=1, pad_index=0)
-            out.append(self.accelerator.gather(t))
-        return out
-
-    def _mean_across(self, values: torch.Tensor) -> float:
-        gathered = self.accelerator.gather(values.float().reshape(-1))
-        gathered = gathered[~torch.isnan(gathered)]
-        return float(gathered.mean()) if gathered.numel() else float("nan")
-
-    def rollout_metrics(
-        self, rollout: Rollout, advantages: torch.Tensor, returns: torch.Tensor, prefix: str = ""
-    ) -> dict[str, float]:
-        """Batch-level metrics of a rollout, computed over all processes."""
-        mask = rollout.response_mask
-        values, returns_g, advantages_g, mask_g, kl_g = self._gather_masked(
-            rollout.values, returns, advantages, mask.long(), rollout.kl
-        )
-        mask_g = mask_g.bool()
-        # Per-sample metrics count scored samples only: a skipped sample (no reward function applied) has no score,
-        # and its response mask is empty.
-        scored = ~torch.isnan(rollout.raw_scores)
-        raw = self.accelerator.gather(rollout.raw_scores)
-        valid = ~torch.isnan(raw)
-        lengths = self.accelerator.gather(rollout.response_mask.sum(1).float())[valid]
-        kl_per_sample = (kl_g * mask_g).sum(1)[valid]
-        correct = (raw[valid] > self.args.accuracy_threshold).float()
-
-        def mean_or_nan(x: torch.Tensor) -> float:
-            return float(x.mean()) if x.numel() else float("nan")
-
-        nan = torch.full_like(rollout.scores, float("nan"))
-        metrics = {
-            "objective/scores": self._mean_across(torch.where(scored, rollout.scores, nan)),
-            "objective/kl": mean_or_nan(kl_per_sample),
-            "objective/non_score_reward": mean_or_nan(-self.args.kl_coef * kl_per_sample),
-            "value/explained_variance": explained_variance(values, returns_g, mask_g),
-            "value/mean": float(masked_mean(values, mask_g)),
-            "value/returns_mean": float(masked_mean(returns_g, mask_g)),
-            "diagnostics/response_length_mean": mean_or_nan(lengths),
-            "diagnostics/response_length_min": float(lengths.min()) if lengths.numel() else float("nan"),
-            "diagnostics/response_length_max": float(lengths.max()) if lengths.numel() else float("nan"),
-            "diagnostics/accuracy": mean_or_nan(correct),
-            "diagnostics/advantage_position_corr": position_correlation(advantages_g, mask_g),
-            "diagnostics/stop_rate": self._mean_across(torch.where(scored, rollout.has_stop.float(), nan)),
-            "diagnostics/skipped_samples": float((~valid).sum()),
-            "reward/verifier_failures": float(self.accelerator.gather(rollout.reward_failed.float()).sum()),
-        }
-        metrics["objective/rlhf_reward"] = metrics["objective/scores"] + metrics["objective/non_score_reward"]
-        # The critic-bias signature that shortens responses: advantage of stopping to think minus continuing, by
-        # absolute position (see vcppo_trl.diagnostics).
-        stops = stop_positions(rollout.response_ids, mask, self.end_of_thinking_ids, rollout.has_stop)
-        num_stop_buckets = self.args.position_buckets or 8
-        stop_gap = stop_advantage_gap(
-            advantages_g, mask_g, self.accelerator.gather(stops), num_stop_buckets, self.args.response_length
-        )
-        metrics["diagnostics/stop_advantage_gap"] = stop_gap.gap
-        if self.args.position_buckets > 0:
-            for k in range(num_stop_buckets):
-                metrics[f"diagnostics/stop_advantage_gap_bucket_{k}"] = float(stop_gap.bucket_gaps[k])
-        if self.args.position_buckets > 0:
-            # The paper's Figure 2 per update: advantage and value error by relative position in the response.
-            num = self.args.position_buckets
-            adv_buckets = position_bucket_means(advantages_g, mask_g, num)
-            err_buckets = position_bucket_means(values - returns_g, mask_g, num)
-            for k in range(num):
-                metrics[f"diagnostics/advantage_bucket_{k}"] = float(adv_buckets[k])
-                metrics[f"diagnostics/value_error_bucket_{k}"] = float(err_buckets[k])
-            # Against Monte-Carlo returns (λ = 1), whatever λ the critic trains with: the paper's Figure 3.
-            rewards_g = self._gather_masked(rollout.rewards)[0]
-            mc_returns = dual_lambda_gae(rewards_g, values, mask_g, self.args.gamma, 1.0, 1.0)[1]
-            for k, ev in enumerate(position_bucket_explained_variance(values, mc_returns, mask_g, num)):
-                metrics[f"diagnostics/mc_explained_variance_bucket_{k}"] = ev
-        for i, name in enumerate(self.reward_func_names):
-            metrics[f"rewards/{name}/mean"] = self._mean_across(rollout.rewards_per_func[:, i])
-        if prefix:
-            metrics = {
-                f"{prefix}{k.split('/', 1)[-1]}" if k.startswith("value/") else k: v for k, v in metrics.items()
-            }
-        return metrics
-
     # ------------------------------------------------------------------- loop
 
     def _setup_training(self) -> None:
@@ -1128,7 +1029,7 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
                     self.log(dict(metrics))
                     self.control.should_log = False
                 if sample_every and self.state.global_step % sample_every == 0 and self.is_world_process_zero():
-                    self._print_samples()
+                    print_samples(*self._last_rollout, self.reward_func_names, self.state.global_step)
                 if self.eval_dataset is not None and self._should(args.eval_steps, args.eval_strategy):
                     self.evaluate()
                 saved = self._should(args.save_steps, args.save_strategy)
@@ -1201,7 +1102,16 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         rollout = self.make_rollout(rows, train_policy=train_policy)
         advantages, returns = self.compute_advantages(rollout)
         prefix = "" if train_policy else "value_pretrain/"
-        metrics = self.rollout_metrics(rollout, advantages, returns, prefix=prefix)
+        metrics = rollout_metrics(
+            self.accelerator,
+            self.args,
+            rollout,
+            advantages,
+            returns,
+            self.end_of_thinking_ids,
+            self.reward_func_names,
+            prefix=prefix,
+        )
         valid_tokens = self.accelerator.reduce(rollout.response_mask.sum().reshape(1), "sum")
         if int(valid_tokens) == 0:
             # Every sample was skipped (no reward function applied): an update would train on nothing.
@@ -1212,103 +1122,12 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         update_stats = self.ppo_update(rollout, advantages, returns, train_policy=train_policy)
         if train_policy:
             self.sampler.mark_stale()  # the next generation loads the updated weights first (once per update)
-        metrics.update(self._sampling_metrics(rollout))
-        metrics["diagnostics/nonfinite_steps"] = update_stats.pop("diagnostics/nonfinite_steps")
-        for name, value in update_stats.items():
-            key = name if name.endswith("_var") else f"{name}_avg"
-            if not train_policy and name in PRETRAIN_METRIC_NAMES:
-                key = f"{PRETRAIN_METRIC_NAMES[name]}_avg"
-            metrics[key] = self._mean_across(torch.tensor([value], device=self.accelerator.device))
-        metrics.update(self._trl_metric_names(rollout, metrics))
+        sync_seconds = getattr(self.sampler, "sync_seconds", None)
+        metrics.update(sampling_metrics(self.accelerator, self.args, rollout, self._generation_log, sync_seconds))
+        metrics.update(update_metrics(self.accelerator, update_stats, train_policy))
+        metrics.update(trl_metric_names(self.accelerator, rollout, metrics))
         self._last_rollout = (rollout, advantages)
         return metrics
-
-    def _sampling_metrics(self, rollout: Rollout) -> dict[str, float]:
-        """
-        Generation time and throughput of the update's rollout, and, when vLLM sampled, how far its log-probs are from
-        the training forward's (TRL GRPO's `sampling/...` names): |Δ log p| over valid tokens, and the importance
-        ratios the correction uses (per token, or per sequence in `sequence_*` modes; 0 where masked).
-        """
-        seconds = sum(t for t, _ in self._generation_log)
-        tokens = sum(n for _, n in self._generation_log)
-        metrics = {"time/generation_s": seconds}
-        total_tokens = self.accelerator.reduce(torch.tensor([float(tokens)], device=self.accelerator.device), "sum")
-        slowest = self.accelerator.reduce(torch.tensor([seconds], device=self.accelerator.device), "max")
-        metrics["time/generation_tokens_per_s"] = float(total_tokens) / max(float(slowest), 1e-9)
-        sync_seconds = getattr(self.sampler, "sync_seconds", None)
-        if sync_seconds is not None:
-            metrics["time/weight_sync_s"] = float(sync_seconds)
-        if rollout.sampler_logprobs is None or rollout.logprobs is None:
-            return metrics
-        args = self.args
-        mask = rollout.response_mask
-        delta = (rollout.logprobs - rollout.sampler_logprobs).abs()[mask]
-        mean, _, high = self._reduce_stats(delta)
-        if not math.isnan(mean):
-            metrics["sampling/sampling_logp_difference/mean"] = mean
-            metrics["sampling/sampling_logp_difference/max"] = high
-        weights = sampler_importance_weights(
-            rollout.logprobs,
-            rollout.sampler_logprobs,
-            mask,
-            args.vllm_importance_sampling_mode,
-            args.vllm_importance_sampling_clip_min,
-            args.vllm_importance_sampling_clip_max,
-        )
-        flat = weights.flatten()[mask.any(1)] if weights.shape[1] == 1 else weights[mask]
-        mean, low, high = self._reduce_stats(flat)
-        if not math.isnan(mean):
-            metrics["sampling/importance_sampling_ratio/min"] = low
-            metrics["sampling/importance_sampling_ratio/mean"] = mean
-            metrics["sampling/importance_sampling_ratio/max"] = high
-        return metrics
-
-    def _reduce_stats(self, values: torch.Tensor) -> tuple[float, float, float]:
-        """Mean, min and max of a 1-D tensor whose length differs between processes (nan when empty everywhere)."""
-        values = values.detach().float().reshape(-1)
-        device = self.accelerator.device
-        inf = torch.tensor(float("inf"), device=device)
-        total = torch.stack([values.sum(), torch.tensor(float(values.numel()), device=device)])
-        low = values.min() if values.numel() else inf
-        high = values.max() if values.numel() else -inf
-        if self.accelerator.num_processes > 1:
-            total = self.accelerator.reduce(total, "sum")
-            low = -self.accelerator.reduce(-low.reshape(1), "max")[0]  # accelerate has no "min"
-            high = self.accelerator.reduce(high.reshape(1), "max")[0]
-        if float(total[1]) == 0:
-            return float("nan"), float("nan"), float("nan")
-        return float(total[0] / total[1]), float(low), float(high)
-
-    def _trl_metric_names(self, rollout: Rollout, metrics: dict[str, float]) -> dict[str, float]:
-        """
-        TRL ≤ 1.12's PPO metrics under their names: `val/ratio` (mean policy ratio), `val/num_eos_tokens` (responses
-        that ended with the stop token, all processes), `objective/entropy` (Σ −log π of the sampled tokens per
-        response, averaged over responses: TRL's sequence-level entropy estimate).
-        """
-        out = {"val/num_eos_tokens": float(self.accelerator.gather(rollout.has_stop.float()).sum())}
-        if "val/ratio_avg" in metrics:
-            out["val/ratio"] = metrics["val/ratio_avg"]
-        if rollout.logprobs is not None:
-            mask = rollout.response_mask
-            out["objective/entropy"] = self._mean_across((-rollout.logprobs * mask).sum(1)[mask.any(1)])
-        return out
-
-    def _print_samples(self, num_samples: int = 4) -> None:
-        rollout, advantages = self._last_rollout
-        mask = rollout.response_mask
-        mean_adv = (advantages * mask).sum(1) / mask.sum(1).clamp(min=1)
-        rewards = {name: rollout.rewards_per_func[:, i].tolist() for i, name in enumerate(self.reward_func_names)}
-        try:
-            print_prompt_completions_sample(
-                rollout.prompts,
-                rollout.completions,
-                rewards,
-                mean_adv.tolist(),
-                self.state.global_step,
-                num_samples=min(num_samples, len(rollout.prompts)),
-            )
-        except ImportError:
-            logger.info("Install `rich` to see sample completions as a table.")
 
     # ------------------------------------------------------------- evaluation
 
