@@ -82,8 +82,8 @@ def test_the_check_finds_a_circle():
 def test_the_graph_sees_local_and_type_checking_imports():
     graph = package_import_graph()
     assert "vcppo_trl.hub" in graph["vcppo_trl.callbacks"]  # a function-local import
-    assert "vcppo_trl.trainer" in graph["vcppo_trl.vcppo_trainer"]
-    assert "vcppo_trl.trainer" not in graph["vcppo_trl.distributed"]
+    assert "vcppo_trl.ppo_trainer" in graph["vcppo_trl.vcppo_trainer"]
+    assert "vcppo_trl.ppo_trainer" not in graph["vcppo_trl.distributed"]
     # Pure math imports nothing of the package but the shared masked reductions (and the PPO loss, the losses).
     for module in ("gae", "masked", "diagnostics", "losses"):
         assert graph[f"vcppo_trl.{module}"] <= {"vcppo_trl.masked"}, module
