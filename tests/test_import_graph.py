@@ -90,6 +90,12 @@ def test_the_graph_sees_local_and_type_checking_imports():
     assert graph["vcppo_trl.ppo_loss"] <= {"vcppo_trl.masked", "vcppo_trl.losses"}
 
 
+def test_nothing_in_the_package_imports_the_old_trainer_module():
+    """`vcppo_trl.trainer` only re-exports `ppo_trainer` for old pickles and imports: the package uses the real one."""
+    importers = [name for name, imports in package_import_graph().items() if "vcppo_trl.trainer" in imports]
+    assert importers == []
+
+
 def _top_level_names(path: str) -> set[str]:
     names = set()
     for node in ast.parse(open(path).read()).body:
