@@ -11,7 +11,7 @@ import torch
 
 from vcppo_trl import PPOConfig, PPOTrainer
 from vcppo_trl import ppo_loss
-from vcppo_trl import trainer as trainer_module
+from vcppo_trl import ppo_trainer as trainer_module
 
 from .conftest import length_reward
 
@@ -37,7 +37,9 @@ def _record_value_clipranges(monkeypatch, trainer):
 
 
 @pytest.mark.parametrize(("pretrain_clip", "expected"), [(None, 0.3), (0.5, 0.5), (float("inf"), None)])
-def test_value_pretraining_uses_its_own_value_clip_range(make_trainer, tiny_config, monkeypatch, pretrain_clip, expected):
+def test_value_pretraining_uses_its_own_value_clip_range(
+    make_trainer, tiny_config, monkeypatch, pretrain_clip, expected
+):
     args = tiny_config(
         value_pretrain_steps=1, total_episodes=16, cliprange_value=0.3, value_pretrain_cliprange_value=pretrain_clip
     )
@@ -255,7 +257,9 @@ def test_large_critic_gradients_do_not_shrink_the_policy_step(make_trainer, tiny
             torch.testing.assert_close(grads[1e3][name], grad, msg=name)
     for coef, captured in grads.items():
         for prefix in ("policy.", "critic."):
-            norm = torch.linalg.vector_norm(torch.stack([g.norm() for n, g in captured.items() if n.startswith(prefix)]))
+            norm = torch.linalg.vector_norm(
+                torch.stack([g.norm() for n, g in captured.items() if n.startswith(prefix)])
+            )
             assert float(norm) <= 1.0 + 1e-4, (coef, prefix)
 
 

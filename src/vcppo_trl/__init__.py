@@ -8,10 +8,10 @@ from .checkpointing import CheckpointError, InsufficientDiskSpaceError
 from .config import PPOConfig, VCPPOConfig
 from .gae import dual_lambda_gae, gae
 from .output import silence_unused_backend_notices
+from .ppo_trainer import NonFiniteTrainingError, PPOTrainer
 from .preemption import TrainingInterrupted
 from .reward_calls import RewardFunctionError
 from .rewards import math_verify_reward
-from .trainer import NonFiniteTrainingError, PPOTrainer
 from .vcppo_trainer import VCPPOTrainer
 
 silence_unused_backend_notices()  # before accelerate first imports DeepSpeed (it does so lazily)

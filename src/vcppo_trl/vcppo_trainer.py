@@ -15,8 +15,8 @@ from transformers.utils import logging
 from .callbacks import ValuePretrainCallback
 from .config import VCPPOConfig
 from .gae import dual_lambda_gae
+from .ppo_trainer import PPOTrainer
 from .rollout import Rollout
-from .trainer import PPOTrainer
 
 logger = logging.get_logger(__name__)
 

@@ -1,0 +1,247 @@
+"""The metrics [`PPOTrainer`] logs per update: the rollout's, the sampler's, the PPO epochs' and TRL's old names.
+
+Pure functions of the update's tensors, the accelerator (every metric is over all processes) and the config, so that
+the trainer file keeps the training loop.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from accelerate import Accelerator
+from transformers.utils import logging
+from trl.trainer.utils import print_prompt_completions_sample
+
+from .config import PPOConfig
+from .diagnostics import (
+    explained_variance,
+    position_bucket_explained_variance,
+    position_bucket_means,
+    position_correlation,
+    stop_advantage_gap,
+    stop_positions,
+)
+from .gae import dual_lambda_gae
+from .losses import sampler_importance_weights
+from .masked import masked_mean
+from .rollout import Rollout
+
+logger = logging.get_logger(__name__)
+
+# Value-only updates log their critic statistics under `value_pretrain/`.
+PRETRAIN_METRIC_NAMES = {
+    "loss/value": "value_pretrain/loss",
+    "val/clipfrac": "value_pretrain/clipfrac",
+    "val/vpred": "value_pretrain/vpred",
+}
+
+
+def gather_masked(accelerator: Accelerator, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Gather `[B, T]` tensors from every process (padded to a common T)."""
+    out = []
+    for t in tensors:
+        t = accelerator.pad_across_processes(t, dim=1, pad_index=0)
+        out.append(accelerator.gather(t))
+    return out
+
+
+def mean_across(accelerator: Accelerator, values: torch.Tensor) -> float:
+    """Mean over all processes' values, nan left out (nan when nothing is left)."""
+    gathered = accelerator.gather(values.float().reshape(-1))
+    gathered = gathered[~torch.isnan(gathered)]
+    return float(gathered.mean()) if gathered.numel() else float("nan")
+
+
+def reduce_stats(accelerator: Accelerator, values: torch.Tensor) -> tuple[float, float, float]:
+    """Mean, min and max of a 1-D tensor whose length differs between processes (nan when empty everywhere)."""
+    values = values.detach().float().reshape(-1)
+    device = accelerator.device
+    inf = torch.tensor(float("inf"), device=device)
+    total = torch.stack([values.sum(), torch.tensor(float(values.numel()), device=device)])
+    low = values.min() if values.numel() else inf
+    high = values.max() if values.numel() else -inf
+    if accelerator.num_processes > 1:
+        total = accelerator.reduce(total, "sum")
+        low = -accelerator.reduce(-low.reshape(1), "max")[0]  # accelerate has no "min"
+        high = accelerator.reduce(high.reshape(1), "max")[0]
+    if float(total[1]) == 0:
+        return float("nan"), float("nan"), float("nan")
+    return float(total[0] / total[1]), float(low), float(high)
+
+
+def _mean_or_nan(x: torch.Tensor) -> float:
+    return float(x.mean()) if x.numel() else float("nan")
+
+
+def rollout_metrics(
+    accelerator: Accelerator,
+    args: PPOConfig,
+    rollout: Rollout,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    end_of_thinking_ids: list[int],
+    reward_func_names: list[str],
+    prefix: str = "",
+) -> dict[str, float]:
+    """
+    Batch-level metrics of a rollout, computed over all processes; with `prefix`, the `value/...` ones are renamed
+    `<prefix>...` (value pretraining).
+    """
+    mask = rollout.response_mask
+    values, returns_g, advantages_g, mask_g, kl_g = gather_masked(
+        accelerator, rollout.values, returns, advantages, mask.long(), rollout.kl
+    )
+    mask_g = mask_g.bool()
+    # Per-sample metrics count scored samples only: a skipped sample (no reward function applied) has no score,
+    # and its response mask is empty.
+    scored = ~torch.isnan(rollout.raw_scores)
+    raw = accelerator.gather(rollout.raw_scores)
+    valid = ~torch.isnan(raw)
+    lengths = accelerator.gather(rollout.response_mask.sum(1).float())[valid]
+    kl_per_sample = (kl_g * mask_g).sum(1)[valid]
+    correct = (raw[valid] > args.accuracy_threshold).float()
+
+    nan = torch.full_like(rollout.scores, float("nan"))
+    metrics = {
+        "objective/scores": mean_across(accelerator, torch.where(scored, rollout.scores, nan)),
+        "objective/kl": _mean_or_nan(kl_per_sample),
+        "objective/non_score_reward": _mean_or_nan(-args.kl_coef * kl_per_sample),
+        "value/explained_variance": explained_variance(values, returns_g, mask_g),
+        "value/mean": float(masked_mean(values, mask_g)),
+        "value/returns_mean": float(masked_mean(returns_g, mask_g)),
+        "diagnostics/response_length_mean": _mean_or_nan(lengths),
+        "diagnostics/response_length_min": float(lengths.min()) if lengths.numel() else float("nan"),
+        "diagnostics/response_length_max": float(lengths.max()) if lengths.numel() else float("nan"),
+        "diagnostics/accuracy": _mean_or_nan(correct),
+        "diagnostics/advantage_position_corr": position_correlation(advantages_g, mask_g),
+        "diagnostics/stop_rate": mean_across(accelerator, torch.where(scored, rollout.has_stop.float(), nan)),
+        "diagnostics/skipped_samples": float((~valid).sum()),
+        "reward/verifier_failures": float(accelerator.gather(rollout.reward_failed.float()).sum()),
+    }
+    metrics["objective/rlhf_reward"] = metrics["objective/scores"] + metrics["objective/non_score_reward"]
+    # The critic-bias signature that shortens responses: advantage of stopping to think minus continuing, by
+    # absolute position (see vcppo_trl.diagnostics).
+    stops = stop_positions(rollout.response_ids, mask, end_of_thinking_ids, rollout.has_stop)
+    num_stop_buckets = args.position_buckets or 8
+    stop_gap = stop_advantage_gap(
+        advantages_g, mask_g, accelerator.gather(stops), num_stop_buckets, args.response_length
+    )
+    metrics["diagnostics/stop_advantage_gap"] = stop_gap.gap
+    if args.position_buckets > 0:
+        for k in range(num_stop_buckets):
+            metrics[f"diagnostics/stop_advantage_gap_bucket_{k}"] = float(stop_gap.bucket_gaps[k])
+    if args.position_buckets > 0:
+        # The paper's Figure 2 per update: advantage and value error by relative position in the response.
+        num = args.position_buckets
+        adv_buckets = position_bucket_means(advantages_g, mask_g, num)
+        err_buckets = position_bucket_means(values - returns_g, mask_g, num)
+        for k in range(num):
+            metrics[f"diagnostics/advantage_bucket_{k}"] = float(adv_buckets[k])
+            metrics[f"diagnostics/value_error_bucket_{k}"] = float(err_buckets[k])
+        # Against Monte-Carlo returns (λ = 1), whatever λ the critic trains with: the paper's Figure 3.
+        rewards_g = gather_masked(accelerator, rollout.rewards)[0]
+        mc_returns = dual_lambda_gae(rewards_g, values, mask_g, args.gamma, 1.0, 1.0)[1]
+        for k, ev in enumerate(position_bucket_explained_variance(values, mc_returns, mask_g, num)):
+            metrics[f"diagnostics/mc_explained_variance_bucket_{k}"] = ev
+    for i, name in enumerate(reward_func_names):
+        metrics[f"rewards/{name}/mean"] = mean_across(accelerator, rollout.rewards_per_func[:, i])
+    if prefix:
+        metrics = {f"{prefix}{k.split('/', 1)[-1]}" if k.startswith("value/") else k: v for k, v in metrics.items()}
+    return metrics
+
+
+def sampling_metrics(
+    accelerator: Accelerator,
+    args: PPOConfig,
+    rollout: Rollout,
+    generation_log: list[tuple[float, int]],
+    sync_seconds: float | None,
+) -> dict[str, float]:
+    """
+    Generation time and throughput of the update's rollout (`generation_log`: seconds and tokens of each generation;
+    `sync_seconds`: the sampler's weight sync, `None` when it has none), and, when vLLM sampled, how far its log-probs
+    are from the training forward's (TRL GRPO's `sampling/...` names): |Δ log p| over valid tokens, and the importance
+    ratios the correction uses (per token, or per sequence in `sequence_*` modes; 0 where masked).
+    """
+    seconds = sum(t for t, _ in generation_log)
+    tokens = sum(n for _, n in generation_log)
+    metrics = {"time/generation_s": seconds}
+    total_tokens = accelerator.reduce(torch.tensor([float(tokens)], device=accelerator.device), "sum")
+    slowest = accelerator.reduce(torch.tensor([seconds], device=accelerator.device), "max")
+    metrics["time/generation_tokens_per_s"] = float(total_tokens) / max(float(slowest), 1e-9)
+    if sync_seconds is not None:
+        metrics["time/weight_sync_s"] = float(sync_seconds)
+    if rollout.sampler_logprobs is None or rollout.logprobs is None:
+        return metrics
+    mask = rollout.response_mask
+    delta = (rollout.logprobs - rollout.sampler_logprobs).abs()[mask]
+    mean, _, high = reduce_stats(accelerator, delta)
+    if not math.isnan(mean):
+        metrics["sampling/sampling_logp_difference/mean"] = mean
+        metrics["sampling/sampling_logp_difference/max"] = high
+    weights = sampler_importance_weights(
+        rollout.logprobs,
+        rollout.sampler_logprobs,
+        mask,
+        args.vllm_importance_sampling_mode,
+        args.vllm_importance_sampling_clip_min,
+        args.vllm_importance_sampling_clip_max,
+    )
+    flat = weights.flatten()[mask.any(1)] if weights.shape[1] == 1 else weights[mask]
+    mean, low, high = reduce_stats(accelerator, flat)
+    if not math.isnan(mean):
+        metrics["sampling/importance_sampling_ratio/min"] = low
+        metrics["sampling/importance_sampling_ratio/mean"] = mean
+        metrics["sampling/importance_sampling_ratio/max"] = high
+    return metrics
+
+
+def update_metrics(accelerator: Accelerator, update_stats: dict[str, float], train_policy: bool) -> dict[str, float]:
+    """
+    The PPO epochs' statistics ([`PPOTrainer.ppo_update`]) as logged: averaged over processes under `<name>_avg`
+    (`_var` ones keep their name), the critic's under `value_pretrain/` in value-only updates.
+    """
+    stats = dict(update_stats)
+    metrics = {"diagnostics/nonfinite_steps": stats.pop("diagnostics/nonfinite_steps")}
+    for name, value in stats.items():
+        key = name if name.endswith("_var") else f"{name}_avg"
+        if not train_policy and name in PRETRAIN_METRIC_NAMES:
+            key = f"{PRETRAIN_METRIC_NAMES[name]}_avg"
+        metrics[key] = mean_across(accelerator, torch.tensor([value], device=accelerator.device))
+    return metrics
+
+
+def trl_metric_names(accelerator: Accelerator, rollout: Rollout, metrics: dict[str, float]) -> dict[str, float]:
+    """
+    TRL ≤ 1.12's PPO metrics under their names: `val/ratio` (mean policy ratio), `val/num_eos_tokens` (responses
+    that ended with the stop token, all processes), `objective/entropy` (Σ −log π of the sampled tokens per
+    response, averaged over responses: TRL's sequence-level entropy estimate).
+    """
+    out = {"val/num_eos_tokens": float(accelerator.gather(rollout.has_stop.float()).sum())}
+    if "val/ratio_avg" in metrics:
+        out["val/ratio"] = metrics["val/ratio_avg"]
+    if rollout.logprobs is not None:
+        mask = rollout.response_mask
+        out["objective/entropy"] = mean_across(accelerator, (-rollout.logprobs * mask).sum(1)[mask.any(1)])
+    return out
+
+
+def print_samples(
+    rollout: Rollout, advantages: torch.Tensor, reward_func_names: list[str], step: int, num_samples: int = 4
+) -> None:
+    """A table of a few prompts, completions, their rewards and mean advantage (TRL's sample printout)."""
+    mask = rollout.response_mask
+    mean_adv = (advantages * mask).sum(1) / mask.sum(1).clamp(min=1)
+    rewards = {name: rollout.rewards_per_func[:, i].tolist() for i, name in enumerate(reward_func_names)}
+    try:
+        print_prompt_completions_sample(
+            rollout.prompts,
+            rollout.completions,
+            rewards,
+            mean_adv.tolist(),
+            step,
+            num_samples=min(num_samples, len(rollout.prompts)),
+        )
+    except ImportError:
+        logger.info("Install `rich` to see sample completions as a table.")
