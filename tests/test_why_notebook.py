@@ -18,6 +18,7 @@ def test_why_ppo_collapses_notebook_executes(tmp_path, monkeypatch):
     ).execute()
     outputs = [out for cell in notebook.cells if cell.cell_type == "code" for out in cell.get("outputs", [])]
     images = [out for out in outputs if "image/png" in out.get("data", {})]
-    assert len(images) >= 5  # the λ-decay plot and the four result figures, inline
+    assert len(images) >= 7  # the λ-decay plot, the first toy's four figures and the majority task's two, inline
     text = "".join(out.get("text", "") for out in outputs)
     assert "Tiny smoke run" in text and "held-out accuracy" in text
+    assert "Tiny smoke run of the majority task" in text and "0.925" in text  # the note's λ 0.95, k = 10 case
