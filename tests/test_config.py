@@ -242,9 +242,9 @@ def test_loss_aggregation_and_whitening_defaults(tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"loss_type": "seq_mean"}, "`loss_type` must be one of token_mean"),
+        ({"loss_type": "seq_mean"}, "`loss_type` must be one of 'token_mean'"),
         ({"value_loss_type": "sum"}, "`value_loss_type` must be one of"),
-        ({"advantage_whitening": "batch"}, "`advantage_whitening` must be 'global' or 'local'"),
+        ({"advantage_whitening": "batch"}, "`advantage_whitening` must be one of 'global', 'local'"),
         ({"value_pretrain_cliprange_value": 0.0}, "`value_pretrain_cliprange_value` must be > 0"),
     ],
 )

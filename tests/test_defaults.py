@@ -7,8 +7,7 @@ import sys
 
 import pytest
 
-from vcppo_trl import PPOConfig, VCPPOConfig
-from vcppo_trl import config as config_module
+from vcppo_trl import PPOConfig, VCPPOConfig, precision
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
@@ -16,7 +15,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 @pytest.mark.parametrize("cls", [PPOConfig, VCPPOConfig])
 def test_precision_follows_the_hardware_on_cpu(cls, tmp_path):
     """No GPU here: the bare config builds (TRL's would fail with "Your setup doesn't support bf16/gpu") in fp32."""
-    assert not config_module.hardware_supports_bf16(False)
+    assert not precision.hardware_supports_bf16(False)
     config = cls(output_dir=str(tmp_path), report_to="none")
     assert config.bf16 is False and config.fp16 is False
     assert str(config.device) == "cpu"
@@ -24,7 +23,7 @@ def test_precision_follows_the_hardware_on_cpu(cls, tmp_path):
 
 def test_precision_follows_the_hardware_with_bf16(monkeypatch, tmp_path):
     """Where the hardware has bf16, an unset bf16 turns it on; an explicit choice is kept."""
-    monkeypatch.setattr(config_module, "hardware_supports_bf16", lambda use_cpu: True)
+    monkeypatch.setattr(precision, "hardware_supports_bf16", lambda use_cpu: True)
     # use_cpu so that transformers' own check lets bf16 through on this CPU-only machine.
     assert VCPPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True).bf16 is True
     assert VCPPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False).bf16 is False

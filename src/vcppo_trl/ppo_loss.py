@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from .losses import (
+    ImportanceSamplingMode,
     LossType,
     PolicyLossOutput,
     ValueLossOutput,
@@ -32,7 +33,7 @@ class PPOLossSettings:
     loss_type: LossType = "token_mean"
     value_loss_type: LossType = "token_mean"
     max_length: int | None = None  # the constant of "seq_mean_token_sum_norm": the response length
-    importance_sampling_mode: str = "sequence_mask"
+    importance_sampling_mode: ImportanceSamplingMode = "sequence_mask"
     importance_sampling_clip_min: float | None = None
     importance_sampling_clip_max: float | None = 3.0
 

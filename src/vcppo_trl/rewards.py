@@ -8,8 +8,8 @@ and `-1.0` otherwise. This module implements that verifier with
 
 math-verify guards its parsing/comparison with `signal.alarm`, which only works in the main thread. The reward below
 uses those timeouts in the main thread and, when called from any other thread (e.g. a thread pool in the trainer),
-runs each sample in a separate worker process under a wall-clock timeout, killing the worker when it is exceeded, so
-that a pathological expression can never hang training.
+runs each sample in a separate worker process under a wall-clock timeout ([`~verifier_worker.VerifierWorker`]),
+killing the worker when it is exceeded, so that a pathological expression can never hang training.
 
 It also provides a small registry of reward functions for scripts ([`BUILTIN_REWARDS`], [`resolve_reward_funcs`]).
 """
@@ -21,18 +21,16 @@ import difflib
 import importlib
 import logging
 import math
-import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Sequence
-from multiprocessing.connection import Connection
 from typing import Any
 
 from latex2sympy2_extended import NormalizationConfig
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
 from trl.rewards import accuracy_reward, think_format_reward
+
+from .verifier_worker import VerifierWorker, WorkerError, WorkerTimeout
 
 __all__ = [
     "BUILTIN_REWARDS",
@@ -56,9 +54,6 @@ DEFAULT_TIMEOUT_SECONDS: float = 5.0
 
 DEFAULT_THINK_TAGS: tuple[str, str] = ("<think>", "</think>")
 """Default opening and closing tags of the reasoning block."""
-
-WORKER_STARTUP_TIMEOUT_SECONDS: float = 120.0
-"""How long to wait for the verifier worker process to start (imports included) before giving up."""
 
 CORRECT_REWARD: float = 1.0
 INCORRECT_REWARD: float = -1.0
@@ -241,152 +236,10 @@ def _score_sample(answer: str | None, solution: str, timeout: int | None) -> tup
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Worker process used off the main thread
+# The worker process used off the main thread
 # ----------------------------------------------------------------------------------------------------------------------
 
-
-class _WorkerTimeout(Exception):
-    """The worker did not answer within the allotted time and was killed."""
-
-
-class _WorkerError(RuntimeError):
-    """The request failed in the worker (an exception, or the worker died while running it)."""
-
-
-class _WorkerStartError(RuntimeError):
-    """The worker process could not be started."""
-
-
-# Run by `python -c` in the worker: it takes the parent's `sys.path` (so that functions pickled by reference resolve to
-# the same modules), then serves requests. Unlike multiprocessing's spawn/forkserver, this never re-imports the
-# parent's `__main__` script, so training scripts need no `if __name__ == "__main__":` guard.
-_WORKER_BOOTSTRAP = (
-    "import importlib, sys\n"
-    "from multiprocessing.connection import Connection\n"
-    "conn = Connection(int(sys.argv[1]))\n"
-    "sys.path[:] = conn.recv()\n"
-    "importlib.import_module(sys.argv[2])._serve(conn)\n"
-)
-
-
-def _serve(conn: Any) -> None:
-    """Worker loop: replies `(ok, result)` to each `(fn, args)` request; returns when the parent goes away."""
-    conn.send("ready")
-    while True:
-        try:
-            fn, args = conn.recv()
-        except (EOFError, OSError):
-            return
-        try:
-            reply = (True, fn(*args))
-        except (Exception, TimeoutException) as error:  # TimeoutException is a BaseException
-            reply = (False, f"{type(error).__name__}: {error}")
-        try:
-            conn.send(reply)
-        except (EOFError, OSError):
-            return
-
-
-class _VerifierWorker:
-    """
-    A single lazily started worker process that runs functions under a wall-clock timeout.
-
-    The worker is a fresh interpreter (`sys.executable`) in its own session (so that Ctrl-C goes to the parent only),
-    connected by a socket pair; it exits when the parent closes the connection. Requests are serialised with a lock,
-    so a timeout measures only the request's own run time. On a timeout or a crash the process is killed, and the next
-    request starts a fresh one.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._process: subprocess.Popen | None = None
-        self._conn: Connection | None = None
-
-    def _start(self) -> None:
-        parent_sock, child_sock = socket.socketpair()
-        try:
-            process = subprocess.Popen(
-                [sys.executable, "-c", _WORKER_BOOTSTRAP, str(child_sock.fileno()), __name__],
-                pass_fds=(child_sock.fileno(),),
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        except OSError as error:
-            parent_sock.close()
-            raise _WorkerStartError(f"Cannot start the math-verify worker process: {error}") from error
-        finally:
-            child_sock.close()
-        self._process, self._conn = process, Connection(parent_sock.detach())
-        try:
-            self._conn.send(list(sys.path))
-            ready = self._conn.poll(WORKER_STARTUP_TIMEOUT_SECONDS) and self._conn.recv() == "ready"
-        except (EOFError, OSError):
-            ready = False
-        if not ready:
-            self._kill()
-            raise _WorkerStartError(
-                f"The math-verify worker process did not start within {WORKER_STARTUP_TIMEOUT_SECONDS} s "
-                f"(it must be able to import {__name__!r}; see its stderr above)."
-            )
-
-    def _kill(self) -> None:
-        process, conn = self._process, self._conn
-        self._process = self._conn = None
-        if conn is not None:
-            conn.close()
-        if process is not None:
-            if process.poll() is None:
-                process.kill()
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                logger.warning("math-verify worker process %s did not exit after SIGKILL.", process.pid)
-
-    def run(self, fn: Callable[..., Any], args: tuple, timeout: float) -> Any:
-        """
-        Runs `fn(*args)` in the worker process.
-
-        Args:
-            fn (`Callable`):
-                Function importable by the worker (module-level, pickled by reference).
-            args (`tuple`):
-                Picklable positional arguments.
-            timeout (`float`):
-                Wall-clock limit in seconds, not counting the start of a new worker.
-
-        Returns:
-            The result of `fn(*args)`.
-
-        Raises:
-            `_WorkerTimeout`: if the call took longer than `timeout` (the worker is killed).
-            `_WorkerError`: if the call raised in the worker, or the worker died while running it.
-            `_WorkerStartError`: if no worker could be started.
-        """
-        with self._lock:
-            if self._process is None or self._process.poll() is not None:
-                self._kill()
-                self._start()
-            conn = self._conn
-            try:
-                conn.send((fn, args))
-                if not conn.poll(timeout):
-                    self._kill()
-                    raise _WorkerTimeout(f"no answer within {timeout} s")
-                ok, value = conn.recv()
-            except (EOFError, OSError) as error:
-                self._kill()
-                raise _WorkerError(f"math-verify worker process died: {error!r}") from error
-        if not ok:
-            raise _WorkerError(value)
-        return value
-
-    def shutdown(self) -> None:
-        """Stops the worker process, if any."""
-        with self._lock:
-            self._kill()
-
-
-_WORKER = _VerifierWorker()
+_WORKER = VerifierWorker()
 atexit.register(_WORKER.shutdown)
 
 
@@ -442,10 +295,10 @@ class MathVerifyReward:
             # Inside the worker (its own main thread) math-verify's signal timeouts work too, as a first line of
             # defence; the wall-clock timeout is the hard limit.
             return _WORKER.run(_score_sample, (answer, solution, _signal_timeout(timeout)), timeout)
-        except _WorkerTimeout:
+        except WorkerTimeout:
             logger.warning("math-verify timed out after %s s on a sample; giving it %s.", timeout, INCORRECT_REWARD)
             return INCORRECT_REWARD, "[timeout]"
-        except _WorkerError as error:
+        except WorkerError as error:
             logger.warning("math-verify failed on a sample (%s); giving it %s.", error, INCORRECT_REWARD)
             return INCORRECT_REWARD, "[error]"
 
