@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from accelerate.utils import gather_object, is_peft_model, set_seed
+from accelerate.utils import is_peft_model, set_seed
 from datasets import Dataset, IterableDataset
 from transformers import (
     PreTrainedModel,
@@ -38,6 +38,7 @@ from .config import PPOConfig
 from .data import DataReport, prepare_prompt_dataset, prompt_token_lengths, reward_function_columns
 from .diagnostics import marker_token_ids
 from .distributed import check_deepspeed_setup, check_launch_environment, micro_batch_context
+from .evaluation import EvaluationMixin
 from .gae import gae
 from .generation import HFSampler, SamplerError, neutralised_generation_fields
 from .loading import build_critic, load_policy, load_reward_funcs, load_tokenizer, resolve_stop_token_ids
@@ -74,7 +75,7 @@ logger = logging.get_logger(__name__)
 RewardFunc = str | PreTrainedModel | Callable[..., list[float | None]]
 
 
-class PPOTrainer(ScoringMixin, RolloutMixin, OptimizationMixin, SavingMixin, _BaseTrainer):
+class PPOTrainer(ScoringMixin, RolloutMixin, OptimizationMixin, EvaluationMixin, SavingMixin, _BaseTrainer):
     """
     Proximal Policy Optimization with a learned critic, for prompt datasets and rule-based or model-based rewards.
 
@@ -677,53 +678,4 @@ class PPOTrainer(ScoringMixin, RolloutMixin, OptimizationMixin, SavingMixin, _Ba
         metrics.update(update_metrics(self.accelerator, update_stats, train_policy))
         metrics.update(trl_metric_names(self.accelerator, rollout, metrics))
         self._last_rollout = (rollout, advantages)
-        return metrics
-
-    # ------------------------------------------------------------- evaluation
-
-    @torch.no_grad()
-    def evaluate(self, eval_dataset: Dataset | None = None, ignore_keys=None, metric_key_prefix: str = "eval"):
-        """
-        Generate on held-out prompts, score with the training reward functions, and log accuracy and length.
-
-        Greedy decoding when `eval_num_generations == 1`; otherwise `k` samples per prompt at `eval_temperature`,
-        and `<prefix>_pass@k` (share of prompts with at least one correct sample).
-
-        Returns:
-            `dict[str, float]` with `<prefix>_accuracy`, `<prefix>_score`, `<prefix>_response_length_mean`,
-            `<prefix>_num_samples` and, for k > 1, `<prefix>_pass@k`. Logging integrations show them as
-            `eval/accuracy`, ... (transformers' convention for evaluation metrics).
-        """
-        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
-        if dataset is None:
-            raise ValueError("No evaluation dataset: pass `eval_dataset` to the trainer or to `evaluate`.")
-        k = self.args.eval_num_generations
-        rank, world = self.accelerator.process_index, self.accelerator.num_processes
-        indices = list(range(rank, len(dataset), world))
-        chunk = self.args.local_rollout_forward_batch_size
-        records = []  # (prompt index, correct, score, length)
-        for start in range(0, len(indices), max(1, chunk // k)):
-            idx = indices[start : start + max(1, chunk // k)]
-            rows = [dataset[i] for i in idx for _ in range(k)]
-            scored = self.sample_and_score(rows, greedy=(k == 1), temperature=self.args.eval_temperature)
-            scores, valid = scored.raw_scores.nan_to_num(0.0), ~torch.isnan(scored.raw_scores)
-            lengths = scored.samples.response_mask.sum(1)
-            for j, i in enumerate(r for r in idx for _ in range(k)):
-                if bool(valid[j]):
-                    correct = float(scores[j]) > self.args.accuracy_threshold
-                    records.append((i, correct, float(scores[j]), int(lengths[j])))
-        records = gather_object(records) if world > 1 else records
-        metrics = {}
-        if records:
-            metrics[f"{metric_key_prefix}_accuracy"] = sum(r[1] for r in records) / len(records)
-            metrics[f"{metric_key_prefix}_score"] = sum(r[2] for r in records) / len(records)
-            metrics[f"{metric_key_prefix}_response_length_mean"] = sum(r[3] for r in records) / len(records)
-            if k > 1:
-                by_prompt: dict[int, bool] = {}
-                for i, correct, _, _ in records:
-                    by_prompt[i] = by_prompt.get(i, False) or correct
-                metrics[f"{metric_key_prefix}_pass@{k}"] = sum(by_prompt.values()) / len(by_prompt)
-        metrics[f"{metric_key_prefix}_num_samples"] = float(len(records))
-        self.log(dict(metrics))
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
         return metrics
