@@ -1,4 +1,11 @@
-"""PPOTrainer on current TRL: rollout → advantages → PPO epochs, with `compute_advantages` as the seam for subclasses."""
+"""PPOTrainer on current TRL: rollout → advantages → PPO epochs, with `compute_advantages` as the seam for subclasses.
+
+This file is the loop: construction, `train`, `training_update`, `ppo_update`, and the hooks subclasses override. Each
+other concern has one home, mixed into the class or called from it: building and readying the trainer
+(`trainer_setup`), prompts to scored samples, shared with evaluation (`scoring`), the rollout's forwards and per-token
+rewards (`rollout_forwards`), the optimizer step (`optimization`), `evaluate` (`evaluation`), saving and resuming
+(`trainer_saving`); the micro-batch loss is `ppo_loss`, the metrics `trainer_metrics`.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +30,6 @@ from transformers.trainer_utils import (
     PREFIX_CHECKPOINT_DIR,
     IntervalStrategy,
     enable_full_determinism,
-    get_last_checkpoint,
 )
 from transformers.utils import is_peft_available, logging
 from trl.trainer.base_trainer import _BaseTrainer
@@ -38,7 +44,7 @@ from .loading import build_critic, load_policy, load_reward_funcs, load_tokenize
 from .optimization import NonFiniteTrainingError, OptimizationMixin, role_prefix
 from .output import quiet_replica
 from .ppo_loss import PPOBatch, PPOLossSettings, mean_metrics, ppo_micro_batch_loss
-from .preemption import SignalWatcher, TrainingInterrupted
+from .preemption import SignalWatcher, TrainingInterrupted, agreed_signal
 from .progress import CompactPrinterCallback, RolloutProgressCallback
 from .rollout import PolicyAndValueModel, Rollout, reward_func_name
 from .rollout_forwards import RolloutMixin
@@ -370,7 +376,7 @@ class PPOTrainer(
                 saved = self._should(args.save_steps, args.save_strategy)
                 if saved:
                     self._save_checkpoint(self.model, trial=None)
-                signum = self._agreed_signal(signals.signum)
+                signum = agreed_signal(self.accelerator, signals.signum)
                 if signum is not None:
                     if not saved:
                         self._save_checkpoint(self.model, trial=None)
@@ -388,35 +394,6 @@ class PPOTrainer(
         self.log({"train_runtime": time.time() - start_time})
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         return self.state
-
-    def _sampler_failed(self, err: SamplerError) -> SamplerError:
-        """
-        The error to stop with when the sampler fails mid-run, after saving a checkpoint where that is safe.
-
-        The failure happens before the update's policy step, so the models and optimizer are those of the last
-        finished update: a single process (or a server failure, which every process learns of) saves them as
-        `checkpoint-<step>` unless that exists. A colocated engine failing on one of several processes saves nothing
-        (the others could not join the save); the last complete checkpoint stays as it was.
-        """
-        step = self.state.global_step
-        path = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
-        if os.path.isdir(path):
-            note = f"The last complete checkpoint, {path}, is intact."
-        elif step > 0 and (self.accelerator.num_processes == 1 or self.args.vllm_mode == "server"):
-            self._save_checkpoint(self.model, trial=None)
-            note = f"Saved {path} (after update {step}); resume from it once the sampler works."
-        else:
-            last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
-            note = f"The last complete checkpoint is {last}." if last else "No checkpoint was saved."
-        return SamplerError(f"Sampling failed at update {step + 1}: {err} {note}")
-
-    def _agreed_signal(self, signum: int | None) -> int | None:
-        """The stop signal if any process received one (all processes must stop at the same update)."""
-        if self.accelerator.num_processes == 1:
-            return signum
-        flag = torch.tensor([signum or 0], device=self.accelerator.device)
-        agreed = int(self.accelerator.reduce(flag, "max"))
-        return agreed or None
 
     def training_update(self, rows: list[dict[str, Any]]) -> dict[str, float]:
         """One rollout and the PPO epochs on it; returns the update's metrics."""
