@@ -1,113 +1,73 @@
-"""PPOTrainer on current TRL: rollout → advantages → PPO epochs, with `compute_advantages` as the seam for subclasses."""
+"""PPOTrainer on current TRL: rollout → advantages → PPO epochs, with `compute_advantages` as the seam for subclasses.
+
+This file is the loop: construction, `train`, `training_update`, `ppo_update`, and the hooks subclasses override. Each
+other concern has one home, mixed into the class or called from it: building and readying the trainer
+(`trainer_setup`), prompts to scored samples, shared with evaluation (`scoring`), the rollout's forwards and per-token
+rewards (`rollout_forwards`), the optimizer step (`optimization`), `evaluate` (`evaluation`), saving and resuming
+(`trainer_saving`); the micro-batch loss is `ppo_loss`, the metrics `trainer_metrics`.
+"""
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-import math
 import os
 import signal
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from accelerate.utils import gather_object, is_peft_model, set_seed
-from datasets import Dataset, IterableDataset
+from accelerate.utils import is_peft_model, set_seed
+from datasets import Dataset
 from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
     PrinterCallback,
     ProgressCallback,
     TrainerCallback,
-    TrainerControl,
-    TrainerState,
 )
-from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import (
     PREFIX_CHECKPOINT_DIR,
     IntervalStrategy,
     enable_full_determinism,
-    get_last_checkpoint,
 )
 from transformers.utils import is_peft_available, logging
-from trl.data_utils import is_conversational, maybe_apply_chat_template
 from trl.trainer.base_trainer import _BaseTrainer
-from trl.trainer.utils import disable_dropout_in_model
 
 from .config import PPOConfig
-from .data import DataReport, prepare_prompt_dataset, prompt_token_lengths, reward_function_columns
 from .diagnostics import marker_token_ids
-from .distributed import (
-    check_deepspeed_setup,
-    check_launch_environment,
-    micro_batch_context,
-    reset_optimizer_state,
-)
+from .distributed import check_deepspeed_setup, check_launch_environment, micro_batch_context
+from .evaluation import EvaluationMixin
 from .gae import gae
-from .generation import (
-    HFSampler,
-    SamplerError,
-    Samples,
-    eval_mode,
-    neutralised_generation_fields,
-)
+from .generation import SamplerError, neutralised_generation_fields
 from .loading import build_critic, load_policy, load_reward_funcs, load_tokenizer, resolve_stop_token_ids
-from .losses import kl_penalty, loss_normalizer
-from .masked import masked_whiten
+from .optimization import NonFiniteTrainingError, OptimizationMixin, role_prefix
 from .output import quiet_replica
-from .peft_utils import wrap_value_model
 from .ppo_loss import PPOBatch, PPOLossSettings, mean_metrics, ppo_micro_batch_loss
-from .preemption import SignalWatcher, TrainingInterrupted
+from .preemption import SignalWatcher, TrainingInterrupted, agreed_signal
 from .progress import CompactPrinterCallback, RolloutProgressCallback
-from .reward_calls import call_reward_function
-from .rollout import (
-    PolicyAndValueModel,
-    Rollout,
-    policy_logprobs,
-    reward_func_name,
-    reward_model_scores,
-)
-from .schedules import RoleLR, schedule_multiplier
+from .rollout import PolicyAndValueModel, Rollout, reward_func_name
+from .rollout_forwards import RolloutMixin
+from .scoring import ScoredSamples, ScoringMixin
 from .trainer_metrics import print_samples, rollout_metrics, sampling_metrics, trl_metric_names, update_metrics
 from .trainer_saving import SavingMixin
-from .vllm_sampling import (
-    VLLMColocateSampler,
-    VLLMServerSampler,
-    check_vllm_model,
-    require_vllm,
-    server_base_url,
-    vllm_dtype,
-    vllm_platform_is_cpu,
-)
+from .trainer_setup import SetupMixin, check_dataset, prepare_models, reference_model, reward_weights
 
 if is_peft_available():
-    from peft import PeftConfig, get_peft_model
+    from peft import PeftConfig
+
+# The public names of this module, some now defined in the modules the trainer is made of (imports and pickles that
+# name `vcppo_trl.ppo_trainer` or the `vcppo_trl.trainer` shim keep working).
+__all__ = ["NonFiniteTrainingError", "PPOTrainer", "RewardFunc", "ScoredSamples", "role_prefix"]
 
 logger = logging.get_logger(__name__)
 
 RewardFunc = str | PreTrainedModel | Callable[..., list[float | None]]
 
 
-@dataclasses.dataclass
-class ScoredSamples:
-    """What [`PPOTrainer.sample_and_score`] returns: prompts as tokens, the samples, and their rewards."""
-
-    query_ids: torch.Tensor  # [B, P] left-padded
-    query_mask: torch.Tensor  # [B, P]
-    samples: Samples
-    completions: list[Any]  # what the reward functions received
-    rewards_per_func: torch.Tensor  # [B, F], nan where a function returned None
-    reward_failed: torch.Tensor  # [B] bool
-    raw_scores: torch.Tensor  # [B] weighted sum of the functions, nan where none applied
-
-
-class NonFiniteTrainingError(RuntimeError):
-    """Too many optimizer steps in a row had a non-finite loss or gradient."""
-
-
-class PPOTrainer(SavingMixin, _BaseTrainer):
+class PPOTrainer(
+    SetupMixin, ScoringMixin, RolloutMixin, OptimizationMixin, EvaluationMixin, SavingMixin, _BaseTrainer
+):
     """
     Proximal Policy Optimization with a learned critic, for prompt datasets and rule-based or model-based rewards.
 
@@ -171,62 +131,24 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         check_launch_environment()
         # Seed before anything draws from the RNG (the critic's fresh scalar head, LoRA matrices), as `Trainer` does.
         enable_full_determinism(args.seed) if args.full_determinism else set_seed(args.seed)
-        self._check_dataset(train_dataset, "train_dataset", required=True)
-        self._check_dataset(eval_dataset, "eval_dataset", required=False)
+        check_dataset(train_dataset, "train_dataset", required=True)
+        check_dataset(eval_dataset, "eval_dataset", required=False)
 
         policy = load_policy(model, args)
         tokenizer = load_tokenizer(processing_class, policy)
         self.stop_token_ids = resolve_stop_token_ids(args, tokenizer)
         self.end_of_thinking_ids = marker_token_ids(tokenizer, args.end_of_thinking_marker)
         critic = build_critic(value_model, policy, tokenizer, args)
-
-        if peft_config is not None:
-            if not is_peft_available():
-                raise ImportError("`peft_config` needs the `peft` package: pip install peft")
-            policy = get_peft_model(policy, peft_config)
-        value_peft_config = value_peft_config if value_peft_config is not None else args.value_peft_config
-        if value_peft_config is not None:
-            if is_peft_model(critic):
-                logger.warning("The value model is already a PEFT model: `value_peft_config` is not applied.")
-            else:
-                critic = wrap_value_model(critic, value_peft_config)
-        if args.disable_dropout:
-            disable_dropout_in_model(policy)
-            disable_dropout_in_model(critic)
-        if args.activation_checkpointing:
-            for m in (policy, critic):
-                if hasattr(m, "activation_checkpointing_enable"):  # transformers ≥ 5.2's name
-                    m.activation_checkpointing_enable(
-                        activation_checkpointing_kwargs=args.activation_checkpointing_kwargs
-                    )
-                else:
-                    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
-
-        # The reference policy exists only when the KL penalty is on; under PEFT it is the base model.
-        self.ref_model = None
+        policy, critic = prepare_models(policy, critic, args, peft_config, value_peft_config)
+        self.ref_model = reference_model(policy, ref_model, args)
         # Whether KL(policy ‖ reference) is exactly 0 while the policy is frozen (value pretraining).
         self.reference_is_initial_policy = ref_model is None and not is_peft_model(policy)
-        if args.kl_coef > 0 and not is_peft_model(policy):
-            self.ref_model = ref_model if ref_model is not None else copy.deepcopy(policy)
-            self.ref_model.eval().requires_grad_(False)
-            if args.disable_dropout:
-                disable_dropout_in_model(self.ref_model)
-        elif ref_model is not None and args.kl_coef == 0:
-            logger.warning("`ref_model` was given but `kl_coef == 0`: the reference model is not used.")
 
         self.reward_funcs, self.reward_processing_classes = load_reward_funcs(
             reward_funcs, reward_processing_classes, args
         )
         self.reward_func_names = [reward_func_name(f) for f in self.reward_funcs]
-        if args.reward_weights is None:
-            self.reward_weights = torch.ones(len(self.reward_funcs))
-        elif len(args.reward_weights) != len(self.reward_funcs):
-            raise ValueError(
-                f"`reward_weights` has {len(args.reward_weights)} entries but there are {len(self.reward_funcs)} "
-                "reward functions: give one weight per function."
-            )
-        else:
-            self.reward_weights = torch.tensor(args.reward_weights, dtype=torch.float32)
+        self.reward_weights = reward_weights(args, len(self.reward_funcs))
         train_dataset, eval_dataset = self._prepare_datasets(train_dataset, eval_dataset, tokenizer, args)
 
         if args.ddp_find_unused_parameters is None:
@@ -274,204 +196,7 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         self._generation_log: list[tuple[float, int]] = []  # (seconds, tokens) of each generation in an update
         self.sampler = self._build_sampler(policy)
 
-    # ------------------------------------------------------------------ setup
-
-    @staticmethod
-    def _check_dataset(dataset, name: str, required: bool) -> None:
-        if dataset is None:
-            if required:
-                raise ValueError(f"`{name}` is required: a dataset with a 'prompt' column.")
-            return
-        if isinstance(dataset, IterableDataset):
-            raise ValueError(f"`{name}` must be a map-style `datasets.Dataset`; IterableDataset is not supported yet.")
-        columns = getattr(dataset, "column_names", None)
-        if columns is None or "prompt" not in columns:
-            raise ValueError(
-                f"`{name}` must have a 'prompt' column (text or chat messages), but its columns are {columns}. "
-                "Rename your prompt column, e.g. dataset.rename_column('question', 'prompt')."
-            )
-        if len(dataset) == 0:
-            raise ValueError(f"`{name}` is empty.")
-
-    def _prepare_datasets(self, train_dataset, eval_dataset, tokenizer, args):
-        """Check the schema and drop (or count truncated) bad rows before training; see [`~data.prepare_prompt_dataset`]."""
-        self.data_reports: dict[str, DataReport] = {}
-        prepared = []
-        for name, dataset in (("train", train_dataset), ("eval", eval_dataset)):
-            if dataset is not None:
-                required = reward_function_columns(self.reward_funcs, dataset.column_names)
-                dataset, report = prepare_prompt_dataset(
-                    dataset, f"{name}_dataset", tokenizer, required, args.max_prompt_length, args.overlong_prompt
-                )
-                self.data_reports[name] = report
-                if report.kept < report.num_rows or report.truncated_prompts:
-                    logger.warning(f"{name}_dataset: {report.summary()}.")
-            prepared.append(dataset)
-        return prepared
-
-    def _build_sampler(self, policy: torch.nn.Module):
-        """The generation backend (see [`~generation`]): HF `generate`, or vLLM colocate/server with `use_vllm`."""
-        args = self.args
-        if not args.use_vllm:
-            return HFSampler(
-                lambda: self.model_wrapped,
-                self.accelerator,
-                self.processing_class,
-                self.stop_token_ids,
-                args.response_length,
-                args.local_rollout_forward_batch_size,
-                args.ds3_gather_for_generation,
-            )
-        require_vllm()
-        from trl.distributed import DistributedBackend
-
-        backend = DistributedBackend(self.accelerator)
-        gather = backend.gather_params
-
-        def current_policy():
-            return self.accelerator.unwrap_model(self.model_wrapped).policy
-
-        common = (current_policy, gather, self.accelerator, self.processing_class, self.stop_token_ids)
-        longest_prompt = args.max_prompt_length
-        if longest_prompt is None:
-            datasets = [d for d in (self.train_dataset, self.eval_dataset) if d is not None]
-            longest_prompt = max(max(prompt_token_lengths(d["prompt"], self.processing_class)) for d in datasets)
-        needed_length = longest_prompt + args.response_length
-        if args.vllm_mode == "server":
-            sampler = VLLMServerSampler(
-                *common,
-                args.response_length,
-                base_url=server_base_url(args),
-                timeout=args.vllm_server_timeout,
-                group_port=args.vllm_group_port,
-                needed_length=needed_length,
-            )
-            logger.warning(f"Rollouts are sampled by the vLLM server at {sampler.base_url}.")
-            return sampler
-        config = (policy.get_base_model() if is_peft_model(policy) else policy).config
-        max_model_length = args.vllm_max_model_length or (
-            args.max_prompt_length + args.response_length
-            if args.max_prompt_length is not None
-            else config.max_position_embeddings
-        )
-        check_vllm_model(config, max_model_length, needed_length, vllm_platform_is_cpu())
-        dtype = vllm_dtype(args, policy)
-        sampler = VLLMColocateSampler(
-            *common,
-            args.response_length,
-            dtype=dtype,
-            max_model_length=max_model_length,
-            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-            tensor_parallel_size=args.vllm_tensor_parallel_size,
-            enable_sleep_mode=args.vllm_enable_sleep_mode,
-            model_impl=args.vllm_model_impl,
-            seed=args.seed,
-            copy_weights=backend.is_zero3,
-        )
-        started = f"engine started in {sampler.start_seconds:.0f} s" if sampler.start_seconds else "engine reused"
-        logger.warning(
-            f"Rollouts are sampled by vLLM (colocate, {dtype}, context {max_model_length} tokens); {started}."
-        )
-        return sampler
-
-    def _prepare_auxiliary_models(self) -> None:
-        """Place the reference and reward models for inference (DeepSpeed-initialised under DeepSpeed)."""
-
-        def prepare(model):
-            if self.is_deepspeed_enabled:
-                from trl.models import prepare_deepspeed
-
-                return prepare_deepspeed(model, self.accelerator)
-            return self.accelerator.prepare_model(model, evaluation_mode=True)
-
-        if self.ref_model is not None:
-            self.ref_model = prepare(self.ref_model)
-        self.reward_funcs = [prepare(f) if isinstance(f, PreTrainedModel) else f for f in self.reward_funcs]
-
-    def _compute_batch_sizes(self) -> None:
-        """TRL's PPO batch arithmetic, checked against the dataset before any training time is spent."""
-        args = self.args
-        self.world_size = self.accelerator.num_processes
-        self.local_batch_size = (
-            args.per_device_train_batch_size * args.gradient_accumulation_steps * args.num_mini_batches
-        )
-        self.local_mini_batch_size = self.local_batch_size // args.num_mini_batches
-        self.batch_size = self.local_batch_size * self.world_size
-        k = args.num_generations
-        if self.local_batch_size % k:
-            raise ValueError(
-                f"num_generations={k} must divide the {self.local_batch_size} sequences each process rolls out per "
-                f"update (per_device_train_batch_size × gradient_accumulation_steps × num_mini_batches = "
-                f"{args.per_device_train_batch_size} × {args.gradient_accumulation_steps} × {args.num_mini_batches})."
-            )
-        self.local_prompts_per_update = self.local_batch_size // k
-        self.prompts_per_update = self.batch_size // k
-        if len(self.train_dataset) < self.prompts_per_update:
-            raise ValueError(
-                f"One update needs batch_size = per_device_train_batch_size ({args.per_device_train_batch_size}) × "
-                f"gradient_accumulation_steps ({args.gradient_accumulation_steps}) × num_mini_batches "
-                f"({args.num_mini_batches}) × processes ({self.world_size}) / num_generations ({k}) = "
-                f"{self.prompts_per_update} prompts, but the train dataset has only {len(self.train_dataset)} rows. "
-                "Lower those settings or add data."
-            )
-        total_episodes = args.total_episodes or int(args.num_train_epochs * len(self.train_dataset) * k)
-        self.num_ppo_updates = max(1, math.ceil(total_episodes / self.batch_size))
-        self.total_episodes = total_episodes
-        if total_episodes % self.batch_size and self.is_world_process_zero():
-            logger.warning(
-                f"total_episodes={total_episodes} is not a multiple of the {self.batch_size} "
-                f"{'prompts' if k == 1 else 'responses'} per update: "
-                f"rounded up to {self.num_ppo_updates} updates = {self.num_ppo_updates * self.batch_size} episodes."
-            )
-
-    # --------------------------------------------------------------- optimizer
-
-    def create_optimizer(self, model=None) -> torch.optim.Optimizer:
-        """AdamW (or `args.optim`) with separate parameter groups for the policy and the critic."""
-        if self.optimizer is not None:
-            return self.optimizer
-        wrapper = self.model if model is None else model
-        decay = set(self.get_decay_parameter_names(wrapper))
-        groups = []
-        for role, lr in (("policy", self.args.learning_rate), ("value", self.args.value_learning_rate)):
-            named = [
-                (n, p) for n, p in wrapper.named_parameters() if p.requires_grad and n.startswith(role_prefix(role))
-            ]
-            for use_decay in (True, False):
-                params = [p for n, p in named if (n in decay) == use_decay]
-                if params:
-                    wd = self.args.weight_decay if use_decay else 0.0
-                    groups.append({"params": params, "weight_decay": wd, "lr": lr, "role": role})
-        optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, wrapper)
-        optimizer_kwargs.pop("lr", None)
-        self.optimizer = optimizer_cls(groups, lr=self.args.learning_rate, **optimizer_kwargs)
-        return self.optimizer
-
-    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
-        """
-        `lr_scheduler_type` with one clock per model ([`~schedules.RoleLR`]): the policy's schedule spans the PPO
-        updates only and starts at the first of them; the critic's spans value pretraining and PPO.
-        """
-        if self.lr_scheduler is None:
-            per_update = self.optimizer_steps_per_update()
-            policy_steps = self.num_ppo_updates * per_update
-            critic_steps = policy_steps + self.num_value_pretrain_updates() * per_update
-            multipliers = {
-                "policy": schedule_multiplier(self.args, policy_steps),
-                "value": schedule_multiplier(self.args, critic_steps),
-            }
-            starts = {"policy": None, "value": 0}  # the policy's clock starts at its first PPO update
-            self.lr_scheduler = RoleLR(optimizer or self.optimizer, multipliers, starts)
-        return self.lr_scheduler
-
-    def _start_policy_schedule(self) -> None:
-        """At the first PPO update: start the policy's clock, and move the critic's past unused pretraining steps."""
-        scheduler = self.lr_scheduler
-        if not isinstance(scheduler, RoleLR) or scheduler.started("policy"):
-            return
-        planned = self.num_value_pretrain_updates() * self.optimizer_steps_per_update()
-        scheduler.start("value", scheduler.last_epoch - planned)  # last_epoch: the pretraining steps actually run
-        scheduler.start("policy")
+    # ------------------------------------------------- what subclasses change
 
     def optimizer_steps_per_update(self) -> int:
         return self.args.num_ppo_epochs * self.args.num_mini_batches
@@ -484,256 +209,6 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         """Number of rollout batches this run will use (subclasses add value-pretraining updates)."""
         return self.num_ppo_updates
 
-    # -------------------------------------------------------------- data flow
-
-    def _prompt_batches(self, start: int = 0) -> Iterator[list[dict[str, Any]]]:
-        """
-        Endless stream of this process's prompt batches, from batch number `start` on (for resuming).
-
-        Each pass over the dataset is a permutation drawn from `seed + pass` (so a position is just a batch count);
-        every update takes the next `prompts_per_update` prompts of it and process `r` the `r`-th slice of
-        `local_prompts_per_update`, so processes never overlap; each prompt appears `num_generations` times in a row.
-        The tail that does not fill a whole batch is left out of that pass.
-        """
-        per_update, local = self.prompts_per_update, self.local_prompts_per_update
-        batches_per_pass = len(self.train_dataset) // per_update
-        rank = self.accelerator.process_index
-        batch = start
-        while True:
-            epoch, index = divmod(batch, batches_per_pass)
-            generator = torch.Generator().manual_seed(self.args.seed + epoch)
-            order = torch.randperm(len(self.train_dataset), generator=generator)
-            first = index * per_update + rank * local
-            rows = [self.train_dataset[int(i)] for i in order[first : first + local]]
-            yield [row for row in rows for _ in range(self.args.num_generations)]
-            batch += 1
-
-    def _prompt_texts(self, rows: list[dict[str, Any]]) -> list[str]:
-        return [maybe_apply_chat_template({"prompt": row["prompt"]}, self.processing_class)["prompt"] for row in rows]
-
-    def _tokenize_prompts(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        encoded = self.processing_class(
-            texts,
-            return_tensors="pt",
-            padding=True,
-            padding_side="left",
-            add_special_tokens=False,
-            truncation=self.args.max_prompt_length is not None,
-            truncation_side="left",
-            max_length=self.args.max_prompt_length,
-        )
-        return encoded["input_ids"].to(self.accelerator.device), encoded["attention_mask"].to(self.accelerator.device)
-
-    @torch.no_grad()
-    def generate(
-        self, query_ids: torch.Tensor, query_mask: torch.Tensor, greedy: bool = False, temperature: float | None = None
-    ) -> Samples:
-        """
-        Sample responses for left-padded prompts and cut them at the stop token, with the configured sampler (HF
-        `generate` or vLLM; see [`~generation`]).
-
-        Returns:
-            [`~generation.Samples`]: response ids, mask and `has_stop` as in [`~rollout.truncate_at_stop`], and the
-            sampler's own log-probabilities when it reports them (vLLM).
-        """
-        samples = self.sampler.generate(query_ids, query_mask, greedy, temperature or self.args.temperature)
-        self._generation_log.append((samples.seconds, samples.num_tokens))
-        return samples
-
-    def _completions(self, rows: list[dict[str, Any]], response_ids: torch.Tensor, response_mask: torch.Tensor):
-        """Decode responses (stop token excluded) into what reward functions receive."""
-        stop = torch.isin(response_ids, torch.tensor(self.stop_token_ids, device=response_ids.device))
-        content_mask = response_mask & ~stop
-        completion_ids = [ids[m].tolist() for ids, m in zip(response_ids, content_mask)]
-        texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
-        if rows and is_conversational({"prompt": rows[0]["prompt"]}):
-            completions = [[{"role": "assistant", "content": t}] for t in texts]
-        else:
-            completions = texts
-        return completions, texts, completion_ids
-
-    def score(
-        self,
-        rows: list[dict[str, Any]],
-        prompt_texts: list[str],
-        completions: list[Any],
-        completion_texts: list[str],
-        completion_ids: list[list[int]],
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """
-        Rewards of every function for every completion.
-
-        A function's failures on single samples (raised, timed out, NaN) give those samples `reward_failure_value`
-        (see [`~reward_calls.call_reward_function`]); a function that fails on the whole batch stops the run.
-
-        Returns:
-            `(rewards, failed)`: `[B, F]` float32 rewards on device (`nan` where a function returned `None`), and
-            `[B]` bool, true where at least one function failed on the sample.
-        """
-        prompts = [row["prompt"] for row in rows]
-        extra = {key: [row[key] for row in rows] for key in rows[0] if key not in ("prompt", "completion")}
-        columns = []
-        failed = [False] * len(rows)
-        for func, proc in zip(self.reward_funcs, self.reward_processing_classes):
-            if isinstance(func, torch.nn.Module):
-                texts = [p + c for p, c in zip(prompt_texts, completion_texts)]
-                values = reward_model_scores(func, proc, texts, self.args.local_rollout_forward_batch_size)
-            else:
-                result = call_reward_function(
-                    func,
-                    prompts,
-                    completions,
-                    completion_ids,
-                    extra,
-                    timeout=self.args.reward_timeout,
-                    failure_value=self.args.reward_failure_value,
-                    trainer_state=self.state,
-                )
-                values = result.values
-                if result.failures:
-                    failed = [f or value_failed for f, value_failed in zip(failed, result.failed)]
-            columns.append([float("nan") if v is None else float(v) for v in values])
-        device = self.accelerator.device
-        rewards = torch.tensor(columns, dtype=torch.float32, device=device).T
-        return rewards, torch.tensor(failed, dtype=torch.bool, device=device)
-
-    def sample_and_score(
-        self, rows: list[dict[str, Any]], greedy: bool = False, temperature: float | None = None
-    ) -> ScoredSamples:
-        """
-        The steps training and evaluation share: chat template and tokenization, generation with the configured
-        sampler, decoding, and every reward function's score with their weighted sum (`raw_scores`, nan where no
-        function scored the sample). No penalty is applied here.
-        """
-        prompt_texts = self._prompt_texts(rows)
-        query_ids, query_mask = self._tokenize_prompts(prompt_texts)
-        samples = self.generate(query_ids, query_mask, greedy=greedy, temperature=temperature)
-        completions, texts, completion_ids = self._completions(rows, samples.response_ids, samples.response_mask)
-        rewards_per_func, reward_failed = self.score(rows, prompt_texts, completions, texts, completion_ids)
-        weights = self.reward_weights.to(rewards_per_func.device)
-        raw_scores = (rewards_per_func.nan_to_num(0.0) * weights).sum(dim=1)
-        all_none = torch.isnan(rewards_per_func).all(dim=1)
-        raw_scores = torch.where(all_none, torch.full_like(raw_scores, float("nan")), raw_scores)
-        return ScoredSamples(query_ids, query_mask, samples, completions, rewards_per_func, reward_failed, raw_scores)
-
-    @torch.no_grad()
-    def _forward_in_chunks(self, rollout: Rollout, compute_policy: bool):
-        """Old log-probabilities and values of a rollout, in eval mode (no dropout), like generation."""
-        model = self.accelerator.unwrap_model(self.model_wrapped)
-        chunk = self.args.local_rollout_forward_batch_size
-        input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
-        logprobs, values = [], []
-        with eval_mode(model):
-            for start in range(0, input_ids.shape[0], chunk):
-                lp, _, v = model(
-                    input_ids[start : start + chunk],
-                    attention_mask[start : start + chunk],
-                    rollout.context_length,
-                    self.args.temperature,
-                    compute_policy=compute_policy,
-                    compute_entropy=False,
-                )
-                logprobs.append(lp)
-                values.append(v)
-        return (torch.cat(logprobs) if compute_policy else None), torch.cat(values)
-
-    @torch.no_grad()
-    def _ref_logprobs(self, rollout: Rollout) -> torch.Tensor:
-        chunk = self.args.local_rollout_forward_batch_size
-        input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
-        out = []
-        for start in range(0, input_ids.shape[0], chunk):
-            ids, mask = input_ids[start : start + chunk], attention_mask[start : start + chunk]
-            if self.ref_model is not None:
-                with eval_mode(self.ref_model):
-                    lp, _ = policy_logprobs(self.ref_model, ids, mask, rollout.context_length, self.args.temperature)
-            else:  # PEFT: the reference is the base model, adapters disabled.
-                policy = self.accelerator.unwrap_model(self.model_wrapped).policy
-                with policy.disable_adapter(), eval_mode(policy):
-                    lp, _ = policy_logprobs(policy, ids, mask, rollout.context_length, self.args.temperature)
-            out.append(lp)
-        return torch.cat(out)
-
-    def make_rollout(self, rows: list[dict[str, Any]], train_policy: bool = True) -> Rollout:
-        """
-        Generate, score and evaluate one batch of prompts.
-
-        Args:
-            rows: Dataset rows for this process.
-            train_policy: When False (value-only updates) the policy does not move. The KL penalty then still
-                enters the critic's targets when the reference is not the initial policy (a `ref_model` given by the
-                user, or the base model of a PEFT policy whose adapter may not start at zero); only when the
-                reference is a copy of the initial policy, where it is exactly 0, are the log-probabilities skipped.
-        """
-        args = self.args
-        scored = self.sample_and_score(rows)
-        samples, raw_scores, has_stop = scored.samples, scored.raw_scores, scored.samples.has_stop
-        scores = raw_scores.nan_to_num(0.0).clone()
-        if args.missing_eos_penalty is not None:
-            scores = scores - args.missing_eos_penalty * (~has_stop).float()
-        # A sample that no reward function could score is dropped from the losses.
-        response_mask = samples.response_mask & ~torch.isnan(raw_scores).unsqueeze(1)
-
-        rollout = Rollout(
-            prompts=[row["prompt"] for row in rows],
-            completions=scored.completions,
-            extra_columns={k: [row[k] for row in rows] for k in rows[0] if k != "prompt"},
-            query_ids=scored.query_ids,
-            query_mask=scored.query_mask,
-            response_ids=samples.response_ids,
-            response_mask=response_mask,
-            has_stop=has_stop,
-            scores=scores,
-            raw_scores=raw_scores,
-            rewards_per_func=scored.rewards_per_func,
-            reward_failed=scored.reward_failed,
-            sampler_logprobs=samples.logprobs,
-        )
-        with_kl = args.kl_coef > 0 and (train_policy or not self.reference_is_initial_policy)
-        # Under the on-policy shortcut ppo_update fills rollout.logprobs from its own forward.
-        needs_old_logprobs = train_policy and not self.old_logprobs_from_training_forward()
-        rollout.logprobs, rollout.values = self._forward_in_chunks(
-            rollout, compute_policy=needs_old_logprobs or with_kl
-        )
-        if with_kl:
-            rollout.ref_logprobs = self._ref_logprobs(rollout)
-            rollout.kl = kl_penalty(rollout.logprobs, rollout.ref_logprobs, args.kl_estimator) * response_mask
-        else:
-            rollout.kl = torch.zeros_like(rollout.values)
-        rollout.rewards = self.token_rewards(rollout)
-        return rollout
-
-    def old_logprobs_from_training_forward(self) -> bool:
-        """
-        Whether policy updates take their old log-probabilities from the training forward, detached (the on-policy
-        shortcut, `on_policy_shortcut`), instead of a policy forward in the rollout.
-
-        Exact only when the single optimizer step of the update sees the weights that sampled the rollout (one epoch,
-        one mini-batch: its micro-batches all run before the step), no KL term needs the log-probabilities before the
-        update, and dropout does not make the training forward differ from the rollout's eval-mode forward.
-        """
-        args = self.args
-        return (
-            args.on_policy_shortcut
-            and args.num_ppo_epochs == 1
-            and args.num_mini_batches == 1
-            and args.kl_coef == 0
-            and args.disable_dropout
-        )
-
-    def token_rewards(self, rollout: Rollout) -> torch.Tensor:
-        """Per-token rewards: −kl_coef·KL on every token, plus the score on the last valid response token."""
-        mask = rollout.response_mask
-        rewards = -self.args.kl_coef * rollout.kl
-        lengths = mask.sum(dim=1)
-        has_tokens = lengths > 0
-        last = (lengths - 1).clamp(min=0)
-        rows = torch.arange(mask.shape[0], device=mask.device)
-        rewards[rows[has_tokens], last[has_tokens]] += rollout.scores[has_tokens]
-        if self.args.whiten_rewards:
-            rewards = self.whiten(rewards, mask, shift_mean=False)
-        return rewards * mask
-
     def compute_advantages(self, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
         """
         The seam where a subclass changes how advantages are made.
@@ -744,47 +219,11 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         """
         return gae(rollout.rewards, rollout.values, rollout.response_mask, self.args.gamma, self.args.lam)
 
-    # --------------------------------------------------------------- updating
-
-    def reset_policy_optimizer_state(self) -> None:
-        """Forget the policy's optimizer state (see [`~distributed.reset_optimizer_state`]); called when value
-        pretraining ends, so that the first PPO step is the same with and without DeepSpeed."""
-        if self.optimizer is not None:
-            reset_optimizer_state(self.optimizer, "policy")
-
-    def _set_policy_lr_to_zero(self) -> None:
-        for group in self.optimizer.param_groups:
-            if group.get("role") == "policy":
-                group["lr"] = 0.0
-
     def value_cliprange(self) -> float | None:
         """Clip range of the value loss for the current update (`None`: no clipping); subclasses vary it by phase."""
         return self.args.cliprange_value
 
-    def whiten(self, values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
-        """[`~masked.masked_whiten`] with the statistics `args.advantage_whitening` asks for (all processes, or this one)."""
-        all_reduce = None
-        if self.args.advantage_whitening == "global" and self.accelerator.num_processes > 1:
-            all_reduce = lambda t: self.accelerator.reduce(t, "sum")  # noqa: E731
-        return masked_whiten(values, mask, shift_mean=shift_mean, all_reduce=all_reduce)
-
-    def _loss_normalizers(self, mask: torch.Tensor) -> torch.Tensor:
-        """
-        `[policy, value]` denominators of the loss aggregation for one mini-batch, summed over all processes.
-
-        `mask` holds this process's sequences of the mini-batch (all its micro-batches), so every micro-batch's loss is
-        normalised by the count of the whole mini-batch (see [`~losses.aggregate_loss`]).
-        """
-        length = self.args.response_length
-        counts = torch.stack(
-            [
-                loss_normalizer(mask, self.args.loss_type, length),
-                loss_normalizer(mask, self.args.value_loss_type, length),
-            ]
-        )
-        if self.accelerator.num_processes > 1:
-            counts = self.accelerator.reduce(counts, "sum")
-        return counts
+    # --------------------------------------------------------------- updating
 
     def ppo_update(
         self, rollout: Rollout, advantages: torch.Tensor, returns: torch.Tensor, train_policy: bool = True
@@ -866,105 +305,7 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
             rollout.logprobs = old_logprobs
         return mean_metrics(stats) | {"diagnostics/nonfinite_steps": float(nonfinite_steps)}
 
-    def _optimizer_step(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
-        """
-        The end of a mini-batch: clip the gradients, step the optimizer unless they are non-finite, step the scheduler
-        (after a skipped step too) and clear the gradients.
-
-        Returns:
-            The gradient norms before clipping (`grad_norm`, `grad_norm/policy`, `grad_norm/value`), or `None` when
-            the step was skipped: the weights and optimizer state stay as they were.
-        """
-        norms = self._clip_gradients(model)
-        grad_norms = None
-        if norms["total"] is None or self._step_is_finite(norms["total"]):
-            names = (("total", "grad_norm"), ("policy", "grad_norm/policy"), ("value", "grad_norm/value"))
-            grad_norms = {
-                name: torch.as_tensor(norms[key]).detach().float() for key, name in names if norms.get(key) is not None
-            }
-            self.optimizer.step()  # a no-op under DeepSpeed, whose engine stepped in the last backward
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return grad_norms
-
-    def _clip_gradients(self, model: torch.nn.Module) -> dict[str, torch.Tensor | None]:
-        """
-        Clip the policy's and the critic's gradients each to `max_grad_norm` (a large critic gradient does not shrink
-        the policy's step); returns their norms before clipping and the joint norm (`"total"`).
-
-        Under DeepSpeed the engine has already clipped the joint norm of both models (its `gradient_clipping`) inside
-        the last backward: only the joint norm is returned.
-        """
-        args = self.args
-        # The norms are computed even without clipping (max_norm=inf): they tell a non-finite step.
-        max_norm = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else math.inf
-        if self.is_deepspeed_enabled:
-            return {"total": self.accelerator.clip_grad_norm_(model.parameters(), max_norm)}
-        self.accelerator.unscale_gradients()
-        wrapper = self.accelerator.unwrap_model(model)
-        norms: dict[str, torch.Tensor | None] = {}
-        for role, module in (("policy", wrapper.policy), ("value", wrapper.critic)):
-            params = [p for p in module.parameters() if p.grad is not None]
-            norms[role] = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else None
-        present = [n.float() for n in norms.values() if n is not None]
-        norms["total"] = torch.linalg.vector_norm(torch.stack(present)) if present else None
-        return norms
-
-    def _step_is_finite(self, grad_norm: torch.Tensor) -> bool:
-        """
-        Whether an optimizer step's gradient is finite; counts non-finite steps in a row and stops past the limit.
-
-        One host sync per optimizer step. Under DDP the gradient is already all-reduced, so all ranks agree.
-        """
-        if bool(torch.isfinite(torch.as_tensor(grad_norm))):
-            self.nonfinite_steps_in_a_row = 0
-            return True
-        self.nonfinite_steps_in_a_row += 1
-        limit = self.args.max_consecutive_nonfinite_steps
-        what = "DeepSpeed has already applied it" if self.is_deepspeed_enabled else "optimizer step skipped"
-        logger.warning(
-            f"Non-finite loss or gradient at update {self.state.global_step + 1}: {what} "
-            f"({self.nonfinite_steps_in_a_row} in a row, limit {limit})."
-        )
-        if self.nonfinite_steps_in_a_row > limit:
-            last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
-            raise NonFiniteTrainingError(
-                f"{self.nonfinite_steps_in_a_row} optimizer steps in a row had a non-finite loss or gradient (limit "
-                f"max_consecutive_nonfinite_steps={limit}); stopping. "
-                + (
-                    f"The last checkpoint, {last}, was saved before this and is intact: resume from it with a lower "
-                    "learning rate, or check the rewards and the data."
-                    if last
-                    else "No checkpoint was saved yet (set save_steps to keep one)."
-                )
-            )
-        return False
-
     # ------------------------------------------------------------------- loop
-
-    def _setup_training(self) -> None:
-        args = self.args
-        steps = self.num_training_updates() * self.optimizer_steps_per_update()
-        self.create_optimizer_and_scheduler(num_training_steps=steps)
-        # The scheduler is not prepared: accelerate would step it once per process on every call.
-        self.model_wrapped, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
-        if self.is_deepspeed_enabled:
-            self.deepspeed = self.model_wrapped
-        self.state = TrainerState(
-            stateful_callbacks=[
-                cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)
-            ],
-        )
-        self.state.max_steps = self.num_training_updates()
-        self.state.num_train_epochs = args.num_train_epochs
-        self.state.logging_steps = args.logging_steps
-        self.state.eval_steps = args.eval_steps
-        self.state.save_steps = args.save_steps
-        self.state.is_local_process_zero = self.is_local_process_zero()
-        self.state.is_world_process_zero = self.is_world_process_zero()
-        self.state.train_batch_size = self.batch_size
-        self.control = TrainerControl()
 
     def _should(self, interval: float | int, strategy) -> bool:
         if strategy not in (IntervalStrategy.STEPS, "steps") or not interval:
@@ -1035,7 +376,7 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
                 saved = self._should(args.save_steps, args.save_strategy)
                 if saved:
                     self._save_checkpoint(self.model, trial=None)
-                signum = self._agreed_signal(signals.signum)
+                signum = agreed_signal(self.accelerator, signals.signum)
                 if signum is not None:
                     if not saved:
                         self._save_checkpoint(self.model, trial=None)
@@ -1053,44 +394,6 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         self.log({"train_runtime": time.time() - start_time})
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         return self.state
-
-    def _sampler_failed(self, err: SamplerError) -> SamplerError:
-        """
-        The error to stop with when the sampler fails mid-run, after saving a checkpoint where that is safe.
-
-        The failure happens before the update's policy step, so the models and optimizer are those of the last
-        finished update: a single process (or a server failure, which every process learns of) saves them as
-        `checkpoint-<step>` unless that exists. A colocated engine failing on one of several processes saves nothing
-        (the others could not join the save); the last complete checkpoint stays as it was.
-        """
-        step = self.state.global_step
-        path = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
-        if os.path.isdir(path):
-            note = f"The last complete checkpoint, {path}, is intact."
-        elif step > 0 and (self.accelerator.num_processes == 1 or self.args.vllm_mode == "server"):
-            self._save_checkpoint(self.model, trial=None)
-            note = f"Saved {path} (after update {step}); resume from it once the sampler works."
-        else:
-            last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
-            note = f"The last complete checkpoint is {last}." if last else "No checkpoint was saved."
-        return SamplerError(f"Sampling failed at update {step + 1}: {err} {note}")
-
-    def _agreed_signal(self, signum: int | None) -> int | None:
-        """The stop signal if any process received one (all processes must stop at the same update)."""
-        if self.accelerator.num_processes == 1:
-            return signum
-        flag = torch.tensor([signum or 0], device=self.accelerator.device)
-        agreed = int(self.accelerator.reduce(flag, "max"))
-        return agreed or None
-
-    def _learning_rate(self, role: str) -> float:
-        """Current learning rate of the policy or the critic (0 for the policy while it is frozen)."""
-        if role == "policy" and self.policy_frozen:
-            return 0.0
-        for group in self.optimizer.param_groups:
-            if group.get("role") == role:
-                return float(group["lr"])
-        return float("nan")
 
     def training_update(self, rows: list[dict[str, Any]]) -> dict[str, float]:
         """One rollout and the PPO epochs on it; returns the update's metrics."""
@@ -1128,57 +431,3 @@ class PPOTrainer(SavingMixin, _BaseTrainer):
         metrics.update(trl_metric_names(self.accelerator, rollout, metrics))
         self._last_rollout = (rollout, advantages)
         return metrics
-
-    # ------------------------------------------------------------- evaluation
-
-    @torch.no_grad()
-    def evaluate(self, eval_dataset: Dataset | None = None, ignore_keys=None, metric_key_prefix: str = "eval"):
-        """
-        Generate on held-out prompts, score with the training reward functions, and log accuracy and length.
-
-        Greedy decoding when `eval_num_generations == 1`; otherwise `k` samples per prompt at `eval_temperature`,
-        and `<prefix>_pass@k` (share of prompts with at least one correct sample).
-
-        Returns:
-            `dict[str, float]` with `<prefix>_accuracy`, `<prefix>_score`, `<prefix>_response_length_mean`,
-            `<prefix>_num_samples` and, for k > 1, `<prefix>_pass@k`. Logging integrations show them as
-            `eval/accuracy`, ... (transformers' convention for evaluation metrics).
-        """
-        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
-        if dataset is None:
-            raise ValueError("No evaluation dataset: pass `eval_dataset` to the trainer or to `evaluate`.")
-        k = self.args.eval_num_generations
-        rank, world = self.accelerator.process_index, self.accelerator.num_processes
-        indices = list(range(rank, len(dataset), world))
-        chunk = self.args.local_rollout_forward_batch_size
-        records = []  # (prompt index, correct, score, length)
-        for start in range(0, len(indices), max(1, chunk // k)):
-            idx = indices[start : start + max(1, chunk // k)]
-            rows = [dataset[i] for i in idx for _ in range(k)]
-            scored = self.sample_and_score(rows, greedy=(k == 1), temperature=self.args.eval_temperature)
-            scores, valid = scored.raw_scores.nan_to_num(0.0), ~torch.isnan(scored.raw_scores)
-            lengths = scored.samples.response_mask.sum(1)
-            for j, i in enumerate(r for r in idx for _ in range(k)):
-                if bool(valid[j]):
-                    correct = float(scores[j]) > self.args.accuracy_threshold
-                    records.append((i, correct, float(scores[j]), int(lengths[j])))
-        records = gather_object(records) if world > 1 else records
-        metrics = {}
-        if records:
-            metrics[f"{metric_key_prefix}_accuracy"] = sum(r[1] for r in records) / len(records)
-            metrics[f"{metric_key_prefix}_score"] = sum(r[2] for r in records) / len(records)
-            metrics[f"{metric_key_prefix}_response_length_mean"] = sum(r[3] for r in records) / len(records)
-            if k > 1:
-                by_prompt: dict[int, bool] = {}
-                for i, correct, _, _ in records:
-                    by_prompt[i] = by_prompt.get(i, False) or correct
-                metrics[f"{metric_key_prefix}_pass@{k}"] = sum(by_prompt.values()) / len(by_prompt)
-        metrics[f"{metric_key_prefix}_num_samples"] = float(len(records))
-        self.log(dict(metrics))
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
-        return metrics
-
-
-def role_prefix(role: str) -> str:
-    """Parameter-name prefix of each model inside [`~rollout.PolicyAndValueModel`]."""
-    return {"policy": "policy.", "value": "critic."}[role]

@@ -12,6 +12,8 @@ import signal
 import threading
 from types import FrameType
 
+import torch
+from accelerate import Accelerator
 from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
@@ -59,3 +61,12 @@ class SignalWatcher:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+
+
+def agreed_signal(accelerator: Accelerator, signum: int | None) -> int | None:
+    """The stop signal if any process received one (all processes must stop at the same update)."""
+    if accelerator.num_processes == 1:
+        return signum
+    flag = torch.tensor([signum or 0], device=accelerator.device)
+    agreed = int(accelerator.reduce(flag, "max"))
+    return agreed or None

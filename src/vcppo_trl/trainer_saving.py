@@ -34,6 +34,7 @@ from .checkpointing import (
     write_training_state,
 )
 from .distributed import gathered_state_dict
+from .generation import SamplerError
 from .output import no_nested_progress_bars
 from .universal_checkpoint import convert_to_universal, is_converted, load_universal, universal_dir
 from .value_model import save_value_model
@@ -228,6 +229,27 @@ class SavingMixin:
                 save_total_limit=args.save_total_limit,
                 best_model_checkpoint=self.state.best_model_checkpoint,
             )
+
+    def _sampler_failed(self, err: SamplerError) -> SamplerError:
+        """
+        The error to stop with when the sampler fails mid-run, after saving a checkpoint where that is safe.
+
+        The failure happens before the update's policy step, so the models and optimizer are those of the last
+        finished update: a single process (or a server failure, which every process learns of) saves them as
+        `checkpoint-<step>` unless that exists. A colocated engine failing on one of several processes saves nothing
+        (the others could not join the save); the last complete checkpoint stays as it was.
+        """
+        step = self.state.global_step
+        path = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
+        if os.path.isdir(path):
+            note = f"The last complete checkpoint, {path}, is intact."
+        elif step > 0 and (self.accelerator.num_processes == 1 or self.args.vllm_mode == "server"):
+            self._save_checkpoint(self.model, trial=None)
+            note = f"Saved {path} (after update {step}); resume from it once the sampler works."
+        else:
+            last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
+            note = f"The last complete checkpoint is {last}." if last else "No checkpoint was saved."
+        return SamplerError(f"Sampling failed at update {step + 1}: {err} {note}")
 
     def _resolve_checkpoint(self, resume_from_checkpoint: str | bool | None) -> str | None:
         if not resume_from_checkpoint:
