@@ -29,7 +29,7 @@ def _record_value_clipranges(monkeypatch, trainer):
     original = ppo_loss.clipped_value_loss
 
     def spy(values, old_values, returns, mask, cliprange_value, **kwargs):
-        calls.append((trainer.policy_frozen, cliprange_value))
+        calls.append((trainer.in_value_pretraining, cliprange_value))
         return original(values, old_values, returns, mask, cliprange_value, **kwargs)
 
     monkeypatch.setattr(ppo_loss, "clipped_value_loss", spy)
@@ -72,7 +72,7 @@ def test_value_pretraining_without_clipping_reaches_far_targets(make_trainer, ti
         )
         trainer = make_trainer(reward_funcs=constant_reward, args=args)
         trainer._setup_training()
-        trainer.policy_frozen = True
+        trainer.begin_value_pretraining()
         rollout = trainer.make_rollout(_rows(trainer), train_policy=False)
         advantages, returns = trainer.compute_advantages(rollout)
         trainer.ppo_update(rollout, advantages, returns, train_policy=False)
@@ -281,7 +281,7 @@ def test_value_pretraining_targets_include_kl_to_a_user_reference(make_trainer, 
     torch.testing.assert_close(with_kl - trainer.token_rewards(no_kl), -0.1 * rollout.kl * mask)
     torch.testing.assert_close(rollout.rewards, with_kl)
     # The critic's targets during pretraining (λ = 1) are the reverse sums of those rewards, KL included.
-    trainer.policy_frozen = True
+    trainer.begin_value_pretraining()
     _, returns = trainer.compute_advantages(rollout)
     expected = torch.flip(torch.cumsum(torch.flip(with_kl, [1]), 1), [1]) * mask
     torch.testing.assert_close(returns, expected, rtol=1e-5, atol=1e-5)

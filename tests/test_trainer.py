@@ -69,7 +69,7 @@ def test_value_pretraining_freezes_policy_and_saves_critic(
     assert trainer.state.global_step == 3
     assert not _changed(before_policy, tiny_policy), "the policy moved during value pretraining"
     assert _changed(before_critic, trainer.model.critic), "the critic did not train"
-    assert not trainer.policy_frozen
+    assert not trainer.in_value_pretraining
     pretrain_logs = [h for h in trainer.state.log_history if "value_pretrain/loss_avg" in h]
     assert len(pretrain_logs) == 3
     assert all("value_pretrain/explained_variance" in h for h in pretrain_logs)

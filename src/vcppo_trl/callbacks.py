@@ -19,14 +19,15 @@ VALUE_PRETRAINED_DIRNAME = "value_pretrained"
 
 class ValuePretrainCallback(TrainerCallback):
     """
-    Owner of VC-PPO's value-pretraining phase: when it starts, when it stops, and what it saves.
+    When VC-PPO's value-pretraining phase stops, and the critics it saves; the trainer owns the phase itself.
 
-    While the phase is active the trainer rolls out with the frozen initial policy and updates only the critic, with
-    Monte-Carlo targets (λ = 1). The phase ends after `max_steps` updates, or earlier (never before `min_steps`) when
-    the explained variance of an update reaches `stop_explained_variance`, or when the value loss has not improved by
-    `min_delta` (relative) for `patience` updates. At the end the critic is saved as a token-classification checkpoint
-    under `<output_dir>/value_pretrained` (and at each of `save_steps` under `value_pretrained-step-<n>`), then PPO
-    training starts from it.
+    The callback begins the phase at the start of training (`trainer.begin_value_pretraining()`); while it runs the
+    trainer rolls out with the frozen initial policy and updates only the critic, with Monte-Carlo targets (λ = 1).
+    The phase ends (`trainer.end_value_pretraining(steps)`) after `max_steps` updates, or earlier (never before
+    `min_steps`) when the explained variance of an update reaches `stop_explained_variance`, or when the value loss
+    has not improved by `min_delta` (relative) for `patience` updates. At the end the critic is saved as a
+    token-classification checkpoint under `<output_dir>/value_pretrained` (and at each of `save_steps` under
+    `value_pretrained-step-<n>`), then PPO training starts from it.
 
     [`VCPPOTrainer`] adds this callback by itself when `value_pretrain_steps > 0`; pass one in `callbacks=` to control
     the phase by hand (the trainer binds it).
@@ -58,7 +59,6 @@ class ValuePretrainCallback(TrainerCallback):
         self.min_steps = min_steps
         self.save_steps = set(save_steps or [])
         self.trainer: Trainer | None = None
-        self.active = False
         self.done = False
         self.steps = 0
         self.best_loss = math.inf
@@ -77,8 +77,9 @@ class ValuePretrainCallback(TrainerCallback):
             save_steps=args.value_pretrain_save_steps,
         )
 
-    # Progress saved in checkpoints, so a resumed run continues the phase (or skips it when it was done).
-    _RESUMABLE = ("active", "done", "steps", "best_loss", "updates_since_best", "stop_reason", "saved_paths")
+    # Progress saved in checkpoints, so a resumed run continues the phase (or skips it when it was done); the phase
+    # itself is the trainer's (older checkpoints also hold an `active` flag, now ignored).
+    _RESUMABLE = ("done", "steps", "best_loss", "updates_since_best", "stop_reason", "saved_paths")
 
     def state_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self._RESUMABLE} | {"max_steps": self.max_steps}
@@ -103,15 +104,14 @@ class ValuePretrainCallback(TrainerCallback):
             )
         if self.done:
             return
-        self.active = True
-        self.trainer.policy_frozen = True
+        self.trainer.begin_value_pretraining()
         if state.is_world_process_zero:
             logger.warning(
                 f"Value pretraining: training the critic alone (λ = 1, policy frozen) for up to {self.max_steps} updates."
             )
 
     def on_step_end(self, args, state, control, metrics: dict[str, Any] | None = None, **kwargs):
-        if not self.active:
+        if not self.trainer.in_value_pretraining:
             return
         metrics = metrics or {}
         self.steps += 1
@@ -147,7 +147,6 @@ class ValuePretrainCallback(TrainerCallback):
             logger.warning(f"Value pretraining: saved the critic to {path}")
 
     def _finish(self, args, state, control, reason: str) -> None:
-        self.active = False
         self.done = True
         self.stop_reason = reason
         path = os.path.join(args.output_dir, VALUE_PRETRAINED_DIRNAME)
@@ -156,11 +155,6 @@ class ValuePretrainCallback(TrainerCallback):
             from .hub import push_pretrained_critic
 
             push_pretrained_critic(self.trainer, path, steps=self.steps)
-        # Unused pretraining updates are not given to PPO: it keeps its own count.
-        state.max_steps -= self.max_steps - self.steps
-        # PPO starts from a fresh optimizer state for the policy on every path (DeepSpeed advanced it on zero grads).
-        self.trainer.reset_policy_optimizer_state()
-        self.trainer.policy_frozen = False
-        self.trainer.log({"value_pretrain/steps": float(self.steps)})
+        self.trainer.end_value_pretraining(self.steps)
         if state.is_world_process_zero:
             logger.warning(f"Value pretraining finished after {self.steps} updates ({reason}); PPO training starts.")

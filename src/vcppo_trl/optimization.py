@@ -82,8 +82,8 @@ class OptimizationMixin:
         scheduler.start("value", scheduler.last_epoch - planned)  # last_epoch: the pretraining steps actually run
         scheduler.start("policy")
 
-    def reset_policy_optimizer_state(self) -> None:
-        """Forget the policy's optimizer state (see [`~distributed.reset_optimizer_state`]); called when value
+    def _reset_policy_optimizer_state(self) -> None:
+        """Forget the policy's optimizer state (see [`~distributed.reset_optimizer_state`]); done when value
         pretraining ends, so that the first PPO step is the same with and without DeepSpeed."""
         if self.optimizer is not None:
             reset_optimizer_state(self.optimizer, "policy")
@@ -95,7 +95,7 @@ class OptimizationMixin:
 
     def _learning_rate(self, role: str) -> float:
         """Current learning rate of the policy or the critic (0 for the policy while it is frozen)."""
-        if role == "policy" and self.policy_frozen:
+        if role == "policy" and self.in_value_pretraining:
             return 0.0
         for group in self.optimizer.param_groups:
             if group.get("role") == role:

@@ -1,10 +1,11 @@
 """PPOTrainer on current TRL: rollout → advantages → PPO epochs, with `compute_advantages` as the seam for subclasses.
 
-This file is the loop: construction, `train`, `training_update`, `ppo_update`, and the hooks subclasses override. Each
-other concern has one home, mixed into the class or called from it: building and readying the trainer
-(`trainer_setup`), prompts to scored samples, shared with evaluation (`scoring`), the rollout's forwards and per-token
-rewards (`rollout_forwards`), the optimizer step (`optimization`), `evaluate` (`evaluation`), saving and resuming
-(`trainer_saving`); the micro-batch loss is `ppo_loss`, the metrics `trainer_metrics`.
+This file is the loop: construction, `train`, `training_update`, `ppo_update`, the hooks subclasses override, and the
+value-pretraining phase with the count of updates it implies. Each other concern has one home, mixed into the class
+or called from it: building and readying the trainer (`trainer_setup`), prompts to scored samples, shared with
+evaluation (`scoring`), the rollout's forwards and per-token rewards (`rollout_forwards`), the optimizer step
+(`optimization`), `evaluate` (`evaluation`), saving and resuming (`trainer_saving`); the micro-batch loss is
+`ppo_loss`, the metrics `trainer_metrics`.
 """
 
 from __future__ import annotations
@@ -191,7 +192,9 @@ class PPOTrainer(
                 "processing, the distribution the policy-gradient ratio and the training log-probabilities assume."
             )
         self.latest_metrics: dict[str, float] = {}
-        self.policy_frozen = False
+        # The value-pretraining phase, this trainer's alone (see `begin_value_pretraining`); saved in checkpoints.
+        self._value_pretraining = False
+        self._value_pretrain_updates: int | None = None  # the updates the phase ran, once it has ended
         self.nonfinite_steps_in_a_row = 0
         self._generation_log: list[tuple[float, int]] = []  # (seconds, tokens) of each generation in an update
         self.sampler = self._build_sampler(policy)
@@ -204,10 +207,6 @@ class PPOTrainer(
     def num_value_pretrain_updates(self) -> int:
         """Value-pretraining updates planned for this run (at most; 0 for plain PPO)."""
         return 0
-
-    def num_training_updates(self) -> int:
-        """Number of rollout batches this run will use (subclasses add value-pretraining updates)."""
-        return self.num_ppo_updates
 
     def compute_advantages(self, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
         """
@@ -222,6 +221,41 @@ class PPOTrainer(
     def value_cliprange(self) -> float | None:
         """Clip range of the value loss for the current update (`None`: no clipping); subclasses vary it by phase."""
         return self.args.cliprange_value
+
+    # ---------------------------------------------------- value-pretraining phase
+
+    @property
+    def in_value_pretraining(self) -> bool:
+        """Whether updates train the critic alone, on rollouts of the frozen policy (the policy's lr reads 0)."""
+        return self._value_pretraining
+
+    def num_training_updates(self) -> int:
+        """
+        Rollout batches this run uses: the PPO updates plus the value-pretraining ones, those planned until the phase
+        ends and those it ran after (unused pretraining updates are not given to PPO). `state.max_steps` is this.
+        """
+        ran = self._value_pretrain_updates
+        return self.num_ppo_updates + (self.num_value_pretrain_updates() if ran is None else ran)
+
+    def begin_value_pretraining(self) -> None:
+        """Freeze the policy from the next update on (called at the start of training; resuming inside the phase
+        finds it begun)."""
+        if self._value_pretrain_updates is not None:
+            raise RuntimeError(f"Value pretraining already ended after {self._value_pretrain_updates} updates.")
+        self._value_pretraining = True
+
+    def end_value_pretraining(self, updates: int) -> None:
+        """
+        End value pretraining after `updates` updates: PPO starts at the next update, from a fresh optimizer state for
+        the policy, and the run shrinks by the unused pretraining updates.
+        """
+        if not self._value_pretraining:
+            raise RuntimeError("end_value_pretraining() called outside value pretraining.")
+        self._value_pretraining = False
+        self._value_pretrain_updates = updates
+        self.state.max_steps = self.num_training_updates()
+        self._reset_policy_optimizer_state()
+        self.log({"value_pretrain/steps": float(updates)})
 
     # --------------------------------------------------------------- updating
 
@@ -399,7 +433,7 @@ class PPOTrainer(
         """One rollout and the PPO epochs on it; returns the update's metrics."""
         self._update_start = time.time()
         self._generation_log = []
-        train_policy = not self.policy_frozen
+        train_policy = not self.in_value_pretraining
         if train_policy:
             self._start_policy_schedule()
         rollout = self.make_rollout(rows, train_policy=train_policy)

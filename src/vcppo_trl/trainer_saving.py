@@ -42,6 +42,19 @@ from .value_model import save_value_model
 logger = logging.get_logger(__name__)
 
 
+def saved_phase(saved: dict[str, Any]) -> tuple[bool, int | None]:
+    """
+    The value-pretraining phase of a checkpoint's training state: whether it was running, and the updates it ran once
+    ended (`None`: it has not ended, or never ran). Checkpoints written before the trainer saved it have
+    `policy_frozen`, and a `max_steps` that counted those updates once the phase had ended.
+    """
+    if "value_pretraining" in saved:
+        return saved["value_pretraining"], saved["value_pretrain_updates"]
+    if saved["policy_frozen"]:
+        return True, None
+    return False, (saved["max_steps"] - saved["num_ppo_updates"]) or None
+
+
 class SavingMixin:
     """Model saving, atomic checkpoints with the state to resume exactly, resuming, and Hub pushes."""
 
@@ -185,8 +198,8 @@ class SavingMixin:
             "num_processes": self.accelerator.num_processes,
             "train_rows": len(self.train_dataset),
             "num_ppo_updates": self.num_ppo_updates,
-            "max_steps": self.state.max_steps,
-            "policy_frozen": self.policy_frozen,
+            "value_pretraining": self._value_pretraining,
+            "value_pretrain_updates": self._value_pretrain_updates,
             "nonfinite_steps_in_a_row": self.nonfinite_steps_in_a_row,
             "callbacks": callbacks,
         }
@@ -382,8 +395,8 @@ class SavingMixin:
                 by_name[name].load_state_dict(cb_state)
             else:
                 logger.warning(f"{checkpoint} holds the state of a {name} that this trainer does not have; ignored.")
-        # Saved updates still to run, plus any change of the PPO budget (e.g. a larger total_episodes).
-        self.state.max_steps = saved["max_steps"] + (self.num_ppo_updates - saved["num_ppo_updates"])
+        self._value_pretraining, self._value_pretrain_updates = saved_phase(saved)
+        self.state.max_steps = self.num_training_updates()  # this run's PPO budget (total_episodes may have changed)
         self._load_rng_state_elastic(checkpoint)
         logger.warning(f"Resumed from {checkpoint} at update {self.state.global_step} of {self.state.max_steps}.")
 

@@ -1,7 +1,8 @@
 """VCPPOTrainer: PPOTrainer plus VC-PPO's two changes (arXiv 2503.01491).
 
 1. Value pretraining: before the policy moves, the critic is trained alone on the frozen policy's rollouts with
-   Monte-Carlo targets (λ = 1); [`ValuePretrainCallback`] owns the phase.
+   Monte-Carlo targets (λ = 1). The trainer holds the phase and the update count; [`ValuePretrainCallback`] decides
+   when the phase stops and saves the critics.
 2. Decoupled GAE: value targets with `lam_critic` (1.0), policy advantages with `lam_actor` (≈ 0.95).
 """
 
@@ -73,11 +74,6 @@ class VCPPOTrainer(PPOTrainer):
         callback = self.value_pretrain_callback
         return callback.max_steps if callback is not None else 0
 
-    def num_training_updates(self) -> int:
-        callback = self.value_pretrain_callback
-        pretrain = callback.max_steps if callback is not None and not callback.done else 0
-        return self.num_ppo_updates + pretrain
-
     def actor_lambda(self, response_mask: torch.Tensor) -> float | torch.Tensor:
         """`lam_actor`, or with `lam_actor_length_alpha` one λ = 1 − 1/(α·l) per response of length l (VAPO)."""
         alpha = self.args.lam_actor_length_alpha
@@ -89,13 +85,13 @@ class VCPPOTrainer(PPOTrainer):
     def value_cliprange(self) -> float | None:
         """`value_pretrain_cliprange_value` during value pretraining when set (`inf`: no clipping), else `cliprange_value`."""
         clip = self.args.value_pretrain_cliprange_value
-        if not self.policy_frozen or clip is None:
+        if not self.in_value_pretraining or clip is None:
             return self.args.cliprange_value
         return None if math.isinf(clip) else clip
 
     def compute_advantages(self, rollout: Rollout):
         """Decoupled GAE; during value pretraining the targets are Monte-Carlo returns (λ = 1)."""
-        lam_critic = 1.0 if self.policy_frozen else self.args.lam_critic
+        lam_critic = 1.0 if self.in_value_pretraining else self.args.lam_critic
         return dual_lambda_gae(
             rollout.rewards,
             rollout.values,
