@@ -10,6 +10,7 @@ import torch
 from vcppo_trl import CheckpointError, InsufficientDiskSpaceError, PPOTrainer, VCPPOTrainer
 from vcppo_trl.checkpointing import missing_checkpoint_files, read_training_state
 from vcppo_trl.toy.model import build_tiny_model
+from vcppo_trl.trainer_saving import saved_phase
 
 from .conftest import length_reward
 
@@ -100,6 +101,46 @@ def test_resumed_run_equals_uninterrupted_run(
         # Resumed after it: it is not run again.
         assert not os.path.isdir(tmp_path / "resumed" / "value_pretrained")
         assert all("value_pretrain/loss_avg" not in m for m in resumed_logs.values() if m["step"] > resume_at)
+
+
+def test_updates_left_unused_by_an_early_end_of_value_pretraining_stay_out_after_resuming(
+    make_trainer, tiny_config, tokenizer
+):
+    # The value loss can never improve by 1000 %: the phase ends after its first update instead of 4.
+    early = dict(value_pretrain_steps=4, value_pretrain_min_steps=1, value_pretrain_patience=1)
+    args = tiny_config(total_episodes=32, save_strategy="steps", save_steps=1, value_pretrain_min_delta=10.0, **early)
+    full = make_trainer(args=args)
+    full.train()
+    assert full.state.global_step == full.state.max_steps == 1 + 2
+    saved = read_training_state(os.path.join(args.output_dir, "checkpoint-1"))
+    assert (saved["value_pretraining"], saved["value_pretrain_updates"]) == (False, 1)
+    resumed = make_trainer(model=fresh_policy(tokenizer), args=args)
+    resumed.train(resume_from_checkpoint=os.path.join(args.output_dir, "checkpoint-1"))
+    assert resumed.state.global_step == resumed.state.max_steps == 3
+
+
+def test_a_longer_value_pretraining_when_resuming_inside_it_keeps_every_ppo_update(
+    make_trainer, tiny_config, tokenizer
+):
+    args = tiny_config(total_episodes=48, save_strategy="steps", save_steps=1, value_pretrain_steps=2)
+    make_trainer(args=args).train()
+    longer = tiny_config(output_dir=args.output_dir + "-longer", total_episodes=48, value_pretrain_steps=3)
+    resumed = make_trainer(model=fresh_policy(tokenizer), args=longer)
+    resumed.train(resume_from_checkpoint=os.path.join(args.output_dir, "checkpoint-1"))
+    assert resumed.value_pretrain_callback.steps == 3  # the phase keeps the new limit
+    assert sum("loss/policy_avg" in entry for entry in resumed.state.log_history) == 3  # and PPO its 3 updates
+
+
+@pytest.mark.parametrize(
+    "old, phase",
+    [
+        ({"policy_frozen": True, "max_steps": 5, "num_ppo_updates": 3}, (True, None)),  # inside value pretraining
+        ({"policy_frozen": False, "max_steps": 4, "num_ppo_updates": 3}, (False, 1)),  # after it ended early
+        ({"policy_frozen": False, "max_steps": 3, "num_ppo_updates": 3}, (False, None)),  # plain PPO
+    ],
+)
+def test_the_phase_of_a_checkpoint_saved_before_the_trainer_saved_it(old, phase):
+    assert saved_phase(old) == phase
 
 
 def test_resume_true_takes_latest_checkpoint(make_trainer, tiny_config, tokenizer):
