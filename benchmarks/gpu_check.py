@@ -1,7 +1,8 @@
 """One command for a machine with a GPU: does the package run there, how fast, in how much memory. Prints one table.
 
     python benchmarks/gpu_check.py               # needs CUDA; under 2 minutes on one H200 without the rollout row
-    python benchmarks/gpu_check.py --cpu-smoke   # the same code paths on CPU at tiny sizes (tests/test_gpu_check.py)
+    python benchmarks/gpu_check.py --cpu-smoke   # the same code paths on CPU at tiny sizes
+                                                 # (tests/integration/scripts/test_gpu_check.py)
 
 Run on one H200 at commit ea2077e (all rows but `rollout`, which needs vLLM there): benchmarks/results/gpu_check_h200.txt,
 figures in docs/benchmarks.md. Rows:
@@ -20,8 +21,9 @@ figures in docs/benchmarks.md. Rows:
    generation seam, on the Qwen2.5-0.5B shape with random weights in bf16, 64 prompts of 32 tokens, forced
    1,024-token responses; tokens/s of each and their ratio, and vLLM's engine start (smoke: the tiny model, 16 tokens,
    CPU build of vLLM). Needs vLLM (`pip install -e ".[vllm]"`); without it the row says "not run" and why.
-4. `zero3-1proc`: tests/distributed/worker.py (1 value-pretraining + 4 VC-PPO updates of the tiny toy model) under
-   DeepSpeed ZeRO-3 with one process, through `accelerate launch` (smoke: configs/accelerate/zero3_cpu.yaml over gloo).
+4. `zero3-1proc`: tests/integration/distributed/worker.py (1 value-pretraining + 4 VC-PPO updates of the tiny toy
+   model) under DeepSpeed ZeRO-3 with one process, through `accelerate launch` (smoke: configs/accelerate/zero3_cpu.yaml
+   over gloo).
 
 A row that fails prints FAILED and its error; the exit status is then 1. Without CUDA (and without `--cpu-smoke`) the
 script says so and exits with status 2.
@@ -251,7 +253,8 @@ def check_zero3_one_process(device: torch.device, smoke: bool) -> dict:
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--config_file"]
         cmd += [os.path.join(REPO, "configs", "accelerate", config), "--num_processes", "1"]
-        cmd += ["--main_process_port", "0", os.path.join(REPO, "tests", "distributed", "worker.py"), out]
+        worker = os.path.join(REPO, "tests", "integration", "distributed", "worker.py")
+        cmd += ["--main_process_port", "0", worker, out]
         cmd += [json.dumps(overrides)]
         start = time.perf_counter()
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=REPO)

@@ -1,7 +1,8 @@
 """Rollout sampling speed: HF `generate` against vLLM, both through the trainer's generation seam.
 
     .venv-vllm/bin/python benchmarks/rollout.py            # this CPU: ~8 min, nothing else running
-    .venv-vllm/bin/python benchmarks/rollout.py --smoke    # tiny sizes, the same code paths (tests/test_vllm.py)
+    .venv-vllm/bin/python benchmarks/rollout.py --smoke    # tiny sizes, the same code paths
+                                                           # (tests/integration/test_vllm.py)
 
 Both sides are `vcppo_trl.generation` samplers, the objects `PPOTrainer.generate` calls: `HFSampler` (`model.generate`
 on the joint policy-and-critic module, eval mode, blank generation defaults, then the stop-token cut) and

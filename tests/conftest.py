@@ -1,5 +1,6 @@
 """Shared fixtures: a tiny tokenizer, policy and dataset built in-process (no Hub access at test time)."""
 
+import math
 import os
 
 import pytest
@@ -49,6 +50,23 @@ class StopAfterPretraining:
 def length_reward(completions, **kwargs):
     """A cheap deterministic reward: +1 for responses shorter than 10 characters, −1 otherwise."""
     return [1.0 if len(c) < 10 else -1.0 for c in completions]
+
+
+TIMING_KEYS = ("train_runtime",)  # and every `time/...` key
+
+
+def step_logs(trainer) -> dict[int, dict[str, float]]:
+    """Logged metrics per update, without wall-clock timings."""
+    logs = {}
+    for entry in trainer.state.log_history:
+        if "episode" in entry:
+            # nan (e.g. explained variance of returns with nothing to explain) compares equal to itself here.
+            logs[entry["step"]] = {
+                k: "nan" if isinstance(v, float) and math.isnan(v) else v
+                for k, v in entry.items()
+                if k not in TIMING_KEYS and not k.startswith("time/")
+            }
+    return logs
 
 
 @pytest.fixture

@@ -335,7 +335,7 @@ def exit_process(code: int = 0) -> None:
     ("terminate called without an active exception", SIGABRT, from a C++ thread still alive while the interpreter
     finalizes): seen on node 1's rank in 2 of about 30 runs of the 2-node SLURM test under CPU load, once after
     `destroy_process_group`. Its launcher then fails the node, and the other node's launcher waited 300 s at torchrun's
-    exit barrier for it. tests/distributed/worker.py ends its ranks the same way.
+    exit barrier for it. tests/integration/distributed/worker.py ends its ranks the same way.
     """
     import atexit
 

@@ -1,0 +1,154 @@
+"""One rank of a 2-process DDP check of the loss aggregation, launched by test_distributed.py.
+
+    ACCELERATE_USE_CPU=1 python -m torch.distributed.run --standalone --nproc_per_node 2 \
+        tests/integration/distributed/grad_worker.py OUT [LOSS_TYPE]
+
+Each rank rolls out its own prompts and cuts its responses to lengths that differ between the ranks and between the
+micro-batches (rank 0 short, rank 1 long), then runs one PPO optimizer step (4 micro-batches of 1 sequence per rank).
+The gradient it steps with is compared to the gradient of the same loss computed in one process, on one copy of the
+initial models, over the whole batch of both ranks: advantages whitened over the whole batch and token losses divided
+by the whole batch's count. Rank 0 writes `OUT/grad_check.json` with the largest relative difference (and that of
+the gradient norm; under DeepSpeed, launched with configs/accelerate/zero3_cpu.yaml, only the norm is compared).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def main(out_dir: str, loss_type: str) -> None:
+    from accelerate.utils import gather_object
+
+    from vcppo_trl import PPOConfig, PPOTrainer
+    from vcppo_trl.losses import clipped_policy_loss, clipped_value_loss, loss_normalizer
+    from vcppo_trl.logprobs import full_logits_logprobs
+    from vcppo_trl.rollout import PolicyAndValueModel, position_ids_from_mask
+    from vcppo_trl.toy.model import build_tiny_model
+    from vcppo_trl.toy.task import make_splits
+    from vcppo_trl.toy.tokenizer import build_tokenizer
+    from vcppo_trl.value_model import create_value_model_from_policy, value_forward
+
+    tokenizer = build_tokenizer()
+    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    train = make_splits(64, 8, seed=0, min_digits=1, max_digits=3)["train"]
+
+    def reward(completions, **kwargs):
+        return [1.0 if len(c) % 2 else -1.0 for c in completions]
+
+    # Built before the config: under DeepSpeed, a model created once the config exists is created partitioned.
+    torch.manual_seed(0)  # the critic's fresh head: the same on both ranks
+    critic = create_value_model_from_policy(policy)
+    args = PPOConfig(
+        output_dir=os.path.join(out_dir, "run"),
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=4,
+        num_mini_batches=1,
+        num_ppo_epochs=1,
+        response_length=16,
+        lam=0.95,
+        kl_coef=0.0,
+        max_grad_norm=0.0,
+        loss_type=loss_type,
+        bf16=False,
+        gradient_checkpointing=False,
+        report_to="none",
+        save_strategy="no",
+        num_sample_generations=0,
+        local_rollout_forward_batch_size=8,
+        disable_tqdm=True,
+        seed=0,
+        **({"ddp_backend": "gloo"} if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true" else {}),
+    )
+    # The initial models, copied before the trainer exists (DeepSpeed partitions what it finds).
+    reference = PolicyAndValueModel(copy.deepcopy(policy), copy.deepcopy(critic))
+    trainer = PPOTrainer(
+        policy, reward, args=args, train_dataset=train, processing_class=tokenizer, value_model=critic
+    )
+    acc = trainer.accelerator
+    rank = acc.process_index
+    trainer._setup_training()
+    wrapper = acc.unwrap_model(trainer.model_wrapped)
+
+    rows = next(trainer._prompt_batches())
+    rollout = trainer.make_rollout(rows)
+    lengths = [1, 2, 3, 4] if rank == 0 else [12, 16, 9, 14]
+    positions = torch.arange(rollout.response_mask.shape[1])
+    rollout.response_mask = rollout.response_mask & (positions[None, :] < torch.tensor(lengths)[:, None])
+    rollout.rewards = trainer.token_rewards(rollout)
+    advantages, returns = trainer.compute_advantages(rollout)
+
+    stepped = {}
+    original_step = trainer.optimizer.step
+
+    def step(*a, **k):
+        if not trainer.is_deepspeed_enabled:
+            for name, p in wrapper.named_parameters():
+                stepped[name] = p.grad.detach().clone()
+        return original_step(*a, **k)
+
+    trainer.optimizer.step = step  # (a no-op under DeepSpeed, whose engine steps inside the last backward)
+    stats = trainer.ppo_update(rollout, advantages, returns)
+
+    # The same step computed in one process over both ranks' sequences.
+    fields = ("input_ids", "attention_mask", "response_mask", "values", "logprobs")
+    mine = {name: getattr(rollout, name) for name in fields}
+    mine.update(advantages=advantages, returns=returns, context_length=rollout.context_length)
+    chunks = gather_object([mine])
+    valid = torch.cat([c["advantages"][c["response_mask"]] for c in chunks])
+    mean, std = valid.double().mean(), valid.double().std()
+    length = args.response_length
+    pg_count = sum(float(loss_normalizer(c["response_mask"], loss_type, length)) for c in chunks)
+    vf_count = sum(float(loss_normalizer(c["response_mask"], args.value_loss_type, length)) for c in chunks)
+    reference.eval()  # no dropout (the trainer disables it in its models)
+    for c in chunks:
+        m = c["response_mask"]
+        whitened = (((c["advantages"].double() - mean) / std).float() * m).float()
+        ids, attention = c["input_ids"], c["attention_mask"]
+        positions = position_ids_from_mask(attention)
+        # The full-logits path: under a ZeRO-3 config TRL's LM-head gathering expects partitioned weights.
+        logprobs, _ = full_logits_logprobs(
+            reference.policy, ids, attention, positions, c["context_length"], args.temperature
+        )
+        values = value_forward(reference.critic, ids, attention, positions, c["context_length"])
+        pg = clipped_policy_loss(logprobs, c["logprobs"], whitened, m, args.cliprange, loss_type, pg_count, length)
+        vf = clipped_value_loss(
+            values, c["values"], c["returns"], m, args.cliprange_value, args.value_loss_type, vf_count, length
+        )
+        (pg.loss + args.vf_coef * vf.loss).backward()
+    expected_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in reference.parameters()])))
+    result = {
+        "num_processes": acc.num_processes,
+        "deepspeed": trainer.is_deepspeed_enabled,
+        # One epoch, one mini-batch, KL 0: the update took its old log-probs from its own forward (on-policy shortcut).
+        "on_policy_shortcut": trainer.old_logprobs_from_training_forward(),
+        # The joint gradient norm the step reports (DeepSpeed's own under DeepSpeed) against the reference's.
+        "grad_norm_relative_difference": abs(stats["grad_norm"] - expected_norm) / expected_norm,
+    }
+    if not trainer.is_deepspeed_enabled:  # DeepSpeed's gradients are partitioned and gone after its step
+        worst = 0.0
+        for name, p in reference.named_parameters():
+            expected = p.grad
+            scale = float(expected.abs().max()) or 1.0
+            worst = max(worst, float((stepped[name] - expected).abs().max()) / scale)
+        result["max_relative_difference"] = worst
+    if rank == 0:
+        with open(os.path.join(out_dir, "grad_check.json"), "w") as f:
+            json.dump(result, f)
+    acc.wait_for_everyone()
+    torch.distributed.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "token_mean")

@@ -1,0 +1,344 @@
+"""Two processes on CPU (gloo): DDP through accelerate, and DeepSpeed ZeRO-3. Each rank runs worker.py (beside it)."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from ...paths import GRAD_WORKER, REPO, WORKER
+
+
+def _launch(out_dir, launcher, extra_env=None, worker_args=(), timeout=240):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    env.update(
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TRL_EXPERIMENTAL_SILENCE="1",
+        PYTHONPATH=os.pathsep.join([os.path.join(REPO, "src"), env.get("PYTHONPATH", "")]),
+    )
+    env.update(extra_env or {})
+    cmd = [sys.executable, "-m", *launcher, WORKER, str(out_dir), *worker_args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return [json.load(open(out_dir / f"rank{r}.json")) for r in (0, 1)]
+
+
+TORCHRUN = ["torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+CPU = {"ACCELERATE_USE_CPU": "1"}
+
+
+def test_ddp_two_processes_on_cpu(tmp_path):
+    ranks = _launch(tmp_path, TORCHRUN, extra_env=CPU)
+    r0, r1 = ranks
+    for r, info in enumerate(ranks):
+        assert info["rank"] == r
+        assert info["num_processes"] == 2 and info["torch_world_size"] == 2
+        assert info["distributed_type"] == "DistributedType.MULTI_CPU"
+        assert info["batch_size"] == 16 and info["global_step"] == 3  # 1 value-pretraining + 2 PPO updates
+
+    # Prompts are sharded without overlap: 3 updates × 8 prompts per rank, 48 distinct rows of the 64.
+    seen0 = [i for update in r0["seen"] for i in update]
+    seen1 = [i for update in r1["seen"] for i in update]
+    assert len(seen0) == len(seen1) == 24
+    assert len(set(seen0) | set(seen1)) == 48
+    # Each rank samples its own responses (rank-offset sampling seed).
+    assert r0["completions"] != r1["completions"]
+
+    # Metrics are gathered over both ranks: the logged mean score is the mean over all 16 responses of an update.
+    for update, (m0, m1) in enumerate(zip(r0["metrics"], r1["metrics"])):
+        m0, m1 = ({k: v for k, v in m.items() if not k.startswith("time/")} for m in (m0, m1))
+        assert m0 == pytest.approx(m1, nan_ok=True)
+        everything = r0["rewards"][update] + r1["rewards"][update]
+        assert m0["objective/scores"] == pytest.approx(sum(everything) / len(everything))
+    assert "value_pretrain/explained_variance" in r0["metrics"][0]
+    assert "loss/policy_avg" in r0["metrics"][-1]
+    for info in (r0, r1):  # the frozen policy got no gradient and no optimizer state in pretraining
+        assert info["optimizer_after_pretraining"]["policy"] == {"steps": 0.0, "moments": 0.0, "state_tensors": 0.0}
+        assert info["optimizer_after_pretraining"]["value"]["steps"] == 2.0
+
+    # Weights are identical on both ranks after the updates, and the saved policy and critic load.
+    assert r0["policy_hash"] == r1["policy_hash"]
+    assert r0["critic_hash"] == r1["critic_hash"]
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    AutoModelForTokenClassification.from_pretrained(tmp_path / "model" / "value_model")
+
+
+def _state_hash(model):
+    sys.path.insert(0, os.path.dirname(WORKER))
+    try:
+        from worker import state_hash
+    finally:
+        sys.path.pop(0)
+    return state_hash(model)
+
+
+@pytest.mark.parametrize("gather", [True, False], ids=["gathered-generation", "sharded-generation"])
+def test_zero3_two_processes_on_cpu(tmp_path, gather):
+    pytest.importorskip("deepspeed")
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    launch = [
+        "accelerate.commands.accelerate_cli",
+        "launch",
+        "--config_file",
+        os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml"),
+    ]
+    launch += ["--main_process_port", "0"]
+    overrides = {"ddp_backend": "gloo", "weight_decay": 0.1, "ds3_gather_for_generation": gather}
+    r0, r1 = _launch(tmp_path, launch, worker_args=[json.dumps(overrides)])
+    for r, info in enumerate((r0, r1)):
+        assert info["rank"] == r
+        assert info["distributed_type"] == "DistributedType.DEEPSPEED"
+        assert info["num_processes"] == info["torch_world_size"] == 2  # accelerate sees both ranks
+        assert info["global_step"] == 3 and info["batch_size"] == 16
+        # Parameters are partitioned: each rank holds about half of the policy and of the critic.
+        for counts in (info["policy_params"], info["critic_params"]):
+            assert counts["local"] < counts["total"] <= 2 * counts["local"]
+
+    seen0 = {i for update in r0["seen"] for i in update}
+    seen1 = {i for update in r1["seen"] for i in update}
+    assert len(seen0) == len(seen1) == 24 and not seen0 & seen1
+    for update, (m0, m1) in enumerate(zip(r0["metrics"], r1["metrics"])):
+        everything = r0["rewards"][update] + r1["rewards"][update]
+        assert m0["objective/scores"] == m1["objective/scores"] == pytest.approx(sum(everything) / len(everything))
+
+    # Value pretraining leaves the policy bit-identical under ZeRO-3 too (weight decay on), then PPO moves it.
+    assert r0["after_pretraining"]["policy"] == r0["initial_policy_hash"]
+    # ...and PPO starts from a fresh policy optimizer state, as without DeepSpeed: ZeRO gives the frozen policy zero
+    # gradients, on which Adam's step count would advance through pretraining and mis-scale the first PPO steps.
+    for info in (r0, r1):
+        assert info["optimizer_after_pretraining"]["policy"] == {"steps": 0.0, "moments": 0.0, "state_tensors": 0.0}
+        assert info["optimizer_after_pretraining"]["value"]["steps"] == 2.0  # 1 update × 2 mini-batches
+    assert r0["policy_hash"] != r0["initial_policy_hash"]
+    assert r0["critic_hash"] != r0["after_pretraining"]["critic"]
+    assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])
+
+    # The consolidated 16-bit safetensors load with from_pretrained and hold the trained (gathered) weights.
+    policy = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    critic = AutoModelForTokenClassification.from_pretrained(tmp_path / "model" / "value_model")
+    assert _state_hash(policy) == r0["policy_hash"]
+    assert _state_hash(critic) == r0["critic_hash"]
+    # So does the critic saved right after value pretraining (gathered from its partitions).
+    pretrained = AutoModelForTokenClassification.from_pretrained(tmp_path / "run" / "value_pretrained")
+    assert _state_hash(pretrained) == r0["after_pretraining"]["critic"]
+
+
+def test_ddp_resume_equals_uninterrupted_run(tmp_path):
+    """Two ranks stopped after update 2 and resumed end with the weights of an uninterrupted 2-rank run."""
+    full_dir, resumed_dir = tmp_path / "full", tmp_path / "resumed"
+    full_dir.mkdir()
+    resumed_dir.mkdir()
+    full = _launch(full_dir, TORCHRUN, CPU, worker_args=[json.dumps({"save_strategy": "steps", "save_steps": 1})])
+    checkpoint = full_dir / "run" / "checkpoint-2"
+    assert (checkpoint / "rng_state_0.pth").is_file() and (checkpoint / "rng_state_1.pth").is_file()
+    resumed = _launch(
+        resumed_dir, TORCHRUN, CPU, worker_args=[json.dumps({"resume_from_checkpoint": str(checkpoint)})]
+    )
+    for rank in (0, 1):
+        assert resumed[rank]["global_step"] == 3
+        assert resumed[rank]["seen"] == full[rank]["seen"][2:]  # the same prompts for the update after the stop
+        assert resumed[rank]["policy_hash"] == full[rank]["policy_hash"]
+        assert resumed[rank]["critic_hash"] == full[rank]["critic_hash"]
+
+
+def test_ddp_sigterm_stops_both_ranks_at_one_checkpoint(tmp_path):
+    """SIGTERM to torchrun (as a scheduler sends it) reaches both ranks; they agree, save one checkpoint, exit."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    env.update(CPU, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=os.path.join(REPO, "src"))
+    overrides = json.dumps({"total_episodes": 16000})
+    cmd = [sys.executable, "-m", *TORCHRUN, WORKER, str(tmp_path), overrides]
+    process = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = []
+    try:
+        for line in process.stdout:
+            output.append(line)
+            if line.startswith("UPDATE 2 "):
+                break
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=120)
+        output.append(rest)
+    finally:
+        process.kill()
+    assert process.returncode != 0, "".join(output)[-3000:]
+    ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
+    assert ranks[0] == ranks[1]  # both stopped after the same update, naming the same checkpoint
+    checkpoint = ranks[0]["interrupted"]
+    assert checkpoint.endswith(f"checkpoint-{ranks[0]['global_step']}")
+    from vcppo_trl.checkpointing import missing_checkpoint_files
+
+    assert missing_checkpoint_files(checkpoint, 2) == []
+    assert os.path.isfile(os.path.join(checkpoint, "rng_state_1.pth"))
+
+
+def test_zero3_resume_equals_uninterrupted_run(tmp_path):
+    """Two ZeRO-3 ranks resumed from the DeepSpeed states of update 2 end with the uninterrupted run's weights."""
+    pytest.importorskip("deepspeed")
+    launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file"]
+    launch += [os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml"), "--main_process_port", "0"]
+    full_dir, resumed_dir = tmp_path / "full", tmp_path / "resumed"
+    full_dir.mkdir()
+    resumed_dir.mkdir()
+    settings = {"ddp_backend": "gloo", "weight_decay": 0.1}
+    full = _launch(full_dir, launch, worker_args=[json.dumps({**settings, "save_strategy": "steps", "save_steps": 1})])
+    checkpoint = full_dir / "run" / "checkpoint-2"
+    assert (checkpoint / "latest").is_file() and list(checkpoint.glob("global_step*/zero_pp_rank_1_*optim_states.pt"))
+    resumed = _launch(
+        resumed_dir, launch, worker_args=[json.dumps({**settings, "resume_from_checkpoint": str(checkpoint)})]
+    )
+    for rank in (0, 1):
+        assert resumed[rank]["global_step"] == 3
+        assert resumed[rank]["seen"] == full[rank]["seen"][2:]
+        assert resumed[rank]["policy_hash"] == full[rank]["policy_hash"]
+        assert resumed[rank]["critic_hash"] == full[rank]["critic_hash"]
+
+
+def test_zero3_reference_and_reward_models(tmp_path):
+    """With kl_coef > 0 the reference model, and a reward model, run under DeepSpeed ZeRO-3 on both ranks."""
+    pytest.importorskip("deepspeed")
+    launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file"]
+    launch += [os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml"), "--main_process_port", "0"]
+    overrides = {"ddp_backend": "gloo", "kl_coef": 0.1, "with_reward_model": True, "reward_weights": [1.0, 1.0, 0.5]}
+    r0, r1 = _launch(tmp_path, launch, worker_args=[json.dumps(overrides)])
+    assert r0["global_step"] == r1["global_step"] == 3
+    ppo = [m for m in r0["metrics"] if "loss/policy_avg" in m]
+    assert len(ppo) == 2
+    reward_model_keys = [
+        k for k in ppo[0] if k.startswith("rewards/") and "length_reward" not in k and "recording" not in k
+    ]
+    assert len(reward_model_keys) == 1  # the reward model's own mean is logged
+    for m0, m1 in zip(r0["metrics"], r1["metrics"]):
+        assert m0["objective/scores"] == m1["objective/scores"]
+        assert math.isfinite(m0[reward_model_keys[0]]) and m0[reward_model_keys[0]] != 0.0
+    # The reference is the initial policy: the KL is 0 on the first PPO update, then the policy has moved.
+    assert ppo[0]["objective/kl"] == pytest.approx(0.0, abs=1e-5)
+    assert ppo[1]["objective/kl"] != 0.0 and math.isfinite(ppo[1]["objective/kl"])
+    assert r0["policy_hash"] == r1["policy_hash"]
+
+
+def test_zero3_bf16_with_a_policy_built_before_the_trainer(tmp_path):
+    """
+    bf16 under ZeRO-3 with a policy created before the trainer (not partitioned): the critic is built unpartitioned
+    too, so DeepSpeed casts both to bf16. Building it under zero.Init left the policy fp32 and the critic bf16, and
+    DeepSpeed's ZeRO-3 optimizer stopped on the mix (seen first on an H200, benchmarks/results/gpu_check_h200.txt).
+    """
+    pytest.importorskip("deepspeed")
+    launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file"]
+    launch += [os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml"), "--main_process_port", "0"]
+    launch += ["--mixed_precision", "bf16"]
+    overrides = {"ddp_backend": "gloo", "bf16": True, "use_cpu": True}
+    r0, r1 = _launch(tmp_path, launch, worker_args=[json.dumps(overrides)])
+    assert r0["distributed_type"] == "DistributedType.DEEPSPEED"
+    assert r0["global_step"] == r1["global_step"] == 3
+    assert r0["policy_hash"] != r0["initial_policy_hash"]
+    assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])
+
+
+def test_zero3_on_cpu_without_gloo_stops_with_the_fix(tmp_path):
+    """Without a ddp_backend, accelerate counts 1 process while DeepSpeed runs 2: the trainer says what to pass."""
+    pytest.importorskip("deepspeed")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=os.path.join(REPO, "src"))
+    launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file"]
+    launch += [os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml"), "--main_process_port", "0"]
+    cmd = [sys.executable, "-m", *launch, WORKER, str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0
+    assert "pass `--ddp_backend gloo`" in proc.stdout + proc.stderr
+
+
+def test_zero3_with_lora_policy_and_critic(tmp_path):
+    """LoRA on both models under ZeRO-3 (reference = the policy with its adapter disabled, as KL needs)."""
+    pytest.importorskip("deepspeed")
+    launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file"]
+    launch += [os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml"), "--main_process_port", "0"]
+    overrides = {"ddp_backend": "gloo", "lora": True, "kl_coef": 0.1}
+    r0, r1 = _launch(tmp_path, launch, worker_args=[json.dumps(overrides)])
+    assert r0["global_step"] == r1["global_step"] == 3
+    ppo = [m for m in r0["metrics"] if "loss/policy_avg" in m]
+    assert ppo[0]["objective/kl"] == pytest.approx(0.0, abs=1e-5) and ppo[1]["objective/kl"] != 0.0
+    pretraining = r0["after_pretraining"]
+    assert pretraining["policy"] == pretraining["policy_at_start"] != r0["policy_hash"]  # frozen, then trained
+    assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])
+    from peft import PeftConfig
+
+    assert PeftConfig.from_pretrained(tmp_path / "model").peft_type == "LORA"  # the saved policy is an adapter
+
+
+def test_ddp_push_to_hub_uploads_once(tmp_path):
+    """Both ranks call push_to_hub(); the main process alone uploads the policy and the critic (a local Hub stand-in)."""
+    from ...hub_standin import HubStandIn
+
+    server = HubStandIn().start()
+    try:
+        hub_env = {**CPU, "HF_ENDPOINT": server.endpoint, "HF_HUB_OFFLINE": "0", "HF_HOME": str(tmp_path / "hf")}
+        overrides = {"push_to_hub": True, "hub_model_id": "test-org/ddp-run", "hub_token": "hf_test"}
+        r0, r1 = _launch(tmp_path, TORCHRUN, hub_env, worker_args=[json.dumps(overrides)])
+    finally:
+        server.stop()
+    assert (r0["pushed"], r1["pushed"]) == (True, False)
+    assert set(server.repos) == {"test-org/ddp-run", "test-org/ddp-run-value"}
+    commits = [p for m, p, _ in server.requests if m == "POST" and "/commit/" in p]
+    # The worker's save_model() pushes too (transformers' Trainer does with push_to_hub=True), then push_to_hub():
+    # 2 pushes × 2 repos, each made by the main process only (2 ranks would make 8).
+    assert len(commits) == 4
+    with open(tmp_path / "run" / "model.safetensors", "rb") as f:
+        assert server.files("test-org/ddp-run")["model.safetensors"] == f.read()
+    with open(tmp_path / "run" / "value_model" / "model.safetensors", "rb") as f:
+        assert server.files("test-org/ddp-run-value")["model.safetensors"] == f.read()
+
+
+def test_zero3_with_cpu_offload(tmp_path):
+    """configs/accelerate/zero3_offload.yaml (parameters and optimizer states offloaded) with 2 CPU ranks."""
+    pytest.importorskip("deepspeed")
+    from transformers import AutoModelForCausalLM
+
+    launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file"]
+    launch += [os.path.join(REPO, "configs/accelerate/zero3_offload.yaml"), "--num_processes", "2"]
+    launch += ["--main_process_port", "0"]
+    r0, r1 = _launch(tmp_path, launch, worker_args=[json.dumps({"ddp_backend": "gloo"})])
+    assert r0["distributed_type"] == "DistributedType.DEEPSPEED" and r0["num_processes"] == 2
+    assert r0["global_step"] == 3
+    for counts in (r0["policy_params"], r0["critic_params"]):
+        assert counts["local"] < counts["total"]
+    assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])
+    assert _state_hash(AutoModelForCausalLM.from_pretrained(tmp_path / "model")) == r0["policy_hash"]
+
+
+@pytest.mark.parametrize(
+    ("launcher", "loss_type"),
+    [("ddp", "token_mean"), ("ddp", "seq_mean_token_mean"), ("zero3", "token_mean")],
+)
+def test_gradient_of_two_ranks_equals_one_big_batch(tmp_path, launcher, loss_type):
+    """Unequal micro-batches and ranks (rank 0 short responses, rank 1 long): the step's gradient is the gradient of
+    the whole batch's loss — advantages whitened over both ranks, losses normalised by both ranks' count. DDP: every
+    gradient; ZeRO-3 (whose gradients are partitioned): the engine's gradient norm."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    env.update(
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TRL_EXPERIMENTAL_SILENCE="1",
+        PYTHONPATH=os.pathsep.join([os.path.join(REPO, "src"), env.get("PYTHONPATH", "")]),
+    )
+    if launcher == "ddp":
+        env.update(CPU)
+        launch = TORCHRUN
+    else:
+        pytest.importorskip("deepspeed")
+        config = os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml")
+        launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file", config, "--main_process_port", "0"]
+    cmd = [sys.executable, "-m", *launch, GRAD_WORKER, str(tmp_path), loss_type]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    result = json.load(open(tmp_path / "grad_check.json"))
+    assert result["num_processes"] == 2
+    assert result["deepspeed"] == (launcher == "zero3")
+    assert result["on_policy_shortcut"]  # so this also checks the shortcut's gradient under DDP and ZeRO-3
+    assert result["grad_norm_relative_difference"] < 1e-4
+    if launcher == "ddp":
+        assert result["max_relative_difference"] < 1e-4

@@ -1,0 +1,208 @@
+"""One rank of a multi-process training run on CPU, launched by the tests beside it
+(test_distributed.py, test_elastic_resume.py, test_multinode.py) and by benchmarks/gpu_check.py.
+
+    ACCELERATE_USE_CPU=1 python -m torch.distributed.run --standalone --nproc_per_node 2 \
+        tests/integration/distributed/worker.py OUT
+
+Builds the tiny toy policy in-process (same seed on every rank), trains a few VC-PPO updates (the first one value
+pretraining) and writes `OUT/rank<r>.json`: the prompt indices this rank rolled out at each update, the rewards it
+computed, the metrics it logged, and hashes of its policy and critic weights after training; rank 0 also saves the
+model to `OUT/model`. An optional JSON argument overrides config fields (`resume_from_checkpoint` resumes;
+`with_reward_model` adds a sequence-classification reward model; `lora` puts LoRA on the policy and the critic;
+`push_to_hub` pushes at the end, to `HF_ENDPOINT`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def state_hash(model: torch.nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def gathered_hash(model: torch.nn.Module) -> str:
+    """Hash of the full weights; under ZeRO-3 the partitions are gathered first (a collective: call on every rank)."""
+    params = [p for p in model.parameters() if hasattr(p, "ds_id")]
+    if not params:
+        return state_hash(model)
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(params):
+        return state_hash(model)
+
+
+def partition_counts(model: torch.nn.Module) -> dict[str, int]:
+    """Parameters held by this rank (its ZeRO-3 partition) and in the whole model."""
+    local = sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in model.parameters())
+    total = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters())
+    return {"local": local, "total": total}
+
+
+def main(out_dir: str, extra: list[str]) -> None:
+    from transformers import TrainerCallback
+
+    from vcppo_trl import TrainingInterrupted, VCPPOConfig, VCPPOTrainer
+    from vcppo_trl.toy.model import build_tiny_model
+    from vcppo_trl.toy.task import make_splits
+    from vcppo_trl.toy.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    train = make_splits(64, 8, seed=0, min_digits=1, max_digits=3)["train"]
+    train = train.add_column("idx", list(range(len(train))))
+
+    seen: list[list[int]] = []
+    rewards: list[list[float]] = []
+
+    def recording_reward(completions, idx, **kwargs):
+        values = [1.0 if len(c) < 10 else -1.0 for c in completions]
+        seen.append(list(idx))
+        rewards.append(values)
+        return values
+
+    recording_reward.__name__ = "length_reward"
+    completions_seen: list[list[str]] = []
+
+    def recording_completions(completions, **kwargs):
+        completions_seen.append(list(completions))
+        return [0.0] * len(completions)
+
+    logged: list[dict] = []
+    initial_policy_hash = state_hash(policy)
+    hashes_after_pretraining: dict[str, str] = {}
+    optimizer_after_pretraining: dict[str, dict] = {}
+
+    class RecordMetrics(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == 1:  # value pretraining is over: how far did the policy's optimizer state move?
+                from vcppo_trl.distributed import optimizer_state_summary
+
+                for role in ("policy", "value"):
+                    optimizer_after_pretraining[role] = optimizer_state_summary(trainer.optimizer, role)
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            # The policy as training sees it (with LoRA: the wrapped model, whose hash differs from the bare one).
+            hashes_after_pretraining["policy_at_start"] = gathered_hash(trainer.unwrapped_policy_and_critic()[0])
+
+        def on_step_end(self, args, state, control, metrics=None, **kwargs):
+            logged.append({k: v for k, v in (metrics or {}).items() if isinstance(v, (int, float))})
+            print(f"UPDATE {state.global_step} RANK {trainer.accelerator.process_index}", flush=True)
+            if state.global_step == 1:  # the value-pretraining update
+                policy_model, critic_model = trainer.unwrapped_policy_and_critic()
+                hashes_after_pretraining["policy"] = gathered_hash(policy_model)
+                hashes_after_pretraining["critic"] = gathered_hash(critic_model)
+
+    settings = dict(
+        output_dir=os.path.join(out_dir, "run"),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        num_mini_batches=2,
+        num_ppo_epochs=1,
+        total_episodes=32,  # 2 PPO updates of 16 prompts (8 per rank), after 1 value-pretraining update
+        value_pretrain_steps=1,
+        response_length=12,
+        bf16=False,
+        activation_checkpointing=False,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        learning_rate=1e-3,
+        num_sample_generations=0,
+        local_rollout_forward_batch_size=8,
+        disable_tqdm=True,
+        kl_coef=0.0,
+        seed=0,
+    )
+    settings.update(json.loads(extra[0]) if extra else {})
+    reward_funcs, reward_tokenizers = [recording_reward, recording_completions], [None, None]
+    if settings.pop("with_reward_model", False):  # a sequence-classification reward model, the same on every rank
+        from transformers import AutoModelForSequenceClassification
+
+        config = policy.config.__class__.from_dict({**policy.config.to_dict(), "num_labels": 1})
+        torch.manual_seed(1)
+        reward_funcs.append(AutoModelForSequenceClassification.from_config(config))
+        reward_tokenizers.append(tokenizer)
+    lora = settings.pop("lora", False)  # LoRA on the policy and on the critic
+    args = VCPPOConfig(**settings)
+    peft_kwargs = {}
+    if lora:
+        from peft import LoraConfig
+
+        peft_kwargs = {
+            "peft_config": LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+            "value_peft_config": LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+        }
+    trainer = VCPPOTrainer(
+        model=policy,
+        reward_funcs=reward_funcs,
+        reward_processing_classes=reward_tokenizers,
+        args=args,
+        train_dataset=train,
+        processing_class=tokenizer,
+        callbacks=[RecordMetrics()],
+        **peft_kwargs,
+    )
+    acc = trainer.accelerator
+    info = {
+        "rank": acc.process_index,
+        "num_processes": acc.num_processes,
+        "distributed_type": str(acc.distributed_type),
+        "torch_world_size": torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1,
+    }
+    try:
+        trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    except TrainingInterrupted as stop:  # a signal: the checkpoint is saved; report it and exit as train.py does
+        with open(os.path.join(out_dir, f"rank{acc.process_index}.json"), "w") as f:
+            json.dump({"interrupted": stop.checkpoint, "global_step": trainer.state.global_step}, f)
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        sys.stdout.flush()
+        os._exit(stop.exit_code)
+    policy_model, critic_model = trainer.unwrapped_policy_and_critic()
+    info.update(
+        seen=seen,
+        rewards=rewards,
+        completions=completions_seen,
+        metrics=logged,
+        initial_policy_hash=initial_policy_hash,
+        after_pretraining=hashes_after_pretraining,
+        optimizer_after_pretraining=optimizer_after_pretraining,
+        policy_hash=gathered_hash(policy_model),
+        critic_hash=gathered_hash(critic_model),
+        policy_params=partition_counts(policy_model),
+        critic_params=partition_counts(critic_model),
+        global_step=trainer.state.global_step,
+        batch_size=trainer.batch_size,
+    )
+    trainer.save_model(os.path.join(out_dir, "model"))
+    if args.push_to_hub:  # every rank calls it, as a script would; the main process alone uploads
+        info["pushed"] = trainer.push_to_hub() is not None
+    with open(os.path.join(out_dir, f"rank{acc.process_index}.json"), "w") as f:
+        json.dump(info, f)
+    acc.wait_for_everyone()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()  # a rank leaving while its peer still talks aborts gloo
+    # Under DeepSpeed on CPU a rank sometimes aborts in interpreter teardown ("terminate called without an active
+    # exception", SIGABRT) after all work is done; skip the teardown once everything is written.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])

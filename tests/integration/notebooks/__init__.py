@@ -1,0 +1,1 @@
+"""The notebooks under notebooks/, executed top to bottom in their fast mode."""

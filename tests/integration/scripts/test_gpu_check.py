@@ -1,0 +1,51 @@
+"""benchmarks/gpu_check.py: its code paths on CPU at tiny sizes (`--cpu-smoke`), and its refusal without a GPU.
+The GPU sizes themselves have not been run (no GPU here). No timing is asserted."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ...paths import REPO
+
+SCRIPT = os.path.join(REPO, "benchmarks", "gpu_check.py")
+
+
+def _run(*args, env_extra=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.join(REPO, "src"), env.get("PYTHONPATH")) if p)
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, env=env, timeout=400)
+
+
+def test_cpu_smoke_runs_every_row():
+    pytest.importorskip("deepspeed")
+    done = _run("--cpu-smoke")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    start = lines.index(next(line for line in lines if line.startswith("check ")))
+    rows = {line.split()[0]: line for line in lines[start + 1 :] if line.strip()}
+    expected = ["gae", "update", "logprob-chunked", "logprob-full", "logprob-chunked-bwd", "logprob-full-bwd"]
+    assert list(rows) == expected + ["zero3-1proc", "rollout"]
+    assert not any("FAILED" in row for row in rows.values())
+    # The rollout row needs vLLM: here it says why it did not run (tests/integration/test_vllm.py runs it where vLLM
+    # is installed).
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        assert "not run: vLLM is not installed" in rows["rollout"]
+    # The fast GAE equals the per-token loop.
+    diff = float(rows["gae"].split("max diff ")[1])
+    assert diff < 1e-5
+    assert "tok/s update" in rows["update"]
+    assert "5 updates, policy moved" in rows["zero3-1proc"]
+
+
+def test_without_a_gpu_it_says_so_and_fails():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    done = _run()
+    assert done.returncode == 2
+    assert "no CUDA device" in done.stdout

@@ -1,0 +1,41 @@
+"""Smoke run of `benchmarks/step.py` without the TRL 1.12 side (CI cannot afford installing it): ours, and TRL's
+`GRPOTrainer` from the installed TRL, must run end to end and print the three tables. No timing is asserted."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ...paths import REPO
+
+
+def test_step_benchmark_smoke_ours_only():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.join(REPO, "src"), env.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        [sys.executable, os.path.join(REPO, "benchmarks", "step.py"), "--ours-only", "--smoke"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "Table 1" in out and "Table 2" in out and "Table 3" in out
+    assert "TRL1.12" not in out  # --ours-only: the TRL 1.12 side is neither installed nor run
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith("16 ")]
+    assert len(rows) == 2  # one row (T=16) in each timing table
+    ours = rows[0]  # table 1, ours only: T, s/update, outside generation, tok/s, peak RSS
+    assert 0 < float(ours[2]) < float(ours[1])
+    # Table 2: T | GRPO, shortcut, ratio, no-shortcut, ratio | the same outside generation | peak RSS GRPO, shortcut
+    paper = rows[1]
+    assert paper[1] == "|" and paper[7] == "|" and paper[13] == "|", paper
+    grpo, shortcut, no_shortcut = float(paper[2]), float(paper[3]), float(paper[5])
+    assert float(paper[4]) == pytest.approx(shortcut / grpo, abs=0.006)
+    assert float(paper[6]) == pytest.approx(no_shortcut / grpo, abs=0.006)
+    for update_s, outside_s in ((grpo, paper[8]), (shortcut, paper[9]), (no_shortcut, paper[11])):
+        assert 0 < float(outside_s) < update_s
+    assert "GRPOTrainer" in out
+    memory_rows = [line.split() for line in out.splitlines() if line.strip().startswith("1000 ")]
+    assert [row[1] for row in memory_rows] == ["rollout", "train"]

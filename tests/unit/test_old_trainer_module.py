@@ -1,0 +1,177 @@
+"""`vcppo_trl/trainer.py` became `ppo_trainer.py` (TRL's file name): old imports, pickles and checkpoints still work."""
+
+import io
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tarfile
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import vcppo_trl
+from vcppo_trl import NonFiniteTrainingError, PPOTrainer, VCPPOConfig, VCPPOTrainer, ppo_trainer
+from vcppo_trl.toy.model import build_tiny_model
+
+from ..conftest import length_reward, step_logs
+from ..paths import REPO
+
+# Main before the move, the whole trainer still in src/vcppo_trl/trainer.py (a commit of main: it stays reachable
+# however this branch is merged).
+BEFORE_THE_MOVE = "d7f8841dcf85fcdb92e967c0517eadc4505cd01f"
+# 1 value-pretraining update and 2 PPO updates on the toy task, a checkpoint after each (the settings of conftest's
+# `tiny_config`).
+SETTINGS = dict(
+    per_device_train_batch_size=4,
+    gradient_accumulation_steps=2,
+    num_mini_batches=2,
+    num_ppo_epochs=1,
+    total_episodes=32,
+    response_length=16,
+    bf16=False,
+    activation_checkpointing=False,
+    logging_steps=1,
+    report_to="none",
+    use_cpu=True,
+    learning_rate=1e-3,
+    num_sample_generations=0,
+    local_rollout_forward_batch_size=16,
+    disable_tqdm=True,
+    seed=0,
+    value_pretrain_steps=1,
+    save_strategy="steps",
+    save_steps=1,
+)
+# Run by the source from before the move: trains uninterrupted, and writes its per-update logs and a pickle of its
+# classes, which then name `vcppo_trl.trainer`.
+OLD_RUN = """
+import json, math, os, pickle, sys
+
+import torch
+
+torch.set_num_threads(1)
+source, out_dir, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+import vcppo_trl
+from vcppo_trl import VCPPOConfig, VCPPOTrainer
+from vcppo_trl.toy.model import build_tiny_model
+from vcppo_trl.toy.task import make_splits
+from vcppo_trl.toy.tokenizer import build_tokenizer
+from vcppo_trl.trainer import NonFiniteTrainingError, PPOTrainer
+
+assert vcppo_trl.__file__.startswith(source), vcppo_trl.__file__
+
+
+def length_reward(completions, **kwargs):
+    return [1.0 if len(c) < 10 else -1.0 for c in completions]
+
+
+tokenizer = build_tokenizer()
+trainer = VCPPOTrainer(
+    model=build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0),
+    reward_funcs=length_reward,
+    args=VCPPOConfig(output_dir=os.path.join(out_dir, "run"), **settings),
+    train_dataset=make_splits(64, 16, seed=0, min_digits=1, max_digits=3)["train"],
+    processing_class=tokenizer,
+)
+trainer.train()
+logs = {
+    e["step"]: {
+        k: "nan" if isinstance(v, float) and math.isnan(v) else v
+        for k, v in e.items()
+        if k != "train_runtime" and not k.startswith("time/")
+    }
+    for e in trainer.state.log_history
+    if "episode" in e
+}
+json.dump(logs, open(os.path.join(out_dir, "logs.json"), "w"))
+with open(os.path.join(out_dir, "objects.pkl"), "wb") as f:
+    pickle.dump((NonFiniteTrainingError("too many"), PPOTrainer), f)
+"""
+
+
+def test_the_old_module_gives_the_same_objects():
+    import vcppo_trl.trainer as old
+
+    assert old.PPOTrainer is ppo_trainer.PPOTrainer is vcppo_trl.PPOTrainer
+    assert old.NonFiniteTrainingError is ppo_trainer.NonFiniteTrainingError is vcppo_trl.NonFiniteTrainingError
+    assert old.ScoredSamples is ppo_trainer.ScoredSamples
+    assert issubclass(VCPPOTrainer, old.PPOTrainer)
+
+
+def test_a_pickle_naming_the_old_module_loads():
+    # The error now lives in `optimization.py`; pickles naming either earlier home still load.
+    data = pickle.dumps(NonFiniteTrainingError("too many"), protocol=0)
+    assert b"cvcppo_trl.optimization\nNonFiniteTrainingError\n" in data
+    for module in (b"vcppo_trl.ppo_trainer\n", b"vcppo_trl.trainer\n"):
+        loaded = pickle.loads(data.replace(b"vcppo_trl.optimization\n", module))
+        assert type(loaded) is NonFiniteTrainingError and loaded.args == ("too many",)
+    for cls in (PPOTrainer, ppo_trainer.ScoredSamples):
+        assert pickle.loads(f"cvcppo_trl.trainer\n{cls.__name__}\n.".encode()) is cls
+
+
+def _source_before_the_move(dest) -> str:
+    """`src/` as it was before the move, exported from git into `dest`."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed: the source from before the move cannot be exported")
+    known = subprocess.run(["git", "-C", REPO, "cat-file", "-e", f"{BEFORE_THE_MOVE}^{{commit}}"], capture_output=True)
+    if known.returncode:
+        pytest.skip(
+            f"commit {BEFORE_THE_MOVE[:7]} (the source from before the move) is not in this checkout: "
+            "a shallow clone, or no git repository; fetch the full history to run this test"
+        )
+    archive = subprocess.run(["git", "-C", REPO, "archive", BEFORE_THE_MOVE, "src"], capture_output=True, check=True)
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(dest, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    source = os.path.join(dest, "src")
+    assert os.path.isfile(os.path.join(source, "vcppo_trl", "trainer.py"))
+    assert not os.path.exists(os.path.join(source, "vcppo_trl", "ppo_trainer.py"))
+    return source
+
+
+def test_resume_from_a_checkpoint_written_before_the_move(tmp_path, tokenizer, toy_splits):
+    source = _source_before_the_move(tmp_path / "before")
+    old = tmp_path / "old"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRL_EXPERIMENTAL_SILENCE="1", PYTHONPATH=source)
+    proc = subprocess.run(
+        [sys.executable, "-c", OLD_RUN, source, str(old), json.dumps(SETTINGS)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    old_logs = {int(step): entry for step, entry in json.load(open(old / "logs.json")).items()}
+    assert sorted(old_logs) == [1, 2, 3]
+
+    error, cls = pickle.load(open(old / "objects.pkl", "rb"))  # written by the old code: they name vcppo_trl.trainer
+    assert type(error) is NonFiniteTrainingError and error.args == ("too many",) and cls is PPOTrainer
+
+    resumed = VCPPOTrainer(
+        model=build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0),
+        reward_funcs=length_reward,
+        args=VCPPOConfig(output_dir=str(tmp_path / "resumed"), **SETTINGS),
+        train_dataset=toy_splits["train"],
+        processing_class=tokenizer,
+    )
+    resumed.train(resume_from_checkpoint=str(old / "run" / "checkpoint-2"))  # after pretraining, 1 PPO update left
+    assert resumed.state.global_step == 3
+    logs = step_logs(resumed)
+    assert sorted(logs) == [1, 2, 3]  # the history before the stop is kept
+    assert "loss/policy_avg" in logs[3] and logs[3] == old_logs[3]
+    # The last update lands on the uninterrupted run's weights, bit for bit (CPU).
+    policy, critic = resumed.unwrapped_policy_and_critic()
+    final = old / "run" / "checkpoint-3"
+    for model, saved in (
+        (policy, load_file(final / "model.safetensors")),
+        (critic, load_file(final / "value_model" / "model.safetensors")),
+    ):
+        state = model.state_dict()
+        assert saved and saved.keys() <= state.keys()
+        for name, tensor in saved.items():
+            assert torch.equal(state[name], tensor), name
