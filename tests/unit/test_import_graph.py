@@ -138,3 +138,29 @@ def test_every_name_imported_from_the_package_exists():
                 if alias.name not in defined and f"{target}.{alias.name}" not in modules:
                     missing.append(f"{name} imports {alias.name} from {target}")
     assert not missing, missing
+
+
+def script_import_graph(folder: str) -> dict[str, set[str]]:
+    """Scripts of one folder (experiments/, benchmarks/) -> the scripts of that folder they import, anywhere in their
+    body: they import each other as top-level modules (the folder is put on `sys.path`)."""
+    scripts = {name[: -len(".py")]: os.path.join(folder, name) for name in os.listdir(folder) if name.endswith(".py")}
+    graph: dict[str, set[str]] = {name: set() for name in scripts}
+    for name, path in scripts.items():
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                targets = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            graph[name] |= {t for t in targets if t in scripts and t != name}
+    return graph
+
+
+def test_experiments_and_benchmarks_have_no_import_circle():
+    for folder in ("experiments", "benchmarks"):
+        graph = script_import_graph(os.path.join(ROOT, folder))
+        cycle = find_cycle(graph)
+        assert cycle is None, f"{folder}/: import circle " + " -> ".join(cycle)
+    # The report is rebuilt by reproduce.py, and reads everything it needs from its arguments.
+    assert "reproduce" not in script_import_graph(os.path.join(ROOT, "experiments"))["report"]
