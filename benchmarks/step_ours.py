@@ -92,7 +92,8 @@ def run(
         )
         trainer.log = lambda *a, **k: None  # no printing of metrics: same on both sides
         generation_seconds = []
-        trainer.generate = step_setup.timed(trainer.generate, generation_seconds)
+        maker = trainer.rollout_maker
+        maker.generate = step_setup.timed(maker.generate, generation_seconds)
         clock.marks = [time.perf_counter()]
         trainer.train()
     side = ("ours-paper" if paper else "ours") + ("" if shortcut else "-no-shortcut")
@@ -106,7 +107,9 @@ def main():
     parser.add_argument("--updates", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--paper", action="store_true", help="KL 0, rule-based reward, no reference model (VC-PPO)")
-    parser.add_argument("--no-shortcut", action="store_true", help="on_policy_shortcut=False: old log-probs from a rollout forward")
+    parser.add_argument(
+        "--no-shortcut", action="store_true", help="on_policy_shortcut=False: old log-probs from a rollout forward"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()

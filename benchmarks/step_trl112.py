@@ -89,5 +89,6 @@ def main():
     result = step_setup.bench_result("trl112", args.response_length, clock, generation_seconds, args.warmup)
     print("BENCH_JSON " + json.dumps(result))
 
+
 if __name__ == "__main__":
     main()

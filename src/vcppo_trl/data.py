@@ -3,16 +3,17 @@
 The schema (a `prompt` column of text or chat messages) is checked once and a wrong schema stops with a clear message.
 Faults of single rows (an empty prompt, a missing value a reward function needs, a prompt longer than
 `max_prompt_length`) drop or truncate that row and are counted, so a few bad rows never crash a batch deep inside
-training.
+training. [`prompt_batches`] is the order in which training reads the prompts.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from datasets import Dataset
 from transformers import PreTrainedTokenizerBase
 from trl.data_utils import maybe_apply_chat_template
@@ -176,3 +177,27 @@ def prepare_prompt_dataset(
     if len(kept_indices) < len(dataset):
         dataset = dataset.select(kept_indices)
     return dataset, report
+
+
+def prompt_batches(
+    dataset: Dataset, batches, rank: int, seed: int, num_generations: int, start: int = 0
+) -> Iterator[list[dict[str, Any]]]:
+    """
+    Endless stream of one process's prompt batches, from batch number `start` on (for resuming).
+
+    Each pass over the dataset is a permutation drawn from `seed + pass` (so a position is just a batch count); every
+    update takes the next `batches.prompts_per_update` prompts of it and process `rank` the `rank`-th slice of
+    `batches.local_prompts_per_update` (a [`~trainer_setup.BatchPlan`]), so processes never overlap; each prompt
+    appears `num_generations` times in a row. The tail that does not fill a whole batch is left out of that pass.
+    """
+    per_update, local = batches.prompts_per_update, batches.local_prompts_per_update
+    batches_per_pass = len(dataset) // per_update
+    batch = start
+    while True:
+        epoch, index = divmod(batch, batches_per_pass)
+        generator = torch.Generator().manual_seed(seed + epoch)
+        order = torch.randperm(len(dataset), generator=generator)
+        first = index * per_update + rank * local
+        rows = [dataset[int(i)] for i in order[first : first + local]]
+        yield [row for row in rows for _ in range(num_generations)]
+        batch += 1

@@ -11,15 +11,10 @@ loss by its own `gradient_accumulation_steps`, which must equal ours.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
 
 import torch
-
-if TYPE_CHECKING:
-    from transformers import (
-        Trainer,  # the PPOTrainer (typed as its transformers base: no import back into the trainer)
-    )
+from accelerate import Accelerator
 
 
 def check_launch_environment() -> None:
@@ -45,7 +40,18 @@ def check_launch_environment() -> None:
         )
 
 
-def check_deepspeed_setup(trainer: Trainer) -> None:
+def check_distributed_setup(accelerator: Accelerator, args, is_fsdp: bool, is_deepspeed: bool) -> None:
+    """Refuse FSDP (not supported yet) and check a DeepSpeed launch ([`check_deepspeed_setup`])."""
+    if is_fsdp:
+        raise ValueError(
+            "FSDP is not supported by this version of vcppo-trl yet: launch with DeepSpeed ZeRO-3 "
+            "(configs/accelerate/zero3.yaml), DDP (multi_gpu.yaml) or a single device."
+        )
+    if is_deepspeed:
+        check_deepspeed_setup(accelerator, args.gradient_accumulation_steps)
+
+
+def check_deepspeed_setup(accelerator: Accelerator, gradient_accumulation_steps: int) -> None:
     """
     Fail early, with the fix, when DeepSpeed and accelerate disagree on the world or on gradient accumulation.
 
@@ -54,7 +60,6 @@ def check_deepspeed_setup(trainer: Trainer) -> None:
             `ddp_backend`: accelerate's state then reports 1 process and every rank would train on the same prompts).
         `ValueError`: the DeepSpeed config's `gradient_accumulation_steps` differs from the trainer's.
     """
-    accelerator = trainer.accelerator
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         world = torch.distributed.get_world_size()
         if world != accelerator.num_processes:
@@ -65,19 +70,20 @@ def check_deepspeed_setup(trainer: Trainer) -> None:
             )
     config = accelerator.state.deepspeed_plugin.deepspeed_config
     ga = config.get("gradient_accumulation_steps")
-    if ga not in (None, "auto") and int(ga) != trainer.args.gradient_accumulation_steps:
+    if ga not in (None, "auto") and int(ga) != gradient_accumulation_steps:
         raise ValueError(
             f"The DeepSpeed config has gradient_accumulation_steps={ga} but the trainer uses "
-            f"{trainer.args.gradient_accumulation_steps} micro-batches per optimizer step: set both to the same value "
+            f"{gradient_accumulation_steps} micro-batches per optimizer step: set both to the same value "
             "(or 'auto' in the DeepSpeed config)."
         )
 
 
 @contextlib.contextmanager
-def micro_batch_context(trainer: Trainer, model: torch.nn.Module, is_last: bool) -> Iterator[None]:
+def micro_batch_context(
+    accelerator: Accelerator, is_deepspeed: bool, model: torch.nn.Module, is_last: bool
+) -> Iterator[None]:
     """Forward and backward of one micro-batch: gradients are synchronised (and DeepSpeed steps) on the last one."""
-    accelerator = trainer.accelerator
-    if trainer.is_deepspeed_enabled:
+    if is_deepspeed:
         accelerator.gradient_state._set_sync_gradients(is_last)
         try:
             yield
@@ -88,6 +94,14 @@ def micro_batch_context(trainer: Trainer, model: torch.nn.Module, is_last: bool)
     else:
         with accelerator.no_sync(model):
             yield
+
+
+def whitening_all_reduce(accelerator: Accelerator, scope: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The sum over processes that whitening statistics need under `advantage_whitening="global"` (`None`: this
+    process's statistics alone, with `"local"` or a single process)."""
+    if scope == "global" and accelerator.num_processes > 1:
+        return lambda t: accelerator.reduce(t, "sum")
+    return None
 
 
 def gathered_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:

@@ -186,8 +186,6 @@ def push_trainer(
     private = private if private is not None else args.hub_private_repo
     revision = revision if revision is not None else args.hub_revision
     trainer.callback_handler.on_push_begin(args, trainer.state, trainer.control)
-    if dataset_name is not None:
-        trainer.model_card_dataset_name = dataset_name  # later saves keep naming it
     trainer.save_model(_internal_call=True)  # every process (sharded states are gathered)
     if not trainer.is_world_process_zero():
         return None

@@ -1,19 +1,13 @@
-"""PPOTrainer on current TRL: rollout → advantages → PPO epochs, with `compute_advantages` as the seam for subclasses.
-
-This file is the loop: construction, `train`, `training_update`, `ppo_update`, the hooks subclasses override, and the
-value-pretraining phase with the count of updates it implies. Each other concern has one home, mixed into the class
-or called from it: building and readying the trainer (`trainer_setup`), prompts to scored samples, shared with
-evaluation (`scoring`), the rollout's forwards and per-token rewards (`rollout_forwards`), the optimizer step
-(`optimization`), `evaluate` (`evaluation`), saving and resuming (`trainer_saving`); the micro-batch loss is
-`ppo_loss`, the metrics `trainer_metrics`.
-"""
+"""PPOTrainer on current TRL: the loop, and the parts it holds (see `training_update`): the rollout maker
+(`rollout_maker`), `compute_advantages` (the seam subclasses change), the learner (`learner`), the metrics
+(`trainer_metrics`) and the value-pretraining phase (`value_pretraining`). Construction uses `trainer_setup`; saving
+and resuming `trainer_saving`, through thin overrides of transformers' hooks at the end of this file."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import signal
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -26,39 +20,37 @@ from transformers import (
     PrinterCallback,
     ProgressCallback,
     TrainerCallback,
+    TrainerControl,
 )
-from transformers.trainer_utils import (
-    PREFIX_CHECKPOINT_DIR,
-    IntervalStrategy,
-    enable_full_determinism,
-)
+from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, enable_full_determinism
 from transformers.utils import is_peft_available, logging
 from trl.trainer.base_trainer import _BaseTrainer
 
+from . import hub, trainer_saving
+from . import trainer_setup as setup
 from .config import PPOConfig
+from .data import prompt_batches
 from .diagnostics import marker_token_ids
-from .distributed import check_deepspeed_setup, check_launch_environment, micro_batch_context
-from .evaluation import EvaluationMixin
+from .distributed import check_distributed_setup, check_launch_environment
+from .evaluation import evaluation_metrics
 from .gae import gae
-from .generation import SamplerError, neutralised_generation_fields
+from .generation import SamplerError
+from .learner import PPOLearner
 from .loading import build_critic, load_policy, load_reward_funcs, load_tokenizer, resolve_stop_token_ids
-from .optimization import NonFiniteTrainingError, OptimizationMixin, role_prefix
+from .optimization import NonFiniteTrainingError, parameter_groups, role_prefix, role_scheduler
 from .output import quiet_replica
-from .ppo_loss import PPOBatch, PPOLossSettings, mean_metrics, ppo_micro_batch_loss
-from .preemption import SignalWatcher, TrainingInterrupted, agreed_signal
+from .preemption import SignalWatcher, agreed_signal, interruption
 from .progress import CompactPrinterCallback, RolloutProgressCallback
 from .rollout import PolicyAndValueModel, Rollout, reward_func_name
-from .rollout_forwards import RolloutMixin
-from .scoring import ScoredSamples, ScoringMixin
+from .schedules import is_due
+from .scoring import ScoredSamples
 from .trainer_metrics import print_samples, rollout_metrics, sampling_metrics, trl_metric_names, update_metrics
-from .trainer_saving import SavingMixin
-from .trainer_setup import SetupMixin, check_dataset, prepare_models, reference_model, reward_weights
+from .value_pretraining import ValuePretrainingPhase, saved_phase
 
 if is_peft_available():
     from peft import PeftConfig
 
-# The public names of this module, some now defined in the modules the trainer is made of (imports and pickles that
-# name `vcppo_trl.ppo_trainer` or the `vcppo_trl.trainer` shim keep working).
 __all__ = ["NonFiniteTrainingError", "PPOTrainer", "RewardFunc", "ScoredSamples", "role_prefix"]
 
 logger = logging.get_logger(__name__)
@@ -66,9 +58,7 @@ logger = logging.get_logger(__name__)
 RewardFunc = str | PreTrainedModel | Callable[..., list[float | None]]
 
 
-class PPOTrainer(
-    SetupMixin, ScoringMixin, RolloutMixin, OptimizationMixin, EvaluationMixin, SavingMixin, _BaseTrainer
-):
+class PPOTrainer(_BaseTrainer):
     """
     Proximal Policy Optimization with a learned critic, for prompt datasets and rule-based or model-based rewards.
 
@@ -132,25 +122,21 @@ class PPOTrainer(
         check_launch_environment()
         # Seed before anything draws from the RNG (the critic's fresh scalar head, LoRA matrices), as `Trainer` does.
         enable_full_determinism(args.seed) if args.full_determinism else set_seed(args.seed)
-        check_dataset(train_dataset, "train_dataset", required=True)
-        check_dataset(eval_dataset, "eval_dataset", required=False)
+        setup.check_dataset(train_dataset, "train_dataset", required=True)
+        setup.check_dataset(eval_dataset, "eval_dataset", required=False)
 
         policy = load_policy(model, args)
         tokenizer = load_tokenizer(processing_class, policy)
         self.stop_token_ids = resolve_stop_token_ids(args, tokenizer)
         self.end_of_thinking_ids = marker_token_ids(tokenizer, args.end_of_thinking_marker)
         critic = build_critic(value_model, policy, tokenizer, args)
-        policy, critic = prepare_models(policy, critic, args, peft_config, value_peft_config)
-        self.ref_model = reference_model(policy, ref_model, args)
-        # Whether KL(policy ‖ reference) is exactly 0 while the policy is frozen (value pretraining).
-        self.reference_is_initial_policy = ref_model is None and not is_peft_model(policy)
-
-        self.reward_funcs, self.reward_processing_classes = load_reward_funcs(
-            reward_funcs, reward_processing_classes, args
+        policy, critic = setup.prepare_models(policy, critic, args, peft_config, value_peft_config)
+        reference = setup.reference_model(policy, ref_model, args)
+        reward_funcs, reward_processing_classes = load_reward_funcs(reward_funcs, reward_processing_classes, args)
+        self.reward_func_names = [reward_func_name(f) for f in reward_funcs]
+        train_dataset, eval_dataset, self.data_reports = setup.prepare_datasets(
+            train_dataset, eval_dataset, tokenizer, args, reward_funcs
         )
-        self.reward_func_names = [reward_func_name(f) for f in self.reward_funcs]
-        self.reward_weights = reward_weights(args, len(self.reward_funcs))
-        train_dataset, eval_dataset = self._prepare_datasets(train_dataset, eval_dataset, tokenizer, args)
 
         if args.ddp_find_unused_parameters is None:
             # Value-only updates leave the policy out of the graph.
@@ -166,38 +152,50 @@ class PPOTrainer(
             callbacks=callbacks,
             optimizers=optimizers,
         )
-        if self.is_fsdp_enabled:
-            raise ValueError(
-                "FSDP is not supported by this version of vcppo-trl yet: launch with DeepSpeed ZeRO-3 "
-                "(configs/accelerate/zero3.yaml), DDP (multi_gpu.yaml) or a single device."
-            )
-        if self.is_deepspeed_enabled:
-            check_deepspeed_setup(self)
+        check_distributed_setup(self.accelerator, args, self.is_fsdp_enabled, self.is_deepspeed_enabled)
         if self.accelerator.num_processes > 1:
             # With one seed every rank would sample the same tokens (correlated rollouts); the prompt order does not
-            # depend on this RNG (see `_prompt_batches`), so offsetting it per rank keeps the ranks' prompts disjoint.
+            # depend on this RNG (see `data.prompt_batches`), so offsetting it per rank keeps the ranks' prompts disjoint.
             set_seed(args.seed, device_specific=True)
         self.remove_callback(ProgressCallback)
         self.remove_callback(PrinterCallback)
         self.add_callback(CompactPrinterCallback if args.disable_tqdm else RolloutProgressCallback)
 
-        self._prepare_auxiliary_models()
-        self._compute_batch_sizes()
-        ignored = neutralised_generation_fields(policy)
-        if ignored and self.is_world_process_zero():
-            logger.warning(
-                "The policy's generation_config sets "
-                + ", ".join(f"{k}={v!r}" for k, v in sorted(ignored.items()))
-                + f": PPO does not apply them. Rollouts sample at temperature={args.temperature} with no other logits "
-                "processing, the distribution the policy-gradient ratio and the training log-probabilities assume."
-            )
+        def for_inference(m):
+            return setup.prepare_for_inference(m, self.accelerator, self.is_deepspeed_enabled)
+
+        self.ref_model = for_inference(reference) if reference is not None else None
+        self.reward_funcs = [for_inference(f) if isinstance(f, PreTrainedModel) else f for f in reward_funcs]
+        main = self.is_world_process_zero()
+        self.batches = setup.plan_batches(args, self.accelerator.num_processes, len(self.train_dataset), warn=main)
+        if main:
+            setup.warn_about_generation_config(policy, args)
         self.latest_metrics: dict[str, float] = {}
-        # The value-pretraining phase, this trainer's alone (see `begin_value_pretraining`); saved in checkpoints.
-        self._value_pretraining = False
-        self._value_pretrain_updates: int | None = None  # the updates the phase ran, once it has ended
-        self.nonfinite_steps_in_a_row = 0
-        self._generation_log: list[tuple[float, int]] = []  # (seconds, tokens) of each generation in an update
-        self.sampler = self._build_sampler(policy)
+        # No value pretraining in plain PPO; VCPPOTrainer gives the phase a rule.
+        self.value_pretraining = ValuePretrainingPhase()
+        self.learner: PPOLearner | None = None  # built by `_setup_training`, on the prepared model and optimizer
+        self._last_rollout: tuple[Rollout, torch.Tensor] | None = None  # for the sample printout
+
+        # The rollout maker's inputs: the prepared model (once `train` has prepared it) and, to skip a KL that is exactly
+        # 0 while the policy is frozen, whether the reference is the initial policy.
+        models = (policy, lambda: self.model_wrapped, self.ref_model, ref_model is None and not is_peft_model(policy))
+        rewards = (self.reward_funcs, reward_processing_classes)
+        datasets = [self.train_dataset, self.eval_dataset]
+        sampling = (args, self.accelerator, tokenizer, self.stop_token_ids)
+        self.rollout_maker = setup.build_rollout_maker(*sampling, *models, *rewards, datasets)
+
+    @property
+    def sampler(self):
+        """The generation backend (HF `generate` or vLLM); `trainer.sampler.close()` frees a vLLM engine."""
+        return self.rollout_maker.sampler
+
+    @property
+    def num_ppo_updates(self) -> int:
+        return self.batches.num_ppo_updates
+
+    @property
+    def callbacks(self) -> list[TrainerCallback]:
+        return self.callback_handler.callbacks
 
     # ------------------------------------------------- what subclasses change
 
@@ -206,16 +204,11 @@ class PPOTrainer(
 
     def num_value_pretrain_updates(self) -> int:
         """Value-pretraining updates planned for this run (at most; 0 for plain PPO)."""
-        return 0
+        return self.value_pretraining.planned_updates
 
     def compute_advantages(self, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
-        """
-        The seam where a subclass changes how advantages are made.
-
-        Returns:
-            `(advantages, returns)`, both `[B, T]`: raw (not whitened) advantages for the policy and regression
-            targets for the critic. [`PPOTrainer`] uses single-λ GAE with `lam`.
-        """
+        """The seam where a subclass changes how advantages are made: `(advantages, returns)`, both `[B, T]`, raw (not
+        whitened) advantages for the policy and the critic's targets. [`PPOTrainer`] uses single-λ GAE with `lam`."""
         return gae(rollout.rewards, rollout.values, rollout.response_mask, self.args.gamma, self.args.lam)
 
     def value_cliprange(self) -> float | None:
@@ -227,133 +220,47 @@ class PPOTrainer(
     @property
     def in_value_pretraining(self) -> bool:
         """Whether updates train the critic alone, on rollouts of the frozen policy (the policy's lr reads 0)."""
-        return self._value_pretraining
+        return self.value_pretraining.active
 
     def num_training_updates(self) -> int:
         """
         Rollout batches this run uses: the PPO updates plus the value-pretraining ones, those planned until the phase
         ends and those it ran after (unused pretraining updates are not given to PPO). `state.max_steps` is this.
         """
-        ran = self._value_pretrain_updates
-        return self.num_ppo_updates + (self.num_value_pretrain_updates() if ran is None else ran)
+        return self.num_ppo_updates + self.value_pretraining.updates_in_run()
 
     def begin_value_pretraining(self) -> None:
-        """Freeze the policy from the next update on (called at the start of training; resuming inside the phase
-        finds it begun)."""
-        if self._value_pretrain_updates is not None:
-            raise RuntimeError(f"Value pretraining already ended after {self._value_pretrain_updates} updates.")
-        self._value_pretraining = True
+        """Freeze the policy from the next update on (training starts it; resuming inside the phase finds it begun)."""
+        self.value_pretraining.begin()
 
-    def end_value_pretraining(self, updates: int) -> None:
+    def end_value_pretraining(self, reason: str | None = None) -> None:
         """
-        End value pretraining after `updates` updates: PPO starts at the next update, from a fresh optimizer state for
+        End value pretraining after the updates it ran: PPO starts at the next update, from a fresh optimizer state for
         the policy, and the run shrinks by the unused pretraining updates.
         """
-        if not self._value_pretraining:
-            raise RuntimeError("end_value_pretraining() called outside value pretraining.")
-        self._value_pretraining = False
-        self._value_pretrain_updates = updates
+        updates = self.value_pretraining.end(reason)
         self.state.max_steps = self.num_training_updates()
-        self._reset_policy_optimizer_state()
+        if self.learner is not None:
+            self.learner.reset_policy_optimizer_state()
         self.log({"value_pretrain/steps": float(updates)})
 
-    # --------------------------------------------------------------- updating
+    def before_training(self) -> None:
+        """Called when training starts or resumes, before the callbacks' `on_train_begin`; [`VCPPOTrainer`] begins
+        its value-pretraining phase here."""
 
-    def ppo_update(
-        self, rollout: Rollout, advantages: torch.Tensor, returns: torch.Tensor, train_policy: bool = True
-    ) -> dict[str, float]:
-        """
-        `num_ppo_epochs × num_mini_batches` optimizer steps over one rollout.
-
-        Each micro-batch's loss is its token (or sequence) sum divided by the count of the whole mini-batch across all
-        micro-batches and processes (`loss_type`, `value_loss_type`), so the gradient of a mini-batch does not depend
-        on how it is split. With `train_policy=False` only the value loss is optimised and the policy's parameters get
-        no gradient and no optimizer step (their learning rate is also held at exactly 0, so no weight decay touches
-        them).
-        """
-        args = self.args
-        model = self.model_wrapped
-        model.train()
-        mask = rollout.response_mask
-        adv = self.whiten(advantages, mask) if train_policy else advantages
-        settings = PPOLossSettings.from_args(args, self.value_cliprange())
-        input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
-        # On-policy shortcut: the old log-probs are this update's own forward, detached (ratio exactly 1), written
-        # into the batch's tensor before each micro-batch's loss reads them.
-        fill_old_logprobs = train_policy and rollout.logprobs is None
-        old_logprobs = rollout.logprobs
-        if fill_old_logprobs:
-            old_logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-        # vLLM sampled the rollout: weight the policy loss by π_train/π_sampler of the sampled tokens (see
-        # `losses.sampler_importance_weights`). Under the on-policy shortcut the "old" log-probs are this forward's.
-        correct_sampler = args.vllm_importance_sampling_correction
-        batch = PPOBatch(
-            mask, rollout.values, returns, adv, old_logprobs, rollout.sampler_logprobs if correct_sampler else None
-        )
-        stats = defaultdict(list)
-        nonfinite_steps = 0
-        world = self.accelerator.num_processes
-        for _ in range(args.num_ppo_epochs):
-            order = torch.randperm(input_ids.shape[0], device=input_ids.device)
-            for mb_idx in order.split(self.local_mini_batch_size):
-                if not train_policy:  # before the backward passes: DeepSpeed steps inside the last one
-                    self._set_policy_lr_to_zero()
-                micro_batches = list(mb_idx.split(args.per_device_train_batch_size))
-                pg_norm, vf_norm = self._loss_normalizers(mask[mb_idx])
-                # DDP and DeepSpeed average gradients over processes (× world undoes it: the normaliser is global);
-                # DeepSpeed also divides by its gradient_accumulation_steps (== len(micro_batches)).
-                scale = world * (len(micro_batches) if self.is_deepspeed_enabled else 1)
-                vf_total = pg_total = 0.0
-                for i, idx in enumerate(micro_batches):
-                    # Gradient accumulation over the micro-batches of one minibatch; DDP syncs on the last one only.
-                    with micro_batch_context(self, model, is_last=i == len(micro_batches) - 1):
-                        logprobs, entropy, vpred = model(
-                            input_ids[idx],
-                            attention_mask[idx],
-                            rollout.context_length,
-                            args.temperature,
-                            compute_policy=train_policy,
-                        )
-                        if fill_old_logprobs:
-                            old_logprobs[idx] = logprobs.detach().float()
-                        out = ppo_micro_batch_loss(
-                            settings, batch.select(idx), logprobs, entropy, vpred, pg_norm, vf_norm
-                        )
-                        self.accelerator.backward(out.loss * scale)
-                    for name, value in out.metrics().items():
-                        stats[name].append(value)
-                    vf_total = vf_total + out.value.loss.detach() * world
-                    if train_policy:
-                        pg_total = pg_total + out.policy.loss.detach() * world
-                # This process's share of the mini-batch loss, × world: its mean over processes is the global loss.
-                stats["loss/value"].append(vf_total)
-                if train_policy:
-                    stats["loss/policy"].append(pg_total)
-                grad_norms = self._optimizer_step(model)
-                if grad_norms is None:
-                    nonfinite_steps += 1
-                else:
-                    for name, value in grad_norms.items():
-                        stats[name].append(value)
-        if fill_old_logprobs:
-            rollout.logprobs = old_logprobs
-        return mean_metrics(stats) | {"diagnostics/nonfinite_steps": float(nonfinite_steps)}
+    def after_update(self, metrics: dict[str, float]) -> None:
+        """Called after each update with its metrics, before the callbacks see them; [`VCPPOTrainer`] runs its
+        value-pretraining phase here."""
 
     # ------------------------------------------------------------------- loop
 
-    def _should(self, interval: float | int, strategy) -> bool:
-        if strategy not in (IntervalStrategy.STEPS, "steps") or not interval:
-            return False
-        step = self.state.global_step
-        every = interval if interval >= 1 else max(1, int(interval * self.state.max_steps))
-        return step % int(every) == 0
+    def _due(self, interval: float | int, strategy) -> bool:
+        return is_due(interval, strategy, self.state.global_step, self.state.max_steps)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
         """
-        Run the whole training: `num_training_updates()` rollout-and-update cycles.
-
-        On SIGTERM or SIGINT the running update is finished, a checkpoint is saved and [`TrainingInterrupted`] is
-        raised (its message names the checkpoint).
+        Run the whole training: `num_training_updates()` rollout-and-update cycles. On SIGTERM or SIGINT the running
+        update is finished, a checkpoint is saved and [`TrainingInterrupted`] is raised (its message names it).
 
         Args:
             resume_from_checkpoint (`str` or `bool`, *optional*): A `checkpoint-<step>` directory, or `True` for the
@@ -361,53 +268,55 @@ class PPOTrainer(
                 RNG states, the update counter, the position in the data, and the value-pretraining phase.
         """
         args = self.args
-        checkpoint = self._resolve_checkpoint(resume_from_checkpoint)
-        if checkpoint is not None:
-            self._load_checkpoint_weights(checkpoint)
+        setting = (args, self.accelerator, self.is_deepspeed_enabled, self.batches, len(self.train_dataset))
+        resume = trainer_saving.resolve_checkpoint(resume_from_checkpoint, *setting)
+        if resume is not None and not self.is_deepspeed_enabled:
+            trainer_saving.load_checkpoint_weights(self.model, resume.path)
         self._setup_training()
-        if checkpoint is not None:
-            self._restore_training_state(checkpoint)
-        prompt_batches = self._prompt_batches(start=self.state.global_step)
+        if resume is not None:
+            self._restore_training_state(resume)
+        rank, step = self.accelerator.process_index, self.state.global_step
+        rows_per_update = prompt_batches(self.train_dataset, self.batches, rank, args.seed, args.num_generations, step)
         self.sampler.mark_stale()  # the sampler starts from the weights training starts from (resumed ones included)
+        self.before_training()
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         if self.args.use_vllm:  # 0 when this process's engine was started by an earlier trainer and reused
             self.log({"time/sampler_start_s": self.sampler.start_seconds})
-        if checkpoint is None:
+        if resume is None:
             data_metrics = {k: v for name, r in self.data_reports.items() for k, v in r.metrics(name).items()}
             if data_metrics:
                 self.log(data_metrics)
             if args.eval_on_start and self.eval_dataset is not None:
                 self.evaluate()
         start_time = time.time()
-        sample_every = (
-            max(1, self.state.max_steps // args.num_sample_generations) if args.num_sample_generations > 0 else 0
-        )
+        samples = args.num_sample_generations
+        sample_every = max(1, self.state.max_steps // samples) if samples > 0 else 0
         with SignalWatcher() as signals:
             while self.state.global_step < self.state.max_steps:
                 self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
-                rows = next(prompt_batches)
                 try:
-                    metrics = self.training_update(rows)
+                    metrics = self.training_update(next(rows_per_update))
                 except SamplerError as err:
                     raise self._sampler_failed(err) from err
                 self.state.global_step += 1
-                self.state.epoch = self.state.global_step * self.prompts_per_update / len(self.train_dataset)
-                metrics["episode"] = self.state.global_step * self.batch_size
+                self.state.epoch = self.state.global_step * self.batches.prompts_per_update / len(self.train_dataset)
+                metrics["episode"] = self.state.global_step * self.batches.batch_size
                 metrics["lr"] = self._learning_rate("policy")
                 metrics["value_lr"] = self._learning_rate("value")
                 metrics["time/update_s"] = time.time() - self._update_start
                 self.latest_metrics = metrics
+                self.after_update(metrics)
                 self.control = self.callback_handler.call_event(
                     "on_step_end", args, self.state, self.control, metrics=metrics
                 )
-                if self._should(args.logging_steps, args.logging_strategy) or self.control.should_log:
+                if self._due(args.logging_steps, args.logging_strategy) or self.control.should_log:
                     self.log(dict(metrics))
                     self.control.should_log = False
                 if sample_every and self.state.global_step % sample_every == 0 and self.is_world_process_zero():
                     print_samples(*self._last_rollout, self.reward_func_names, self.state.global_step)
-                if self.eval_dataset is not None and self._should(args.eval_steps, args.eval_strategy):
+                if self.eval_dataset is not None and self._due(args.eval_steps, args.eval_strategy):
                     self.evaluate()
-                saved = self._should(args.save_steps, args.save_strategy)
+                saved = self._due(args.save_steps, args.save_strategy)
                 if saved:
                     self._save_checkpoint(self.model, trial=None)
                 signum = agreed_signal(self.accelerator, signals.signum)
@@ -415,13 +324,7 @@ class PPOTrainer(
                     if not saved:
                         self._save_checkpoint(self.model, trial=None)
                     path = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-                    raise TrainingInterrupted(
-                        f"Training stopped by {signal.Signals(signum).name} after update {self.state.global_step}; "
-                        f"checkpoint saved to {path}. Resume with trainer.train(resume_from_checkpoint={path!r}) "
-                        "(or --resume_from_checkpoint with train.py).",
-                        signum,
-                        path,
-                    )
+                    raise interruption(signum, path, self.state.global_step)
                 if self.control.should_training_stop:
                     break
         self.state.total_flos = 0
@@ -432,23 +335,14 @@ class PPOTrainer(
     def training_update(self, rows: list[dict[str, Any]]) -> dict[str, float]:
         """One rollout and the PPO epochs on it; returns the update's metrics."""
         self._update_start = time.time()
-        self._generation_log = []
         train_policy = not self.in_value_pretraining
         if train_policy:
-            self._start_policy_schedule()
-        rollout = self.make_rollout(rows, train_policy=train_policy)
+            planned = self.num_value_pretrain_updates() * self.optimizer_steps_per_update()
+            self.learner.start_policy_schedule(planned)
+        rollout, generation = self.rollout_maker.make(rows, train_policy=train_policy, trainer_state=self.state)
         advantages, returns = self.compute_advantages(rollout)
-        prefix = "" if train_policy else "value_pretrain/"
-        metrics = rollout_metrics(
-            self.accelerator,
-            self.args,
-            rollout,
-            advantages,
-            returns,
-            self.end_of_thinking_ids,
-            self.reward_func_names,
-            prefix=prefix,
-        )
+        names, prefix = (self.end_of_thinking_ids, self.reward_func_names), "" if train_policy else "value_pretrain/"
+        metrics = rollout_metrics(self.accelerator, self.args, rollout, advantages, returns, *names, prefix=prefix)
         valid_tokens = self.accelerator.reduce(rollout.response_mask.sum().reshape(1), "sum")
         if int(valid_tokens) == 0:
             # Every sample was skipped (no reward function applied): an update would train on nothing.
@@ -456,12 +350,160 @@ class PPOTrainer(
             metrics["diagnostics/skipped_update"] = 1.0
             self._last_rollout = (rollout, advantages)
             return metrics
-        update_stats = self.ppo_update(rollout, advantages, returns, train_policy=train_policy)
+        clip, index = self.value_cliprange(), self.state.global_step + 1
+        result = self.learner.update(rollout, advantages, returns, train_policy, clip, index)
+        if result.old_logprobs is not None:  # the on-policy shortcut: the learner's forward gave them
+            rollout = dataclasses.replace(rollout, logprobs=result.old_logprobs)
         if train_policy:
             self.sampler.mark_stale()  # the next generation loads the updated weights first (once per update)
-        sync_seconds = getattr(self.sampler, "sync_seconds", None)
-        metrics.update(sampling_metrics(self.accelerator, self.args, rollout, self._generation_log, sync_seconds))
-        metrics.update(update_metrics(self.accelerator, update_stats, train_policy))
+        metrics.update(sampling_metrics(self.accelerator, self.args, rollout, generation))
+        metrics.update(update_metrics(self.accelerator, result.stats, train_policy))
         metrics.update(trl_metric_names(self.accelerator, rollout, metrics))
         self._last_rollout = (rollout, advantages)
         return metrics
+
+    def _learning_rate(self, role: str) -> float:
+        """Current learning rate of the policy or the critic (0 for the policy while it is frozen)."""
+        if role == "policy" and self.in_value_pretraining:
+            return 0.0
+        return self.learner.learning_rate(role)
+
+    # ------------------------------------------------ setup, optimizer, resume
+
+    def create_optimizer(self, model=None) -> torch.optim.Optimizer:
+        """AdamW (or `args.optim`) with separate parameter groups for the policy and the critic."""
+        if self.optimizer is None:
+            wrapper = self.model if model is None else model
+            decay = set(self.get_decay_parameter_names(wrapper))
+            optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, wrapper)
+            optimizer_kwargs.pop("lr", None)
+            groups = parameter_groups(wrapper.named_parameters(), decay, self.args)
+            self.optimizer = optimizer_cls(groups, lr=self.args.learning_rate, **optimizer_kwargs)
+        return self.optimizer
+
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
+        """`lr_scheduler_type` with one clock per model (see [`~optimization.role_scheduler`])."""
+        if self.lr_scheduler is None:
+            per_update = self.optimizer_steps_per_update()
+            steps = (self.num_ppo_updates * per_update, self.num_value_pretrain_updates() * per_update)
+            self.lr_scheduler = role_scheduler(optimizer or self.optimizer, self.args, *steps)
+        return self.lr_scheduler
+
+    def _setup_training(self) -> None:
+        """The optimizer, scheduler and prepared model that `train` starts from, the learner on them, a fresh state."""
+        args = self.args
+        steps = self.num_training_updates() * self.optimizer_steps_per_update()
+        self.create_optimizer_and_scheduler(num_training_steps=steps)
+        # The scheduler is not prepared: accelerate would step it once per process on every call.
+        self.model_wrapped, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
+        if self.is_deepspeed_enabled:
+            self.deepspeed = self.model_wrapped
+        parts = (self.model_wrapped, self.optimizer, self.lr_scheduler, self.accelerator, args)
+        self.learner = PPOLearner(*parts, self.is_deepspeed_enabled, self.batches.local_mini_batch_size)
+        stateful = [cb for cb in self.callbacks + [self.control] if isinstance(cb, ExportableState)]
+        self.state = setup.new_trainer_state(args, stateful, self.num_training_updates(), self.batches.batch_size)
+        self.state.is_local_process_zero = self.is_local_process_zero()
+        self.state.is_world_process_zero = self.is_world_process_zero()
+        self.control = TrainerControl()
+
+    def _restore_training_state(self, resume: trainer_saving.ResumePoint) -> None:
+        """Optimizer, scheduler, trainer state, callbacks' state, the phase, and last the RNG states."""
+        if self.is_deepspeed_enabled:
+            trainer_saving.load_engine_states(self.model_wrapped, resume)
+        self._load_optimizer_and_scheduler(resume.path)  # under DeepSpeed: the scheduler only
+        saved = resume.saved
+        trainer_saving.restore_state(self.state, self.callbacks, resume.path, saved)
+        self.learner.nonfinite_steps_in_a_row = saved["nonfinite_steps_in_a_row"]
+        self.value_pretraining.restore(*saved_phase(saved))
+        self.state.max_steps = self.num_training_updates()  # this run's PPO budget (total_episodes may have changed)
+        step, seed = self.state.global_step, self.args.seed
+        trainer_saving.load_rng_state_elastic(self._load_rng_state, resume, self.accelerator, seed, step)
+        logger.warning(f"Resumed from {resume.path} at update {self.state.global_step} of {self.state.max_steps}.")
+
+    def _sampler_failed(self, err: SamplerError) -> SamplerError:
+        """The error to stop with when the sampler fails mid-run (see [`~trainer_saving.sampler_failure_note`])."""
+        step, save = self.state.global_step, lambda: self._save_checkpoint(self.model, trial=None)
+        note = trainer_saving.sampler_failure_note(self.args, step, self.accelerator.num_processes, save)
+        return SamplerError(f"Sampling failed at update {step + 1}: {err} {note}")
+
+    # -------------------------------------------- evaluation, saving, the Hub
+
+    @torch.no_grad()
+    def evaluate(self, eval_dataset: Dataset | None = None, ignore_keys=None, metric_key_prefix: str = "eval"):
+        """
+        Generate on held-out prompts, score with the training reward functions, and log `<prefix>_accuracy`,
+        `_score`, `_response_length_mean`, `_num_samples` and, with `eval_num_generations` k > 1, `_pass@k` (see
+        [`~evaluation.evaluation_metrics`]); integrations show them as `eval/accuracy`, ... Returns them.
+        """
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None:
+            raise ValueError("No evaluation dataset: pass `eval_dataset` to the trainer or to `evaluate`.")
+        setting = (self.args, self.accelerator, self.state, metric_key_prefix)
+        metrics = evaluation_metrics(self.rollout_maker, dataset, *setting)
+        self.log(dict(metrics))
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
+        return metrics
+
+    def unwrapped_policy_and_critic(self) -> tuple[PreTrainedModel, PreTrainedModel]:
+        wrapper = self.accelerator.unwrap_model(self.model_wrapped)
+        return wrapper.policy, wrapper.critic
+
+    def save_value_model(self, output_dir: str, state_dict: dict | None = None) -> None:
+        """Save the critic as a standard token-classification checkpoint (with the tokenizer). Call on every rank."""
+        _, critic = self.unwrapped_policy_and_critic()
+        trainer_saving.save_critic(critic, self.processing_class, self.args, output_dir, state_dict)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Save the policy (or its adapter) and tokenizer in `output_dir`, the critic in `output_dir/value_model`."""
+        models = (*self.unwrapped_policy_and_critic(), self.processing_class, self.args)
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        trainer_saving.save_models(*models, output_dir, state_dict, self._write_cards)
+
+    def _write_cards(self, folder: str, tags: list[str] | None = None) -> None:
+        hub.write_cards(self, folder, dataset_name=getattr(self, "model_card_dataset_name", None), tags=tags)
+
+    def _save_checkpoint(self, model, trial=None) -> None:
+        """Write `checkpoint-<step>` atomically (see [`~trainer_saving.write_checkpoint`])."""
+        run = (self.state, self.batches, self.args, len(self.train_dataset), self.value_pretraining)
+        resume_state = trainer_saving.training_state(*run, self.learner.nonfinite_steps_in_a_row, self.callbacks)
+        trainer_saving.write_checkpoint(self, self._get_output_dir(trial=trial), resume_state)
+
+    def create_model_card(
+        self,
+        model_name: str | None = None,
+        dataset_name: str | list[str] | None = None,
+        tags: str | list[str] | None = None,
+        **kwargs,
+    ) -> None:
+        """This package's model cards in `output_dir` (the policy's, and the critic's in `value_model/`), the same
+        `save_model()` and `push_to_hub()` write; see [`~hub.write_cards`]."""
+        if not self.is_world_process_zero():
+            return
+        if dataset_name is not None:
+            self.model_card_dataset_name = dataset_name
+        tags = [tags] if isinstance(tags, str) else tags
+        os.makedirs(self.args.output_dir, exist_ok=True)
+        self._write_cards(self.args.output_dir, tags)
+
+    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
+        """Name the policy's repo; repos are created at the first push, so building the trainer needs no network."""
+        self.hub_model_id = hub.policy_repo_id(self.args)
+        self.push_in_progress = None
+
+    def push_to_hub(
+        self,
+        commit_message: str | None = "End of training",
+        blocking: bool = True,
+        token: str | None = None,
+        revision: str | None = None,
+        private: bool | None = None,
+        **kwargs,
+    ):
+        """Save, then push the policy to `hub_model_id` and the critic to `value_hub_model_id` (default
+        `<hub_model_id>-value`), each with a model card; see [`~hub.push_trainer`]. `kwargs`: `dataset_name`, `tags`."""
+        kwargs.pop("model_name", None)
+        if kwargs.get("dataset_name") is not None:
+            self.model_card_dataset_name = kwargs["dataset_name"]  # later saves keep naming it
+        return hub.push_trainer(
+            self, commit_message=commit_message or "Upload", token=token, revision=revision, private=private, **kwargs
+        )

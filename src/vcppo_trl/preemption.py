@@ -70,3 +70,14 @@ def agreed_signal(accelerator: Accelerator, signum: int | None) -> int | None:
     flag = torch.tensor([signum or 0], device=accelerator.device)
     agreed = int(accelerator.reduce(flag, "max"))
     return agreed or None
+
+
+def interruption(signum: int, checkpoint: str, step: int) -> TrainingInterrupted:
+    """The error a run stops with after saving `checkpoint` at update `step` on signal `signum`."""
+    return TrainingInterrupted(
+        f"Training stopped by {signal.Signals(signum).name} after update {step}; checkpoint saved to {checkpoint}. "
+        f"Resume with trainer.train(resume_from_checkpoint={checkpoint!r}) (or --resume_from_checkpoint with "
+        "train.py).",
+        signum,
+        checkpoint,
+    )

@@ -14,6 +14,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .logprobs import response_logprobs
+from .masked import masked_whiten
 from .value_model import value_forward
 
 
@@ -170,6 +171,41 @@ def policy_logprobs(
     return response_logprobs(
         policy, input_ids, attention_mask, position_ids, context_length, temperature, compute_entropy
     )
+
+
+def token_rewards(
+    scores: torch.Tensor,
+    kl: torch.Tensor,
+    response_mask: torch.Tensor,
+    kl_coef: float,
+    whiten: bool = False,
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """
+    Per-token rewards: −kl_coef·KL on every token, plus the score on the last valid response token (never on a
+    padding token after it: TRL ≤ 1.12 put it at the first PAD after EOS).
+
+    Args:
+        scores: `[B]` sequence scores (penalties included).
+        kl: `[B, T]` per-token KL estimates (0 where masked).
+        response_mask: `[B, T]` bool, right-padded.
+        kl_coef: The KL penalty's coefficient.
+        whiten: Scale the rewards to unit variance over the valid tokens, keeping their mean (`whiten_rewards`).
+        all_reduce: Sum over processes for the whitening statistics (`None`: this process's alone).
+
+    Returns:
+        `[B, T]` rewards, 0 outside the mask.
+    """
+    mask = response_mask
+    rewards = -kl_coef * kl
+    lengths = mask.sum(dim=1)
+    has_tokens = lengths > 0
+    last = (lengths - 1).clamp(min=0)
+    rows = torch.arange(mask.shape[0], device=mask.device)
+    rewards[rows[has_tokens], last[has_tokens]] += scores[has_tokens]
+    if whiten:
+        rewards = masked_whiten(rewards, mask, shift_mean=False, all_reduce=all_reduce)
+    return rewards * mask
 
 
 def reward_func_name(func: Callable | PreTrainedModel) -> str:

@@ -97,3 +97,12 @@ class RoleLR(LambdaLR):
         for group, base_lr, lr_lambda in zip(self.optimizer.param_groups, self.base_lrs, self.lr_lambdas):
             group["lr"] = base_lr * lr_lambda(self.last_epoch)
         self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+
+def is_due(interval: float | int, strategy, step: int, max_steps: int) -> bool:
+    """Whether an event with transformers' `*_steps` / `*_strategy` settings (logging, evaluation, saving) happens at
+    update `step` of `max_steps` (an interval below 1 is a fraction of the run)."""
+    if strategy not in ("steps",) or not interval:
+        return False
+    every = interval if interval >= 1 else max(1, int(interval * max_steps))
+    return step % int(every) == 0

@@ -26,6 +26,8 @@ from .gae import dual_lambda_gae
 from .losses import sampler_importance_weights
 from .masked import masked_mean
 from .rollout import Rollout
+from .rollout_maker import GenerationStats
+from .value_pretraining import CriticFit
 
 logger = logging.get_logger(__name__)
 
@@ -35,6 +37,15 @@ PRETRAIN_METRIC_NAMES = {
     "val/clipfrac": "value_pretrain/clipfrac",
     "val/vpred": "value_pretrain/vpred",
 }
+
+
+def critic_fit(metrics: dict[str, float]) -> CriticFit:
+    """The critic's fit in a value-pretraining update's metrics (the names [`rollout_metrics`] and
+    [`update_metrics`] give them in that phase), as the phase's stop rule takes it."""
+    return CriticFit(
+        loss=metrics.get(f"{PRETRAIN_METRIC_NAMES['loss/value']}_avg", math.nan),
+        explained_variance=metrics.get("value_pretrain/explained_variance", math.nan),
+    )
 
 
 def gather_masked(accelerator: Accelerator, *tensors: torch.Tensor) -> list[torch.Tensor]:
@@ -152,20 +163,15 @@ def rollout_metrics(
 
 
 def sampling_metrics(
-    accelerator: Accelerator,
-    args: PPOConfig,
-    rollout: Rollout,
-    generation_log: list[tuple[float, int]],
-    sync_seconds: float | None,
+    accelerator: Accelerator, args: PPOConfig, rollout: Rollout, generation: GenerationStats
 ) -> dict[str, float]:
     """
-    Generation time and throughput of the update's rollout (`generation_log`: seconds and tokens of each generation;
-    `sync_seconds`: the sampler's weight sync, `None` when it has none), and, when vLLM sampled, how far its log-probs
-    are from the training forward's (TRL GRPO's `sampling/...` names): |Δ log p| over valid tokens, and the importance
-    ratios the correction uses (per token, or per sequence in `sequence_*` modes; 0 where masked).
+    Generation time and throughput of the update's rollout (`generation`, with the sampler's weight sync when it has
+    one), and, when vLLM sampled, how far its log-probs are from the training forward's (TRL GRPO's `sampling/...`
+    names): |Δ log p| over valid tokens, and the importance ratios the correction uses (per token, or per sequence in
+    `sequence_*` modes; 0 where masked). `rollout.logprobs` must be the old log-probabilities of the update.
     """
-    seconds = sum(t for t, _ in generation_log)
-    tokens = sum(n for _, n in generation_log)
+    seconds, tokens, sync_seconds = generation.seconds, generation.tokens, generation.sync_seconds
     metrics = {"time/generation_s": seconds}
     total_tokens = accelerator.reduce(torch.tensor([float(tokens)], device=accelerator.device), "sum")
     slowest = accelerator.reduce(torch.tensor([seconds], device=accelerator.device), "max")
@@ -199,7 +205,7 @@ def sampling_metrics(
 
 def update_metrics(accelerator: Accelerator, update_stats: dict[str, float], train_policy: bool) -> dict[str, float]:
     """
-    The PPO epochs' statistics ([`PPOTrainer.ppo_update`]) as logged: averaged over processes under `<name>_avg`
+    The PPO epochs' statistics ([`~learner.PPOLearner.update`]) as logged: averaged over processes under `<name>_avg`
     (`_var` ones keep their name), the critic's under `value_pretrain/` in value-only updates.
     """
     stats = dict(update_stats)

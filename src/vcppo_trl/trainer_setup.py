@@ -1,28 +1,29 @@
-"""Building a [`PPOTrainer`] and readying it to train: the models as the config asks (LoRA, dropout, activation
-checkpointing, the reference policy), reward weights, dataset checks, batch arithmetic, the sampler, and the
-optimizer, accelerator and state that `train` starts from.
+"""Building a [`PPOTrainer`]'s parts: the models as the config asks (LoRA, dropout, activation checkpointing, the
+reference policy), reward weights, dataset checks, the batch arithmetic, the sampler, and models placed for inference.
 
-Plain functions where only the models and the config are needed; a mixin, like [`~trainer_saving.SavingMixin`], for
-the steps that read and set the trainer's state.
+Plain functions of their inputs; the trainer calls them in its constructor and keeps what they return.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
+from collections.abc import Callable
 
 import torch
+from accelerate import Accelerator
 from accelerate.utils import is_peft_model
 from datasets import IterableDataset
-from transformers import PreTrainedModel, TrainerControl, TrainerState
-from transformers.trainer_callback import ExportableState
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerState
 from transformers.utils import is_peft_available, logging
 from trl.trainer.utils import disable_dropout_in_model
 
 from .config import PPOConfig
 from .data import DataReport, prepare_prompt_dataset, prompt_token_lengths, reward_function_columns
-from .generation import HFSampler
+from .generation import HFSampler, neutralised_generation_fields
 from .peft_utils import wrap_value_model
+from .rollout_maker import RolloutMaker
 from .vllm_sampling import (
     VLLMColocateSampler,
     VLLMServerSampler,
@@ -115,159 +116,220 @@ def reward_weights(args: PPOConfig, num_funcs: int) -> torch.Tensor:
     return torch.tensor(args.reward_weights, dtype=torch.float32)
 
 
-class SetupMixin:
-    """The steps of construction and of the start of `train` that need the trainer's accelerator and datasets."""
+def prepare_datasets(
+    train_dataset, eval_dataset, tokenizer: PreTrainedTokenizerBase, args: PPOConfig, reward_funcs: list
+) -> tuple[object, object, dict[str, DataReport]]:
+    """
+    Check the schema and drop (or count truncated) bad rows before training; see [`~data.prepare_prompt_dataset`].
 
-    def _prepare_datasets(self, train_dataset, eval_dataset, tokenizer, args):
-        """Check the schema and drop (or count truncated) bad rows before training; see [`~data.prepare_prompt_dataset`]."""
-        self.data_reports: dict[str, DataReport] = {}
-        prepared = []
-        for name, dataset in (("train", train_dataset), ("eval", eval_dataset)):
-            if dataset is not None:
-                required = reward_function_columns(self.reward_funcs, dataset.column_names)
-                dataset, report = prepare_prompt_dataset(
-                    dataset, f"{name}_dataset", tokenizer, required, args.max_prompt_length, args.overlong_prompt
-                )
-                self.data_reports[name] = report
-                if report.kept < report.num_rows or report.truncated_prompts:
-                    logger.warning(f"{name}_dataset: {report.summary()}.")
-            prepared.append(dataset)
-        return prepared
-
-    def _build_sampler(self, policy: torch.nn.Module):
-        """The generation backend (see [`~generation`]): HF `generate`, or vLLM colocate/server with `use_vllm`."""
-        args = self.args
-        if not args.use_vllm:
-            return HFSampler(
-                lambda: self.model_wrapped,
-                self.accelerator,
-                self.processing_class,
-                self.stop_token_ids,
-                args.response_length,
-                args.local_rollout_forward_batch_size,
-                args.ds3_gather_for_generation,
+    Returns:
+        `(train_dataset, eval_dataset, reports)`, with one [`~data.DataReport`] per dataset given (`"train"`, `"eval"`).
+    """
+    reports: dict[str, DataReport] = {}
+    prepared = []
+    for name, dataset in (("train", train_dataset), ("eval", eval_dataset)):
+        if dataset is not None:
+            required = reward_function_columns(reward_funcs, dataset.column_names)
+            dataset, report = prepare_prompt_dataset(
+                dataset, f"{name}_dataset", tokenizer, required, args.max_prompt_length, args.overlong_prompt
             )
-        require_vllm()
-        from trl.distributed import DistributedBackend
+            reports[name] = report
+            if report.kept < report.num_rows or report.truncated_prompts:
+                logger.warning(f"{name}_dataset: {report.summary()}.")
+        prepared.append(dataset)
+    return prepared[0], prepared[1], reports
 
-        backend = DistributedBackend(self.accelerator)
-        gather = backend.gather_params
 
-        def current_policy():
-            return self.accelerator.unwrap_model(self.model_wrapped).policy
+def build_sampler(
+    args: PPOConfig,
+    policy: torch.nn.Module,
+    current_model: Callable[[], torch.nn.Module],
+    accelerator: Accelerator,
+    tokenizer: PreTrainedTokenizerBase,
+    stop_token_ids: list[int],
+    datasets: list,
+):
+    """
+    The generation backend (see [`~generation`]): HF `generate`, or vLLM colocate/server with `use_vllm`.
 
-        common = (current_policy, gather, self.accelerator, self.processing_class, self.stop_token_ids)
-        longest_prompt = args.max_prompt_length
-        if longest_prompt is None:
-            datasets = [d for d in (self.train_dataset, self.eval_dataset) if d is not None]
-            longest_prompt = max(max(prompt_token_lengths(d["prompt"], self.processing_class)) for d in datasets)
-        needed_length = longest_prompt + args.response_length
-        if args.vllm_mode == "server":
-            sampler = VLLMServerSampler(
-                *common,
-                args.response_length,
-                base_url=server_base_url(args),
-                timeout=args.vllm_server_timeout,
-                group_port=args.vllm_group_port,
-                needed_length=needed_length,
-            )
-            logger.warning(f"Rollouts are sampled by the vLLM server at {sampler.base_url}.")
-            return sampler
-        config = (policy.get_base_model() if is_peft_model(policy) else policy).config
-        max_model_length = args.vllm_max_model_length or (
-            args.max_prompt_length + args.response_length
-            if args.max_prompt_length is not None
-            else config.max_position_embeddings
+    Args:
+        policy: The policy as built (its config sizes the vLLM engine).
+        current_model: Returns the current (prepared) [`~rollout.PolicyAndValueModel`] at each generation.
+        datasets: The prompt datasets, to size vLLM's context when `max_prompt_length` is not set.
+    """
+    if not args.use_vllm:
+        return HFSampler(
+            current_model,
+            accelerator,
+            tokenizer,
+            stop_token_ids,
+            args.response_length,
+            args.local_rollout_forward_batch_size,
+            args.ds3_gather_for_generation,
         )
-        check_vllm_model(config, max_model_length, needed_length, vllm_platform_is_cpu())
-        dtype = vllm_dtype(args, policy)
-        sampler = VLLMColocateSampler(
+    require_vllm()
+    from trl.distributed import DistributedBackend
+
+    backend = DistributedBackend(accelerator)
+    gather = backend.gather_params
+
+    def current_policy():
+        return accelerator.unwrap_model(current_model()).policy
+
+    common = (current_policy, gather, accelerator, tokenizer, stop_token_ids)
+    longest_prompt = args.max_prompt_length
+    if longest_prompt is None:
+        longest_prompt = max(max(prompt_token_lengths(d["prompt"], tokenizer)) for d in datasets if d is not None)
+    needed_length = longest_prompt + args.response_length
+    if args.vllm_mode == "server":
+        sampler = VLLMServerSampler(
             *common,
             args.response_length,
-            dtype=dtype,
-            max_model_length=max_model_length,
-            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-            tensor_parallel_size=args.vllm_tensor_parallel_size,
-            enable_sleep_mode=args.vllm_enable_sleep_mode,
-            model_impl=args.vllm_model_impl,
-            seed=args.seed,
-            copy_weights=backend.is_zero3,
+            base_url=server_base_url(args),
+            timeout=args.vllm_server_timeout,
+            group_port=args.vllm_group_port,
+            needed_length=needed_length,
         )
-        started = f"engine started in {sampler.start_seconds:.0f} s" if sampler.start_seconds else "engine reused"
-        logger.warning(
-            f"Rollouts are sampled by vLLM (colocate, {dtype}, context {max_model_length} tokens); {started}."
-        )
+        logger.warning(f"Rollouts are sampled by the vLLM server at {sampler.base_url}.")
         return sampler
+    config = (policy.get_base_model() if is_peft_model(policy) else policy).config
+    max_model_length = args.vllm_max_model_length or (
+        args.max_prompt_length + args.response_length
+        if args.max_prompt_length is not None
+        else config.max_position_embeddings
+    )
+    check_vllm_model(config, max_model_length, needed_length, vllm_platform_is_cpu())
+    dtype = vllm_dtype(args, policy)
+    sampler = VLLMColocateSampler(
+        *common,
+        args.response_length,
+        dtype=dtype,
+        max_model_length=max_model_length,
+        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        tensor_parallel_size=args.vllm_tensor_parallel_size,
+        enable_sleep_mode=args.vllm_enable_sleep_mode,
+        model_impl=args.vllm_model_impl,
+        seed=args.seed,
+        copy_weights=backend.is_zero3,
+    )
+    started = f"engine started in {sampler.start_seconds:.0f} s" if sampler.start_seconds else "engine reused"
+    logger.warning(f"Rollouts are sampled by vLLM (colocate, {dtype}, context {max_model_length} tokens); {started}.")
+    return sampler
 
-    def _prepare_auxiliary_models(self) -> None:
-        """Place the reference and reward models for inference (DeepSpeed-initialised under DeepSpeed)."""
 
-        def prepare(model):
-            if self.is_deepspeed_enabled:
-                from trl.models import prepare_deepspeed
+def prepare_for_inference(model: PreTrainedModel, accelerator: Accelerator, is_deepspeed: bool) -> PreTrainedModel:
+    """Place a reference or reward model for inference (DeepSpeed-initialised under DeepSpeed)."""
+    if is_deepspeed:
+        from trl.models import prepare_deepspeed
 
-                return prepare_deepspeed(model, self.accelerator)
-            return self.accelerator.prepare_model(model, evaluation_mode=True)
+        return prepare_deepspeed(model, accelerator)
+    return accelerator.prepare_model(model, evaluation_mode=True)
 
-        if self.ref_model is not None:
-            self.ref_model = prepare(self.ref_model)
-        self.reward_funcs = [prepare(f) if isinstance(f, PreTrainedModel) else f for f in self.reward_funcs]
 
-    def _compute_batch_sizes(self) -> None:
-        """TRL's PPO batch arithmetic, checked against the dataset before any training time is spent."""
-        args = self.args
-        self.world_size = self.accelerator.num_processes
-        self.local_batch_size = (
-            args.per_device_train_batch_size * args.gradient_accumulation_steps * args.num_mini_batches
+@dataclasses.dataclass(frozen=True)
+class BatchPlan:
+    """TRL's PPO batch arithmetic: sequences and prompts per update, per process and in all, and the run's length."""
+
+    world_size: int
+    local_batch_size: int  # sequences this process rolls out per update
+    local_mini_batch_size: int  # sequences of this process per optimizer step
+    batch_size: int  # sequences per update, all processes
+    local_prompts_per_update: int
+    prompts_per_update: int
+    num_ppo_updates: int
+    total_episodes: int
+
+
+def plan_batches(args: PPOConfig, world_size: int, train_rows: int, warn: bool = True) -> BatchPlan:
+    """The batch arithmetic, checked against the dataset before any training time is spent."""
+    local_batch_size = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.num_mini_batches
+    batch_size = local_batch_size * world_size
+    k = args.num_generations
+    if local_batch_size % k:
+        raise ValueError(
+            f"num_generations={k} must divide the {local_batch_size} sequences each process rolls out per "
+            f"update (per_device_train_batch_size × gradient_accumulation_steps × num_mini_batches = "
+            f"{args.per_device_train_batch_size} × {args.gradient_accumulation_steps} × {args.num_mini_batches})."
         )
-        self.local_mini_batch_size = self.local_batch_size // args.num_mini_batches
-        self.batch_size = self.local_batch_size * self.world_size
-        k = args.num_generations
-        if self.local_batch_size % k:
-            raise ValueError(
-                f"num_generations={k} must divide the {self.local_batch_size} sequences each process rolls out per "
-                f"update (per_device_train_batch_size × gradient_accumulation_steps × num_mini_batches = "
-                f"{args.per_device_train_batch_size} × {args.gradient_accumulation_steps} × {args.num_mini_batches})."
-            )
-        self.local_prompts_per_update = self.local_batch_size // k
-        self.prompts_per_update = self.batch_size // k
-        if len(self.train_dataset) < self.prompts_per_update:
-            raise ValueError(
-                f"One update needs batch_size = per_device_train_batch_size ({args.per_device_train_batch_size}) × "
-                f"gradient_accumulation_steps ({args.gradient_accumulation_steps}) × num_mini_batches "
-                f"({args.num_mini_batches}) × processes ({self.world_size}) / num_generations ({k}) = "
-                f"{self.prompts_per_update} prompts, but the train dataset has only {len(self.train_dataset)} rows. "
-                "Lower those settings or add data."
-            )
-        total_episodes = args.total_episodes or int(args.num_train_epochs * len(self.train_dataset) * k)
-        self.num_ppo_updates = max(1, math.ceil(total_episodes / self.batch_size))
-        self.total_episodes = total_episodes
-        if total_episodes % self.batch_size and self.is_world_process_zero():
-            logger.warning(
-                f"total_episodes={total_episodes} is not a multiple of the {self.batch_size} "
-                f"{'prompts' if k == 1 else 'responses'} per update: "
-                f"rounded up to {self.num_ppo_updates} updates = {self.num_ppo_updates * self.batch_size} episodes."
-            )
-
-    def _setup_training(self) -> None:
-        args = self.args
-        steps = self.num_training_updates() * self.optimizer_steps_per_update()
-        self.create_optimizer_and_scheduler(num_training_steps=steps)
-        # The scheduler is not prepared: accelerate would step it once per process on every call.
-        self.model_wrapped, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
-        if self.is_deepspeed_enabled:
-            self.deepspeed = self.model_wrapped
-        self.state = TrainerState(
-            stateful_callbacks=[
-                cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)
-            ],
+    prompts_per_update = batch_size // k
+    if train_rows < prompts_per_update:
+        raise ValueError(
+            f"One update needs batch_size = per_device_train_batch_size ({args.per_device_train_batch_size}) × "
+            f"gradient_accumulation_steps ({args.gradient_accumulation_steps}) × num_mini_batches "
+            f"({args.num_mini_batches}) × processes ({world_size}) / num_generations ({k}) = "
+            f"{prompts_per_update} prompts, but the train dataset has only {train_rows} rows. "
+            "Lower those settings or add data."
         )
-        self.state.max_steps = self.num_training_updates()
-        self.state.num_train_epochs = args.num_train_epochs
-        self.state.logging_steps = args.logging_steps
-        self.state.eval_steps = args.eval_steps
-        self.state.save_steps = args.save_steps
-        self.state.is_local_process_zero = self.is_local_process_zero()
-        self.state.is_world_process_zero = self.is_world_process_zero()
-        self.state.train_batch_size = self.batch_size
-        self.control = TrainerControl()
+    total_episodes = args.total_episodes or int(args.num_train_epochs * train_rows * k)
+    num_ppo_updates = max(1, math.ceil(total_episodes / batch_size))
+    if total_episodes % batch_size and warn:
+        logger.warning(
+            f"total_episodes={total_episodes} is not a multiple of the {batch_size} "
+            f"{'prompts' if k == 1 else 'responses'} per update: "
+            f"rounded up to {num_ppo_updates} updates = {num_ppo_updates * batch_size} episodes."
+        )
+    return BatchPlan(
+        world_size=world_size,
+        local_batch_size=local_batch_size,
+        local_mini_batch_size=local_batch_size // args.num_mini_batches,
+        batch_size=batch_size,
+        local_prompts_per_update=local_batch_size // k,
+        prompts_per_update=prompts_per_update,
+        num_ppo_updates=num_ppo_updates,
+        total_episodes=total_episodes,
+    )
+
+
+def warn_about_generation_config(policy: PreTrainedModel, args: PPOConfig) -> None:
+    """Say which fields of the policy's `generation_config` rollouts ignore (see
+    [`~generation.neutralised_generation_fields`])."""
+    ignored = neutralised_generation_fields(policy)
+    if ignored:
+        logger.warning(
+            "The policy's generation_config sets "
+            + ", ".join(f"{k}={v!r}" for k, v in sorted(ignored.items()))
+            + f": PPO does not apply them. Rollouts sample at temperature={args.temperature} with no other logits "
+            "processing, the distribution the policy-gradient ratio and the training log-probabilities assume."
+        )
+
+
+def build_rollout_maker(
+    args: PPOConfig,
+    accelerator: Accelerator,
+    tokenizer: PreTrainedTokenizerBase,
+    stop_token_ids: list[int],
+    policy: PreTrainedModel,
+    current_model: Callable[[], torch.nn.Module],
+    ref_model: PreTrainedModel | None,
+    reference_is_initial_policy: bool,
+    reward_funcs: list,
+    reward_processing_classes: list,
+    datasets: list,
+) -> RolloutMaker:
+    """The [`~rollout_maker.RolloutMaker`] with its sampler ([`build_sampler`]) and the reward weights."""
+    sampler = build_sampler(args, policy, current_model, accelerator, tokenizer, stop_token_ids, datasets)
+    return RolloutMaker(
+        args,
+        accelerator,
+        tokenizer,
+        sampler,
+        current_model,
+        ref_model,
+        reward_funcs,
+        reward_processing_classes,
+        reward_weights(args, len(reward_funcs)),
+        stop_token_ids,
+        reference_is_initial_policy,
+    )
+
+
+def new_trainer_state(args: PPOConfig, stateful_callbacks: list, max_steps: int, batch_size: int) -> TrainerState:
+    """A fresh `TrainerState` for a run of `max_steps` updates of `batch_size` sequences."""
+    state = TrainerState(stateful_callbacks=stateful_callbacks)
+    state.max_steps = max_steps
+    state.num_train_epochs = args.num_train_epochs
+    state.logging_steps = args.logging_steps
+    state.eval_steps = args.eval_steps
+    state.save_steps = args.save_steps
+    state.train_batch_size = batch_size
+    return state

@@ -1,23 +1,26 @@
 """VCPPOTrainer: PPOTrainer plus VC-PPO's two changes (arXiv 2503.01491).
 
 1. Value pretraining: before the policy moves, the critic is trained alone on the frozen policy's rollouts with
-   Monte-Carlo targets (λ = 1). The trainer holds the phase and the update count; [`ValuePretrainCallback`] decides
-   when the phase stops and saves the critics.
+   Monte-Carlo targets (λ = 1). The phase ([`~value_pretraining.ValuePretrainingPhase`]) is configured by a
+   [`ValuePretrainCallback`] and run by the trainer.
 2. Decoupled GAE: value targets with `lam_critic` (1.0), policy advantages with `lam_actor` (≈ 0.95).
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 from transformers.utils import logging
 
-from .callbacks import ValuePretrainCallback
+from . import hub
+from .callbacks import VALUE_PRETRAINED_DIRNAME, ValuePretrainCallback
 from .config import VCPPOConfig
 from .gae import dual_lambda_gae
 from .ppo_trainer import PPOTrainer
 from .rollout import Rollout
+from .trainer_metrics import critic_fit
 
 logger = logging.get_logger(__name__)
 
@@ -48,6 +51,8 @@ class VCPPOTrainer(PPOTrainer):
             value_model = args.value_model_path
         super().__init__(model, reward_funcs, args=args, value_model=value_model, **kwargs)
         self.value_pretrain_callback = self._bind_value_pretrain_callback()
+        if self.value_pretrain_callback is not None:
+            self.value_pretraining = self.value_pretrain_callback.phase
 
     def _bind_value_pretrain_callback(self) -> ValuePretrainCallback | None:
         given = [cb for cb in self.callback_handler.callbacks if isinstance(cb, ValuePretrainCallback)]
@@ -70,9 +75,44 @@ class VCPPOTrainer(PPOTrainer):
             callback.bind(self)
         return callback
 
-    def num_value_pretrain_updates(self) -> int:
-        callback = self.value_pretrain_callback
-        return callback.max_steps if callback is not None else 0
+    def before_training(self) -> None:
+        """Begin value pretraining unless it has ended (a resumed run may find it begun, or done)."""
+        if not self.value_pretraining.should_begin():
+            return
+        self.begin_value_pretraining()
+        if self.is_world_process_zero():
+            logger.warning(
+                "Value pretraining: training the critic alone (λ = 1, policy frozen) for up to "
+                f"{self.value_pretraining.planned_updates} updates."
+            )
+
+    def after_update(self, metrics: dict[str, float]) -> None:
+        """In value pretraining: count the update, save the critic where the rule asks, and end the phase when the
+        rule says so (saving the pretrained critic, and pushing it with `value_pretrain_push`)."""
+        phase = self.value_pretraining
+        if not phase.active:
+            return
+        reason = phase.record(critic_fit(metrics))
+        if phase.save_now():
+            self._save_pretrained_critic(f"{VALUE_PRETRAINED_DIRNAME}-step-{phase.updates}")
+        if reason is None:
+            return
+        path = self._save_pretrained_critic(VALUE_PRETRAINED_DIRNAME)
+        if getattr(self.args, "value_pretrain_push", False):
+            hub.push_pretrained_critic(self, path, steps=phase.updates)
+        self.end_value_pretraining(reason)
+        if self.is_world_process_zero():
+            logger.warning(
+                f"Value pretraining finished after {phase.updates} updates ({reason}); PPO training starts."
+            )
+
+    def _save_pretrained_critic(self, name: str) -> str:
+        path = os.path.join(self.args.output_dir, name)
+        self.save_value_model(path)
+        self.value_pretraining.saved_paths.append(path)
+        if self.is_world_process_zero():
+            logger.warning(f"Value pretraining: saved the critic to {path}")
+        return path
 
     def actor_lambda(self, response_mask: torch.Tensor) -> float | torch.Tensor:
         """`lam_actor`, or with `lam_actor_length_alpha` one λ = 1 − 1/(α·l) per response of length l (VAPO)."""

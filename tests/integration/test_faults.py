@@ -130,7 +130,7 @@ def test_nonfinite_step_is_skipped(make_trainer, tiny_config, monkeypatch):
     logs = [e for e in trainer.state.log_history if "episode" in e]
     assert [e["diagnostics/nonfinite_steps"] for e in logs] == [1.0, 0.0]
     assert all(torch.isfinite(p).all() for p in list(policy.parameters()) + list(critic.parameters()))
-    assert trainer.nonfinite_steps_in_a_row == 0
+    assert trainer.learner.nonfinite_steps_in_a_row == 0
 
 
 def test_persistent_nonfinite_loss_stops_with_last_checkpoint_intact(make_trainer, tiny_config, monkeypatch):
@@ -185,7 +185,8 @@ def test_overlong_prompts_are_truncated_and_counted(tiny_policy, tokenizer, tiny
         processing_class=tokenizer,
     )
     assert trainer.data_reports["train"].truncated_prompts == 1
-    ids, _ = trainer._tokenize_prompts(trainer._prompt_texts([{"prompt": rows["prompt"][-1]}]))
+    maker = trainer.rollout_maker
+    ids, _ = maker.tokenize_prompts(maker.prompt_texts([{"prompt": rows["prompt"][-1]}]))
     assert ids.shape[1] == 40
 
 

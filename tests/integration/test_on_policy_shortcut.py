@@ -10,22 +10,23 @@ import pytest
 import torch
 
 from vcppo_trl import PPOConfig, PPOTrainer
+from vcppo_trl.rollout_maker import old_logprobs_from_training_forward
 
 
 def _rows(trainer):
-    return [trainer.train_dataset[i] for i in range(trainer.local_batch_size)]
+    return [trainer.train_dataset[i] for i in range(trainer.batches.local_batch_size)]
 
 
 def _spy_rollout_policy_forwards(trainer):
     """Record `compute_policy` of every rollout forward."""
     calls = []
-    original = trainer._forward_in_chunks
+    original = trainer.rollout_maker.forward
 
     def spy(rollout, compute_policy):
         calls.append(compute_policy)
         return original(rollout, compute_policy)
 
-    trainer._forward_in_chunks = spy
+    trainer.rollout_maker.forward = spy
     return calls
 
 
@@ -63,7 +64,7 @@ def test_shortcut_gives_the_same_losses_and_gradients_without_the_rollout_policy
         )
         if critic0 is None:
             critic0 = copy.deepcopy(trainer.model.critic)
-        assert trainer.old_logprobs_from_training_forward() is shortcut
+        assert old_logprobs_from_training_forward(trainer.args) is shortcut
         trainer._setup_training()
         forwards = _spy_rollout_policy_forwards(trainer)
         grads = _capture_step_grads(trainer)
@@ -77,7 +78,7 @@ def test_shortcut_gives_the_same_losses_and_gradients_without_the_rollout_policy
     torch.testing.assert_close(fast_rollout.response_ids, slow_rollout.response_ids)
     mask = slow_rollout.response_mask
     assert mask.any()
-    # The update filled the old log-probs in, equal to the rollout forward's (eval mode, no dropout).
+    # The learner's forward gave the old log-probs, equal to the rollout forward's (eval mode, no dropout).
     torch.testing.assert_close(fast_rollout.logprobs[mask], slow_rollout.logprobs[mask], rtol=1e-5, atol=1e-5)
     assert fast_metrics["val/ratio"] == 1.0 and fast_metrics["policy/approxkl_avg"] == 0.0
     for name in ("loss/policy_avg", "loss/value_avg", "objective/entropy"):
@@ -101,14 +102,14 @@ def test_shortcut_gives_the_same_losses_and_gradients_without_the_rollout_policy
 )
 def test_shortcut_is_not_taken_when_the_update_is_not_exactly_on_policy(make_trainer, tiny_config, overrides):
     trainer = make_trainer(cls=PPOTrainer, args=tiny_config(PPOConfig, **{**ON_POLICY, **overrides}))
-    assert not trainer.old_logprobs_from_training_forward()
-    rollout = trainer.make_rollout(_rows(trainer))
+    assert not old_logprobs_from_training_forward(trainer.args)
+    rollout, _ = trainer.rollout_maker.make(_rows(trainer))
     assert rollout.logprobs is not None and rollout.logprobs.shape == rollout.response_mask.shape
 
 
 def test_value_pretraining_under_the_shortcut_computes_no_policy_logprobs(make_trainer, tiny_config):
     trainer = make_trainer(args=tiny_config(value_pretrain_steps=1, total_episodes=8, **ON_POLICY))
-    assert trainer.old_logprobs_from_training_forward()
+    assert old_logprobs_from_training_forward(trainer.args)
     forwards = _spy_rollout_policy_forwards(trainer)
     trainer.train()
     assert forwards == [False, False]  # one pretraining update, one VC-PPO update: no rollout policy forward

@@ -10,14 +10,28 @@ import pytest
 import torch
 
 from vcppo_trl import PPOConfig, PPOTrainer, ppo_loss
-from vcppo_trl import ppo_trainer as trainer_module
-
-from ..conftest import length_reward
+from vcppo_trl import trainer_setup
+from vcppo_trl.rollout import token_rewards
 
 
 def _rows(trainer, n=None):
-    n = n or trainer.local_batch_size
+    n = n or trainer.batches.local_batch_size
     return [trainer.train_dataset[i] for i in range(n)]
+
+
+def _make_rollout(trainer, rows, train_policy=True):
+    rollout, _ = trainer.rollout_maker.make(rows, train_policy=train_policy, trainer_state=trainer.state)
+    return rollout
+
+
+def _update(trainer, rollout, advantages, returns, train_policy=True):
+    value_clip = trainer.value_cliprange()
+    return trainer.learner.update(rollout, advantages, returns, train_policy=train_policy, value_cliprange=value_clip)
+
+
+def _token_rewards(trainer, rollout):
+    args = trainer.args
+    return token_rewards(rollout.scores, rollout.kl, rollout.response_mask, args.kl_coef, args.whiten_rewards)
 
 
 # ------------------------------------------------------------------------ value clipping during value pretraining
@@ -72,10 +86,10 @@ def test_value_pretraining_without_clipping_reaches_far_targets(make_trainer, ti
         trainer = make_trainer(reward_funcs=constant_reward, args=args)
         trainer._setup_training()
         trainer.begin_value_pretraining()
-        rollout = trainer.make_rollout(_rows(trainer), train_policy=False)
+        rollout = _make_rollout(trainer, _rows(trainer), train_policy=False)
         advantages, returns = trainer.compute_advantages(rollout)
-        trainer.ppo_update(rollout, advantages, returns, train_policy=False)
-        _, after = trainer._forward_in_chunks(rollout, compute_policy=False)
+        _update(trainer, rollout, advantages, returns, train_policy=False)
+        _, after = trainer.rollout_maker.forward(rollout, compute_policy=False)
         mask = rollout.response_mask
         moved[clip] = float((after - rollout.values)[mask].abs().mean())
     # Clipped, a value whose clipped loss wins gets no gradient once it has moved 0.2; unclipped it keeps going.
@@ -92,8 +106,8 @@ def test_rollout_logprobs_and_values_are_computed_in_eval_mode(make_trainer, tin
     model = trainer.model
     critic_dropout = [m for m in model.critic.modules() if isinstance(m, torch.nn.Dropout)]
     assert critic_dropout and critic_dropout[0].p > 0  # the token-classification head has dropout
-    model.train()  # the state ppo_update leaves the model in
-    rollout = trainer.make_rollout(_rows(trainer))
+    model.train()  # the state a PPO update leaves the model in
+    rollout = _make_rollout(trainer, _rows(trainer))
     assert model.training and model.critic.training  # the rollout restored the training flags
     model.eval()
     with torch.no_grad():
@@ -128,7 +142,7 @@ def test_sampler_logprobs_equal_training_logprobs_despite_model_generation_confi
 ):
     fields = _leaky_generation_config(tiny_policy, tokenizer)
     warnings = []
-    monkeypatch.setattr(trainer_module.logger, "warning", lambda msg, *a, **k: warnings.append(str(msg)))
+    monkeypatch.setattr(trainer_setup.logger, "warning", lambda msg, *a, **k: warnings.append(str(msg)))
     trainer = make_trainer(args=tiny_config(temperature=0.7, response_length=24))
     warning = next(w for w in warnings if "generation_config" in w)
     for name in fields | {"min_new_tokens", "suppress_tokens"}:
@@ -144,7 +158,7 @@ def test_sampler_logprobs_equal_training_logprobs_despite_model_generation_confi
 
     monkeypatch.setattr(tiny_policy, "generate", generate_with_scores)
     torch.manual_seed(0)
-    rollout = trainer.make_rollout(_rows(trainer))
+    rollout = _make_rollout(trainer, _rows(trainer))
     sampler = torch.log_softmax(torch.cat(scores).float(), dim=-1)  # scores are after the sampler's processors
     tokens = rollout.response_ids[:, : sampler.shape[1]]
     sampler_logprobs = sampler.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
@@ -178,7 +192,7 @@ def _with_lengths(trainer, rollout, lengths):
     """Cut the rollout's responses to the given lengths (unequal micro-batches) and recompute rewards."""
     positions = torch.arange(rollout.response_mask.shape[1])
     rollout.response_mask = rollout.response_mask & (positions[None, :] < torch.tensor(lengths)[:, None])
-    rollout.rewards = trainer.token_rewards(rollout)
+    rollout.rewards = _token_rewards(trainer, rollout)
     return rollout
 
 
@@ -213,10 +227,10 @@ def test_minibatch_gradient_does_not_depend_on_the_micro_batch_split(
             critic0 = copy.deepcopy(trainer.model.critic)
         trainer._setup_training()
         if rollout is None:
-            rollout = _with_lengths(trainer, trainer.make_rollout(_rows(trainer, 4)), [1, 16, 3, 9])
+            rollout = _with_lengths(trainer, _make_rollout(trainer, _rows(trainer, 4)), [1, 16, 3, 9])
         advantages, returns = trainer.compute_advantages(rollout)
         captured = _capture_first_step_grads(trainer)
-        trainer.ppo_update(rollout, advantages, returns)
+        _update(trainer, rollout, advantages, returns)
         grads[(micro, accumulation)] = captured
     reference = grads[(4, 1)]  # one micro-batch holds the whole mini-batch
     for split in ((1, 4), (2, 2)):
@@ -247,10 +261,10 @@ def test_large_critic_gradients_do_not_shrink_the_policy_step(make_trainer, tiny
             critic0 = copy.deepcopy(trainer.model.critic)
         trainer._setup_training()
         if rollout is None:
-            rollout = trainer.make_rollout(_rows(trainer))
+            rollout = _make_rollout(trainer, _rows(trainer))
         advantages, returns = trainer.compute_advantages(rollout)
         grads[vf_coef] = _capture_first_step_grads(trainer)
-        trainer.ppo_update(rollout, advantages, returns)
+        _update(trainer, rollout, advantages, returns)
     for name, grad in grads[1e-3].items():
         if name.startswith("policy."):
             torch.testing.assert_close(grads[1e3][name], grad, msg=name)
@@ -271,13 +285,13 @@ def test_value_pretraining_targets_include_kl_to_a_user_reference(make_trainer, 
     reference = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=1)  # not the policy
     args = tiny_config(value_pretrain_steps=1, total_episodes=16, kl_coef=0.1)
     trainer = make_trainer(args=args, ref_model=reference)
-    rollout = trainer.make_rollout(_rows(trainer), train_policy=False)
+    rollout = _make_rollout(trainer, _rows(trainer), train_policy=False)
     mask = rollout.response_mask
     assert rollout.kl[mask].abs().min() > 0  # the frozen policy differs from the reference
-    with_kl = trainer.token_rewards(rollout)
+    with_kl = _token_rewards(trainer, rollout)
     no_kl = copy.copy(rollout)
     no_kl.kl = torch.zeros_like(rollout.kl)
-    torch.testing.assert_close(with_kl - trainer.token_rewards(no_kl), -0.1 * rollout.kl * mask)
+    torch.testing.assert_close(with_kl - _token_rewards(trainer, no_kl), -0.1 * rollout.kl * mask)
     torch.testing.assert_close(rollout.rewards, with_kl)
     # The critic's targets during pretraining (λ = 1) are the reverse sums of those rewards, KL included.
     trainer.begin_value_pretraining()
@@ -288,7 +302,9 @@ def test_value_pretraining_targets_include_kl_to_a_user_reference(make_trainer, 
 
 def test_value_pretraining_skips_kl_when_the_reference_is_the_initial_policy(make_trainer, tiny_config, monkeypatch):
     trainer = make_trainer(args=tiny_config(value_pretrain_steps=1, total_episodes=16, kl_coef=0.1))
-    assert trainer.reference_is_initial_policy
-    monkeypatch.setattr(trainer, "_ref_logprobs", lambda rollout: pytest.fail("reference forward in pretraining"))
-    rollout = trainer.make_rollout(_rows(trainer), train_policy=False)
+    assert trainer.rollout_maker.reference_is_initial_policy
+    monkeypatch.setattr(
+        trainer.rollout_maker, "reference_logprobs", lambda rollout: pytest.fail("reference forward in pretraining")
+    )
+    rollout = _make_rollout(trainer, _rows(trainer), train_policy=False)
     assert rollout.logprobs is None and not rollout.kl.any()

@@ -9,7 +9,7 @@ import torch
 from vcppo_trl import CheckpointError, InsufficientDiskSpaceError, PPOTrainer, VCPPOTrainer
 from vcppo_trl.checkpointing import missing_checkpoint_files, read_training_state
 from vcppo_trl.toy.model import build_tiny_model
-from vcppo_trl.trainer_saving import saved_phase
+from vcppo_trl.value_pretraining import saved_phase
 
 from ..conftest import length_reward, step_logs
 

@@ -104,7 +104,7 @@ def _max_logprob_gap(policy, query_ids, query_mask, samples, temperature):
 def test_greedy_vllm_equals_hf_greedy(vllm_trainer, tokenizer):
     trainer = vllm_trainer(response_length=24)
     ids, mask = _encode(tokenizer)
-    vllm_out = trainer.generate(ids, mask, greedy=True)
+    vllm_out = trainer.rollout_maker.generate(ids, mask, greedy=True)
     hf_out = _hf_sampler(trainer, 24).generate(ids, mask, greedy=True, temperature=1.0)
     assert trainer.sampler.name == "vllm-colocate"
     assert torch.equal(vllm_out.response_ids, hf_out.response_ids)
@@ -121,7 +121,7 @@ def test_custom_stop_token_cuts_both_paths_alike(vllm_trainer, tokenizer):
     trainer = vllm_trainer(response_length=24, stop_token_id=stop_id)
     assert trainer.sampler.sampling_kwargs(True, 1.0)["stop_token_ids"] == [stop_id]
     assert trainer.sampler.sampling_kwargs(True, 1.0)["ignore_eos"] is True
-    vllm_out = trainer.generate(ids, mask, greedy=True)
+    vllm_out = trainer.rollout_maker.generate(ids, mask, greedy=True)
     hf_out = _hf_sampler(trainer, 24).generate(ids, mask, greedy=True, temperature=1.0)
     assert bool(vllm_out.has_stop[0]) and int(vllm_out.response_mask[0].sum()) <= 3
     assert torch.equal(vllm_out.response_ids, hf_out.response_ids)
@@ -132,7 +132,7 @@ def test_sampler_logprobs_match_the_training_forward(vllm_trainer, tokenizer):
     trainer = vllm_trainer(response_length=24)
     ids, mask = _encode(tokenizer)
     torch.manual_seed(0)
-    samples = trainer.generate(ids, mask, temperature=0.7)
+    samples = trainer.rollout_maker.generate(ids, mask, temperature=0.7)
     assert samples.logprobs is not None and samples.response_mask.any()
     assert _max_logprob_gap(trainer.model.policy, ids, mask, samples, 0.7) < LOGPROB_TOLERANCE
 
@@ -140,11 +140,11 @@ def test_sampler_logprobs_match_the_training_forward(vllm_trainer, tokenizer):
 def test_after_a_ppo_update_vllm_samples_from_the_updated_weights(vllm_trainer, tokenizer):
     trainer = vllm_trainer(value_pretrain_steps=0, total_episodes=16, learning_rate=1e-2)
     ids, mask = _encode(tokenizer)
-    before = trainer.generate(ids, mask)
+    before = trainer.rollout_maker.generate(ids, mask)
     trainer.train()  # one update: 16 responses
     assert trainer.sampler.stale, "a policy update must mark the sampler stale"
     syncs = trainer.sampler.num_syncs
-    after = trainer.generate(ids, mask)
+    after = trainer.rollout_maker.generate(ids, mask)
     assert trainer.sampler.num_syncs == syncs + 1 and not trainer.sampler.stale
     policy = trainer.accelerator.unwrap_model(trainer.model_wrapped).policy
     assert _max_logprob_gap(policy, ids, mask, after, 1.0) < LOGPROB_TOLERANCE
@@ -192,7 +192,7 @@ def test_vcppo_trains_end_to_end_with_vllm_and_logs_every_hf_metric(
 @pytest.mark.parametrize("use_vllm", [False, True])
 def test_several_samples_per_prompt(vllm_trainer, use_vllm):
     trainer = vllm_trainer(use_vllm=use_vllm, num_generations=4, value_pretrain_steps=0, total_episodes=16)
-    assert trainer.prompts_per_update == 4
+    assert trainer.batches.prompts_per_update == 4
     trainer.train()
     rollout, _ = trainer._last_rollout
     assert len(rollout.prompts) == 16
@@ -220,7 +220,7 @@ def test_lora_policy_syncs_merged_weights(vllm_trainer, tokenizer):
                 param.normal_(0, 0.5)
     trainer.sampler.mark_stale()
     ids, mask = _encode(tokenizer)
-    samples = trainer.generate(ids, mask)
+    samples = trainer.rollout_maker.generate(ids, mask)
     assert _max_logprob_gap(policy, ids, mask, samples, 1.0) < LOGPROB_TOLERANCE
     with policy.disable_adapter():  # the base model differs: the adapter is in what vLLM sampled from
         assert _max_logprob_gap(policy, ids, mask, samples, 1.0) > 1e-3

@@ -14,6 +14,7 @@ the gradient norm; under DeepSpeed, launched with configs/accelerate/zero3_cpu.y
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import sys
@@ -30,9 +31,11 @@ def main(out_dir: str, loss_type: str) -> None:
     from accelerate.utils import gather_object
 
     from vcppo_trl import PPOConfig, PPOTrainer
-    from vcppo_trl.losses import clipped_policy_loss, clipped_value_loss, loss_normalizer
+    from vcppo_trl.data import prompt_batches
     from vcppo_trl.logprobs import full_logits_logprobs
-    from vcppo_trl.rollout import PolicyAndValueModel, position_ids_from_mask
+    from vcppo_trl.losses import clipped_policy_loss, clipped_value_loss, loss_normalizer
+    from vcppo_trl.rollout import PolicyAndValueModel, position_ids_from_mask, token_rewards
+    from vcppo_trl.rollout_maker import old_logprobs_from_training_forward
     from vcppo_trl.toy.model import build_tiny_model
     from vcppo_trl.toy.task import make_splits
     from vcppo_trl.toy.tokenizer import build_tokenizer
@@ -79,12 +82,12 @@ def main(out_dir: str, loss_type: str) -> None:
     trainer._setup_training()
     wrapper = acc.unwrap_model(trainer.model_wrapped)
 
-    rows = next(trainer._prompt_batches())
-    rollout = trainer.make_rollout(rows)
+    rows = next(prompt_batches(trainer.train_dataset, trainer.batches, rank, args.seed, 1))
+    rollout, _ = trainer.rollout_maker.make(rows)
     lengths = [1, 2, 3, 4] if rank == 0 else [12, 16, 9, 14]
     positions = torch.arange(rollout.response_mask.shape[1])
     rollout.response_mask = rollout.response_mask & (positions[None, :] < torch.tensor(lengths)[:, None])
-    rollout.rewards = trainer.token_rewards(rollout)
+    rollout.rewards = token_rewards(rollout.scores, rollout.kl, rollout.response_mask, args.kl_coef)
     advantages, returns = trainer.compute_advantages(rollout)
 
     stepped = {}
@@ -97,7 +100,10 @@ def main(out_dir: str, loss_type: str) -> None:
         return original_step(*a, **k)
 
     trainer.optimizer.step = step  # (a no-op under DeepSpeed, whose engine steps inside the last backward)
-    stats = trainer.ppo_update(rollout, advantages, returns)
+    update = trainer.learner.update(rollout, advantages, returns, value_cliprange=trainer.value_cliprange())
+    stats = update.stats
+    if update.old_logprobs is not None:  # the on-policy shortcut: the learner's own forward gave them
+        rollout = dataclasses.replace(rollout, logprobs=update.old_logprobs)
 
     # The same step computed in one process over both ranks' sequences.
     fields = ("input_ids", "attention_mask", "response_mask", "values", "logprobs")
@@ -130,7 +136,7 @@ def main(out_dir: str, loss_type: str) -> None:
         "num_processes": acc.num_processes,
         "deepspeed": trainer.is_deepspeed_enabled,
         # One epoch, one mini-batch, KL 0: the update took its old log-probs from its own forward (on-policy shortcut).
-        "on_policy_shortcut": trainer.old_logprobs_from_training_forward(),
+        "on_policy_shortcut": old_logprobs_from_training_forward(args) and update.old_logprobs is not None,
         # The joint gradient norm the step reports (DeepSpeed's own under DeepSpeed) against the reference's.
         "grad_norm_relative_difference": abs(stats["grad_norm"] - expected_norm) / expected_norm,
     }

@@ -187,7 +187,7 @@ def main(out_dir: str, extra: list[str]) -> None:
         policy_params=partition_counts(policy_model),
         critic_params=partition_counts(critic_model),
         global_step=trainer.state.global_step,
-        batch_size=trainer.batch_size,
+        batch_size=trainer.batches.batch_size,
     )
     trainer.save_model(os.path.join(out_dir, "model"))
     if args.push_to_hub:  # every rank calls it, as a script would; the main process alone uploads

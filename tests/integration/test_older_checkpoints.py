@@ -1,9 +1,10 @@
-"""`vcppo_trl/trainer.py` became `ppo_trainer.py` (TRL's file name): old imports, pickles and checkpoints still work."""
+"""Checkpoints written by older code resume with the current code onto the older code's own uninterrupted run: the
+trainer in one file (before `trainer.py` became `ppo_trainer.py`), and the trainer of mixins (before the rollout maker,
+the learner and the value-pretraining phase became objects)."""
 
 import io
 import json
 import os
-import pickle
 import shutil
 import subprocess
 import sys
@@ -13,16 +14,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import vcppo_trl
-from vcppo_trl import NonFiniteTrainingError, PPOTrainer, VCPPOConfig, VCPPOTrainer, ppo_trainer
+from vcppo_trl import VCPPOConfig, VCPPOTrainer
 from vcppo_trl.toy.model import build_tiny_model
 
 from ..conftest import length_reward, step_logs
 from ..paths import REPO
 
-# Main before the move, the whole trainer still in src/vcppo_trl/trainer.py (a commit of main: it stays reachable
-# however this branch is merged).
-BEFORE_THE_MOVE = "d7f8841dcf85fcdb92e967c0517eadc4505cd01f"
+# Commits of main (they stay reachable however a branch is merged): the whole trainer still in
+# src/vcppo_trl/trainer.py, and the trainer made of mixins sharing one `self`.
+OLDER_CODE = {
+    "one-file trainer": "d7f8841dcf85fcdb92e967c0517eadc4505cd01f",
+    "mixin trainer": "07d77ef98850a89c121da07cd7490324829f4307",
+}
 # 1 value-pretraining update and 2 PPO updates on the toy task, a checkpoint after each (the settings of conftest's
 # `tiny_config`).
 SETTINGS = dict(
@@ -46,8 +49,7 @@ SETTINGS = dict(
     save_strategy="steps",
     save_steps=1,
 )
-# Run by the source from before the move: trains uninterrupted, and writes its per-update logs and a pickle of its
-# classes, which then name `vcppo_trl.trainer`.
+# Run by the older source: trains uninterrupted and writes its per-update logs.
 OLD_RUN = """
 import json, math, os, pickle, sys
 
@@ -60,7 +62,6 @@ from vcppo_trl import VCPPOConfig, VCPPOTrainer
 from vcppo_trl.toy.model import build_tiny_model
 from vcppo_trl.toy.task import make_splits
 from vcppo_trl.toy.tokenizer import build_tokenizer
-from vcppo_trl.trainer import NonFiniteTrainingError, PPOTrainer
 
 assert vcppo_trl.__file__.startswith(source), vcppo_trl.__file__
 
@@ -88,52 +89,28 @@ logs = {
     if "episode" in e
 }
 json.dump(logs, open(os.path.join(out_dir, "logs.json"), "w"))
-with open(os.path.join(out_dir, "objects.pkl"), "wb") as f:
-    pickle.dump((NonFiniteTrainingError("too many"), PPOTrainer), f)
 """
 
 
-def test_the_old_module_gives_the_same_objects():
-    import vcppo_trl.trainer as old
-
-    assert old.PPOTrainer is ppo_trainer.PPOTrainer is vcppo_trl.PPOTrainer
-    assert old.NonFiniteTrainingError is ppo_trainer.NonFiniteTrainingError is vcppo_trl.NonFiniteTrainingError
-    assert old.ScoredSamples is ppo_trainer.ScoredSamples
-    assert issubclass(VCPPOTrainer, old.PPOTrainer)
-
-
-def test_a_pickle_naming_the_old_module_loads():
-    # The error now lives in `optimization.py`; pickles naming either earlier home still load.
-    data = pickle.dumps(NonFiniteTrainingError("too many"), protocol=0)
-    assert b"cvcppo_trl.optimization\nNonFiniteTrainingError\n" in data
-    for module in (b"vcppo_trl.ppo_trainer\n", b"vcppo_trl.trainer\n"):
-        loaded = pickle.loads(data.replace(b"vcppo_trl.optimization\n", module))
-        assert type(loaded) is NonFiniteTrainingError and loaded.args == ("too many",)
-    for cls in (PPOTrainer, ppo_trainer.ScoredSamples):
-        assert pickle.loads(f"cvcppo_trl.trainer\n{cls.__name__}\n.".encode()) is cls
-
-
-def _source_before_the_move(dest) -> str:
-    """`src/` as it was before the move, exported from git into `dest`."""
+def _older_source(commit: str, dest) -> str:
+    """`src/` as it was at `commit`, exported from git into `dest`."""
     if shutil.which("git") is None:
-        pytest.skip("git is not installed: the source from before the move cannot be exported")
-    known = subprocess.run(["git", "-C", REPO, "cat-file", "-e", f"{BEFORE_THE_MOVE}^{{commit}}"], capture_output=True)
+        pytest.skip("git is not installed: older source cannot be exported")
+    known = subprocess.run(["git", "-C", REPO, "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True)
     if known.returncode:
         pytest.skip(
-            f"commit {BEFORE_THE_MOVE[:7]} (the source from before the move) is not in this checkout: "
-            "a shallow clone, or no git repository; fetch the full history to run this test"
+            f"commit {commit[:7]} is not in this checkout: a shallow clone, or no git repository; fetch the full "
+            "history to run this test"
         )
-    archive = subprocess.run(["git", "-C", REPO, "archive", BEFORE_THE_MOVE, "src"], capture_output=True, check=True)
+    archive = subprocess.run(["git", "-C", REPO, "archive", commit, "src"], capture_output=True, check=True)
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(dest, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
-    source = os.path.join(dest, "src")
-    assert os.path.isfile(os.path.join(source, "vcppo_trl", "trainer.py"))
-    assert not os.path.exists(os.path.join(source, "vcppo_trl", "ppo_trainer.py"))
-    return source
+    return os.path.join(dest, "src")
 
 
-def test_resume_from_a_checkpoint_written_before_the_move(tmp_path, tokenizer, toy_splits):
-    source = _source_before_the_move(tmp_path / "before")
+@pytest.mark.parametrize("code", sorted(OLDER_CODE))
+def test_resume_from_a_checkpoint_written_by_older_code(tmp_path, tokenizer, toy_splits, code):
+    source = _older_source(OLDER_CODE[code], tmp_path / "before")
     old = tmp_path / "old"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
     env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRL_EXPERIMENTAL_SILENCE="1", PYTHONPATH=source)
@@ -148,9 +125,6 @@ def test_resume_from_a_checkpoint_written_before_the_move(tmp_path, tokenizer, t
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     old_logs = {int(step): entry for step, entry in json.load(open(old / "logs.json")).items()}
     assert sorted(old_logs) == [1, 2, 3]
-
-    error, cls = pickle.load(open(old / "objects.pkl", "rb"))  # written by the old code: they name vcppo_trl.trainer
-    assert type(error) is NonFiniteTrainingError and error.args == ("too many",) and cls is PPOTrainer
 
     resumed = VCPPOTrainer(
         model=build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0),

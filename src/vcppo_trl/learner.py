@@ -1,0 +1,301 @@
+"""The learner: PPO epochs over one rollout, as an object with explicit inputs.
+
+`PPOLearner.update(rollout, advantages, returns, ...)` runs `num_ppo_epochs × num_mini_batches` optimizer steps —
+micro-batches, the micro-batch loss ([`~ppo_loss.ppo_micro_batch_loss`]), backward, gradient clipping per model, the
+non-finite skip, the optimizer and scheduler steps — and returns the statistics of those steps, with the old
+log-probabilities it computed itself under the on-policy shortcut (the rollout is not written to). It holds the
+prepared model, optimizer and scheduler the trainer gives it, and the count of non-finite steps in a row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections import defaultdict
+
+import torch
+from accelerate import Accelerator
+from transformers.trainer_utils import get_last_checkpoint
+from transformers.utils import logging
+
+from .config import PPOConfig
+from .distributed import micro_batch_context, reset_optimizer_state, whitening_all_reduce
+from .losses import loss_normalizer
+from .masked import masked_whiten
+from .optimization import NonFiniteTrainingError
+from .ppo_loss import PPOBatch, PPOLossSettings, mean_metrics, ppo_micro_batch_loss
+from .rollout import Rollout
+from .schedules import RoleLR
+
+logger = logging.get_logger(__name__)
+
+
+@dataclasses.dataclass
+class UpdateResult:
+    """What [`PPOLearner.update`] returns."""
+
+    stats: dict[str, float]  # the optimizer steps' statistics, averaged over micro-batches (this process)
+    # `[B, T]` old log-probabilities from the training forward (the on-policy shortcut), else `None`
+    old_logprobs: torch.Tensor | None = None
+
+
+class PPOLearner:
+    """
+    Runs the PPO epochs of an update on the prepared policy-and-critic model.
+
+    Args:
+        model: The prepared (wrapped) [`~rollout.PolicyAndValueModel`].
+        optimizer: The prepared optimizer, with parameter groups tagged `role="policy"` / `role="value"`.
+        lr_scheduler: The scheduler stepped once per optimizer step (a [`~schedules.RoleLR`] by default), or `None`.
+        accelerator: The trainer's accelerator.
+        args: The training configuration.
+        is_deepspeed: Whether the model is a DeepSpeed engine (it steps inside the last backward of a mini-batch).
+        local_mini_batch_size: Sequences of this process per mini-batch.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        lr_scheduler,
+        accelerator: Accelerator,
+        args: PPOConfig,
+        is_deepspeed: bool,
+        local_mini_batch_size: int,
+    ):
+        self.model = model
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.accelerator = accelerator
+        self.args = args
+        self.is_deepspeed = is_deepspeed
+        self.local_mini_batch_size = local_mini_batch_size
+        self.nonfinite_steps_in_a_row = 0
+
+    # ------------------------------------------------------------------ update
+
+    def update(
+        self,
+        rollout: Rollout,
+        advantages: torch.Tensor,
+        returns: torch.Tensor,
+        train_policy: bool = True,
+        value_cliprange: float | None = None,
+        update_index: int = 0,
+    ) -> UpdateResult:
+        """
+        `num_ppo_epochs × num_mini_batches` optimizer steps over one rollout.
+
+        Each micro-batch's loss is its token (or sequence) sum divided by the count of the whole mini-batch across all
+        micro-batches and processes (`loss_type`, `value_loss_type`), so the gradient of a mini-batch does not depend
+        on how it is split. With `train_policy=False` only the value loss is optimised and the policy's parameters get
+        no gradient and no optimizer step (their learning rate is also held at exactly 0, so no weight decay touches
+        them).
+
+        Args:
+            rollout: The batch; `rollout.logprobs` are the old log-probabilities (`None` under the on-policy shortcut:
+                this update's own forward, detached, gives them, a ratio of exactly 1).
+            advantages: `[B, T]` raw advantages (whitened here, for policy updates).
+            returns: `[B, T]` the critic's targets.
+            train_policy: `False` for value-only updates.
+            value_cliprange: Clip range of the value loss (`None`: no clipping).
+            update_index: The update's number from 1, for messages.
+        """
+        args = self.args
+        model = self.model
+        model.train()
+        mask = rollout.response_mask
+        adv = self.whiten(advantages, mask) if train_policy else advantages
+        settings = PPOLossSettings.from_args(args, value_cliprange)
+        input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
+        # On-policy shortcut: the old log-probs are this update's own forward, detached (ratio exactly 1), written
+        # into the batch's tensor before each micro-batch's loss reads them.
+        fill_old_logprobs = train_policy and rollout.logprobs is None
+        old_logprobs = rollout.logprobs
+        if fill_old_logprobs:
+            old_logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+        # vLLM sampled the rollout: weight the policy loss by π_train/π_sampler of the sampled tokens (see
+        # `losses.sampler_importance_weights`). Under the on-policy shortcut the "old" log-probs are this forward's.
+        correct_sampler = args.vllm_importance_sampling_correction
+        batch = PPOBatch(
+            mask, rollout.values, returns, adv, old_logprobs, rollout.sampler_logprobs if correct_sampler else None
+        )
+        stats = defaultdict(list)
+        nonfinite_steps = 0
+        world = self.accelerator.num_processes
+        for _ in range(args.num_ppo_epochs):
+            order = torch.randperm(input_ids.shape[0], device=input_ids.device)
+            for mb_idx in order.split(self.local_mini_batch_size):
+                if not train_policy:  # before the backward passes: DeepSpeed steps inside the last one
+                    self.set_policy_lr_to_zero()
+                micro_batches = list(mb_idx.split(args.per_device_train_batch_size))
+                pg_norm, vf_norm = self.loss_normalizers(mask[mb_idx])
+                # DDP and DeepSpeed average gradients over processes (× world undoes it: the normaliser is global);
+                # DeepSpeed also divides by its gradient_accumulation_steps (== len(micro_batches)).
+                scale = world * (len(micro_batches) if self.is_deepspeed else 1)
+                vf_total = pg_total = 0.0
+                for i, idx in enumerate(micro_batches):
+                    # Gradient accumulation over the micro-batches of one minibatch; DDP syncs on the last one only.
+                    is_last = i == len(micro_batches) - 1
+                    with micro_batch_context(self.accelerator, self.is_deepspeed, model, is_last):
+                        logprobs, entropy, vpred = model(
+                            input_ids[idx],
+                            attention_mask[idx],
+                            rollout.context_length,
+                            args.temperature,
+                            compute_policy=train_policy,
+                        )
+                        if fill_old_logprobs:
+                            old_logprobs[idx] = logprobs.detach().float()
+                        out = ppo_micro_batch_loss(
+                            settings, batch.select(idx), logprobs, entropy, vpred, pg_norm, vf_norm
+                        )
+                        self.accelerator.backward(out.loss * scale)
+                    for name, value in out.metrics().items():
+                        stats[name].append(value)
+                    vf_total = vf_total + out.value.loss.detach() * world
+                    if train_policy:
+                        pg_total = pg_total + out.policy.loss.detach() * world
+                # This process's share of the mini-batch loss, × world: its mean over processes is the global loss.
+                stats["loss/value"].append(vf_total)
+                if train_policy:
+                    stats["loss/policy"].append(pg_total)
+                grad_norms = self.optimizer_step(update_index)
+                if grad_norms is None:
+                    nonfinite_steps += 1
+                else:
+                    for name, value in grad_norms.items():
+                        stats[name].append(value)
+        metrics = mean_metrics(stats) | {"diagnostics/nonfinite_steps": float(nonfinite_steps)}
+        return UpdateResult(metrics, old_logprobs if fill_old_logprobs else None)
+
+    def whiten(self, values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+        """[`~masked.masked_whiten`] with the statistics `advantage_whitening` asks for (all processes, or this one)."""
+        all_reduce = whitening_all_reduce(self.accelerator, self.args.advantage_whitening)
+        return masked_whiten(values, mask, shift_mean=shift_mean, all_reduce=all_reduce)
+
+    # --------------------------------------------------------- learning rates
+
+    def set_policy_lr_to_zero(self) -> None:
+        for group in self.optimizer.param_groups:
+            if group.get("role") == "policy":
+                group["lr"] = 0.0
+
+    def learning_rate(self, role: str) -> float:
+        """Current learning rate of the policy's or the critic's parameter groups (nan when the role has none)."""
+        for group in self.optimizer.param_groups:
+            if group.get("role") == role:
+                return float(group["lr"])
+        return float("nan")
+
+    def start_policy_schedule(self, planned_pretrain_steps: int) -> None:
+        """
+        At the first PPO update: start the policy's clock, and move the critic's past the pretraining steps that were
+        planned (`planned_pretrain_steps` optimizer steps) but not run.
+        """
+        scheduler = self.lr_scheduler
+        if not isinstance(scheduler, RoleLR) or scheduler.started("policy"):
+            return
+        scheduler.start("value", scheduler.last_epoch - planned_pretrain_steps)  # last_epoch: the steps actually run
+        scheduler.start("policy")
+
+    def reset_policy_optimizer_state(self) -> None:
+        """Forget the policy's optimizer state (see [`~distributed.reset_optimizer_state`]); done when value
+        pretraining ends, so that the first PPO step is the same with and without DeepSpeed."""
+        reset_optimizer_state(self.optimizer, "policy")
+
+    # -------------------------------------------------------------------- step
+
+    def loss_normalizers(self, mask: torch.Tensor) -> torch.Tensor:
+        """
+        `[policy, value]` denominators of the loss aggregation for one mini-batch, summed over all processes.
+
+        `mask` holds this process's sequences of the mini-batch (all its micro-batches), so every micro-batch's loss is
+        normalised by the count of the whole mini-batch (see [`~losses.aggregate_loss`]).
+        """
+        length = self.args.response_length
+        counts = torch.stack(
+            [
+                loss_normalizer(mask, self.args.loss_type, length),
+                loss_normalizer(mask, self.args.value_loss_type, length),
+            ]
+        )
+        if self.accelerator.num_processes > 1:
+            counts = self.accelerator.reduce(counts, "sum")
+        return counts
+
+    def optimizer_step(self, update_index: int = 0) -> dict[str, torch.Tensor] | None:
+        """
+        The end of a mini-batch: clip the gradients, step the optimizer unless they are non-finite, step the scheduler
+        (after a skipped step too) and clear the gradients.
+
+        Returns:
+            The gradient norms before clipping (`grad_norm`, `grad_norm/policy`, `grad_norm/value`), or `None` when
+            the step was skipped: the weights and optimizer state stay as they were.
+        """
+        norms = self.clip_gradients()
+        grad_norms = None
+        if norms["total"] is None or self.step_is_finite(norms["total"], update_index):
+            names = (("total", "grad_norm"), ("policy", "grad_norm/policy"), ("value", "grad_norm/value"))
+            grad_norms = {
+                name: torch.as_tensor(norms[key]).detach().float() for key, name in names if norms.get(key) is not None
+            }
+            self.optimizer.step()  # a no-op under DeepSpeed, whose engine stepped in the last backward
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norms
+
+    def clip_gradients(self) -> dict[str, torch.Tensor | None]:
+        """
+        Clip the policy's and the critic's gradients each to `max_grad_norm` (a large critic gradient does not shrink
+        the policy's step); returns their norms before clipping and the joint norm (`"total"`).
+
+        Under DeepSpeed the engine has already clipped the joint norm of both models (its `gradient_clipping`) inside
+        the last backward: only the joint norm is returned.
+        """
+        args = self.args
+        # The norms are computed even without clipping (max_norm=inf): they tell a non-finite step.
+        max_norm = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else math.inf
+        if self.is_deepspeed:
+            return {"total": self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)}
+        self.accelerator.unscale_gradients()
+        wrapper = self.accelerator.unwrap_model(self.model)
+        norms: dict[str, torch.Tensor | None] = {}
+        for role, module in (("policy", wrapper.policy), ("value", wrapper.critic)):
+            params = [p for p in module.parameters() if p.grad is not None]
+            norms[role] = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else None
+        present = [n.float() for n in norms.values() if n is not None]
+        norms["total"] = torch.linalg.vector_norm(torch.stack(present)) if present else None
+        return norms
+
+    def step_is_finite(self, grad_norm: torch.Tensor, update_index: int = 0) -> bool:
+        """
+        Whether an optimizer step's gradient is finite; counts non-finite steps in a row and stops past the limit.
+
+        One host sync per optimizer step. Under DDP the gradient is already all-reduced, so all ranks agree.
+        """
+        if bool(torch.isfinite(torch.as_tensor(grad_norm))):
+            self.nonfinite_steps_in_a_row = 0
+            return True
+        self.nonfinite_steps_in_a_row += 1
+        limit = self.args.max_consecutive_nonfinite_steps
+        what = "DeepSpeed has already applied it" if self.is_deepspeed else "optimizer step skipped"
+        logger.warning(
+            f"Non-finite loss or gradient at update {update_index}: {what} "
+            f"({self.nonfinite_steps_in_a_row} in a row, limit {limit})."
+        )
+        if self.nonfinite_steps_in_a_row > limit:
+            last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
+            raise NonFiniteTrainingError(
+                f"{self.nonfinite_steps_in_a_row} optimizer steps in a row had a non-finite loss or gradient (limit "
+                f"max_consecutive_nonfinite_steps={limit}); stopping. "
+                + (
+                    f"The last checkpoint, {last}, was saved before this and is intact: resume from it with a lower "
+                    "learning rate, or check the rewards and the data."
+                    if last
+                    else "No checkpoint was saved yet (set save_steps to keep one)."
+                )
+            )
+        return False

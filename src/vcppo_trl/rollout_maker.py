@@ -1,0 +1,307 @@
+"""The rollout maker: dataset rows in, a [`~rollout.Rollout`] with everything the PPO epochs need out.
+
+prompts → chat template and tokenisation → the sampler (HF `generate` or vLLM) → decoding → the reward functions →
+no-grad forwards (old log-probabilities, values, reference log-probabilities) → KL penalty → per-token rewards.
+Training uses all of it ([`RolloutMaker.make`]); evaluation the part up to the rewards
+([`RolloutMaker.sample_and_score`]), so a reward function sees both kinds of completions alike. The maker owns the
+sampler and reports what generation took ([`GenerationStats`]) with the rollout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from trl.data_utils import maybe_apply_chat_template
+
+from .config import PPOConfig
+from .distributed import whitening_all_reduce
+from .generation import Samples, eval_mode
+from .losses import kl_penalty
+from .reward_calls import call_reward_function
+from .rollout import PolicyAndValueModel, Rollout, policy_logprobs, reward_model_scores, token_rewards
+from .scoring import ScoredSamples, decode_completions
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationStats:
+    """What the sampler spent on one rollout (this process)."""
+
+    seconds: float  # generation wall time
+    tokens: int  # response tokens generated (valid ones)
+    sync_seconds: float | None  # the sampler's last weight sync (vLLM), `None` for samplers that have none
+
+
+def old_logprobs_from_training_forward(args: PPOConfig) -> bool:
+    """
+    Whether policy updates take their old log-probabilities from the training forward, detached (the on-policy
+    shortcut, `on_policy_shortcut`), instead of a policy forward in the rollout.
+
+    Exact only when the single optimizer step of the update sees the weights that sampled the rollout (one epoch,
+    one mini-batch: its micro-batches all run before the step), no KL term needs the log-probabilities before the
+    update, and dropout does not make the training forward differ from the rollout's eval-mode forward.
+    """
+    return (
+        args.on_policy_shortcut
+        and args.num_ppo_epochs == 1
+        and args.num_mini_batches == 1
+        and args.kl_coef == 0
+        and args.disable_dropout
+    )
+
+
+class RolloutMaker:
+    """
+    Makes rollouts and scored samples.
+
+    Args:
+        args: The training configuration.
+        accelerator: The trainer's accelerator (device, process count, unwrapping).
+        tokenizer: The policy's tokenizer.
+        sampler: The generation backend ([`~generation.Sampler`]).
+        current_model: Returns the current (prepared) [`~rollout.PolicyAndValueModel`]; called at each use, since
+            preparing the model for training replaces it.
+        ref_model: The frozen reference policy, or `None` (no KL, or PEFT: the base model with adapters disabled).
+        reward_funcs, reward_processing_classes: Reward functions and the tokenizers of reward models among them.
+        reward_weights: `[F]` weight of each reward function.
+        stop_token_ids: Ids that end a response.
+        reference_is_initial_policy: Whether KL(policy ‖ reference) is exactly 0 while the policy is frozen.
+    """
+
+    def __init__(
+        self,
+        args: PPOConfig,
+        accelerator: Accelerator,
+        tokenizer: PreTrainedTokenizerBase,
+        sampler,
+        current_model: Callable[[], torch.nn.Module],
+        ref_model: PreTrainedModel | None,
+        reward_funcs: list,
+        reward_processing_classes: list,
+        reward_weights: torch.Tensor,
+        stop_token_ids: list[int],
+        reference_is_initial_policy: bool,
+    ):
+        self.args = args
+        self.accelerator = accelerator
+        self.tokenizer = tokenizer
+        self.sampler = sampler
+        self.current_model = current_model
+        self.ref_model = ref_model
+        self.reward_funcs = reward_funcs
+        self.reward_processing_classes = reward_processing_classes
+        self.reward_weights = reward_weights
+        self.stop_token_ids = stop_token_ids
+        self.reference_is_initial_policy = reference_is_initial_policy
+
+    def _unwrapped_model(self) -> PolicyAndValueModel:
+        return self.accelerator.unwrap_model(self.current_model())
+
+    # --------------------------------------------------------- prompts to scores
+
+    def prompt_texts(self, rows: list[dict[str, Any]]) -> list[str]:
+        return [maybe_apply_chat_template({"prompt": row["prompt"]}, self.tokenizer)["prompt"] for row in rows]
+
+    def tokenize_prompts(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        encoded = self.tokenizer(
+            texts,
+            return_tensors="pt",
+            padding=True,
+            padding_side="left",
+            add_special_tokens=False,
+            truncation=self.args.max_prompt_length is not None,
+            truncation_side="left",
+            max_length=self.args.max_prompt_length,
+        )
+        return encoded["input_ids"].to(self.accelerator.device), encoded["attention_mask"].to(self.accelerator.device)
+
+    @torch.no_grad()
+    def generate(
+        self, query_ids: torch.Tensor, query_mask: torch.Tensor, greedy: bool = False, temperature: float | None = None
+    ) -> Samples:
+        """
+        Sample responses for left-padded prompts and cut them at the stop token, with the configured sampler (HF
+        `generate` or vLLM; see [`~generation`]).
+
+        Returns:
+            [`~generation.Samples`]: response ids, mask and `has_stop` as in [`~rollout.truncate_at_stop`], the
+            sampler's own log-probabilities when it reports them (vLLM), and the generation's wall time.
+        """
+        return self.sampler.generate(query_ids, query_mask, greedy, temperature or self.args.temperature)
+
+    def score(
+        self,
+        rows: list[dict[str, Any]],
+        prompt_texts: list[str],
+        completions: list[Any],
+        completion_texts: list[str],
+        completion_ids: list[list[int]],
+        trainer_state=None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """
+        Rewards of every function for every completion.
+
+        A function's failures on single samples (raised, timed out, NaN) give those samples `reward_failure_value`
+        (see [`~reward_calls.call_reward_function`]); a function that fails on the whole batch stops the run.
+
+        Returns:
+            `(rewards, failed)`: `[B, F]` float32 rewards on device (`nan` where a function returned `None`), and
+            `[B]` bool, true where at least one function failed on the sample.
+        """
+        prompts = [row["prompt"] for row in rows]
+        extra = {key: [row[key] for row in rows] for key in rows[0] if key not in ("prompt", "completion")}
+        columns = []
+        failed = [False] * len(rows)
+        for func, proc in zip(self.reward_funcs, self.reward_processing_classes):
+            if isinstance(func, torch.nn.Module):
+                texts = [p + c for p, c in zip(prompt_texts, completion_texts)]
+                values = reward_model_scores(func, proc, texts, self.args.local_rollout_forward_batch_size)
+            else:
+                result = call_reward_function(
+                    func,
+                    prompts,
+                    completions,
+                    completion_ids,
+                    extra,
+                    timeout=self.args.reward_timeout,
+                    failure_value=self.args.reward_failure_value,
+                    trainer_state=trainer_state,
+                )
+                values = result.values
+                if result.failures:
+                    failed = [f or value_failed for f, value_failed in zip(failed, result.failed)]
+            columns.append([float("nan") if v is None else float(v) for v in values])
+        device = self.accelerator.device
+        rewards = torch.tensor(columns, dtype=torch.float32, device=device).T
+        return rewards, torch.tensor(failed, dtype=torch.bool, device=device)
+
+    def sample_and_score(
+        self,
+        rows: list[dict[str, Any]],
+        greedy: bool = False,
+        temperature: float | None = None,
+        trainer_state=None,
+    ) -> ScoredSamples:
+        """
+        The steps training and evaluation share: chat template and tokenization, generation with the configured
+        sampler, decoding, and every reward function's score with their weighted sum (`raw_scores`, nan where no
+        function scored the sample). No penalty is applied here. `trainer_state` is passed to reward functions that
+        take it (TRL's protocol).
+        """
+        prompt_texts = self.prompt_texts(rows)
+        query_ids, query_mask = self.tokenize_prompts(prompt_texts)
+        samples = self.generate(query_ids, query_mask, greedy=greedy, temperature=temperature)
+        completions, texts, completion_ids = decode_completions(
+            rows, samples.response_ids, samples.response_mask, self.stop_token_ids, self.tokenizer
+        )
+        rewards_per_func, reward_failed = self.score(
+            rows, prompt_texts, completions, texts, completion_ids, trainer_state
+        )
+        weights = self.reward_weights.to(rewards_per_func.device)
+        raw_scores = (rewards_per_func.nan_to_num(0.0) * weights).sum(dim=1)
+        all_none = torch.isnan(rewards_per_func).all(dim=1)
+        raw_scores = torch.where(all_none, torch.full_like(raw_scores, float("nan")), raw_scores)
+        return ScoredSamples(query_ids, query_mask, samples, completions, rewards_per_func, reward_failed, raw_scores)
+
+    # ----------------------------------------------------------- the rollout
+
+    def make(
+        self, rows: list[dict[str, Any]], train_policy: bool = True, trainer_state=None
+    ) -> tuple[Rollout, GenerationStats]:
+        """
+        Generate, score and evaluate one batch of prompts.
+
+        Args:
+            rows: Dataset rows for this process.
+            train_policy: When False (value-only updates) the policy does not move. The KL penalty then still
+                enters the critic's targets when the reference is not the initial policy (a `ref_model` given by the
+                user, or the base model of a PEFT policy whose adapter may not start at zero); only when the
+                reference is a copy of the initial policy, where it is exactly 0, are the log-probabilities skipped.
+            trainer_state: The trainer's `TrainerState`, for reward functions that take it.
+
+        Returns:
+            `(rollout, generation)`: the rollout (`logprobs` is `None` under the on-policy shortcut: the learner's
+            forward gives them) and what its generation took.
+        """
+        args = self.args
+        scored = self.sample_and_score(rows, trainer_state=trainer_state)
+        samples, raw_scores, has_stop = scored.samples, scored.raw_scores, scored.samples.has_stop
+        generation = GenerationStats(samples.seconds, samples.num_tokens, getattr(self.sampler, "sync_seconds", None))
+        scores = raw_scores.nan_to_num(0.0).clone()
+        if args.missing_eos_penalty is not None:
+            scores = scores - args.missing_eos_penalty * (~has_stop).float()
+        # A sample that no reward function could score is dropped from the losses.
+        response_mask = samples.response_mask & ~torch.isnan(raw_scores).unsqueeze(1)
+
+        rollout = Rollout(
+            prompts=[row["prompt"] for row in rows],
+            completions=scored.completions,
+            extra_columns={k: [row[k] for row in rows] for k in rows[0] if k != "prompt"},
+            query_ids=scored.query_ids,
+            query_mask=scored.query_mask,
+            response_ids=samples.response_ids,
+            response_mask=response_mask,
+            has_stop=has_stop,
+            scores=scores,
+            raw_scores=raw_scores,
+            rewards_per_func=scored.rewards_per_func,
+            reward_failed=scored.reward_failed,
+            sampler_logprobs=samples.logprobs,
+        )
+        with_kl = args.kl_coef > 0 and (train_policy or not self.reference_is_initial_policy)
+        needs_old_logprobs = train_policy and not old_logprobs_from_training_forward(args)
+        rollout.logprobs, rollout.values = self.forward(rollout, compute_policy=needs_old_logprobs or with_kl)
+        if with_kl:
+            rollout.ref_logprobs = self.reference_logprobs(rollout)
+            rollout.kl = kl_penalty(rollout.logprobs, rollout.ref_logprobs, args.kl_estimator) * response_mask
+        else:
+            rollout.kl = torch.zeros_like(rollout.values)
+        all_reduce = whitening_all_reduce(self.accelerator, args.advantage_whitening)
+        rollout.rewards = token_rewards(
+            rollout.scores, rollout.kl, response_mask, args.kl_coef, args.whiten_rewards, all_reduce
+        )
+        return rollout, generation
+
+    @torch.no_grad()
+    def forward(self, rollout: Rollout, compute_policy: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Old log-probabilities (`None` unless `compute_policy`) and values of a rollout, in chunks of
+        `local_rollout_forward_batch_size`, in eval mode (no dropout), like generation."""
+        model = self._unwrapped_model()
+        chunk = self.args.local_rollout_forward_batch_size
+        input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
+        logprobs, values = [], []
+        with eval_mode(model):
+            for start in range(0, input_ids.shape[0], chunk):
+                lp, _, v = model(
+                    input_ids[start : start + chunk],
+                    attention_mask[start : start + chunk],
+                    rollout.context_length,
+                    self.args.temperature,
+                    compute_policy=compute_policy,
+                    compute_entropy=False,
+                )
+                logprobs.append(lp)
+                values.append(v)
+        return (torch.cat(logprobs) if compute_policy else None), torch.cat(values)
+
+    @torch.no_grad()
+    def reference_logprobs(self, rollout: Rollout) -> torch.Tensor:
+        """Log-probabilities of the response tokens under the reference policy (the base model under PEFT)."""
+        chunk = self.args.local_rollout_forward_batch_size
+        input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
+        out = []
+        for start in range(0, input_ids.shape[0], chunk):
+            ids, mask = input_ids[start : start + chunk], attention_mask[start : start + chunk]
+            if self.ref_model is not None:
+                with eval_mode(self.ref_model):
+                    lp, _ = policy_logprobs(self.ref_model, ids, mask, rollout.context_length, self.args.temperature)
+            else:  # PEFT: the reference is the base model, adapters disabled.
+                policy = self._unwrapped_model().policy
+                with policy.disable_adapter(), eval_mode(policy):
+                    lp, _ = policy_logprobs(policy, ids, mask, rollout.context_length, self.args.temperature)
+            out.append(lp)
+        return torch.cat(out)
