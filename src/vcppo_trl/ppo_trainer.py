@@ -121,7 +121,10 @@ class PPOTrainer(_BaseTrainer):
         quiet_replica(args.process_index)  # warnings once per job, from the first process
         check_launch_environment()
         # Seed before anything draws from the RNG (the critic's fresh scalar head, LoRA matrices), as `Trainer` does.
-        enable_full_determinism(args.seed) if args.full_determinism else set_seed(args.seed)
+        if args.full_determinism:
+            enable_full_determinism(args.seed)
+        else:
+            set_seed(args.seed)
         setup.check_dataset(train_dataset, "train_dataset", required=True)
         setup.check_dataset(eval_dataset, "eval_dataset", required=False)
 
@@ -138,10 +141,8 @@ class PPOTrainer(_BaseTrainer):
             train_dataset, eval_dataset, tokenizer, args, reward_funcs
         )
 
-        if args.ddp_find_unused_parameters is None:
-            # Value-only updates leave the policy out of the graph.
-            args.ddp_find_unused_parameters = True
-
+        # DDP: value-only updates leave the policy out of the graph. With `ddp_find_unused_parameters=None`,
+        # transformers finds unused parameters for a model that is not a `PreTrainedModel`, as PolicyAndValueModel is.
         super().__init__(
             model=PolicyAndValueModel(policy, critic),
             args=args,

@@ -53,6 +53,14 @@ class VCPPOTrainer(PPOTrainer):
         self.value_pretrain_callback = self._bind_value_pretrain_callback()
         if self.value_pretrain_callback is not None:
             self.value_pretraining = self.value_pretrain_callback.phase
+            ddp = self.accelerator.num_processes > 1 and not self.is_deepspeed_enabled
+            if ddp and self.args.ddp_find_unused_parameters is False:
+                raise ValueError(
+                    "ddp_find_unused_parameters=False cannot run value pretraining under DDP: its updates train the "
+                    "critic alone, so the policy's parameters get no gradient and DDP would wait for them. Leave "
+                    "ddp_find_unused_parameters unset (None), or skip the phase (value_pretrain_steps=0, or a "
+                    "pretrained critic in value_model_path)."
+                )
 
     def _bind_value_pretrain_callback(self) -> ValuePretrainCallback | None:
         given = [cb for cb in self.callback_handler.callbacks if isinstance(cb, ValuePretrainCallback)]

@@ -81,6 +81,18 @@ def test_vcppo_default_trainer_pretrains_without_reference(make_trainer, tmp_pat
     assert trainer.num_training_updates() == trainer.num_ppo_updates + 100
 
 
+def test_the_trainer_leaves_the_callers_config_alone_and_ddp_finds_unused_parameters(make_trainer, tmp_path):
+    """Value-only updates leave the policy out of the graph; transformers' default for a model that is not a
+    PreTrainedModel (the joint policy-and-critic module) already looks for unused parameters under DDP."""
+    from vcppo_trl import VCPPOConfig as Config
+
+    args = Config(output_dir=str(tmp_path / "o"), **COMMON)
+    before = args.to_dict()
+    trainer = make_trainer(args=args)
+    assert args.to_dict() == before and args.ddp_find_unused_parameters is None
+    assert trainer.accelerator.ddp_handler.find_unused_parameters is True
+
+
 @pytest.mark.parametrize("cls", [PPOConfig, VCPPOConfig])
 def test_value_learning_rate_defaults_to_learning_rate(cls, tmp_path):
     assert make(cls, tmp_path).value_learning_rate == 3e-6

@@ -342,3 +342,15 @@ def test_gradient_of_two_ranks_equals_one_big_batch(tmp_path, launcher, loss_typ
     assert result["grad_norm_relative_difference"] < 1e-4
     if launcher == "ddp":
         assert result["max_relative_difference"] < 1e-4
+
+
+def test_ddp_refuses_explicit_no_unused_parameters_with_value_pretraining(tmp_path):
+    """Value-only updates leave the policy out of the graph: DDP must look for unused parameters, and an explicit
+    `ddp_find_unused_parameters=False` stops at construction with the fix instead of hanging in the first update."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=os.path.join(REPO, "src"), **CPU)
+    overrides = json.dumps({"ddp_find_unused_parameters": False})
+    cmd = [sys.executable, "-m", *TORCHRUN, WORKER, str(tmp_path), overrides]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert proc.returncode != 0
+    assert "ddp_find_unused_parameters=False cannot run value pretraining under DDP" in proc.stdout + proc.stderr
