@@ -210,7 +210,12 @@ class PPOTrainer(_BaseTrainer):
     def compute_advantages(self, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
         """The seam where a subclass changes how advantages are made: `(advantages, returns)`, both `[B, T]`, raw (not
         whitened) advantages for the policy and the critic's targets. [`PPOTrainer`] uses single-λ GAE with `lam`."""
-        return gae(rollout.rewards, rollout.values, rollout.response_mask, self.args.gamma, self.args.lam)
+        return gae(rollout.rewards, rollout.values, rollout.response_mask, self.args.gamma, self.critic_lambda())
+
+    def critic_lambda(self) -> float:
+        """The λ of the critic's targets that [`compute_advantages`] gives in the current update (the metrics reuse
+        targets computed with λ = 1 as the Monte-Carlo returns); subclasses that change one change both."""
+        return self.args.lam
 
     def value_cliprange(self) -> float | None:
         """Clip range of the value loss for the current update (`None`: no clipping); subclasses vary it by phase."""
@@ -343,7 +348,10 @@ class PPOTrainer(_BaseTrainer):
         rollout, generation = self.rollout_maker.make(rows, train_policy=train_policy, trainer_state=self.state)
         advantages, returns = self.compute_advantages(rollout)
         names, prefix = (self.end_of_thinking_ids, self.reward_func_names), "" if train_policy else "value_pretrain/"
-        metrics = rollout_metrics(self.accelerator, self.args, rollout, advantages, returns, *names, prefix=prefix)
+        mc = self.critic_lambda() == 1.0
+        metrics = rollout_metrics(
+            self.accelerator, self.args, rollout, advantages, returns, *names, prefix, returns_are_monte_carlo=mc
+        )
         valid_tokens = self.accelerator.reduce(rollout.response_mask.sum().reshape(1), "sum")
         if int(valid_tokens) == 0:
             # Every sample was skipped (no reward function applied): an update would train on nothing.

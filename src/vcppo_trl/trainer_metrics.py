@@ -94,10 +94,12 @@ def rollout_metrics(
     end_of_thinking_ids: list[int],
     reward_func_names: list[str],
     prefix: str = "",
+    returns_are_monte_carlo: bool = False,
 ) -> dict[str, float]:
     """
     Batch-level metrics of a rollout, computed over all processes; with `prefix`, the `value/...` ones are renamed
-    `<prefix>...` (value pretraining).
+    `<prefix>...` (value pretraining). `returns_are_monte_carlo`: the returns were computed with λ = 1 (then the
+    per-position explained variance against Monte-Carlo returns uses them instead of computing them again).
     """
     mask = rollout.response_mask
     values, returns_g, advantages_g, mask_g, kl_g = gather_masked(
@@ -151,8 +153,11 @@ def rollout_metrics(
             metrics[f"diagnostics/advantage_bucket_{k}"] = float(adv_buckets[k])
             metrics[f"diagnostics/value_error_bucket_{k}"] = float(err_buckets[k])
         # Against Monte-Carlo returns (λ = 1), whatever λ the critic trains with: the paper's Figure 3.
-        rewards_g = gather_masked(accelerator, rollout.rewards)[0]
-        mc_returns = dual_lambda_gae(rewards_g, values, mask_g, args.gamma, 1.0, 1.0)[1]
+        if returns_are_monte_carlo:
+            mc_returns = returns_g
+        else:
+            rewards_g = gather_masked(accelerator, rollout.rewards)[0]
+            mc_returns = dual_lambda_gae(rewards_g, values, mask_g, args.gamma, 1.0, 1.0)[1]
         for k, ev in enumerate(position_bucket_explained_variance(values, mc_returns, mask_g, num)):
             metrics[f"diagnostics/mc_explained_variance_bucket_{k}"] = ev
     for i, name in enumerate(reward_func_names):

@@ -137,14 +137,17 @@ class VCPPOTrainer(PPOTrainer):
             return self.args.cliprange_value
         return None if math.isinf(clip) else clip
 
+    def critic_lambda(self) -> float:
+        """λ of the critic's targets: 1 during value pretraining (Monte-Carlo returns), else `lam_critic`."""
+        return 1.0 if self.in_value_pretraining else self.args.lam_critic
+
     def compute_advantages(self, rollout: Rollout):
         """Decoupled GAE; during value pretraining the targets are Monte-Carlo returns (λ = 1)."""
-        lam_critic = 1.0 if self.in_value_pretraining else self.args.lam_critic
         return dual_lambda_gae(
             rollout.rewards,
             rollout.values,
             rollout.response_mask,
             gamma=self.args.gamma,
             lam_actor=self.actor_lambda(rollout.response_mask),
-            lam_critic=lam_critic,
+            lam_critic=self.critic_lambda(),
         )

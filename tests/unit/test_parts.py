@@ -335,3 +335,17 @@ def test_plan_batches_refuses_what_cannot_be_split(tmp_path):
         plan_batches(config(tmp_path, num_generations=3), world_size=1, train_rows=100)
     with pytest.raises(ValueError, match="has only 3 rows"):
         plan_batches(config(tmp_path), world_size=1, train_rows=3)
+
+
+def test_metrics_reuse_lambda_one_returns_as_the_monte_carlo_returns(tokenizer, tmp_path):
+    from vcppo_trl.gae import dual_lambda_gae
+    from vcppo_trl.trainer_metrics import rollout_metrics
+
+    args = config(tmp_path, position_buckets=4)
+    rollout = synthetic_rollout(tokenizer)
+    advantages, returns = dual_lambda_gae(rollout.rewards, rollout.values, rollout.response_mask, 1.0, 0.95, 1.0)
+    accelerator = Accelerator(cpu=True)
+    computed = rollout_metrics(accelerator, args, rollout, advantages, returns, [], ["r"])
+    reused = rollout_metrics(accelerator, args, rollout, advantages, returns, [], ["r"], returns_are_monte_carlo=True)
+    assert any(k.startswith("diagnostics/mc_explained_variance_bucket_") for k in computed)
+    assert str(reused) == str(computed)  # nan-safe, bit for bit
