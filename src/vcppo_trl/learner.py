@@ -38,6 +38,8 @@ class UpdateResult:
     stats: dict[str, float]  # the optimizer steps' statistics, averaged over micro-batches (this process)
     # `[B, T]` old log-probabilities from the training forward (the on-policy shortcut), else `None`
     old_logprobs: torch.Tensor | None = None
+    # The sampler-mismatch weights the policy loss used (`[B, T]`, or `[B, 1]` per sequence), else `None`
+    importance_weights: torch.Tensor | None = None
 
 
 class PPOLearner:
@@ -122,6 +124,7 @@ class PPOLearner:
             mask, rollout.values, returns, adv, old_logprobs, rollout.sampler_logprobs if correct_sampler else None
         )
         stats = defaultdict(list)
+        importance_weights = None  # filled per micro-batch from the loss's own (old log-probs may come from it)
         nonfinite_steps = 0
         world = self.accelerator.num_processes
         for _ in range(args.num_ppo_epochs):
@@ -152,6 +155,12 @@ class PPOLearner:
                             settings, batch.select(idx), logprobs, entropy, vpred, pg_norm, vf_norm
                         )
                         self.accelerator.backward(out.loss * scale)
+                    if out.importance_weights is not None:
+                        if importance_weights is None:
+                            importance_weights = out.importance_weights.new_zeros(
+                                mask.shape[0], out.importance_weights.shape[1]
+                            )
+                        importance_weights[idx] = out.importance_weights.detach()
                     for name, value in out.metrics().items():
                         stats[name].append(value)
                     vf_total = vf_total + out.value.loss.detach() * world
@@ -168,7 +177,7 @@ class PPOLearner:
                     for name, value in grad_norms.items():
                         stats[name].append(value)
         metrics = mean_metrics(stats) | {"diagnostics/nonfinite_steps": float(nonfinite_steps)}
-        return UpdateResult(metrics, old_logprobs if fill_old_logprobs else None)
+        return UpdateResult(metrics, old_logprobs if fill_old_logprobs else None, importance_weights)
 
     def whiten(self, values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
         """[`~masked.masked_whiten`] with the statistics `advantage_whitening` asks for (all processes, or this one)."""

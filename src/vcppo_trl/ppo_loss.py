@@ -80,6 +80,8 @@ class MicroBatchLoss:
     vpred: torch.Tensor  # masked mean of the critic's predictions, detached
     policy: PolicyLossOutput | None = None  # None in a value-only update
     entropy: torch.Tensor | None = None  # masked mean of the policy's entropy, detached
+    # π_old/π_sampler weights of the policy loss ([`~losses.sampler_importance_weights`]), None without correction
+    importance_weights: torch.Tensor | None = None
 
     def metrics(self) -> dict[str, torch.Tensor]:
         """The micro-batch's statistics under TRL's PPO metric names (the losses are summed per mini-batch)."""
@@ -157,6 +159,7 @@ def ppo_micro_batch_loss(
         vpred=vpred_mean,
         policy=policy,
         entropy=masked_mean(entropy.detach(), mask),
+        importance_weights=importance_weights,
     )
 
 

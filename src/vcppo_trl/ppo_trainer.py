@@ -365,7 +365,7 @@ class PPOTrainer(_BaseTrainer):
             rollout = dataclasses.replace(rollout, logprobs=result.old_logprobs)
         if train_policy:
             self.sampler.mark_stale()  # the next generation loads the updated weights first (once per update)
-        metrics.update(sampling_metrics(self.accelerator, self.args, rollout, generation))
+        metrics.update(sampling_metrics(self.accelerator, self.args, rollout, generation, result.importance_weights))
         metrics.update(update_metrics(self.accelerator, result.stats, train_policy))
         metrics.update(trl_metric_names(self.accelerator, rollout, metrics))
         self._last_rollout = (rollout, advantages)

@@ -168,13 +168,18 @@ def rollout_metrics(
 
 
 def sampling_metrics(
-    accelerator: Accelerator, args: PPOConfig, rollout: Rollout, generation: GenerationStats
+    accelerator: Accelerator,
+    args: PPOConfig,
+    rollout: Rollout,
+    generation: GenerationStats,
+    importance_weights: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """
     Generation time and throughput of the update's rollout (`generation`, with the sampler's weight sync when it has
     one), and, when vLLM sampled, how far its log-probs are from the training forward's (TRL GRPO's `sampling/...`
     names): |Δ log p| over valid tokens, and the importance ratios the correction uses (per token, or per sequence in
-    `sequence_*` modes; 0 where masked). `rollout.logprobs` must be the old log-probabilities of the update.
+    `sequence_*` modes; 0 where masked). `rollout.logprobs` must be the old log-probabilities of the update;
+    `importance_weights` are the weights the loss used, when it used them (else they are computed here).
     """
     seconds, tokens, sync_seconds = generation.seconds, generation.tokens, generation.sync_seconds
     metrics = {"time/generation_s": seconds}
@@ -191,14 +196,16 @@ def sampling_metrics(
     if not math.isnan(mean):
         metrics["sampling/sampling_logp_difference/mean"] = mean
         metrics["sampling/sampling_logp_difference/max"] = high
-    weights = sampler_importance_weights(
-        rollout.logprobs,
-        rollout.sampler_logprobs,
-        mask,
-        args.vllm_importance_sampling_mode,
-        args.vllm_importance_sampling_clip_min,
-        args.vllm_importance_sampling_clip_max,
-    )
+    weights = importance_weights
+    if weights is None:
+        weights = sampler_importance_weights(
+            rollout.logprobs,
+            rollout.sampler_logprobs,
+            mask,
+            args.vllm_importance_sampling_mode,
+            args.vllm_importance_sampling_clip_min,
+            args.vllm_importance_sampling_clip_max,
+        )
     flat = weights.flatten()[mask.any(1)] if weights.shape[1] == 1 else weights[mask]
     mean, low, high = reduce_stats(accelerator, flat)
     if not math.isnan(mean):

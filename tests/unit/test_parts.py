@@ -349,3 +349,22 @@ def test_metrics_reuse_lambda_one_returns_as_the_monte_carlo_returns(tokenizer, 
     reused = rollout_metrics(accelerator, args, rollout, advantages, returns, [], ["r"], returns_are_monte_carlo=True)
     assert any(k.startswith("diagnostics/mc_explained_variance_bucket_") for k in computed)
     assert str(reused) == str(computed)  # nan-safe, bit for bit
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "sequence_mask"])
+def test_learner_returns_the_sampler_weights_its_loss_used(parts, tokenizer, tmp_path, mode):
+    from vcppo_trl.losses import sampler_importance_weights
+
+    args = config(tmp_path, vllm_importance_sampling_correction=True, vllm_importance_sampling_mode=mode)
+    learner = make_learner(parts, args)
+    rollout = synthetic_rollout(tokenizer)
+    mask = rollout.response_mask
+    rollout.sampler_logprobs = (rollout.logprobs + 0.05 * torch.randn(mask.shape, generator=torch.Generator())) * mask
+    returns = rollout.rewards.flip(1).cumsum(1).flip(1) * mask
+    result = learner.update(rollout, rollout.rewards.clone(), returns)
+    clip = (args.vllm_importance_sampling_clip_min, args.vllm_importance_sampling_clip_max)
+    expected = sampler_importance_weights(rollout.logprobs, rollout.sampler_logprobs, mask, mode, *clip)
+    torch.testing.assert_close(result.importance_weights, expected, rtol=0, atol=0)
+    # Without the correction the loss computes none (the metrics then compute them themselves).
+    plain = make_learner(parts, config(tmp_path, vllm_importance_sampling_correction=False))
+    assert plain.update(rollout, rollout.rewards.clone(), returns).importance_weights is None
