@@ -6,6 +6,7 @@ and resuming `trainer_saving`, through thin overrides of transformers' hooks at 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -14,16 +15,9 @@ from typing import Any
 import torch
 from accelerate.utils import is_peft_model, set_seed
 from datasets import Dataset
-from transformers import (
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    PrinterCallback,
-    ProgressCallback,
-    TrainerCallback,
-    TrainerControl,
-)
-from transformers.trainer_callback import ExportableState
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, enable_full_determinism
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, PrinterCallback, ProgressCallback, TrainerCallback
+from transformers.trainer_callback import ExportableState, TrainerControl
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import is_peft_available, logging
 from trl.trainer.base_trainer import _BaseTrainer
 
@@ -32,14 +26,13 @@ from . import trainer_setup as setup
 from .config import PPOConfig
 from .data import prompt_batches
 from .diagnostics import marker_token_ids
-from .distributed import check_distributed_setup, check_launch_environment
+from .distributed import check_distributed_setup
 from .evaluation import evaluation_metrics
 from .gae import gae
 from .generation import SamplerError
 from .learner import PPOLearner
-from .loading import build_critic, load_policy, load_reward_funcs, load_tokenizer, resolve_stop_token_ids
+from .loading import load_reward_funcs, resolve_stop_token_ids
 from .optimization import NonFiniteTrainingError, parameter_groups, role_prefix, role_scheduler
-from .output import quiet_replica
 from .preemption import SignalWatcher, agreed_signal, interruption
 from .progress import CompactPrinterCallback, RolloutProgressCallback
 from .rollout import PolicyAndValueModel, Rollout, reward_func_name
@@ -118,23 +111,15 @@ class PPOTrainer(_BaseTrainer):
             args = self._config_class(output_dir=f"{str(model_id).split('/')[-1] or 'model'}-{self._name}")
         if not isinstance(args, PPOConfig):
             raise TypeError(f"`args` must be a PPOConfig (or VCPPOConfig), got {type(args).__name__}.")
-        quiet_replica(args.process_index)  # warnings once per job, from the first process
-        check_launch_environment()
-        # Seed before anything draws from the RNG (the critic's fresh scalar head, LoRA matrices), as `Trainer` does.
-        if args.full_determinism:
-            enable_full_determinism(args.seed)
-        else:
-            set_seed(args.seed)
+        setup.prepare_process(args)
         setup.check_dataset(train_dataset, "train_dataset", required=True)
         setup.check_dataset(eval_dataset, "eval_dataset", required=False)
 
-        policy = load_policy(model, args)
-        tokenizer = load_tokenizer(processing_class, policy)
+        policy, critic, reference, tokenizer = setup.build_models(
+            model, value_model, ref_model, processing_class, args, peft_config, value_peft_config
+        )
         self.stop_token_ids = resolve_stop_token_ids(args, tokenizer)
         self.end_of_thinking_ids = marker_token_ids(tokenizer, args.end_of_thinking_marker)
-        critic = build_critic(value_model, policy, tokenizer, args)
-        policy, critic = setup.prepare_models(policy, critic, args, peft_config, value_peft_config)
-        reference = setup.reference_model(policy, ref_model, args)
         reward_funcs, reward_processing_classes = load_reward_funcs(reward_funcs, reward_processing_classes, args)
         self.reward_func_names = [reward_func_name(f) for f in reward_funcs]
         train_dataset, eval_dataset, self.data_reports = setup.prepare_datasets(
@@ -162,9 +147,7 @@ class PPOTrainer(_BaseTrainer):
         self.remove_callback(PrinterCallback)
         self.add_callback(CompactPrinterCallback if args.disable_tqdm else RolloutProgressCallback)
 
-        def for_inference(m):
-            return setup.prepare_for_inference(m, self.accelerator, self.is_deepspeed_enabled)
-
+        for_inference = functools.partial(setup.prepare_for_inference, accelerator=self.accelerator)
         self.ref_model = for_inference(reference) if reference is not None else None
         self.reward_funcs = [for_inference(f) if isinstance(f, PreTrainedModel) else f for f in reward_funcs]
         main = self.is_world_process_zero()
@@ -193,10 +176,6 @@ class PPOTrainer(_BaseTrainer):
     @property
     def num_ppo_updates(self) -> int:
         return self.batches.num_ppo_updates
-
-    @property
-    def callbacks(self) -> list[TrainerCallback]:
-        return self.callback_handler.callbacks
 
     # ------------------------------------------------- what subclasses change
 
@@ -229,10 +208,8 @@ class PPOTrainer(_BaseTrainer):
         return self.value_pretraining.active
 
     def num_training_updates(self) -> int:
-        """
-        Rollout batches this run uses: the PPO updates plus the value-pretraining ones, those planned until the phase
-        ends and those it ran after (unused pretraining updates are not given to PPO). `state.max_steps` is this.
-        """
+        """Rollout batches of this run (`state.max_steps`): the PPO updates plus the value-pretraining ones, planned until
+        the phase ends, run after (unused pretraining updates are not given to PPO)."""
         return self.num_ppo_updates + self.value_pretraining.updates_in_run()
 
     def begin_value_pretraining(self) -> None:
@@ -240,10 +217,8 @@ class PPOTrainer(_BaseTrainer):
         self.value_pretraining.begin()
 
     def end_value_pretraining(self, reason: str | None = None) -> None:
-        """
-        End value pretraining after the updates it ran: PPO starts at the next update, from a fresh optimizer state for
-        the policy, and the run shrinks by the unused pretraining updates.
-        """
+        """End value pretraining: PPO starts at the next update, from a fresh optimizer state for the policy, and the
+        run shrinks by the unused pretraining updates."""
         updates = self.value_pretraining.end(reason)
         self.state.max_steps = self.num_training_updates()
         if self.learner is not None:
@@ -348,12 +323,16 @@ class PPOTrainer(_BaseTrainer):
         rollout, generation = self.rollout_maker.make(rows, train_policy=train_policy, trainer_state=self.state)
         advantages, returns = self.compute_advantages(rollout)
         names, prefix = (self.end_of_thinking_ids, self.reward_func_names), "" if train_policy else "value_pretrain/"
-        mc = self.critic_lambda() == 1.0
-        metrics = rollout_metrics(
-            self.accelerator, self.args, rollout, advantages, returns, *names, prefix, returns_are_monte_carlo=mc
-        )
-        valid_tokens = self.accelerator.reduce(rollout.response_mask.sum().reshape(1), "sum")
-        if int(valid_tokens) == 0:
+        batch = (
+            rollout,
+            advantages,
+            returns,
+            *names,
+            prefix,
+            self.critic_lambda() == 1.0,
+        )  # λ = 1: Monte-Carlo returns
+        metrics = rollout_metrics(self.accelerator, self.args, *batch)
+        if int(self.accelerator.reduce(rollout.response_mask.sum().reshape(1), "sum")) == 0:
             # Every sample was skipped (no reward function applied): an update would train on nothing.
             logger.warning(f"Update {self.state.global_step + 1}: no sample could be scored; skipping the update.")
             metrics["diagnostics/skipped_update"] = 1.0
@@ -409,7 +388,7 @@ class PPOTrainer(_BaseTrainer):
             self.deepspeed = self.model_wrapped
         parts = (self.model_wrapped, self.optimizer, self.lr_scheduler, self.accelerator, args)
         self.learner = PPOLearner(*parts, self.is_deepspeed_enabled, self.batches.local_mini_batch_size)
-        stateful = [cb for cb in self.callbacks + [self.control] if isinstance(cb, ExportableState)]
+        stateful = [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]
         self.state = setup.new_trainer_state(args, stateful, self.num_training_updates(), self.batches.batch_size)
         self.state.is_local_process_zero = self.is_local_process_zero()
         self.state.is_world_process_zero = self.is_world_process_zero()
@@ -421,7 +400,7 @@ class PPOTrainer(_BaseTrainer):
             trainer_saving.load_engine_states(self.model_wrapped, resume)
         self._load_optimizer_and_scheduler(resume.path)  # under DeepSpeed: the scheduler only
         saved = resume.saved
-        trainer_saving.restore_state(self.state, self.callbacks, resume.path, saved)
+        trainer_saving.restore_state(self.state, self.callback_handler.callbacks, resume.path, saved)
         self.learner.nonfinite_steps_in_a_row = saved["nonfinite_steps_in_a_row"]
         self.value_pretraining.restore(*saved_phase(saved))
         self.state.max_steps = self.num_training_updates()  # this run's PPO budget (total_episodes may have changed)
@@ -474,7 +453,8 @@ class PPOTrainer(_BaseTrainer):
     def _save_checkpoint(self, model, trial=None) -> None:
         """Write `checkpoint-<step>` atomically (see [`~trainer_saving.write_checkpoint`])."""
         run = (self.state, self.batches, self.args, len(self.train_dataset), self.value_pretraining)
-        resume_state = trainer_saving.training_state(*run, self.learner.nonfinite_steps_in_a_row, self.callbacks)
+        progress = (self.learner.nonfinite_steps_in_a_row, self.callback_handler.callbacks)
+        resume_state = trainer_saving.training_state(*run, *progress)
         trainer_saving.write_checkpoint(self, self._get_output_dir(trial=trial), resume_state)
 
     def create_model_card(

@@ -13,15 +13,19 @@ from collections.abc import Callable
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import is_peft_model
+from accelerate.utils import is_peft_model, set_seed
 from datasets import IterableDataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerState
+from transformers.trainer_utils import enable_full_determinism
 from transformers.utils import is_peft_available, logging
 from trl.trainer.utils import disable_dropout_in_model
 
 from .config import PPOConfig
 from .data import DataReport, prepare_prompt_dataset, prompt_token_lengths, reward_function_columns
+from .distributed import check_launch_environment
 from .generation import HFSampler, neutralised_generation_fields
+from .loading import build_critic, load_policy, load_tokenizer
+from .output import quiet_replica
 from .peft_utils import wrap_value_model
 from .rollout_maker import RolloutMaker
 from .vllm_sampling import (
@@ -56,6 +60,35 @@ def check_dataset(dataset, name: str, required: bool) -> None:
         )
     if len(dataset) == 0:
         raise ValueError(f"`{name}` is empty.")
+
+
+def prepare_process(args: PPOConfig) -> None:
+    """Before anything is built: warnings once per job (from the first process), the launch checked, and the seed set
+    before anything draws from the RNG (the critic's fresh scalar head, LoRA matrices), as `Trainer` does."""
+    quiet_replica(args.process_index)
+    check_launch_environment()
+    if args.full_determinism:
+        enable_full_determinism(args.seed)
+    else:
+        set_seed(args.seed)
+
+
+def build_models(
+    model: str | PreTrainedModel,
+    value_model: str | PreTrainedModel | None,
+    ref_model: PreTrainedModel | None,
+    processing_class: PreTrainedTokenizerBase | None,
+    args: PPOConfig,
+    peft_config: PeftConfig | None,
+    value_peft_config: PeftConfig | dict | None,
+) -> tuple[PreTrainedModel, PreTrainedModel, PreTrainedModel | None, PreTrainedTokenizerBase]:
+    """The policy, the critic, the reference policy (`None` when there is none to keep) and the tokenizer, loaded or
+    built and readied as the config asks (see [`prepare_models`], [`reference_model`])."""
+    policy = load_policy(model, args)
+    tokenizer = load_tokenizer(processing_class, policy)
+    critic = build_critic(value_model, policy, tokenizer, args)
+    policy, critic = prepare_models(policy, critic, args, peft_config, value_peft_config)
+    return policy, critic, reference_model(policy, ref_model, args), tokenizer
 
 
 def prepare_models(
@@ -217,9 +250,9 @@ def build_sampler(
     return sampler
 
 
-def prepare_for_inference(model: PreTrainedModel, accelerator: Accelerator, is_deepspeed: bool) -> PreTrainedModel:
+def prepare_for_inference(model: PreTrainedModel, accelerator: Accelerator) -> PreTrainedModel:
     """Place a reference or reward model for inference (DeepSpeed-initialised under DeepSpeed)."""
-    if is_deepspeed:
+    if accelerator.state.deepspeed_plugin is not None:
         from trl.models import prepare_deepspeed
 
         return prepare_deepspeed(model, accelerator)

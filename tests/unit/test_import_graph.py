@@ -162,3 +162,23 @@ def test_experiments_and_benchmarks_have_no_import_circle():
         assert cycle is None, f"{folder}/: import circle " + " -> ".join(cycle)
     # The report is rebuilt by reproduce.py, and reads everything it needs from its arguments.
     assert "reproduce" not in script_import_graph(os.path.join(ROOT, "experiments"))["report"]
+
+
+def test_files_stay_readable_and_the_trainer_mixes_in_nothing_of_the_package():
+    """No module of the package over 500 lines (the config's field list excepted), and `PPOTrainer` is one class over
+    TRL's base: its parts are objects it holds, not classes mixed into its bases."""
+    import inspect
+
+    from vcppo_trl import PPOTrainer
+
+    long = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            path = os.path.join(folder, name)
+            if name.endswith(".py") and name != "config.py":
+                lines = sum(1 for _ in open(path))
+                if lines > 500:
+                    long[os.path.relpath(path, PACKAGE)] = lines
+    assert long == {}
+    mixed_in = [c.__module__ for c in inspect.getmro(PPOTrainer)[1:] if c.__module__.startswith("vcppo_trl")]
+    assert mixed_in == []
