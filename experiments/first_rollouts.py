@@ -15,7 +15,7 @@ Per critic it writes (to `experiments/results/majority/first_rollouts/<name>.jso
   tokens, and per relative-position bucket;
 - `value_by_position`: the critic's mean value and mean return per relative-position bucket (the bias' shape).
 
-Scores follow the trainer's settings in `reproduce.py`: +1/−1 from the verifier, −1 more for a response cut at the length
+Scores follow the trainer's settings in `runner.py`: +1/−1 from the verifier, −1 more for a response cut at the length
 limit (`missing_eos_penalty=1.0`), γ = 1, no KL.
 """
 

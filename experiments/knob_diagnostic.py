@@ -5,9 +5,10 @@ fraction) — never for accuracy or length.
     python experiments/knob_diagnostic.py --name ppo_lr1e-4_vlr2e-4 --variant ppo --updates 6 \\
         --learning-rate 1e-4 --value-learning-rate 2e-4
 
-It uses `reproduce.py`'s budget and cached assets (`--task majority`), the variant's settings and `--updates` PPO updates
-(plus the variant's value pretraining, if any), with a seed that no table run uses (100), and writes the per-update
-metrics it reads to `experiments/results/majority/knobs/<name>.json`.
+It uses `reproduce.py --task majority`'s budget and cached assets (`task_majority.py`, `toy_assets.py`), the
+variant's settings and `--updates` PPO updates (plus the variant's value pretraining, if any) run as `runner.py` runs
+them, with a seed that no table run uses (100), and writes the per-update metrics it reads to
+`experiments/results/majority/knobs/<name>.json`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ import json
 import os
 import sys
 import time
+
+from run_files import DEFAULT_CACHE, budget_dict, git_commit, json_default
+from runner import run_vcppo
+from task_addition import MAIN_VARIANTS
+from task_majority import MAJORITY_GRID, MajorityBudget
+from toy_assets import build_cold_start, build_reward_model_asset
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KEYS = (
@@ -60,39 +67,34 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    sys.path.insert(0, HERE)
-    import reproduce
-
     budget = dataclasses.replace(
-        reproduce.TASKS["majority"][0],
+        MajorityBudget(),
         ppo_updates=args.updates,
         learning_rate=args.learning_rate,
         value_learning_rate=args.value_learning_rate,
         seeds=(args.seed,),
         **({} if args.pretrain_updates is None else {"pretrain_updates": args.pretrain_updates}),
     )
-    cache = os.path.join(reproduce.DEFAULT_CACHE, "majority")
+    cache = os.path.join(DEFAULT_CACHE, "majority")
     # The cold start and the two reward models only (built and cached as `build_assets` does; the controlled-bias
     # critic is not needed here).
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    assets = reproduce.build_cold_start(budget, cache)
+    assets = build_cold_start(budget, cache)
     if args.build_rm:
         policy = AutoModelForCausalLM.from_pretrained(assets["policy"])
         tokenizer = AutoTokenizer.from_pretrained(assets["policy"])
-        _, stats = reproduce.build_reward_model_asset(
-            budget, cache, policy, tokenizer, eos_only=args.build_rm == "eos"
-        )
+        _, stats = build_reward_model_asset(budget, cache, policy, tokenizer, eos_only=args.build_rm == "eos")
         print(json.dumps(stats))
         return 0
     assets |= {
         "reward_model": os.path.join(cache, "reward_model"),
         "reward_model_eos": os.path.join(cache, "reward_model_eos"),
     }
-    variant = {v.name: v for v in reproduce.MAIN_VARIANTS + reproduce.MAJORITY_GRID}[args.variant]
+    variant = {v.name: v for v in MAIN_VARIANTS + MAJORITY_GRID}[args.variant]
     if args.critic:
         variant = dataclasses.replace(variant, critic=args.critic)
-    splits = reproduce.task_splits(budget)
+    splits = budget.splits()
     columns = ["prompt", "solution", "difficulty"]
     train = splits["train"].select_columns(columns)
     scratch = os.path.join("/tmp", f"knob_diag_{args.name}")
@@ -107,21 +109,21 @@ def main(argv: list[str] | None = None) -> int:
                     control.should_training_stop = True
 
         callbacks = (StopAfterPretraining(),)
-    history, _ = reproduce._run_vcppo(variant, args.seed, budget, assets, scratch, train, None, callbacks)
+    history, _ = run_vcppo(variant, args.seed, budget, assets, scratch, train, None, callbacks)
     rows = [{k: e[k] for k in KEYS if k in e} | {"step": e.get("step")} for e in history if any(k in e for k in KEYS)]
     record = {
         "name": args.name,
         "command": "python experiments/knob_diagnostic.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "commit": reproduce.git_commit(),
+        "commit": git_commit(),
         "variant": args.variant,
-        "budget": reproduce._budget_dict(budget),
+        "budget": budget_dict(budget),
         "seconds": time.time() - t0,
         "updates": rows,
     }
     out = os.path.join(HERE, "results", "majority", "knobs")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"{args.name}.json"), "w") as f:
-        json.dump(record, f, indent=1, default=reproduce._json_default)
+        json.dump(record, f, indent=1, default=json_default)
     for r in rows:
         print({k.split("/")[-1] if k.startswith("diag") else k: round(v, 3) for k, v in r.items() if v is not None})
     return 0

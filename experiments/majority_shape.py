@@ -6,7 +6,7 @@
 The experiment needs a cold-started policy whose *sampled* accuracy (temperature 1, the rollouts' distribution) rises
 clearly and monotonically with the line at which a response stops, complete responses the most accurate, early stops
 right less often but not never. This script cold-starts a toy policy for one task variant and model size (cached under
-`experiments/.cache/majority/shape/<name>/` in `reproduce.py`'s asset format, reused when its settings match), samples one response per held-out prompt,
+`experiments/.cache/majority/shape/<name>/` in `toy_assets.py`'s format, reused when its settings match), samples one response per held-out prompt,
 and writes `experiments/results/majority/shape/<name>.json`:
 
 - `by_stop_bin`: per bin of the stop line relative to the string's length (k/n in [0, ¼), [¼, ½), [½, ¾), [¾, 1),
@@ -29,6 +29,10 @@ import os
 import statistics as st
 import sys
 import time
+
+from run_files import git_commit
+from task_majority import MajorityBudget
+from toy_assets import build_cold_start
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BINS = ((0.0, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 1.0))
@@ -125,12 +129,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from vcppo_trl.toy.reward_model import sample_responses
 
-    sys.path.insert(0, HERE)
-    import reproduce
-
     torch.set_num_threads(args.threads)
     budget = dataclasses.replace(
-        reproduce.TASKS["majority"][0],
+        MajorityBudget(),
         cold_start_steps=args.steps,
         tally=args.tally,
         encoding=args.encoding,
@@ -141,11 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     # The same cold start (code, data, seed) as `reproduce.py --task majority` with this budget: adopting it means
     # copying this directory's `assets.json` and `cold_start/` into `experiments/.cache/majority/`.
     cache_name = args.name.split("@")[0]  # "<attempt>@<measurement>": another measurement of the same cold start
-    manifest = reproduce.build_cold_start(budget, os.path.join(args.cache_dir, cache_name))
+    manifest = build_cold_start(budget, os.path.join(args.cache_dir, cache_name))
     tokenizer = AutoTokenizer.from_pretrained(manifest["policy"])
     model = AutoModelForCausalLM.from_pretrained(manifest["policy"])
     eval_budget = budget if args.eval_bias is None else dataclasses.replace(budget, bias=args.eval_bias)
-    test = reproduce.task_splits(eval_budget)["test"]
+    test = eval_budget.splits()["test"]
     t0 = time.time()
     torch.manual_seed(1)
     responses = sample_responses(model, tokenizer, test["prompt"], max_new_tokens=budget.response_length)
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "name": args.name,
         "command": "python experiments/majority_shape.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "commit": reproduce.git_commit(),
+        "commit": git_commit(),
         "asset_key": manifest["key"],
         "eval_bias": eval_budget.bias,
         "cold_start_seconds": manifest["cold_start_seconds"],

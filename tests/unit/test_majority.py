@@ -126,15 +126,8 @@ def test_harness_runs_the_majority_task_on_a_tiny_budget(tmp_path):
     first toy's directories stay untouched. No outcome is asserted."""
     import json
     import os
-    import sys
 
-    from ..paths import REPO
-
-    sys.path.insert(0, os.path.join(REPO, "experiments"))
-    try:
-        import reproduce
-    finally:
-        sys.path.pop(0)
+    import reproduce  # experiments/ is on pytest's pythonpath (pyproject.toml)
     assert reproduce.TASKS["addition"][0] == reproduce.Budget()  # the default run does not change
     results, cache = str(tmp_path / "results"), str(tmp_path / "cache")
     argv = ["--task", "majority", "--smoke", "--variants", "ppo", "--results-dir", results, "--cache-dir", cache]

@@ -1,12 +1,17 @@
 """The toy reproduction's parts: the length-choice task, the reward-model and controlled-bias critic builders, the
-position-bucket diagnostics, and the harness on a tiny budget (no outcome is asserted: outcomes are measured)."""
+position-bucket diagnostics, and the harness on a tiny budget (no outcome is asserted: outcomes are measured).
+
+The experiments/ modules (`reproduce`, `report_stats`, `task_majority`) are imported as top-level modules: pytest's
+`pythonpath` setting (pyproject.toml) puts experiments/ on the import path, as running a script there does."""
 
 import json
 import math
 import os
-import sys
 
 import pytest
+import report_stats
+import reproduce
+import task_majority
 import torch
 from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
 
@@ -18,7 +23,6 @@ from vcppo_trl.toy.task import format_short_solution, format_solution, response_
 from vcppo_trl.value_model import load_value_model
 
 from ...conftest import length_reward
-from ...paths import REPO
 
 
 class TestLengthChoiceTask:
@@ -108,7 +112,14 @@ def test_reward_model_builder_trains_saves_and_caches(rm_setup, tokenizer, tmp_p
         raise AssertionError("the cached reward model was rebuilt")
 
     cached, cached_stats = build_reward_model(
-        policy, tokenizer, data, output_dir=out, num_samples=8, num_epochs=2, batch_size=4, max_new_tokens=16,
+        policy,
+        tokenizer,
+        data,
+        output_dir=out,
+        num_samples=8,
+        num_epochs=2,
+        batch_size=4,
+        max_new_tokens=16,
         reward_func=must_not_run,
     )
     assert cached_stats == stats
@@ -169,7 +180,15 @@ def test_controlled_bias_critic_is_a_loadable_critic(rm_setup, tokenizer, tmp_pa
     rm, _ = build_reward_model(policy, tokenizer, data, num_samples=4, num_epochs=1, max_new_tokens=8)
     out = str(tmp_path / "cb")
     critic, stats = build_controlled_bias_critic(
-        rm, policy, tokenizer, data, bias=1.0, output_dir=out, num_samples=8, num_epochs=1, batch_size=4,
+        rm,
+        policy,
+        tokenizer,
+        data,
+        bias=1.0,
+        output_dir=out,
+        num_samples=8,
+        num_epochs=1,
+        batch_size=4,
         max_new_tokens=16,
     )
     assert math.isfinite(stats["mse"])
@@ -182,11 +201,6 @@ def test_controlled_bias_critic_is_a_loadable_critic(rm_setup, tokenizer, tmp_pa
 
 
 def test_harness_on_a_tiny_budget_writes_table_and_plots(tmp_path):
-    sys.path.insert(0, os.path.join(REPO, "experiments"))
-    try:
-        import reproduce
-    finally:
-        sys.path.pop(0)
     results, cache = str(tmp_path / "results"), str(tmp_path / "cache")
     code = reproduce.main(
         ["--smoke", "--variants", "ppo", "vcppo", "--results-dir", results, "--cache-dir", cache, "--workers", "1"]
@@ -211,11 +225,6 @@ def test_harness_on_a_tiny_budget_writes_table_and_plots(tmp_path):
 def test_harness_seeds_flag_records_seed_and_commit(tmp_path):
     """`--seeds` runs (and reports) the given seeds instead of the budget's; each run's file records its seed and the
     commit; a later call with more seeds keeps the saved runs. No outcome is asserted."""
-    sys.path.insert(0, os.path.join(REPO, "experiments"))
-    try:
-        import reproduce
-    finally:
-        sys.path.pop(0)
     results, cache = str(tmp_path / "results"), str(tmp_path / "cache")
     argv = ["--smoke", "--variants", "ppo", "--results-dir", results, "--cache-dir", cache, "--workers", "1"]
     assert reproduce.main([*argv, "--seeds", "7"]) == 0
@@ -239,12 +248,6 @@ def test_majority_grid_on_a_tiny_budget_checks_the_prediction(tmp_path):
     """`--task majority`: the slow-critic arm trains its critic at ½ the policy's lr, with the budget's slow-arm
     pretraining; the report holds the prediction, the grid with verdicts, the claim per critic speed and the plots.
     No outcome is asserted."""
-    sys.path.insert(0, os.path.join(REPO, "experiments"))
-    try:
-        import report
-        import reproduce
-    finally:
-        sys.path.pop(0)
     results, cache = str(tmp_path / "results"), str(tmp_path / "cache")
     argv = ["--task", "majority", "--smoke", "--results-dir", results, "--cache-dir", cache, "--workers", "1"]
     assert reproduce.main([*argv, "--variants", "ppo", "ppo_slow", "vcppo_slow"]) == 0
@@ -253,15 +256,15 @@ def test_majority_grid_on_a_tiny_budget_checks_the_prediction(tmp_path):
     for name in ("ppo", "ppo_slow", "vcppo_slow"):
         with open(os.path.join(runs, name, "seed0.json")) as f:
             record = json.load(f)
-        assert report.critic_ratio(record) == (2.0 if name == "ppo" else 0.5)
-        first_ppo[name] = report.training_entries(record)[0]
+        assert report_stats.critic_ratio(record) == (2.0 if name == "ppo" else 0.5)
+        first_ppo[name] = report_stats.training_entries(record)[0]
         assert "diagnostics/stop_advantage_gap" in first_ppo[name]
     # The same schedule at a quarter of the critic lr (ratio ½ against the budget's 2); the policy lr unchanged.
     assert first_ppo["ppo_slow"]["value_lr"] == pytest.approx(0.25 * first_ppo["ppo"]["value_lr"], rel=1e-6)
     assert first_ppo["ppo_slow"]["lr"] == first_ppo["ppo"]["lr"]
     with open(os.path.join(runs, "vcppo_slow", "seed0.json")) as f:
-        pretraining = report.pretrain_entries(json.load(f))
-    assert len(pretraining) == reproduce.MAJORITY_SMOKE_BUDGET.slow_pretrain_updates
+        pretraining = report_stats.pretrain_entries(json.load(f))
+    assert len(pretraining) == task_majority.MAJORITY_SMOKE_BUDGET.slow_pretrain_updates
     with open(os.path.join(results, "majority", "results.md")) as f:
         text = f.read()
     assert reproduce.PREDICTION.splitlines()[0] in text
@@ -272,12 +275,7 @@ def test_majority_grid_on_a_tiny_budget_checks_the_prediction(tmp_path):
 
 
 def test_verdicts_follow_the_written_rule():
-    sys.path.insert(0, os.path.join(REPO, "experiments"))
-    try:
-        import report
-    finally:
-        sys.path.pop(0)
-    assert report.verdict([-0.3, -0.25, -0.2]) == "loses"
-    assert report.verdict([0.3, 0.25, 0.2]) == "gains"
-    assert report.verdict([-0.3, 0.0, 0.3]) == "keeps"
-    assert report.verdict([0.1]) == "–"  # one seed: no interval, no verdict
+    assert report_stats.verdict([-0.3, -0.25, -0.2]) == "loses"
+    assert report_stats.verdict([0.3, 0.25, 0.2]) == "gains"
+    assert report_stats.verdict([-0.3, 0.0, 0.3]) == "keeps"
+    assert report_stats.verdict([0.1]) == "–"  # one seed: no interval, no verdict

@@ -1,0 +1,135 @@
+"""The report's statistics, read from the saved runs: the 95 % t-interval and the prediction's verdict rule, the
+per-update series of a run's metric history (training and value-pretraining updates, position buckets), the means
+over the first and last updates, and the loading of the raw runs (`runs/<variant>/seed<k>.json`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+
+NUM_BUCKETS = 8
+WINDOW = 5  # updates averaged for "start" and "end" of training
+# Two-sided 95 % Student-t quantiles by degrees of freedom.
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def mean_ci(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95 % t-interval (nan with fewer than two finite values)."""
+    xs = [x for x in values if x is not None and not math.isnan(x)]
+    if not xs:
+        return math.nan, math.nan
+    mean = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return mean, math.nan
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+    return mean, _T95.get(len(xs) - 1, 1.96) * sd / math.sqrt(len(xs))
+
+
+def fmt(values: Sequence[float], digits: int = 3) -> str:
+    mean, half = mean_ci(values)
+    if math.isnan(mean):
+        return "–"
+    return f"{mean:.{digits}f}" if math.isnan(half) else f"{mean:.{digits}f} ± {half:.{digits}f}"
+
+
+# ------------------------------------------------------------------------------------------ series from histories
+
+
+def training_entries(record: dict) -> list[dict]:
+    """The policy-training updates of a run, in order (value-pretraining updates and summaries left out)."""
+    history = record["log_history"]
+    if record["variant"]["trainer"] == "grpo":
+        return [e for e in history if "reward" in e]
+    return [e for e in history if "objective/scores" in e and "value_pretrain/explained_variance" not in e]
+
+
+def pretrain_entries(record: dict) -> list[dict]:
+    return [e for e in record["log_history"] if "value_pretrain/explained_variance" in e]
+
+
+def series(record: dict, what: str) -> list[float]:
+    """Per-update `accuracy`, `length`, `short` (share of compressed responses), `corr`, `ev` of a run."""
+    grpo = record["variant"]["trainer"] == "grpo"
+    entries = training_entries(record)
+    if grpo and what in ("corr", "ev", "gap"):
+        return []
+    keys = {
+        "accuracy": "rewards/math_verify_reward/mean" if grpo else "diagnostics/accuracy",
+        "length": "completions/mean_length" if grpo else "diagnostics/response_length_mean",
+        "short": "rewards/short_form/mean",
+        "corr": "diagnostics/advantage_position_corr",
+        "ev": "value/explained_variance",
+        "gap": "diagnostics/stop_advantage_gap",
+    }
+    out = []
+    for e in entries:
+        x = e.get(keys[what])
+        x = math.nan if x is None else float(x)
+        if grpo and what == "accuracy":
+            x = (x + 1.0) / 2.0  # ±1 rewards: share of +1
+        out.append(x)
+    return out
+
+
+def window_mean(xs: list[float], start: bool) -> float:
+    xs = xs[:WINDOW] if start else xs[-WINDOW:]
+    xs = [x for x in xs if not math.isnan(x)]
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def mc_ev_end(record: dict, bucket: int) -> float:
+    """Mean over the last `WINDOW` updates of the critic's explained variance of Monte-Carlo returns in `bucket`."""
+    entries = training_entries(record)[-WINDOW:]
+    return buckets(entries, "diagnostics/mc_explained_variance_bucket_")[bucket] if entries else math.nan
+
+
+def buckets(entries: list[dict], prefix: str) -> list[float]:
+    """Mean over `entries` of the position-bucket metric `<prefix><k>`, for k in 0..7."""
+    out = []
+    for k in range(NUM_BUCKETS):
+        xs = [e.get(f"{prefix}{k}") for e in entries]
+        xs = [float(x) for x in xs if x is not None and not math.isnan(float(x))]
+        out.append(sum(xs) / len(xs) if xs else math.nan)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------- loading
+
+
+def load_runs(results_dir: str, variant_names: Sequence[str], seeds: Sequence[int]) -> dict[str, list[dict]]:
+    runs: dict[str, list[dict]] = {}
+    for name in variant_names:
+        for seed in seeds:
+            path = os.path.join(results_dir, "runs", name, f"seed{seed}.json")
+            if os.path.isfile(path):
+                with open(path) as f:
+                    runs.setdefault(name, []).append(json.load(f))
+    return runs
+
+
+# -------------------------------------------------------------------------------- the prediction check (majority)
+
+
+def critic_ratio(record: dict) -> float | None:
+    """The run's critic/policy learning-rate ratio (None for GRPO, which has no critic)."""
+    if record["variant"]["trainer"] == "grpo":
+        return None
+    budget, ratio = record["budget"], record["variant"].get("value_lr_ratio")
+    return ratio if ratio is not None else budget["value_learning_rate"] / budget["learning_rate"]
+
+
+def verdict(values: Sequence[float]) -> str:
+    """The prediction's rule on a change (end − cold start): "loses" when its 95 % interval lies below 0."""
+    mean, half = mean_ci(values)
+    if math.isnan(mean) or math.isnan(half):
+        return "–"
+    if mean + half < 0:
+        return "loses"
+    return "gains" if mean - half > 0 else "keeps"
+
+
+def interval(values: Sequence[float]) -> tuple[float, float]:
+    mean, half = mean_ci(values)
+    return mean - half, mean + half

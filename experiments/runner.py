@@ -1,0 +1,211 @@
+"""Running the comparison: one variant with one seed (VC-PPO/PPO through `VCPPOTrainer`, or TRL's GRPO), in a worker
+process with its console output in `results/logs/`, and the sweep over (variant, seed) pairs, resumable: each run
+writes its raw result `results/runs/<variant>/seed<k>.json` when it ends (its whole metric history, the held-out
+evaluation, its seed, budget and commit), and a run whose file exists with the same budget is skipped."""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import os
+import sys
+import time
+import traceback
+from typing import TYPE_CHECKING, Any
+
+from run_files import budget_dict, git_commit, read_json, same_budget, write_json
+
+if TYPE_CHECKING:
+    from task_addition import Budget, Variant
+
+
+def _common_args(out_dir: str, seed: int) -> dict[str, Any]:
+    """Settings every trainer of the comparison shares: CPU, fp32, every update logged, nothing saved."""
+    return {
+        "output_dir": out_dir,
+        "seed": seed,
+        "use_cpu": True,
+        "bf16": False,
+        "report_to": "none",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "disable_tqdm": True,
+    }
+
+
+def run_vcppo(
+    variant: Variant, seed: int, budget: Budget, assets: dict, out_dir: str, train, test, callbacks: tuple = ()
+) -> list[dict]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vcppo_trl import VCPPOConfig, VCPPOTrainer
+    from vcppo_trl.rewards import math_verify_reward
+
+    pretrain = (
+        getattr(budget, variant.pretrain_field) if variant.pretrain_updates is None else variant.pretrain_updates
+    )
+    pretrain = pretrain if variant.pretrain else 0
+    args = VCPPOConfig(
+        **_common_args(out_dir, seed),
+        eval_strategy="no",
+        num_sample_generations=0,
+        per_device_train_batch_size=budget.per_device_train_batch_size,
+        gradient_accumulation_steps=budget.gradient_accumulation_steps,
+        num_mini_batches=budget.num_mini_batches,
+        num_ppo_epochs=budget.num_ppo_epochs,
+        local_rollout_forward_batch_size=64,
+        total_episodes=budget.ppo_updates * budget.prompts_per_update,
+        response_length=budget.response_length,
+        temperature=1.0,
+        kl_coef=0.0,
+        lam_actor=variant.lam_actor,
+        lam_critic=variant.lam_critic,
+        learning_rate=budget.learning_rate,
+        value_learning_rate=variant.value_learning_rate(budget),
+        vf_coef=budget.vf_coef,
+        value_pretrain_steps=pretrain,
+        # A fixed number of pretraining updates (no early stop), so every seed gets the same budget.
+        value_pretrain_min_steps=max(pretrain, 1),
+        value_pretrain_patience=None,
+        value_pretrain_stop_explained_variance=None,
+        missing_eos_penalty=1.0,
+        reward_weights=[1.0, 0.0],
+    )
+    critics = {"controlled_bias": "controlled_bias_critic", "rm_eos": "reward_model_eos"}  # else "reward_model"
+    critic_dir = assets[critics.get(variant.critic, "reward_model")]
+    tokenizer = AutoTokenizer.from_pretrained(assets["policy"])
+    trainer = VCPPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(assets["policy"]),
+        processing_class=tokenizer,
+        reward_funcs=[math_verify_reward, *budget.logged_rewards()],
+        args=args,
+        train_dataset=train,
+        value_model=critic_dir,
+        callbacks=list(callbacks),
+    )
+    trainer.train()
+    return trainer.state.log_history, trainer.model.policy if hasattr(trainer.model, "policy") else trainer.model
+
+
+def run_grpo(variant: Variant, seed: int, budget: Budget, assets: dict, out_dir: str, train, test):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from vcppo_trl.rewards import math_verify_reward
+
+    # Same samples as PPO: prompts_per_update completions per generation batch (prompts_per_update / G prompts with G
+    # completions each), and the same number of optimizer steps per batch (num_mini_batches x num_ppo_epochs).
+    completions = budget.prompts_per_update
+    args = GRPOConfig(
+        **_common_args(out_dir, seed),
+        num_generations=budget.grpo_generations,
+        per_device_train_batch_size=completions // budget.num_mini_batches,
+        gradient_accumulation_steps=1,
+        steps_per_generation=budget.num_mini_batches,
+        num_iterations=budget.num_ppo_epochs,
+        max_steps=budget.ppo_updates * budget.num_mini_batches * budget.num_ppo_epochs,
+        max_completion_length=budget.response_length,
+        learning_rate=budget.learning_rate,
+        lr_scheduler_type="linear",
+        warmup_steps=0,
+        beta=0.0,
+        temperature=1.0,
+        reward_weights=[1.0, 0.0],
+        disable_dropout=True,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(assets["policy"])
+    trainer = GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(assets["policy"]),
+        reward_funcs=[math_verify_reward, *budget.logged_rewards()],
+        args=args,
+        train_dataset=train,
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    return trainer.state.log_history, trainer.model
+
+
+def run_one(variant: Variant, seed: int, budget: Budget, assets: dict, path: str) -> None:
+    """Train one variant with one seed in this process (one torch thread) and write its JSON."""
+    import torch
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from vcppo_trl.toy import greedy_accuracy
+
+    splits = budget.splits()
+    columns = ["prompt", "solution", "difficulty"]
+    train, test = splits["train"].select_columns(columns), splits["test"].select_columns(columns)
+    scratch = os.path.join(os.path.dirname(path), f".scratch-seed{seed}")
+    t0 = time.time()
+    runner = run_grpo if variant.trainer == "grpo" else run_vcppo
+    history, policy = runner(variant, seed, budget, assets, scratch, train, test)
+    train_seconds = time.time() - t0
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(assets["policy"])
+    final_eval = greedy_accuracy(policy, tokenizer, splits["test"], max_new_tokens=budget.response_length)
+    record = {
+        "variant": dataclasses.asdict(variant),
+        "seed": seed,
+        "commit": git_commit(),
+        "budget": budget_dict(budget),
+        "train_seconds": train_seconds,
+        "wall_seconds": time.time() - t0,
+        "cold_start_eval": assets["cold_start_eval"],
+        "final_eval": final_eval,
+        "log_history": history,
+    }
+    write_json(path, record)
+
+
+def _worker(task: tuple) -> tuple[str, str | None]:
+    variant, seed, budget, assets, path = task
+    # Each run's own output (metric dicts, warnings) goes to its log file, not to the sweep's console.
+    log_path = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(path))), "logs", f"{variant.name}-seed{seed}.log"
+    )
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    with open(log_path, "w") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        sys.stdout = sys.stderr = log
+        try:
+            run_one(variant, seed, budget, assets, path)
+            return path, None
+        except Exception:  # reported by the parent; the other runs go on
+            error = traceback.format_exc()
+            print(error, flush=True)
+            return path, error
+
+
+def run_path(results_dir: str, variant: Variant, seed: int) -> str:
+    return os.path.join(results_dir, "runs", variant.name, f"seed{seed}.json")
+
+
+def run_all(
+    variants: tuple[Variant, ...], budget: Budget, assets: dict, results_dir: str, workers: int
+) -> list[tuple[str, str]]:
+    """Run every (variant, seed) whose JSON is missing, `workers` at a time; returns the failures."""
+    tasks = []
+    for seed in budget.seeds:  # seed-major: an interrupted sweep has whole seeds of every variant
+        for variant in variants:
+            path = run_path(results_dir, variant, seed)
+            existing = read_json(path)
+            if existing is not None and same_budget(existing.get("budget"), budget):
+                continue
+            tasks.append((variant, seed, budget, assets, path))
+    print(f"{len(tasks)} runs to do ({len(variants)} variants x {len(budget.seeds)} seeds, rest already saved).")
+    failures = []
+    if not tasks:
+        return failures
+    t0 = time.time()
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(processes=workers, maxtasksperchild=1) as pool:
+        for done, (path, error) in enumerate(pool.imap_unordered(_worker, tasks), start=1):
+            status = "failed" if error else "done"
+            print(f"[{done}/{len(tasks)}] {status}: {os.path.relpath(path, results_dir)} ({time.time() - t0:.0f} s)")
+            if error:
+                failures.append((path, error))
+                print(error, file=sys.stderr)
+    return failures
