@@ -31,6 +31,7 @@ import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 import torch  # noqa: E402
 
@@ -154,7 +155,14 @@ CONFIGS: dict[str, tuple[str, dict, str | None]] = {
     "vcppo_lora_kl": ("VCPPO", dict(kl_coef=0.05, value_pretrain_steps=1), "lora"),
     "vcppo_length_adaptive": ("VCPPO", dict(lam_actor_length_alpha=0.5, num_generations=2), None),
     "resume": ("VCPPO", dict(value_pretrain_steps=1, save_strategy="steps", save_steps=2), None),
+    # Needs vLLM (the CPU build: scripts/setup_vllm_cpu.sh, then run with .venv-vllm/bin/python --only vllm_colocate).
+    "vllm_colocate": (
+        "VCPPO",
+        dict(use_vllm=True, vllm_mode="colocate", value_pretrain_steps=1, vllm_importance_sampling_correction=True),
+        "vllm",
+    ),
 }
+DEFAULT_CONFIGS = [name for name, (_, _, extra) in CONFIGS.items() if extra != "vllm"]
 
 
 def build_trainer(name: str, output_dir: str):
@@ -166,7 +174,8 @@ def build_trainer(name: str, output_dir: str):
     kind, overrides, extra = CONFIGS[name]
     config_cls, trainer_cls = (PPOConfig, PPOTrainer) if kind == "PPO" else (VCPPOConfig, VCPPOTrainer)
     tokenizer = build_tokenizer()
-    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    hidden = 64 if extra == "vllm" else 32  # vLLM's CPU attention needs heads at least 32 wide
+    policy = build_tiny_model(tokenizer, hidden_size=hidden, num_layers=1, num_heads=2, seed=0)
     splits = make_splits(64, 16, seed=0, min_digits=1, max_digits=3)
     kwargs = {}
     if extra == "eval":
@@ -271,7 +280,7 @@ def main() -> int:
     if opts.mode == "resume":
         resume(opts.paths[0], opts.checkpoints)
         return 0
-    record(opts.paths[0], opts.only or list(CONFIGS), opts.checkpoints)
+    record(opts.paths[0], opts.only or DEFAULT_CONFIGS, opts.checkpoints)
     return 0
 
 

@@ -116,9 +116,8 @@ def training_facts(trainer: Trainer, pretrain_steps: int | None = None) -> dict[
             else args.lam_actor
         )
         facts["λ_critic (value targets)"] = args.lam_critic
-        callback = getattr(trainer, "value_pretrain_callback", None)
         if pretrain_steps is None:
-            pretrain_steps = callback.steps if callback is not None and callback.done else None
+            pretrain_steps = trainer.value_pretraining.ended_after  # None until the phase has ended
         if args.value_model_path is not None:
             facts["value pretraining"] = f"critic loaded from {args.value_model_path} (pretrained before this run)"
         elif pretrain_steps is not None:
