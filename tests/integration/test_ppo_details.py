@@ -9,8 +9,7 @@ import copy
 import pytest
 import torch
 
-from vcppo_trl import PPOConfig, PPOTrainer, ppo_loss
-from vcppo_trl import trainer_setup
+from vcppo_trl import PPOConfig, PPOTrainer, ppo_loss, trainer_setup
 from vcppo_trl.rollout import token_rewards
 
 

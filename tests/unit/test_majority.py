@@ -128,6 +128,7 @@ def test_harness_runs_the_majority_task_on_a_tiny_budget(tmp_path):
     import os
 
     import reproduce  # experiments/ is on pytest's pythonpath (pyproject.toml)
+
     assert reproduce.TASKS["addition"][0] == reproduce.Budget()  # the default run does not change
     results, cache = str(tmp_path / "results"), str(tmp_path / "cache")
     argv = ["--task", "majority", "--smoke", "--variants", "ppo", "--results-dir", results, "--cache-dir", cache]
