@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import io
 import json
 import math
 import os
@@ -196,15 +195,18 @@ def build_trainer(name: str, output_dir: str):
 
 
 def fingerprint(name: str, output_dir: str, resume_from: str | None = None) -> dict:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    # A real file, not a StringIO: vLLM's engine asks stdout for its file descriptor.
+    with tempfile.TemporaryFile(mode="w+") as out, contextlib.redirect_stdout(out):
         trainer = build_trainer(name, output_dir)
         trainer.train(resume_from_checkpoint=resume_from)
         evaluation = trainer.evaluate() if trainer.eval_dataset is not None else None
+        out.flush()
+        out.seek(0)
+        printed = out.read()
     wrapper = trainer.accelerator.unwrap_model(trainer.model_wrapped)
     return {
         "log_history": log_history(trainer),
-        "printed": masked_output(out.getvalue()),
+        "printed": masked_output(printed),
         "evaluate": {k: clean(v) for k, v in evaluation.items()} if evaluation else None,
         "policy_sha256": weights_hash(wrapper.policy),
         "critic_sha256": weights_hash(wrapper.critic),
