@@ -89,6 +89,22 @@ class TargetAccuracyCallback(TrainerCallback):
             control.should_training_stop = True
         return control
 
+    def on_train_end(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: PreTrainedModel | None = None,
+        **kwargs: Any,
+    ) -> TrainerControl:
+        # Ended without reaching the target: measure the last step too (unless just measured), so that the accuracy
+        # reported (and warned about) is the one the policy starts RL with.
+        if self.stopped_at_step is None and model is not None:
+            if not self.history or self.history[-1][0] != state.global_step:
+                exact_match = teacher_forced_exact_match(model, self.tokenizer, self.eval_dataset)["exact_match"]
+                self.history.append((state.global_step, exact_match))
+        return control
+
 
 class ColdStartProgressCallback(ProgressCallback):
     """A progress bar for the cold start with the loss (and held-out exact match) as postfix: no raw log dicts."""
@@ -253,7 +269,22 @@ def cold_start_sft(
         trainer.remove_callback(ProgressCallback)
         trainer.add_callback(ColdStartProgressCallback(target))
     trainer.train()
+    if target is not None and target.stopped_at_step is None and target.history:
+        _warn_target_missed(target, trainer.state.global_step, trainer.args.max_steps)
     model = trainer.model
     model.config.use_cache = True
     model.eval()
     return model
+
+
+def _warn_target_missed(target: TargetAccuracyCallback, steps: int, max_steps: int) -> None:
+    """Says, loudly, that the cold start ended below its target: RL then starts from a policy that solves too little."""
+    step, exact_match = target.history[-1]
+    best_step, best = max(target.history, key=lambda item: item[1])
+    best_note = f" (best {best:.3f} at step {best_step})" if best > exact_match else ""
+    logger.warning(
+        f"Cold start ended at step {steps} (step cap {max_steps}) with held-out exact match {exact_match:.3f}"
+        f"{best_note}, below its target {target.target_accuracy:.2f}: RL starts from a policy that solves few prompts "
+        "and may learn nothing. Give the cold start more steps (train.py: --toy_cold_start_steps; cold_start_sft: "
+        "max_steps), another learning rate (--toy_cold_start_learning_rate) or another model shape (--toy_num_heads)."
+    )

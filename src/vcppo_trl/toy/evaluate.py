@@ -123,7 +123,9 @@ def greedy_accuracy(
         metrics["response_length_by_difficulty"] = {
             d: sum(lengths[i] for i in idx) / len(idx) for d, idx in sorted(groups.items())
         }
-        metrics["short_rate_by_difficulty"] = {d: sum(short[i] for i in idx) / len(idx) for d, idx in sorted(groups.items())}
+        metrics["short_rate_by_difficulty"] = {
+            d: sum(short[i] for i in idx) / len(idx) for d, idx in sorted(groups.items())
+        }
     return metrics
 
 
