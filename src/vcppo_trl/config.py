@@ -90,6 +90,17 @@ class PPOConfig(_BaseConfig):
             `num_train_epochs × len(train_dataset)`.
         local_rollout_forward_batch_size (`int`, defaults to `64`): Per-process batch size of the no-grad forward
             passes (and generation) during rollout.
+        max_tokens_per_micro_batch (`int`, *optional*): Token budget of one PPO micro-batch on one process, counted
+            as rows × padded width (longest prompt + longest response of the micro-batch). When set, each mini-batch's
+            sequences are sorted by length and cut into balanced micro-batches within the budget, each forward cut to
+            its own widths; a sequence longer than the budget runs alone (warned once); every process runs the same
+            number of micro-batches. The gradient equals the padded path's up to floating-point rounding (the loss
+            normalisers are the mini-batch's). `None` (default): `per_device_train_batch_size` sequences per
+            micro-batch at the rollout's full width, as in earlier versions. See docs/long_responses.md.
+        max_tokens_per_forward (`int`, *optional*): Token budget of one no-grad rollout forward (values, old and
+            reference log-probabilities, reward models), counted the same way. Defaults to
+            `max_tokens_per_micro_batch` when that is set (no-grad forwards keep no activations, so a larger budget
+            often fits), else `local_rollout_forward_batch_size` sequences at full width.
         response_length (`int`, defaults to `53`): Maximum number of generated tokens per response.
         stop_token (`"eos"`, *optional*): `"eos"` stops responses at the tokenizer's EOS token. Mutually exclusive with
             `stop_token_id`. When neither is set, the tokenizer's EOS token is used as the stop token.
@@ -293,6 +304,21 @@ class PPOConfig(_BaseConfig):
     )
     local_rollout_forward_batch_size: int = field(
         default=64, metadata={"help": "Per-process batch size of the no-grad rollout forward passes and generation."}
+    )
+    max_tokens_per_micro_batch: int | None = field(
+        default=None,
+        metadata={
+            "help": "Token budget of one PPO micro-batch (rows × padded width, per process): a mini-batch's sequences "
+            "are grouped by length into balanced micro-batches within it, each cut to its own longest prompt and "
+            "response. None: per_device_train_batch_size sequences at the rollout's full width."
+        },
+    )
+    max_tokens_per_forward: int | None = field(
+        default=None,
+        metadata={
+            "help": "Token budget of one no-grad rollout forward (values, old and reference log-probs, reward "
+            "models). None: max_tokens_per_micro_batch when set, else local_rollout_forward_batch_size sequences."
+        },
     )
     response_length: int = field(default=53, metadata={"help": "Maximum number of generated tokens per response."})
     stop_token: StopToken | None = field(
@@ -529,6 +555,20 @@ class PPOConfig(_BaseConfig):
         if self.vllm_max_model_length is not None and self.vllm_max_model_length < 2:
             raise ValueError(f"`vllm_max_model_length` must be at least 2, got {self.vllm_max_model_length}.")
         _require_choice("advantage_whitening", self.advantage_whitening, ADVANTAGE_WHITENING_MODES)
+        for name in ("max_tokens_per_micro_batch", "max_tokens_per_forward"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(
+                    f"`{name}` must be at least 1 token (or None for no budget), got {getattr(self, name)}."
+                )
+        if self.max_tokens_per_forward is None:
+            self.max_tokens_per_forward = self.max_tokens_per_micro_batch
+        if self.train_sampling_strategy != "random":
+            raise ValueError(
+                f"`train_sampling_strategy={self.train_sampling_strategy!r}` is not supported: PPOTrainer draws prompts "
+                "with its own seeded sampler (every process a share of each update's prompts), and the responses of an "
+                "update are grouped by length by `max_tokens_per_micro_batch`, not by the prompts' length. Leave "
+                "train_sampling_strategy at 'random' and set max_tokens_per_micro_batch to group by length."
+            )
 
 
 @dataclass

@@ -186,3 +186,17 @@ def reset_optimizer_state(optimizer: torch.optim.Optimizer, role: str) -> None:
     for group in inner.param_groups:
         if group.get("role") == role:
             group.pop("step", None)
+
+
+def max_across_processes(accelerator: Accelerator) -> Callable[[list[int]], list[int]] | None:
+    """Element-wise maximum of a list of ints over processes (every process must call it with a list of the same
+    length), or `None` with one process. Used to give every process the same number of micro-batches."""
+    if accelerator.num_processes == 1:
+        return None
+
+    def max_across(values: list[int]) -> list[int]:
+        tensor = torch.tensor(values, dtype=torch.long, device=accelerator.device)
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+        return [int(v) for v in tensor.tolist()]
+
+    return max_across

@@ -20,9 +20,10 @@ from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import logging
 
 from .config import PPOConfig
-from .distributed import micro_batch_context, reset_optimizer_state, whitening_all_reduce
+from .distributed import max_across_processes, micro_batch_context, reset_optimizer_state, whitening_all_reduce
 from .losses import loss_normalizer
 from .masked import masked_whiten
+from .micro_batches import ForwardWork, measured, plan_forwards, real_tokens, sequence_lengths, warn_once_over_budget
 from .optimization import NonFiniteTrainingError
 from .ppo_loss import PPOBatch, PPOLossSettings, mean_metrics, ppo_micro_batch_loss
 from .rollout import Rollout
@@ -40,6 +41,8 @@ class UpdateResult:
     old_logprobs: torch.Tensor | None = None
     # The sampler-mismatch weights the policy loss used (`[B, T]`, or `[B, 1]` per sequence), else `None`
     importance_weights: torch.Tensor | None = None
+    # Tokens the PPO epochs' forwards computed (padding included) against the real ones, and their wall time
+    work: ForwardWork = dataclasses.field(default_factory=ForwardWork)
 
 
 class PPOLearner:
@@ -74,6 +77,7 @@ class PPOLearner:
         self.is_deepspeed = is_deepspeed
         self.local_mini_batch_size = local_mini_batch_size
         self.nonfinite_steps_in_a_row = 0
+        self.warned: set[str] = set()
 
     # ------------------------------------------------------------------ update
 
@@ -125,64 +129,91 @@ class PPOLearner:
         )
         stats = defaultdict(list)
         importance_weights = None  # filled per micro-batch from the loss's own (old log-probs may come from it)
+        sequence_weights = settings.importance_sampling_mode.startswith("sequence")
         nonfinite_steps = 0
         world = self.accelerator.num_processes
-        for _ in range(args.num_ppo_epochs):
-            order = torch.randperm(input_ids.shape[0], device=input_ids.device)
-            for mb_idx in order.split(self.local_mini_batch_size):
-                if not train_policy:  # before the backward passes: DeepSpeed steps inside the last one
-                    self.set_policy_lr_to_zero()
-                micro_batches = list(mb_idx.split(args.per_device_train_batch_size))
-                pg_norm, vf_norm = self.loss_normalizers(mask[mb_idx])
-                # DDP and DeepSpeed average gradients over processes (× world undoes it: the normaliser is global);
-                # DeepSpeed also divides by its gradient_accumulation_steps (== len(micro_batches)).
-                scale = world * (len(micro_batches) if self.is_deepspeed else 1)
-                vf_total = pg_total = 0.0
-                for i, idx in enumerate(micro_batches):
-                    # Gradient accumulation over the micro-batches of one minibatch; DDP syncs on the last one only.
-                    is_last = i == len(micro_batches) - 1
-                    with micro_batch_context(self.accelerator, self.is_deepspeed, model, is_last):
-                        logprobs, entropy, vpred = model(
-                            input_ids[idx],
-                            attention_mask[idx],
-                            rollout.context_length,
-                            args.temperature,
-                            compute_policy=train_policy,
+        budget = args.max_tokens_per_micro_batch
+        prompt_lengths, response_lengths = sequence_lengths(rollout.query_mask, mask)
+        context_length, response_length = rollout.context_length, mask.shape[1]
+        with measured(ForwardWork(), self.accelerator.device) as work:
+            for _ in range(args.num_ppo_epochs):
+                order = torch.randperm(input_ids.shape[0], device=input_ids.device)
+                mini_batches = list(order.split(self.local_mini_batch_size))
+                plans = plan_forwards(
+                    mini_batches,
+                    prompt_lengths,
+                    response_lengths,
+                    budget,
+                    args.per_device_train_batch_size,
+                    context_length,
+                    response_length,
+                    max_across_processes(self.accelerator),
+                )
+                for mb_idx, micro_batches in zip(mini_batches, plans):
+                    if budget is not None:
+                        warn_once_over_budget(
+                            micro_batches, budget, "max_tokens_per_micro_batch", self.warned, logger.warning
                         )
-                        if fill_old_logprobs:
-                            old_logprobs[idx] = logprobs.detach().float()
-                        out = ppo_micro_batch_loss(
-                            settings, batch.select(idx), logprobs, entropy, vpred, pg_norm, vf_norm
-                        )
-                        self.accelerator.backward(out.loss * scale)
-                    if out.importance_weights is not None:
-                        if importance_weights is None:
-                            importance_weights = out.importance_weights.new_zeros(
-                                mask.shape[0], out.importance_weights.shape[1]
+                    if not train_policy:  # before the backward passes: DeepSpeed steps inside the last one
+                        self.set_policy_lr_to_zero()
+                    pg_norm, vf_norm = self.loss_normalizers(mask[mb_idx])
+                    # DDP and DeepSpeed average gradients over processes (× world undoes it: the normaliser is global);
+                    # DeepSpeed also divides by its own gradient_accumulation_steps, whatever our micro-batch count.
+                    scale = world * (self.deepspeed_accumulation_steps(len(micro_batches)) if self.is_deepspeed else 1)
+                    vf_total = pg_total = 0.0
+                    for i, micro in enumerate(micro_batches):
+                        idx, width = micro.indices, micro.response_width
+                        work.add(micro, real_tokens(micro, prompt_lengths, response_lengths))
+                        # Gradient accumulation over the micro-batches of one minibatch; DDP syncs on the last one only.
+                        is_last = i == len(micro_batches) - 1
+                        with micro_batch_context(self.accelerator, self.is_deepspeed, model, is_last):
+                            logprobs, entropy, vpred = model(
+                                input_ids[idx][:, micro.columns(context_length)],
+                                attention_mask[idx][:, micro.columns(context_length)],
+                                micro.prompt_width,
+                                args.temperature,
+                                compute_policy=train_policy,
                             )
-                        importance_weights[idx] = out.importance_weights.detach()
-                    for name, value in out.metrics().items():
-                        stats[name].append(value)
-                    vf_total = vf_total + out.value.loss.detach() * world
+                            if fill_old_logprobs:
+                                old_logprobs[idx, :width] = logprobs.detach().float()
+                            out = ppo_micro_batch_loss(
+                                settings, batch.select(idx, width), logprobs, entropy, vpred, pg_norm, vf_norm
+                            )
+                            self.accelerator.backward(out.loss * scale)
+                        if out.importance_weights is not None:
+                            if importance_weights is None:
+                                importance_weights = out.importance_weights.new_zeros(
+                                    mask.shape[0], 1 if sequence_weights else mask.shape[1]
+                                )
+                            importance_weights[idx, : out.importance_weights.shape[1]] = out.importance_weights
+                        for name, value in out.metrics().items():
+                            stats[name].append(value)
+                        vf_total = vf_total + out.value.loss.detach() * world
+                        if train_policy:
+                            pg_total = pg_total + out.policy.loss.detach() * world
+                    # This process's share of the mini-batch loss, × world: its mean over processes is the global loss.
+                    stats["loss/value"].append(vf_total)
                     if train_policy:
-                        pg_total = pg_total + out.policy.loss.detach() * world
-                # This process's share of the mini-batch loss, × world: its mean over processes is the global loss.
-                stats["loss/value"].append(vf_total)
-                if train_policy:
-                    stats["loss/policy"].append(pg_total)
-                grad_norms = self.optimizer_step(update_index)
-                if grad_norms is None:
-                    nonfinite_steps += 1
-                else:
-                    for name, value in grad_norms.items():
-                        stats[name].append(value)
+                        stats["loss/policy"].append(pg_total)
+                    grad_norms = self.optimizer_step(update_index)
+                    if grad_norms is None:
+                        nonfinite_steps += 1
+                    else:
+                        for name, value in grad_norms.items():
+                            stats[name].append(value)
         metrics = mean_metrics(stats) | {"diagnostics/nonfinite_steps": float(nonfinite_steps)}
-        return UpdateResult(metrics, old_logprobs if fill_old_logprobs else None, importance_weights)
+        return UpdateResult(metrics, old_logprobs if fill_old_logprobs else None, importance_weights, work)
 
     def whiten(self, values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
         """[`~masked.masked_whiten`] with the statistics `advantage_whitening` asks for (all processes, or this one)."""
         all_reduce = whitening_all_reduce(self.accelerator, self.args.advantage_whitening)
         return masked_whiten(values, mask, shift_mean=shift_mean, all_reduce=all_reduce)
+
+    def deepspeed_accumulation_steps(self, micro_batches: int) -> int:
+        """The DeepSpeed engine's `gradient_accumulation_steps` (it divides every backward's loss by it). Without a
+        token budget it equals the micro-batch count (checked at setup); with one the count varies per mini-batch."""
+        steps = getattr(self.model, "gradient_accumulation_steps", None)
+        return int(steps()) if callable(steps) else micro_batches
 
     # --------------------------------------------------------- learning rates
 

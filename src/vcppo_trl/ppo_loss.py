@@ -66,9 +66,12 @@ class PPOBatch:
     # π_train/π_sampler ([`~losses.sampler_importance_weights`]). None: no correction.
     sampler_logprobs: torch.Tensor | None = None
 
-    def select(self, idx: torch.Tensor) -> PPOBatch:
+    def select(self, idx: torch.Tensor, width: int | None = None) -> PPOBatch:
+        """The rows `idx`, and only the first `width` response columns (a micro-batch cut to its longest response:
+        the columns left out are masked in every row)."""
         rows = {f.name: getattr(self, f.name) for f in fields(self)}
-        return PPOBatch(**{name: None if t is None else t[idx] for name, t in rows.items()})
+        cut = slice(None) if width is None else slice(0, width)
+        return PPOBatch(**{name: None if t is None else t[idx][:, cut] for name, t in rows.items()})
 
 
 @dataclass

@@ -38,7 +38,7 @@ from .progress import CompactPrinterCallback, RolloutProgressCallback
 from .rollout import PolicyAndValueModel, Rollout, reward_func_name
 from .schedules import is_due
 from .scoring import ScoredSamples
-from .trainer_metrics import print_samples, rollout_metrics, sampling_metrics, trl_metric_names, update_metrics
+from .trainer_metrics import learner_metrics, print_samples, rollout_metrics
 from .value_pretraining import ValuePretrainingPhase, saved_phase
 
 if is_peft_available():
@@ -320,7 +320,7 @@ class PPOTrainer(_BaseTrainer):
         if train_policy:
             planned = self.num_value_pretrain_updates() * self.optimizer_steps_per_update()
             self.learner.start_policy_schedule(planned)
-        rollout, generation = self.rollout_maker.make(rows, train_policy=train_policy, trainer_state=self.state)
+        rollout, made = self.rollout_maker.make(rows, train_policy=train_policy, trainer_state=self.state)
         advantages, returns = self.compute_advantages(rollout)
         names, prefix = (self.end_of_thinking_ids, self.reward_func_names), "" if train_policy else "value_pretrain/"
         batch = (
@@ -344,9 +344,7 @@ class PPOTrainer(_BaseTrainer):
             rollout = dataclasses.replace(rollout, logprobs=result.old_logprobs)
         if train_policy:
             self.sampler.mark_stale()  # the next generation loads the updated weights first (once per update)
-        metrics.update(sampling_metrics(self.accelerator, self.args, rollout, generation, result.importance_weights))
-        metrics.update(update_metrics(self.accelerator, result.stats, train_policy))
-        metrics.update(trl_metric_names(self.accelerator, rollout, metrics))
+        metrics.update(learner_metrics(self.accelerator, self.args, rollout, made, result, train_policy, metrics))
         self._last_rollout = (rollout, advantages)
         return metrics
 

@@ -15,6 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .logprobs import response_logprobs
 from .masked import masked_whiten
+from .micro_batches import plan_forwards
 from .value_model import value_forward
 
 
@@ -220,14 +221,35 @@ def reward_model_scores(
     tokenizer: PreTrainedTokenizerBase,
     texts: list[str],
     batch_size: int,
+    max_tokens: int | None = None,
+    max_across: Callable[[list[int]], list[int]] | None = None,
 ) -> list[float]:
-    """Score full texts (prompt + completion) with a sequence-classification reward model, one scalar each."""
+    """
+    Score full texts (prompt + completion) with a sequence-classification reward model, one scalar each.
+
+    `batch_size` texts per forward in order, or, with a token budget `max_tokens`, texts grouped by their token count
+    into forwards of at most that many padded tokens (the same count on every process: `max_across`, see
+    [`~micro_batches.plan_forwards`]).
+    """
     device = next(reward_model.parameters()).device
-    scores: list[float] = []
-    for start in range(0, len(texts), batch_size):
-        chunk = texts[start : start + batch_size]
-        inputs = tokenizer(chunk, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
+    if max_tokens is None:
+        lengths = torch.zeros(len(texts), dtype=torch.long)  # unused: `batch_size` texts at a time
+    else:
+        lengths = torch.tensor([len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]])
+    rows = torch.arange(len(texts))
+    (plan,) = plan_forwards([rows], lengths, torch.zeros_like(lengths), max_tokens, batch_size, 0, 0, max_across)
+    scores = [0.0] * len(texts)
+    for micro in plan:
+        chunk = micro.indices.tolist()
+        inputs = tokenizer(
+            [texts[i] for i in chunk],
+            return_tensors="pt",
+            padding=True,
+            padding_side="right",
+            add_special_tokens=False,
+        )
         inputs = {k: v.to(device) for k, v in inputs.items()}
         logits = reward_model(**inputs).logits
-        scores.extend(logits[:, 0].float().tolist())
+        for i, score in zip(chunk, logits[:, 0].float().tolist()):
+            scores[i] = score
     return scores

@@ -16,15 +16,27 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging
 from trl.data_utils import maybe_apply_chat_template
 
 from .config import PPOConfig
-from .distributed import whitening_all_reduce
+from .distributed import max_across_processes, whitening_all_reduce
 from .generation import Samples, eval_mode
 from .losses import kl_penalty
+from .micro_batches import (
+    ForwardWork,
+    MicroBatch,
+    measured,
+    plan_forwards,
+    real_tokens,
+    sequence_lengths,
+    warn_once_over_budget,
+)
 from .reward_calls import call_reward_function
 from .rollout import PolicyAndValueModel, Rollout, policy_logprobs, reward_model_scores, token_rewards
 from .scoring import ScoredSamples, decode_completions
+
+logger = logging.get_logger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +46,14 @@ class GenerationStats:
     seconds: float  # generation wall time
     tokens: int  # response tokens generated (valid ones)
     sync_seconds: float | None  # the sampler's last weight sync (vLLM), `None` for samplers that have none
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutStats:
+    """What making one rollout measured (this process): its generation and its no-grad forwards."""
+
+    generation: GenerationStats
+    forwards: ForwardWork  # values, old and reference log-probs (reward models not counted)
 
 
 def old_logprobs_from_training_forward(args: PPOConfig) -> bool:
@@ -97,6 +117,7 @@ class RolloutMaker:
         self.reward_weights = reward_weights
         self.stop_token_ids = stop_token_ids
         self.reference_is_initial_policy = reference_is_initial_policy
+        self.warned: set[str] = set()
 
     def _unwrapped_model(self) -> PolicyAndValueModel:
         return self.accelerator.unwrap_model(self.current_model())
@@ -159,7 +180,14 @@ class RolloutMaker:
         for func, proc in zip(self.reward_funcs, self.reward_processing_classes):
             if isinstance(func, torch.nn.Module):
                 texts = [p + c for p, c in zip(prompt_texts, completion_texts)]
-                values = reward_model_scores(func, proc, texts, self.args.local_rollout_forward_batch_size)
+                values = reward_model_scores(
+                    func,
+                    proc,
+                    texts,
+                    self.args.local_rollout_forward_batch_size,
+                    self.args.max_tokens_per_forward,
+                    max_across_processes(self.accelerator),
+                )
             else:
                 result = call_reward_function(
                     func,
@@ -211,7 +239,7 @@ class RolloutMaker:
 
     def make(
         self, rows: list[dict[str, Any]], train_policy: bool = True, trainer_state=None
-    ) -> tuple[Rollout, GenerationStats]:
+    ) -> tuple[Rollout, RolloutStats]:
         """
         Generate, score and evaluate one batch of prompts.
 
@@ -224,8 +252,8 @@ class RolloutMaker:
             trainer_state: The trainer's `TrainerState`, for reward functions that take it.
 
         Returns:
-            `(rollout, generation)`: the rollout (`logprobs` is `None` under the on-policy shortcut: the learner's
-            forward gives them) and what its generation took.
+            `(rollout, stats)`: the rollout (`logprobs` is `None` under the on-policy shortcut: the learner's
+            forward gives them) and what its generation and forwards took.
         """
         args = self.args
         scored = self.sample_and_score(rows, trainer_state=trainer_state)
@@ -254,9 +282,12 @@ class RolloutMaker:
         )
         with_kl = args.kl_coef > 0 and (train_policy or not self.reference_is_initial_policy)
         needs_old_logprobs = train_policy and not old_logprobs_from_training_forward(args)
-        rollout.logprobs, rollout.values = self.forward(rollout, compute_policy=needs_old_logprobs or with_kl)
+        plan = self.forward_plan(rollout)
+        with measured(ForwardWork(), self.accelerator.device) as work:
+            rollout.logprobs, rollout.values = self.forward(rollout, needs_old_logprobs or with_kl, plan, work)
+            if with_kl:
+                rollout.ref_logprobs = self.reference_logprobs(rollout, plan, work)
         if with_kl:
-            rollout.ref_logprobs = self.reference_logprobs(rollout)
             rollout.kl = kl_penalty(rollout.logprobs, rollout.ref_logprobs, args.kl_estimator) * response_mask
         else:
             rollout.kl = torch.zeros_like(rollout.values)
@@ -264,44 +295,92 @@ class RolloutMaker:
         rollout.rewards = token_rewards(
             rollout.scores, rollout.kl, response_mask, args.kl_coef, args.whiten_rewards, all_reduce
         )
-        return rollout, generation
+        return rollout, RolloutStats(generation, work)
+
+    def forward_plan(self, rollout: Rollout) -> list[MicroBatch]:
+        """
+        The micro-batches of the rollout's no-grad forwards: `local_rollout_forward_batch_size` sequences at full
+        width, or by `max_tokens_per_forward` (grouped by length, each cut to its widths, the same count on every
+        process; see [`~micro_batches.plan_forwards`]).
+        """
+        budget = self.args.max_tokens_per_forward
+        rows = torch.arange(rollout.response_ids.shape[0], device=rollout.response_ids.device)
+        prompt_lengths, response_lengths = sequence_lengths(rollout.query_mask, rollout.response_mask)
+        (plan,) = plan_forwards(
+            [rows],
+            prompt_lengths,
+            response_lengths,
+            budget,
+            self.args.local_rollout_forward_batch_size,
+            rollout.context_length,
+            rollout.response_ids.shape[1],
+            max_across_processes(self.accelerator),
+        )
+        if budget is not None:
+            warn_once_over_budget(plan, budget, "max_tokens_per_forward", self.warned, logger.warning)
+        return plan
 
     @torch.no_grad()
-    def forward(self, rollout: Rollout, compute_policy: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """Old log-probabilities (`None` unless `compute_policy`) and values of a rollout, in chunks of
-        `local_rollout_forward_batch_size`, in eval mode (no dropout), like generation."""
+    def forward(
+        self,
+        rollout: Rollout,
+        compute_policy: bool,
+        plan: list[MicroBatch] | None = None,
+        work: ForwardWork | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Old log-probabilities (`None` unless `compute_policy`) and values of a rollout, `[B, T]` (0 after each
+        micro-batch's longest response), micro-batch by micro-batch ([`forward_plan`]), in eval mode (no dropout),
+        like generation."""
         model = self._unwrapped_model()
-        chunk = self.args.local_rollout_forward_batch_size
+        plan = self.forward_plan(rollout) if plan is None else plan
         input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
-        logprobs, values = [], []
+        shape = rollout.response_ids.shape
+        lengths = sequence_lengths(rollout.query_mask, rollout.response_mask)
+        logprobs = values = None
         with eval_mode(model):
-            for start in range(0, input_ids.shape[0], chunk):
+            for micro in plan:
+                idx, columns, width = micro.indices, micro.columns(rollout.context_length), micro.response_width
                 lp, _, v = model(
-                    input_ids[start : start + chunk],
-                    attention_mask[start : start + chunk],
-                    rollout.context_length,
+                    input_ids[idx][:, columns],
+                    attention_mask[idx][:, columns],
+                    micro.prompt_width,
                     self.args.temperature,
                     compute_policy=compute_policy,
                     compute_entropy=False,
                 )
-                logprobs.append(lp)
-                values.append(v)
-        return (torch.cat(logprobs) if compute_policy else None), torch.cat(values)
+                if values is None:
+                    values = v.new_zeros(shape)
+                    logprobs = lp.new_zeros(shape) if compute_policy else None
+                values[idx, :width] = v
+                if compute_policy:
+                    logprobs[idx, :width] = lp
+                if work is not None:
+                    work.add(micro, real_tokens(micro, *lengths))
+        return logprobs, values
 
     @torch.no_grad()
-    def reference_logprobs(self, rollout: Rollout) -> torch.Tensor:
-        """Log-probabilities of the response tokens under the reference policy (the base model under PEFT)."""
-        chunk = self.args.local_rollout_forward_batch_size
+    def reference_logprobs(
+        self, rollout: Rollout, plan: list[MicroBatch] | None = None, work: ForwardWork | None = None
+    ) -> torch.Tensor:
+        """Log-probabilities of the response tokens under the reference policy (the base model under PEFT), `[B, T]`
+        (0 after each micro-batch's longest response)."""
+        plan = self.forward_plan(rollout) if plan is None else plan
         input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
-        out = []
-        for start in range(0, input_ids.shape[0], chunk):
-            ids, mask = input_ids[start : start + chunk], attention_mask[start : start + chunk]
+        lengths = sequence_lengths(rollout.query_mask, rollout.response_mask)
+        out = None
+        for micro in plan:
+            idx, columns, width = micro.indices, micro.columns(rollout.context_length), micro.response_width
+            ids, mask = input_ids[idx][:, columns], attention_mask[idx][:, columns]
             if self.ref_model is not None:
                 with eval_mode(self.ref_model):
-                    lp, _ = policy_logprobs(self.ref_model, ids, mask, rollout.context_length, self.args.temperature)
+                    lp, _ = policy_logprobs(self.ref_model, ids, mask, micro.prompt_width, self.args.temperature)
             else:  # PEFT: the reference is the base model, adapters disabled.
                 policy = self._unwrapped_model().policy
                 with policy.disable_adapter(), eval_mode(policy):
-                    lp, _ = policy_logprobs(policy, ids, mask, rollout.context_length, self.args.temperature)
-            out.append(lp)
-        return torch.cat(out)
+                    lp, _ = policy_logprobs(policy, ids, mask, micro.prompt_width, self.args.temperature)
+            if out is None:
+                out = lp.new_zeros(rollout.response_ids.shape)
+            out[idx, :width] = lp
+            if work is not None:
+                work.add(micro, real_tokens(micro, *lengths))
+        return out

@@ -23,10 +23,12 @@ from .diagnostics import (
     stop_positions,
 )
 from .gae import dual_lambda_gae
+from .learner import UpdateResult
 from .losses import sampler_importance_weights
 from .masked import masked_mean
+from .micro_batches import ForwardWork
 from .rollout import Rollout
-from .rollout_maker import GenerationStats
+from .rollout_maker import GenerationStats, RolloutStats
 from .value_pretraining import CriticFit
 
 logger = logging.get_logger(__name__)
@@ -227,6 +229,55 @@ def update_metrics(accelerator: Accelerator, update_stats: dict[str, float], tra
         if not train_policy and name in PRETRAIN_METRIC_NAMES:
             key = f"{PRETRAIN_METRIC_NAMES[name]}_avg"
         metrics[key] = mean_across(accelerator, torch.tensor([value], device=accelerator.device))
+    return metrics
+
+
+def learner_metrics(
+    accelerator: Accelerator,
+    args: PPOConfig,
+    rollout: Rollout,
+    made: RolloutStats,
+    result: UpdateResult,
+    train_policy: bool,
+    rollout_side: dict[str, float],
+) -> dict[str, float]:
+    """The metrics of an update after its PPO epochs: the sampler's ([`sampling_metrics`]), the epochs'
+    ([`update_metrics`]), the forwards' work ([`work_metrics`]) and TRL's old names ([`trl_metric_names`]).
+    `rollout.logprobs` must be the update's old log-probabilities; `rollout_side` the metrics logged before."""
+    metrics = sampling_metrics(accelerator, args, rollout, made.generation, result.importance_weights)
+    metrics.update(update_metrics(accelerator, result.stats, train_policy))
+    metrics.update(work_metrics(accelerator, made.forwards, result.work))
+    metrics.update(trl_metric_names(accelerator, rollout, rollout_side | metrics))
+    return metrics
+
+
+def work_metrics(accelerator: Accelerator, rollout_forwards: ForwardWork, update: ForwardWork) -> dict[str, float]:
+    """
+    What the update's forwards computed, over all processes: `perf/{rollout_forward,update}_padding_fraction`
+    (1 − real / computed tokens of the rollout's no-grad forwards and of the PPO epochs' forwards),
+    `time/update_tokens_per_s` (real tokens through the PPO epochs' forward and backward, all processes, per second
+    of the slowest), `perf/update_micro_batches` (per process) and, on CUDA, `perf/{rollout_forward,update}_peak_
+    memory_gib` (peak allocated memory of the largest process).
+    """
+    counts = torch.tensor(
+        [rollout_forwards.real_tokens, rollout_forwards.computed_tokens, update.real_tokens, update.computed_tokens],
+        dtype=torch.float64,
+        device=accelerator.device,
+    )
+    if accelerator.num_processes > 1:
+        counts = accelerator.reduce(counts, "sum")
+    slowest = float(accelerator.gather(torch.tensor([update.seconds], device=accelerator.device)).max())
+    rollout_real, rollout_computed, update_real, update_computed = counts.tolist()
+    metrics = {
+        "perf/rollout_forward_padding_fraction": 1 - rollout_real / rollout_computed if rollout_computed else 0.0,
+        "perf/update_padding_fraction": 1 - update_real / update_computed if update_computed else 0.0,
+        "time/update_tokens_per_s": update_real / max(slowest, 1e-9),
+        "perf/update_micro_batches": float(update.micro_batches),
+    }
+    for name, work in (("rollout_forward", rollout_forwards), ("update", update)):
+        if work.peak_memory_bytes is not None:
+            peak = torch.tensor([float(work.peak_memory_bytes)], device=accelerator.device)
+            metrics[f"perf/{name}_peak_memory_gib"] = float(accelerator.gather(peak).max()) / 2**30
     return metrics
 
 

@@ -22,9 +22,9 @@ def _spy_rollout_policy_forwards(trainer):
     calls = []
     original = trainer.rollout_maker.forward
 
-    def spy(rollout, compute_policy):
+    def spy(rollout, compute_policy, *args):
         calls.append(compute_policy)
-        return original(rollout, compute_policy)
+        return original(rollout, compute_policy, *args)
 
     trainer.rollout_maker.forward = spy
     return calls

@@ -284,9 +284,11 @@ def test_rollout_maker_makes_a_scored_rollout_from_rows(parts, tokenizer, tmp_pa
     sampler.generate = lambda *a, **k: generated.append(original(*a, **k)) or generated[-1]
     rows = [{"prompt": f"Add {i} and 1.", "solution": str(i + 1)} for i in range(4)]
     torch.manual_seed(0)
-    rollout, generation = maker.make(rows)
+    rollout, made = maker.make(rows)
+    generation = made.generation
     assert seen["solution"] == ["1", "2", "3", "4"]
     assert isinstance(generation, GenerationStats) and generation.sync_seconds is None
+    assert made.forwards.micro_batches == 1 and made.forwards.computed_tokens == 4 * rollout.input_ids.shape[1]
     assert generation.tokens == int(generated[0].response_mask.sum()) and generation.seconds == generated[0].seconds
     skipped = torch.isnan(rollout.raw_scores)
     assert skipped.tolist() == [True, False, True, False] and not rollout.response_mask[skipped].any()

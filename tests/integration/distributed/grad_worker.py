@@ -1,7 +1,7 @@
 """One rank of a 2-process DDP check of the loss aggregation, launched by test_distributed.py.
 
     ACCELERATE_USE_CPU=1 python -m torch.distributed.run --standalone --nproc_per_node 2 \
-        tests/integration/distributed/grad_worker.py OUT [LOSS_TYPE]
+        tests/integration/distributed/grad_worker.py OUT [LOSS_TYPE] [MAX_TOKENS_PER_MICRO_BATCH]
 
 Each rank rolls out its own prompts and cuts its responses to lengths that differ between the ranks and between the
 micro-batches (rank 0 short, rank 1 long), then runs one PPO optimizer step (4 micro-batches of 1 sequence per rank).
@@ -9,6 +9,8 @@ The gradient it steps with is compared to the gradient of the same loss computed
 initial models, over the whole batch of both ranks: advantages whitened over the whole batch and token losses divided
 by the whole batch's count. Rank 0 writes `OUT/grad_check.json` with the largest relative difference (and that of
 the gradient norm; under DeepSpeed, launched with configs/accelerate/zero3_cpu.yaml, only the norm is compared).
+With a token budget the ranks need different micro-batch counts (rank 0's short sequences fit in fewer): both must run
+the largest, and the gradient must not change; `micro_batches` records each rank's count.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
-def main(out_dir: str, loss_type: str) -> None:
+def main(out_dir: str, loss_type: str, max_tokens: int | None) -> None:
     from accelerate.utils import gather_object
 
     from vcppo_trl import PPOConfig, PPOTrainer
@@ -62,6 +64,7 @@ def main(out_dir: str, loss_type: str) -> None:
         kl_coef=0.0,
         max_grad_norm=0.0,
         loss_type=loss_type,
+        max_tokens_per_micro_batch=max_tokens,
         bf16=False,
         gradient_checkpointing=False,
         report_to="none",
@@ -139,6 +142,8 @@ def main(out_dir: str, loss_type: str) -> None:
         "on_policy_shortcut": old_logprobs_from_training_forward(args) and update.old_logprobs is not None,
         # The joint gradient norm the step reports (DeepSpeed's own under DeepSpeed) against the reference's.
         "grad_norm_relative_difference": abs(stats["grad_norm"] - expected_norm) / expected_norm,
+        "micro_batches": gather_object([update.work.micro_batches]),
+        "computed_tokens": gather_object([update.work.computed_tokens]),
     }
     if not trainer.is_deepspeed_enabled:  # DeepSpeed's gradients are partitioned and gone after its step
         worst = 0.0
@@ -157,4 +162,5 @@ def main(out_dir: str, loss_type: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "token_mean")
+    budget = int(sys.argv[3]) if len(sys.argv) > 3 else None
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "token_mean", budget)

@@ -311,13 +311,21 @@ def test_zero3_with_cpu_offload(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("launcher", "loss_type"),
-    [("ddp", "token_mean"), ("ddp", "seq_mean_token_mean"), ("zero3", "token_mean")],
+    ("launcher", "loss_type", "budget"),
+    [
+        ("ddp", "token_mean", None),
+        ("ddp", "seq_mean_token_mean", None),
+        ("zero3", "token_mean", None),
+        ("ddp", "token_mean", 64),
+        ("zero3", "token_mean", 64),
+    ],
 )
-def test_gradient_of_two_ranks_equals_one_big_batch(tmp_path, launcher, loss_type):
+def test_gradient_of_two_ranks_equals_one_big_batch(tmp_path, launcher, loss_type, budget):
     """Unequal micro-batches and ranks (rank 0 short responses, rank 1 long): the step's gradient is the gradient of
     the whole batch's loss — advantages whitened over both ranks, losses normalised by both ranks' count. DDP: every
-    gradient; ZeRO-3 (whose gradients are partitioned): the engine's gradient norm."""
+    gradient; ZeRO-3 (whose gradients are partitioned): the engine's gradient norm. With a token budget
+    (`max_tokens_per_micro_batch=64`) rank 0 alone would need fewer micro-batches than rank 1: both run rank 1's
+    count (under ZeRO-3 anything else hangs), which differs from DeepSpeed's gradient_accumulation_steps (4)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
     env.update(
         OMP_NUM_THREADS="1",
@@ -332,7 +340,7 @@ def test_gradient_of_two_ranks_equals_one_big_batch(tmp_path, launcher, loss_typ
         pytest.importorskip("deepspeed")
         config = os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml")
         launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file", config, "--main_process_port", "0"]
-    cmd = [sys.executable, "-m", *launch, GRAD_WORKER, str(tmp_path), loss_type]
+    cmd = [sys.executable, "-m", *launch, GRAD_WORKER, str(tmp_path), loss_type, *([str(budget)] if budget else [])]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     result = json.load(open(tmp_path / "grad_check.json"))
@@ -342,6 +350,12 @@ def test_gradient_of_two_ranks_equals_one_big_batch(tmp_path, launcher, loss_typ
     assert result["grad_norm_relative_difference"] < 1e-4
     if launcher == "ddp":
         assert result["max_relative_difference"] < 1e-4
+    counts = result["micro_batches"]
+    assert counts[0] == counts[1]
+    if budget is None:
+        assert counts == [4, 4]
+    else:  # grouped by length: fewer than the 4 single-sequence micro-batches, and fewer tokens on the short rank
+        assert counts[0] < 4 and result["computed_tokens"][0] < result["computed_tokens"][1]
 
 
 def test_ddp_refuses_explicit_no_unused_parameters_with_value_pretraining(tmp_path):

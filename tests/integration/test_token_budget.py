@@ -1,0 +1,263 @@
+"""Token-budget micro-batches equal the padded path: losses, gradients, values and log-probabilities, on uneven
+batches (left-padded prompts of different lengths, responses of different lengths, one sequence longer than the
+budget), for the learner alone, the rollout's no-grad forwards, LoRA, and whole training runs with their resume."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import re
+
+import pytest
+import torch
+from accelerate import Accelerator
+from trl.trainer.utils import disable_dropout_in_model
+
+from vcppo_trl import PPOConfig
+from vcppo_trl.learner import PPOLearner
+from vcppo_trl.optimization import parameter_groups
+from vcppo_trl.rollout import PolicyAndValueModel, Rollout, token_rewards
+from vcppo_trl.rollout_maker import RolloutMaker
+from vcppo_trl.value_model import create_value_model_from_policy
+
+from ..conftest import step_logs
+from .test_resume import fresh_policy
+
+PROMPT_LENGTHS = [5, 2, 4, 1, 3, 5, 2, 4]
+RESPONSE_LENGTHS = [12, 3, 7, 1, 12, 5, 2, 9]
+
+
+@pytest.fixture
+def pair(tokenizer):
+    from vcppo_trl.toy.model import build_tiny_model
+
+    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, seed=0)
+    torch.manual_seed(0)
+    return no_dropout(PolicyAndValueModel(policy, create_value_model_from_policy(policy)))
+
+
+def no_dropout(model):
+    """As the trainer does (`disable_dropout`): dropout would draw different masks for differently split batches."""
+    disable_dropout_in_model(model)
+    return model
+
+
+def uneven_rollout(tokenizer, seed=0):
+    """8 sequences: prompts left-padded to 5, responses right-padded to 12, every length different in places."""
+    generator = torch.Generator().manual_seed(seed)
+    batch, prompt, response = len(PROMPT_LENGTHS), max(PROMPT_LENGTHS), max(RESPONSE_LENGTHS)
+    vocab, pad = len(tokenizer), tokenizer.pad_token_id
+    query_mask = torch.arange(prompt)[None, :] >= (prompt - torch.tensor(PROMPT_LENGTHS))[:, None]
+    response_mask = torch.arange(response)[None, :] < torch.tensor(RESPONSE_LENGTHS)[:, None]
+    query_ids = torch.randint(4, vocab, (batch, prompt), generator=generator).masked_fill(~query_mask, pad)
+    response_ids = torch.randint(4, vocab, (batch, response), generator=generator).masked_fill(~response_mask, pad)
+    scores = torch.tensor([1.0, -1.0] * 4)
+    rollout = Rollout(
+        prompts=["p"] * batch,
+        completions=["c"] * batch,
+        extra_columns={},
+        query_ids=query_ids,
+        query_mask=query_mask.long(),
+        response_ids=response_ids,
+        response_mask=response_mask,
+        has_stop=torch.ones(batch, dtype=torch.bool),
+        scores=scores,
+        raw_scores=scores,
+        rewards_per_func=scores[:, None],
+        reward_failed=torch.zeros(batch, dtype=torch.bool),
+    )
+    rollout.kl = torch.zeros(batch, response)
+    rollout.rewards = token_rewards(rollout.scores, rollout.kl, response_mask, kl_coef=0.0)
+    return rollout
+
+
+def config(tmp_path, **overrides):
+    kwargs = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=1,
+        num_mini_batches=2,
+        num_ppo_epochs=2,
+        response_length=12,
+        learning_rate=1e-3,
+        max_grad_norm=None,
+        bf16=False,
+        use_cpu=True,
+        report_to="none",
+        lam=0.95,
+        kl_coef=0.0,
+        local_rollout_forward_batch_size=8,
+    )
+    kwargs.update(overrides)
+    return PPOConfig(**kwargs)
+
+
+def run_update(model, args, rollout, train_policy=True):
+    """One update with plain SGD from a fixed RNG state; returns its result and the gradient of every optimizer step."""
+    accelerator = Accelerator(cpu=True)
+    optimizer = torch.optim.SGD(parameter_groups(model.named_parameters(), set(), args), lr=args.learning_rate)
+    gradients = []
+    step = optimizer.step
+
+    def recording_step(*a, **k):
+        gradients.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
+        return step(*a, **k)
+
+    optimizer.step = recording_step
+    local = args.per_device_train_batch_size * args.gradient_accumulation_steps
+    learner = PPOLearner(model, optimizer, None, accelerator, args, is_deepspeed=False, local_mini_batch_size=local)
+    maker = RolloutMaker(args, accelerator, None, None, lambda: model, None, [], [], torch.ones(0), [0], True)
+    rollout = copy.copy(rollout)
+    with torch.no_grad():
+        rollout.logprobs, rollout.values = maker.forward(rollout, compute_policy=True)
+    returns = rollout.rewards.flip(1).cumsum(1).flip(1) * rollout.response_mask
+    advantages = returns - rollout.values * rollout.response_mask
+    if args.on_policy_shortcut:
+        rollout.logprobs = None
+    torch.manual_seed(1)
+    result = learner.update(rollout, advantages, returns, train_policy=train_policy, value_cliprange=0.2)
+    return result, gradients
+
+
+def assert_same_update(padded, budget):
+    """The global losses and every optimizer step's gradient agree (fp32 sums in another order). Statistics that are
+    means of per-micro-batch means (clip fractions, `val/vpred`) depend on the split and are not compared."""
+    (result_a, steps_a), (result_b, steps_b) = padded, budget
+    for name in ("loss/policy", "loss/value"):
+        if name in result_a.stats:
+            assert result_b.stats[name] == pytest.approx(result_a.stats[name], rel=1e-5, abs=1e-7), name
+    assert len(steps_a) == len(steps_b) > 0
+    for step, (grads_a, grads_b) in enumerate(zip(steps_a, steps_b)):
+        assert grads_a.keys() == grads_b.keys()
+        for name, grad in grads_a.items():
+            scale = float(grad.abs().max())
+            torch.testing.assert_close(grads_b[name], grad, rtol=1e-4, atol=1e-5 * scale, msg=f"{step} {name}")
+    assert any(float(g.abs().max()) > 0 for g in steps_a[0].values())
+
+
+@pytest.mark.parametrize("budget", [20, 48, 64])
+def test_budget_update_equals_the_padded_update(pair, tokenizer, tmp_path, budget):
+    rollout = uneven_rollout(tokenizer)
+    padded = run_update(copy.deepcopy(pair), config(tmp_path), rollout)
+    budgeted = run_update(copy.deepcopy(pair), config(tmp_path, max_tokens_per_micro_batch=budget), rollout)
+    assert_same_update(padded, budgeted)
+    # Fewer tokens computed for the same real ones; each micro-batch within budget unless one sequence is longer.
+    assert budgeted[0].work.real_tokens == padded[0].work.real_tokens
+    assert budgeted[0].work.computed_tokens < padded[0].work.computed_tokens
+    assert padded[0].work.computed_tokens == 2 * 8 * (5 + 12)  # two epochs, 8 sequences at full width
+
+
+def test_budget_value_only_update_equals_the_padded_one(pair, tokenizer, tmp_path):
+    rollout = uneven_rollout(tokenizer)
+    padded = run_update(copy.deepcopy(pair), config(tmp_path), rollout, train_policy=False)
+    budgeted = run_update(copy.deepcopy(pair), config(tmp_path, max_tokens_per_micro_batch=24), rollout, False)
+    assert_same_update(padded, budgeted)
+
+
+@pytest.mark.parametrize("loss_type", ["seq_mean_token_mean", "seq_mean_token_sum_norm"])
+def test_budget_keeps_every_loss_aggregation(pair, tokenizer, tmp_path, loss_type):
+    rollout = uneven_rollout(tokenizer)
+    padded = run_update(copy.deepcopy(pair), config(tmp_path, loss_type=loss_type), rollout)
+    args = config(tmp_path, loss_type=loss_type, max_tokens_per_micro_batch=30)
+    assert_same_update(padded, run_update(copy.deepcopy(pair), args, rollout))
+
+
+def test_budget_on_policy_shortcut_gives_the_same_old_logprobs(pair, tokenizer, tmp_path):
+    rollout = uneven_rollout(tokenizer)
+    shortcut = dict(on_policy_shortcut=True, num_mini_batches=1, num_ppo_epochs=1, per_device_train_batch_size=8)
+    padded = run_update(copy.deepcopy(pair), config(tmp_path, **shortcut), rollout)
+    budgeted = run_update(copy.deepcopy(pair), config(tmp_path, max_tokens_per_micro_batch=40, **shortcut), rollout)
+    assert_same_update(padded, budgeted)
+    mask = rollout.response_mask
+    old_a, old_b = padded[0].old_logprobs, budgeted[0].old_logprobs
+    torch.testing.assert_close(old_b[mask], old_a[mask], rtol=1e-5, atol=1e-6)
+
+
+def test_budget_warns_once_about_a_sequence_longer_than_the_budget(pair, tokenizer, tmp_path, caplog):
+    rollout = uneven_rollout(tokenizer)
+    with caplog.at_level(logging.WARNING, logger="vcppo_trl"):
+        run_update(copy.deepcopy(pair), config(tmp_path, max_tokens_per_micro_batch=10), rollout)
+    warnings = [r.message for r in caplog.records if "max_tokens_per_micro_batch=10" in r.message]
+    assert len(warnings) == 1 and "runs alone" in warnings[0]
+    assert re.search(r"A sequence of 1[3-7] tokens", warnings[0])  # the longest sequences: 5 + 12 and 3 + 12
+
+
+def test_budget_rollout_forwards_equal_the_padded_ones(pair, tokenizer, tmp_path):
+    rollout = uneven_rollout(tokenizer)
+    reference = copy.deepcopy(pair.policy)
+    outputs = {}
+    for budget in (None, 18, 40):
+        args = config(tmp_path, max_tokens_per_forward=budget, kl_coef=0.1)
+        accelerator = Accelerator(cpu=True)
+        maker = RolloutMaker(args, accelerator, None, None, lambda: pair, reference, [], [], torch.ones(0), [0], False)
+        plan = maker.forward_plan(rollout)
+        logprobs, values = maker.forward(rollout, compute_policy=True, plan=plan)
+        outputs[budget] = (logprobs, values, maker.reference_logprobs(rollout, plan), len(plan))
+    mask = rollout.response_mask
+    for budget in (18, 40):
+        for got, expected in zip(outputs[budget][:3], outputs[None][:3]):
+            torch.testing.assert_close(got[mask], expected[mask], rtol=1e-5, atol=1e-6)
+    assert outputs[None][3] == 1 and outputs[18][3] > outputs[40][3] > 1
+
+
+def test_budget_with_lora_equals_the_padded_path(tokenizer, tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    from vcppo_trl.toy.model import build_tiny_model
+
+    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, seed=0)
+    torch.manual_seed(0)
+    critic = create_value_model_from_policy(policy)
+    lora = LoraConfig(
+        task_type="CAUSAL_LM", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+    )
+    pair = no_dropout(PolicyAndValueModel(get_peft_model(policy, lora), critic))
+    rollout = uneven_rollout(tokenizer)
+    padded = run_update(copy.deepcopy(pair), config(tmp_path), rollout)
+    budgeted = run_update(copy.deepcopy(pair), config(tmp_path, max_tokens_per_micro_batch=32), rollout)
+    assert_same_update(padded, budgeted)
+    assert any("lora" in name for name in padded[1][0])  # the adapters got gradients
+    # The PEFT reference (the base model, adapters disabled) under the forward budget too.
+    args = config(tmp_path, max_tokens_per_forward=24, kl_coef=0.1)
+    maker = RolloutMaker(
+        args, Accelerator(cpu=True), None, None, lambda: pair, None, [], [], torch.ones(0), [0], False
+    )
+    padded_args = config(tmp_path, kl_coef=0.1)
+    padded_maker = RolloutMaker(
+        padded_args, Accelerator(cpu=True), None, None, lambda: pair, None, [], [], torch.ones(0), [0], False
+    )
+    mask = rollout.response_mask
+    torch.testing.assert_close(
+        maker.reference_logprobs(rollout)[mask], padded_maker.reference_logprobs(rollout)[mask], rtol=1e-5, atol=1e-6
+    )
+
+
+# ------------------------------------------------------------------------------------------ whole training runs
+
+
+def test_training_with_budgets_matches_the_padded_run(make_trainer, tiny_config, tokenizer):
+    """The same seed with and without budgets: the same samples, and metrics equal up to rounding. (Resumed runs
+    with budgets: tests/integration/test_resume.py.)"""
+    runs = {}
+    for name, budget in (("padded", None), ("budget", 48)):
+        args = tiny_config(max_tokens_per_micro_batch=budget, output_dir=f"{tiny_config().output_dir}-{name}")
+        trainer = make_trainer(model=fresh_policy(tokenizer), args=args)
+        trainer.train()
+        runs[name] = step_logs(trainer)
+    assert runs["padded"].keys() == runs["budget"].keys()
+    for step, padded in runs["padded"].items():
+        budget = runs["budget"][step]
+        for key in ("val/num_eos_tokens", "episode", "objective/scores"):
+            assert budget[key] == padded[key], (step, key)
+        for key in ("loss/policy_avg", "loss/value_avg"):
+            assert budget[key] == pytest.approx(padded[key], rel=1e-4, abs=1e-6), (step, key)
+        assert budget["perf/update_padding_fraction"] < padded["perf/update_padding_fraction"]
+
+
+def test_train_sampling_strategy_other_than_random_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="set max_tokens_per_micro_batch to group by length"):
+        config(tmp_path, train_sampling_strategy="group_by_length")
+    with pytest.raises(ValueError, match="at least 1 token"):
+        config(tmp_path, max_tokens_per_micro_batch=0)
+    assert config(tmp_path, max_tokens_per_micro_batch=100).max_tokens_per_forward == 100
+    assert config(tmp_path, max_tokens_per_micro_batch=100, max_tokens_per_forward=300).max_tokens_per_forward == 300
