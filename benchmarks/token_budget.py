@@ -16,7 +16,11 @@ Variants, each run in its own process (peak RSS only grows), the processes inter
 - `padded`: 4 sequences per micro-batch (`per_device_train_batch_size=4`, `gradient_accumulation_steps=4`) and per
   no-grad forward (`local_rollout_forward_batch_size=4`), every forward at the rollout's full width;
 - `budget`: `max_tokens_per_micro_batch` = `max_tokens_per_forward` = 4 × (longest prompt + max) — the padded
-  variant's worst case, so memory is bounded by the same figure.
+  variant's worst case, so memory is bounded by the same figure;
+- `packed`: the same budgets with `padding_free=True` (each micro-batch one row of at most that many tokens). On this
+  CPU sdpa builds a dense block-diagonal mask over the whole row (attention ∝ N² for the row's N tokens instead of
+  Σ L² for its sequences), so this variant measures exactness and memory here, not the speed a GPU's varlen kernels
+  give.
 
 The model: a Qwen2 decoder, hidden 512, 2 layers, 8 heads, MLP 1,408, vocabulary 512, sdpa attention, float32 — wide
 enough that at 2,048 tokens the linear layers are about half of the FLOPs. The critic is the same network with a value
@@ -44,7 +48,7 @@ import torch  # noqa: E402
 
 SEQUENCES = 16
 ROWS_PER_MICRO_BATCH = 4
-VARIANTS = ("padded", "budget")
+VARIANTS = ("padded", "budget", "packed")
 DISTRIBUTIONS = ("long-tailed", "uniform")
 
 
@@ -124,7 +128,7 @@ def run_cell(args: argparse.Namespace) -> dict:
     prompt_lengths, response_lengths = draw_lengths(args.cell_distribution, args.max_length)
     rollout = build_rollout(prompt_lengths, response_lengths)
     pair = build_pair(max(prompt_lengths) + args.max_length + 8, args.hidden, args.layers, args.heads)
-    budget = ROWS_PER_MICRO_BATCH * (max(prompt_lengths) + args.max_length) if args.cell_variant == "budget" else None
+    budget = ROWS_PER_MICRO_BATCH * (max(prompt_lengths) + args.max_length) if args.cell_variant != "padded" else None
     config = PPOConfig(
         output_dir="/tmp/token_budget_benchmark",
         per_device_train_batch_size=ROWS_PER_MICRO_BATCH,
@@ -134,6 +138,7 @@ def run_cell(args: argparse.Namespace) -> dict:
         local_rollout_forward_batch_size=ROWS_PER_MICRO_BATCH,
         max_tokens_per_micro_batch=budget,
         max_tokens_per_forward=budget,
+        padding_free=args.cell_variant == "packed",
         response_length=args.max_length,
         lam=0.95,
         kl_coef=0.0,
@@ -174,19 +179,24 @@ def run_cell(args: argparse.Namespace) -> dict:
 
 def plan_flops(args: argparse.Namespace, distribution: str, variant: str) -> float:
     """FLOPs of one update as planned: 2·N per token per forward (×3 with the backward) for each model, plus
-    attention 4·L·h per token per layer over each forward's width L (×3 with the backward)."""
+    attention 4·L·h per token per layer over each forward's width L (×3 with the backward); a packed row counts its
+    whole length as L (the dense mask of sdpa on CPU; a varlen kernel would count each sequence's own)."""
     from vcppo_trl.micro_batches import plan_forwards
 
     prompt, response = (torch.tensor(x) for x in draw_lengths(distribution, args.max_length))
     width = int(prompt.max()) + args.max_length
-    budget = ROWS_PER_MICRO_BATCH * width if variant == "budget" else None
-    rows = torch.arange(SEQUENCES)
-    (plan,) = plan_forwards([rows], prompt, response, budget, ROWS_PER_MICRO_BATCH, int(prompt.max()), args.max_length)
+    budget = ROWS_PER_MICRO_BATCH * width if variant != "padded" else None
+    rows, packed = torch.arange(SEQUENCES), variant == "packed"
+    (plan,) = plan_forwards(
+        [rows], prompt, response, budget, ROWS_PER_MICRO_BATCH, int(prompt.max()), args.max_length, None, packed
+    )
     h, layers = args.hidden, args.layers
     params = layers * (4 * h * h + 3 * h * int(2.75 * h))  # attention projections and the gated MLP
     total = 0.0
     for mb in plan:
         tokens, length = mb.tokens, mb.prompt_width + mb.response_width
+        if packed:  # one row of the real tokens; sdpa on CPU attends over the whole row (a dense mask)
+            tokens = length = int(prompt[mb.indices].sum() + response[mb.indices].sum())
         per_model = 2 * params * tokens + 4 * length * h * layers * tokens
         total += per_model * 2 * 4  # two models; the rollout's forward, the update's forward and backward (2×)
     return total

@@ -97,6 +97,14 @@ class PPOConfig(_BaseConfig):
             number of micro-batches. The gradient equals the padded path's up to floating-point rounding (the loss
             normalisers are the mini-batch's). `None` (default): `per_device_train_batch_size` sequences per
             micro-batch at the rollout's full width, as in earlier versions. See docs/long_responses.md.
+        padding_free (`bool`, defaults to `False`): TRL's name. Each micro-batch's sequences are concatenated into one
+            row without pads, `position_ids` restarting at 0 per sequence and no attention mask, so transformers keeps
+            them apart (varlen kernels under flash/flex attention, a block-diagonal mask under sdpa and eager); the
+            log-probabilities, entropy and values come back in the padded layout the losses use. Applies to the PPO
+            epochs and the rollout's forwards (policy, critic, reference model; reward models stay padded). A probe
+            before the first packed forward refuses a model that lets packed sequences attend to each other. With a
+            token budget the micro-batch size is the sum of its sequences' lengths. On CPU (sdpa or eager: a dense
+            mask over the whole row) it is exact but not faster than the budget alone; its speed is a GPU question.
         max_tokens_per_forward (`int`, *optional*): Token budget of one no-grad rollout forward (values, old and
             reference log-probabilities, reward models), counted the same way. Defaults to
             `max_tokens_per_micro_batch` when that is set (no-grad forwards keep no activations, so a larger budget
@@ -311,6 +319,14 @@ class PPOConfig(_BaseConfig):
             "help": "Token budget of one PPO micro-batch (rows × padded width, per process): a mini-batch's sequences "
             "are grouped by length into balanced micro-batches within it, each cut to its own longest prompt and "
             "response. None: per_device_train_batch_size sequences at the rollout's full width."
+        },
+    )
+    padding_free: bool = field(
+        default=False,
+        metadata={
+            "help": "Run each micro-batch's sequences as one row without pads (position_ids restarting per "
+            "sequence), for the policy, the critic and the reference model; the model must keep packed sequences "
+            "apart (checked before the first packed forward). With a token budget, its size is the packed total."
         },
     )
     max_tokens_per_forward: int | None = field(

@@ -23,8 +23,9 @@ from .config import PPOConfig
 from .distributed import max_across_processes, micro_batch_context, reset_optimizer_state, whitening_all_reduce
 from .losses import loss_normalizer
 from .masked import masked_whiten
-from .micro_batches import ForwardWork, measured, plan_forwards, real_tokens, sequence_lengths, warn_once_over_budget
+from .micro_batches import ForwardWork, measured, plan_forwards, warn_once_over_budget
 from .optimization import NonFiniteTrainingError
+from .packing import TokenBatch, check_packing
 from .ppo_loss import PPOBatch, PPOLossSettings, mean_metrics, ppo_micro_batch_loss
 from .rollout import Rollout
 from .schedules import RoleLR
@@ -78,6 +79,7 @@ class PPOLearner:
         self.local_mini_batch_size = local_mini_batch_size
         self.nonfinite_steps_in_a_row = 0
         self.warned: set[str] = set()
+        self.packing_checked = False
 
     # ------------------------------------------------------------------ update
 
@@ -114,7 +116,6 @@ class PPOLearner:
         mask = rollout.response_mask
         adv = self.whiten(advantages, mask) if train_policy else advantages
         settings = PPOLossSettings.from_args(args, value_cliprange)
-        input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
         # On-policy shortcut: the old log-probs are this update's own forward, detached (ratio exactly 1), written
         # into the batch's tensor before each micro-batch's loss reads them.
         fill_old_logprobs = train_policy and rollout.logprobs is None
@@ -132,22 +133,24 @@ class PPOLearner:
         sequence_weights = settings.importance_sampling_mode.startswith("sequence")
         nonfinite_steps = 0
         world = self.accelerator.num_processes
-        budget = args.max_tokens_per_micro_batch
-        prompt_lengths, response_lengths = sequence_lengths(rollout.query_mask, mask)
-        context_length, response_length = rollout.context_length, mask.shape[1]
+        budget, packed = args.max_tokens_per_micro_batch, args.padding_free
+        tokens = TokenBatch.of(rollout)
+        if packed:
+            self.check_packing()
         with measured(ForwardWork(), self.accelerator.device) as work:
             for _ in range(args.num_ppo_epochs):
-                order = torch.randperm(input_ids.shape[0], device=input_ids.device)
+                order = torch.randperm(mask.shape[0], device=mask.device)
                 mini_batches = list(order.split(self.local_mini_batch_size))
                 plans = plan_forwards(
                     mini_batches,
-                    prompt_lengths,
-                    response_lengths,
+                    tokens.prompt_lengths,
+                    tokens.response_lengths,
                     budget,
                     args.per_device_train_batch_size,
-                    context_length,
-                    response_length,
+                    tokens.context_length,
+                    mask.shape[1],
                     max_across_processes(self.accelerator),
+                    packed,
                 )
                 for mb_idx, micro_batches in zip(mini_batches, plans):
                     if budget is not None:
@@ -163,16 +166,14 @@ class PPOLearner:
                     vf_total = pg_total = 0.0
                     for i, micro in enumerate(micro_batches):
                         idx, width = micro.indices, micro.response_width
-                        work.add(micro, real_tokens(micro, prompt_lengths, response_lengths))
+                        work.add(micro, tokens.real_tokens(micro), packed)
                         # Gradient accumulation over the micro-batches of one minibatch; DDP syncs on the last one only.
                         is_last = i == len(micro_batches) - 1
                         with micro_batch_context(self.accelerator, self.is_deepspeed, model, is_last):
                             logprobs, entropy, vpred = model(
-                                input_ids[idx][:, micro.columns(context_length)],
-                                attention_mask[idx][:, micro.columns(context_length)],
-                                micro.prompt_width,
-                                args.temperature,
+                                temperature=args.temperature,
                                 compute_policy=train_policy,
+                                **tokens.model_inputs(micro, packed),
                             )
                             if fill_old_logprobs:
                                 old_logprobs[idx, :width] = logprobs.detach().float()
@@ -208,6 +209,16 @@ class PPOLearner:
         """[`~masked.masked_whiten`] with the statistics `advantage_whitening` asks for (all processes, or this one)."""
         all_reduce = whitening_all_reduce(self.accelerator, self.args.advantage_whitening)
         return masked_whiten(values, mask, shift_mean=shift_mean, all_reduce=all_reduce)
+
+    def check_packing(self) -> None:
+        """Before the first padding-free forward: refuse a policy or critic that lets packed sequences attend to each
+        other ([`~packing.check_packing`])."""
+        if not self.packing_checked:
+            wrapper = self.accelerator.unwrap_model(self.model)
+            vocab = wrapper.policy.config.get_text_config().vocab_size
+            check_packing(wrapper.policy, vocab, "policy")
+            check_packing(wrapper.critic, vocab, "critic")
+            self.packing_checked = True
 
     def deepspeed_accumulation_steps(self, micro_batches: int) -> int:
         """The DeepSpeed engine's `gradient_accumulation_steps` (it divides every backward's loss by it). Without a

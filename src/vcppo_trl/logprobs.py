@@ -20,6 +20,8 @@ from transformers import PreTrainedModel
 from trl.kernels import ChunkedLogProbFunction
 from trl.trainer.utils import entropy_from_logits, maybe_gather_lm_head_ctx, selective_log_softmax
 
+from .packing import PackedRow
+
 # Vocabulary columns per projection tile: a [4096 tokens, 4096] float32 tile is 64 MiB, whatever the vocabulary size.
 VOCAB_CHUNK = 4096
 # Config fields of output-scaling schemes the chunked path does not reproduce: such models use the full logits.
@@ -158,3 +160,25 @@ def response_logprobs(
     )
     hidden = output.last_hidden_state[:, context_length - 1 : -1]
     return chunked_token_logprobs(hidden, parts, input_ids[:, context_length:], temperature, compute_entropy)
+
+
+def packed_response_logprobs(
+    policy: nn.Module, packed: PackedRow, temperature: float, compute_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """
+    [`response_logprobs`] of a padding-free micro-batch: one pass over the packed row (no attention mask:
+    transformers keeps the sequences apart from `position_ids`), each response token read at the position that
+    predicts it ([`~packing.PackedRow`]).
+
+    Returns:
+        `(logprobs, entropy)`: float32 `[b, w]` (garbage past each response's end, which the losses mask).
+    """
+    parts = causal_lm_parts(policy)
+    if parts is None:
+        output = policy(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
+        logits = output.logits[0][packed.predicting].float() / temperature
+        logprobs = selective_log_softmax(logits, packed.targets)
+        return logprobs, (entropy_from_logits(logits) if compute_entropy else None)
+    output = parts.backbone(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
+    hidden = output.last_hidden_state[0][packed.predicting]
+    return chunked_token_logprobs(hidden, parts, packed.targets, temperature, compute_entropy)

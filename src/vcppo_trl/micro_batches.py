@@ -31,7 +31,7 @@ class MicroBatch:
 
     @property
     def tokens(self) -> int:
-        """Tokens the padded forward computes: rows × (prompt width + response width)."""
+        """Tokens a padded forward computes: rows × (prompt width + response width)."""
         return int(self.indices.numel()) * (self.prompt_width + self.response_width)
 
     def columns(self, context_length: int) -> slice:
@@ -56,34 +56,44 @@ def padded_cost(prompt_lengths: list[int], response_lengths: list[int]) -> int:
     return len(prompt_lengths) * (max(prompt_lengths) + max(1, max(response_lengths)))
 
 
-def _groups_under(prompt: list[int], response: list[int], order: list[int], cap: int) -> list[list[int]]:
-    """Contiguous groups of `order` (sorted longest first), each as long as it can be with a padded size ≤ cap; a
-    sequence over the cap forms a group alone."""
+def _groups_under(
+    prompt: list[int], response: list[int], order: list[int], cap: int, packed: bool = False
+) -> list[list[int]]:
+    """Contiguous groups of `order` (sorted longest first), each as long as it can be with a size ≤ cap (padded:
+    rows × widest prompt + widest response; packed: the sum of lengths); a sequence over the cap forms a group alone."""
     groups: list[list[int]] = []
     current: list[int] = []
-    widest_prompt = widest_response = 0
+    widest_prompt = widest_response = total = 0
     for i in order:
         p, r = max(widest_prompt, prompt[i]), max(widest_response, response[i], 1)
-        if current and (len(current) + 1) * (p + r) > cap:
+        size = total + prompt[i] + response[i] if packed else (len(current) + 1) * (p + r)
+        if current and size > cap:
             groups.append(current)
-            current, p, r = [], prompt[i], max(1, response[i])
+            current, p, r, total = [], prompt[i], max(1, response[i]), 0
         current.append(i)
-        widest_prompt, widest_response = p, r
+        widest_prompt, widest_response, total = p, r, total + prompt[i] + response[i]
     if current:
         groups.append(current)
     return groups
 
 
-def micro_batch_count(prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, max_tokens: int) -> int:
-    """The fewest micro-batches whose padded size stays within `max_tokens` (a longer sequence alone)."""
-    return len(plan_micro_batches(prompt_lengths, response_lengths, max_tokens))
+def micro_batch_count(
+    prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, max_tokens: int, packed: bool = False
+) -> int:
+    """The fewest micro-batches whose size stays within `max_tokens` (a longer sequence alone)."""
+    return len(plan_micro_batches(prompt_lengths, response_lengths, max_tokens, packed=packed))
 
 
 def plan_micro_batches(
-    prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, max_tokens: int, count: int | None = None
+    prompt_lengths: torch.Tensor,
+    response_lengths: torch.Tensor,
+    max_tokens: int,
+    count: int | None = None,
+    packed: bool = False,
 ) -> list[MicroBatch]:
     """
-    Partition sequences into micro-batches of padded size at most `max_tokens`, balanced.
+    Partition sequences into micro-batches of size at most `max_tokens`, balanced: the padded size (rows × widest
+    prompt + widest response), or with `packed` (padding-free forwards) the sum of the sequences' lengths.
 
     Args:
         prompt_lengths, response_lengths: `[B]` real prompt and response lengths ([`sequence_lengths`]).
@@ -105,9 +115,11 @@ def plan_micro_batches(
     order = sorted(range(size), key=lambda i: (-(prompt[i] + max(1, response[i])), i))
 
     def cost(group: list[int]) -> int:
+        if packed:
+            return sum(prompt[i] + response[i] for i in group)
         return padded_cost([prompt[i] for i in group], [response[i] for i in group])
 
-    fewest = _groups_under(prompt, response, order, max_tokens)
+    fewest = _groups_under(prompt, response, order, max_tokens, packed)
     if count is None:
         count = len(fewest)
     if not len(fewest) <= count <= size:
@@ -119,11 +131,11 @@ def plan_micro_batches(
     low, high = 1, max_tokens
     while low < high:
         middle = (low + high) // 2
-        if len(_groups_under(prompt, response, order, middle)) <= count:
+        if len(_groups_under(prompt, response, order, middle, packed)) <= count:
             high = middle
         else:
             low = middle + 1
-    groups = _groups_under(prompt, response, order, high)
+    groups = _groups_under(prompt, response, order, high, packed)
     # Too few groups (the cap allows fewer): split the costliest group that has two rows or more, until `count`.
     while len(groups) < count:
         at = max((g for g in range(len(groups)) if len(groups[g]) > 1), key=lambda g: cost(groups[g]))
@@ -141,8 +153,8 @@ def plan_micro_batches(
 
 
 def over_budget(micro_batches: list[MicroBatch], max_tokens: int) -> list[MicroBatch]:
-    """The micro-batches whose padded size exceeds the budget (single sequences longer than it)."""
-    return [mb for mb in micro_batches if mb.tokens > max_tokens]
+    """The micro-batches over the budget: single sequences longer than it (a group of several never is)."""
+    return [mb for mb in micro_batches if mb.indices.numel() == 1 and mb.tokens > max_tokens]
 
 
 def split_by_tokens(
@@ -151,11 +163,12 @@ def split_by_tokens(
     response_lengths: torch.Tensor,
     max_tokens: int,
     count: int | None = None,
+    packed: bool = False,
 ) -> list[MicroBatch]:
     """[`plan_micro_batches`] over the rows `indices` of a batch (lengths are the whole batch's); the micro-batches
     hold batch row indices, on the device of `indices`."""
     rows = indices.cpu()
-    plan = plan_micro_batches(prompt_lengths[rows], response_lengths[rows], max_tokens, count)
+    plan = plan_micro_batches(prompt_lengths[rows], response_lengths[rows], max_tokens, count, packed)
     return [dataclasses.replace(mb, indices=indices[mb.indices.to(indices.device)]) for mb in plan]
 
 
@@ -175,9 +188,10 @@ class ForwardWork:
     seconds: float = 0.0
     peak_memory_bytes: int | None = None  # CUDA's peak allocated memory during them; `None` off CUDA
 
-    def add(self, micro_batch: MicroBatch, real_tokens: int) -> None:
+    def add(self, micro_batch: MicroBatch, real_tokens: int, packed: bool = False) -> None:
+        """Count one forward: a padded one computes the micro-batch's padded size, a packed one its real tokens."""
         self.real_tokens += real_tokens
-        self.computed_tokens += micro_batch.tokens
+        self.computed_tokens += real_tokens if packed else micro_batch.tokens
         self.micro_batches += 1
 
 
@@ -222,6 +236,7 @@ def plan_forwards(
     context_length: int,
     response_length: int,
     max_across: Callable[[list[int]], list[int]] | None = None,
+    packed: bool = False,
 ) -> list[list[MicroBatch]]:
     """
     The micro-batches of each group of rows (a mini-batch of the PPO epochs, or the whole rollout for its no-grad
@@ -236,10 +251,12 @@ def plan_forwards(
             [full_width(rows, context_length, response_length) for rows in group.split(rows_per_micro_batch)]
             for group in groups
         ]
-    counts = [micro_batch_count(prompt_lengths[g.cpu()], response_lengths[g.cpu()], max_tokens) for g in groups]
+    counts = [
+        micro_batch_count(prompt_lengths[g.cpu()], response_lengths[g.cpu()], max_tokens, packed) for g in groups
+    ]
     if max_across is not None:
         counts = max_across(counts)
     return [
-        split_by_tokens(group, prompt_lengths, response_lengths, max_tokens, count)
+        split_by_tokens(group, prompt_lengths, response_lengths, max_tokens, count, packed)
         for group, count in zip(groups, counts)
     ]

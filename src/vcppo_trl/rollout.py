@@ -13,10 +13,11 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .logprobs import response_logprobs
+from .logprobs import packed_response_logprobs, response_logprobs
 from .masked import masked_whiten
 from .micro_batches import plan_forwards
-from .value_model import value_forward
+from .packing import PackedRow
+from .value_model import packed_value_forward, value_forward
 
 
 @dataclass
@@ -130,14 +131,24 @@ class PolicyAndValueModel(nn.Module):
         temperature: float,
         compute_policy: bool = True,
         compute_entropy: bool = True,
+        packed: PackedRow | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
         """
         Log-probabilities (and entropy) of the response tokens under the policy, and the critic's values.
 
+        With `packed` (a padding-free micro-batch, [`~packing.PackedRow`]) the padded inputs are ignored.
+
         Returns:
-            `(logprobs, entropy, values)`, each `[B, T]` for the `T` tokens after `context_length`; the first two are
-            `None` when `compute_policy` is False (value-only updates leave the policy out of the graph).
+            `(logprobs, entropy, values)`, each `[B, T]` for the `T` tokens after `context_length` (`[b, w]` of the
+            packed row's responses); the first two are `None` when `compute_policy` is False (value-only updates leave
+            the policy out of the graph).
         """
+        if packed is not None:
+            values = packed_value_forward(self.critic, packed)
+            if not compute_policy:
+                return None, None, values
+            logprobs, entropy = packed_response_logprobs(self.policy, packed, temperature, compute_entropy)
+            return logprobs, entropy, values
         position_ids = position_ids_from_mask(attention_mask)
         values = value_forward(self.critic, input_ids, attention_mask, position_ids, context_length)
         if not compute_policy:

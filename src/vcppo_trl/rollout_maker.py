@@ -9,6 +9,7 @@ sampler and reports what generation took ([`GenerationStats`]) with the rollout.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -22,16 +23,10 @@ from trl.data_utils import maybe_apply_chat_template
 from .config import PPOConfig
 from .distributed import max_across_processes, whitening_all_reduce
 from .generation import Samples, eval_mode
+from .logprobs import packed_response_logprobs
 from .losses import kl_penalty
-from .micro_batches import (
-    ForwardWork,
-    MicroBatch,
-    measured,
-    plan_forwards,
-    real_tokens,
-    sequence_lengths,
-    warn_once_over_budget,
-)
+from .micro_batches import ForwardWork, MicroBatch, measured, plan_forwards, warn_once_over_budget
+from .packing import TokenBatch, check_packing
 from .reward_calls import call_reward_function
 from .rollout import PolicyAndValueModel, Rollout, policy_logprobs, reward_model_scores, token_rewards
 from .scoring import ScoredSamples, decode_completions
@@ -118,6 +113,7 @@ class RolloutMaker:
         self.stop_token_ids = stop_token_ids
         self.reference_is_initial_policy = reference_is_initial_policy
         self.warned: set[str] = set()
+        self.packing_checked: set[int] = set()
 
     def _unwrapped_model(self) -> PolicyAndValueModel:
         return self.accelerator.unwrap_model(self.current_model())
@@ -297,27 +293,29 @@ class RolloutMaker:
         )
         return rollout, RolloutStats(generation, work)
 
-    def forward_plan(self, rollout: Rollout) -> list[MicroBatch]:
+    def forward_plan(self, rollout: Rollout, tokens: TokenBatch | None = None) -> list[MicroBatch]:
         """
         The micro-batches of the rollout's no-grad forwards: `local_rollout_forward_batch_size` sequences at full
-        width, or by `max_tokens_per_forward` (grouped by length, each cut to its widths, the same count on every
-        process; see [`~micro_batches.plan_forwards`]).
+        width, or by `max_tokens_per_forward` (grouped by length, each cut to its widths or packed, the same count on
+        every process; see [`~micro_batches.plan_forwards`]).
         """
-        budget = self.args.max_tokens_per_forward
+        args, tokens = self.args, tokens or TokenBatch.of(rollout)
         rows = torch.arange(rollout.response_ids.shape[0], device=rollout.response_ids.device)
-        prompt_lengths, response_lengths = sequence_lengths(rollout.query_mask, rollout.response_mask)
         (plan,) = plan_forwards(
             [rows],
-            prompt_lengths,
-            response_lengths,
-            budget,
-            self.args.local_rollout_forward_batch_size,
-            rollout.context_length,
+            tokens.prompt_lengths,
+            tokens.response_lengths,
+            args.max_tokens_per_forward,
+            args.local_rollout_forward_batch_size,
+            tokens.context_length,
             rollout.response_ids.shape[1],
             max_across_processes(self.accelerator),
+            args.padding_free,
         )
-        if budget is not None:
-            warn_once_over_budget(plan, budget, "max_tokens_per_forward", self.warned, logger.warning)
+        if args.max_tokens_per_forward is not None:
+            warn_once_over_budget(
+                plan, args.max_tokens_per_forward, "max_tokens_per_forward", self.warned, logger.warning
+            )
         return plan
 
     @torch.no_grad()
@@ -331,31 +329,29 @@ class RolloutMaker:
         """Old log-probabilities (`None` unless `compute_policy`) and values of a rollout, `[B, T]` (0 after each
         micro-batch's longest response), micro-batch by micro-batch ([`forward_plan`]), in eval mode (no dropout),
         like generation."""
-        model = self._unwrapped_model()
-        plan = self.forward_plan(rollout) if plan is None else plan
-        input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
+        model, packed = self._unwrapped_model(), self.args.padding_free
+        if packed:
+            self.check_packing(model.policy, model.critic)
+        tokens = TokenBatch.of(rollout)
+        plan = self.forward_plan(rollout, tokens) if plan is None else plan
         shape = rollout.response_ids.shape
-        lengths = sequence_lengths(rollout.query_mask, rollout.response_mask)
         logprobs = values = None
         with eval_mode(model):
             for micro in plan:
-                idx, columns, width = micro.indices, micro.columns(rollout.context_length), micro.response_width
                 lp, _, v = model(
-                    input_ids[idx][:, columns],
-                    attention_mask[idx][:, columns],
-                    micro.prompt_width,
-                    self.args.temperature,
+                    temperature=self.args.temperature,
                     compute_policy=compute_policy,
                     compute_entropy=False,
+                    **tokens.model_inputs(micro, packed),
                 )
                 if values is None:
                     values = v.new_zeros(shape)
                     logprobs = lp.new_zeros(shape) if compute_policy else None
-                values[idx, :width] = v
+                values[micro.indices, : micro.response_width] = v
                 if compute_policy:
-                    logprobs[idx, :width] = lp
+                    logprobs[micro.indices, : micro.response_width] = lp
                 if work is not None:
-                    work.add(micro, real_tokens(micro, *lengths))
+                    work.add(micro, tokens.real_tokens(micro), packed)
         return logprobs, values
 
     @torch.no_grad()
@@ -364,23 +360,34 @@ class RolloutMaker:
     ) -> torch.Tensor:
         """Log-probabilities of the response tokens under the reference policy (the base model under PEFT), `[B, T]`
         (0 after each micro-batch's longest response)."""
-        plan = self.forward_plan(rollout) if plan is None else plan
-        input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
-        lengths = sequence_lengths(rollout.query_mask, rollout.response_mask)
+        packed, temperature = self.args.padding_free, self.args.temperature
+        reference = self.ref_model if self.ref_model is not None else self._unwrapped_model().policy
+        if packed:
+            self.check_packing(reference)
+        tokens = TokenBatch.of(rollout)
+        plan = self.forward_plan(rollout, tokens) if plan is None else plan
+        # PEFT without a reference model: the reference is the policy's base model, adapters disabled.
+        adapters_off = reference.disable_adapter() if self.ref_model is None else contextlib.nullcontext()
         out = None
-        for micro in plan:
-            idx, columns, width = micro.indices, micro.columns(rollout.context_length), micro.response_width
-            ids, mask = input_ids[idx][:, columns], attention_mask[idx][:, columns]
-            if self.ref_model is not None:
-                with eval_mode(self.ref_model):
-                    lp, _ = policy_logprobs(self.ref_model, ids, mask, micro.prompt_width, self.args.temperature)
-            else:  # PEFT: the reference is the base model, adapters disabled.
-                policy = self._unwrapped_model().policy
-                with policy.disable_adapter(), eval_mode(policy):
-                    lp, _ = policy_logprobs(policy, ids, mask, micro.prompt_width, self.args.temperature)
-            if out is None:
-                out = lp.new_zeros(rollout.response_ids.shape)
-            out[idx, :width] = lp
-            if work is not None:
-                work.add(micro, real_tokens(micro, *lengths))
+        with adapters_off, eval_mode(reference):
+            for micro in plan:
+                if packed:
+                    lp, _ = packed_response_logprobs(reference, tokens.packed(micro), temperature)
+                else:
+                    ids, mask, context_length = tokens.padded(micro)
+                    lp, _ = policy_logprobs(reference, ids, mask, context_length, temperature)
+                if out is None:
+                    out = lp.new_zeros(rollout.response_ids.shape)
+                out[micro.indices, : micro.response_width] = lp
+                if work is not None:
+                    work.add(micro, tokens.real_tokens(micro), packed)
         return out
+
+    def check_packing(self, *models: torch.nn.Module) -> None:
+        """Before the first padding-free forward of each model: refuse one that lets packed sequences attend to each
+        other ([`~packing.check_packing`])."""
+        for model in models:
+            if id(model) not in self.packing_checked:
+                vocab = model.config.get_text_config().vocab_size
+                check_packing(model, vocab, type(model).__name__)
+                self.packing_checked.add(id(model))

@@ -17,6 +17,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from .packing import PackedRow
+
 
 def _token_classification_config(config):
     config = config.__class__.from_dict(config.to_dict())
@@ -236,3 +238,10 @@ def value_forward(
     """
     output = critic(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     return output.logits[:, context_length - 1 : -1, 0].float()
+
+
+def packed_value_forward(critic: torch.nn.Module, packed: PackedRow) -> torch.Tensor:
+    """[`value_forward`] of a padding-free micro-batch: `[b, w]` values read at the positions that predict each
+    response token ([`~packing.PackedRow`])."""
+    output = critic(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
+    return output.logits[0, :, 0][packed.predicting].float()

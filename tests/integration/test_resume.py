@@ -33,6 +33,8 @@ def assert_same_weights(a, b):
         (PPOTrainer, {"kl_coef": 0.05}, 2),  # plain PPO with a reference model
         # token budgets (grouped, cut micro-batches and forwards), resumed after value pretraining
         (VCPPOTrainer, {"value_pretrain_steps": 2, "max_tokens_per_micro_batch": 40, "max_tokens_per_forward": 64}, 3),
+        # ... and padding-free, resumed inside value pretraining
+        (VCPPOTrainer, {"value_pretrain_steps": 2, "max_tokens_per_micro_batch": 40, "padding_free": True}, 1),
     ],
 )
 def test_resumed_run_equals_uninterrupted_run(

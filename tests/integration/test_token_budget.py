@@ -135,22 +135,29 @@ def assert_same_update(padded, budget):
     assert any(float(g.abs().max()) > 0 for g in steps_a[0].values())
 
 
-@pytest.mark.parametrize("budget", [20, 48, 64])
-def test_budget_update_equals_the_padded_update(pair, tokenizer, tmp_path, budget):
+@pytest.mark.parametrize(
+    ("budget", "padding_free"), [(20, False), (48, False), (64, False), (None, True), (20, True), (48, True)]
+)
+def test_budget_update_equals_the_padded_update(pair, tokenizer, tmp_path, budget, padding_free):
     rollout = uneven_rollout(tokenizer)
     padded = run_update(copy.deepcopy(pair), config(tmp_path), rollout)
-    budgeted = run_update(copy.deepcopy(pair), config(tmp_path, max_tokens_per_micro_batch=budget), rollout)
+    args = config(tmp_path, max_tokens_per_micro_batch=budget, padding_free=padding_free)
+    budgeted = run_update(copy.deepcopy(pair), args, rollout)
     assert_same_update(padded, budgeted)
     # Fewer tokens computed for the same real ones; each micro-batch within budget unless one sequence is longer.
     assert budgeted[0].work.real_tokens == padded[0].work.real_tokens
     assert budgeted[0].work.computed_tokens < padded[0].work.computed_tokens
     assert padded[0].work.computed_tokens == 2 * 8 * (5 + 12)  # two epochs, 8 sequences at full width
+    if padding_free:
+        assert budgeted[0].work.computed_tokens == budgeted[0].work.real_tokens
 
 
-def test_budget_value_only_update_equals_the_padded_one(pair, tokenizer, tmp_path):
+@pytest.mark.parametrize("padding_free", [False, True])
+def test_budget_value_only_update_equals_the_padded_one(pair, tokenizer, tmp_path, padding_free):
     rollout = uneven_rollout(tokenizer)
     padded = run_update(copy.deepcopy(pair), config(tmp_path), rollout, train_policy=False)
-    budgeted = run_update(copy.deepcopy(pair), config(tmp_path, max_tokens_per_micro_batch=24), rollout, False)
+    args = config(tmp_path, max_tokens_per_micro_batch=24, padding_free=padding_free)
+    budgeted = run_update(copy.deepcopy(pair), args, rollout, False)
     assert_same_update(padded, budgeted)
 
 
@@ -162,11 +169,13 @@ def test_budget_keeps_every_loss_aggregation(pair, tokenizer, tmp_path, loss_typ
     assert_same_update(padded, run_update(copy.deepcopy(pair), args, rollout))
 
 
-def test_budget_on_policy_shortcut_gives_the_same_old_logprobs(pair, tokenizer, tmp_path):
+@pytest.mark.parametrize("padding_free", [False, True])
+def test_budget_on_policy_shortcut_gives_the_same_old_logprobs(pair, tokenizer, tmp_path, padding_free):
     rollout = uneven_rollout(tokenizer)
     shortcut = dict(on_policy_shortcut=True, num_mini_batches=1, num_ppo_epochs=1, per_device_train_batch_size=8)
     padded = run_update(copy.deepcopy(pair), config(tmp_path, **shortcut), rollout)
-    budgeted = run_update(copy.deepcopy(pair), config(tmp_path, max_tokens_per_micro_batch=40, **shortcut), rollout)
+    args = config(tmp_path, max_tokens_per_micro_batch=40, padding_free=padding_free, **shortcut)
+    budgeted = run_update(copy.deepcopy(pair), args, rollout)
     assert_same_update(padded, budgeted)
     mask = rollout.response_mask
     old_a, old_b = padded[0].old_logprobs, budgeted[0].old_logprobs
@@ -186,21 +195,22 @@ def test_budget_rollout_forwards_equal_the_padded_ones(pair, tokenizer, tmp_path
     rollout = uneven_rollout(tokenizer)
     reference = copy.deepcopy(pair.policy)
     outputs = {}
-    for budget in (None, 18, 40):
-        args = config(tmp_path, max_tokens_per_forward=budget, kl_coef=0.1)
+    for budget, padding_free in ((None, False), (18, False), (40, False), (None, True), (40, True)):
+        args = config(tmp_path, max_tokens_per_forward=budget, kl_coef=0.1, padding_free=padding_free)
         accelerator = Accelerator(cpu=True)
         maker = RolloutMaker(args, accelerator, None, None, lambda: pair, reference, [], [], torch.ones(0), [0], False)
         plan = maker.forward_plan(rollout)
         logprobs, values = maker.forward(rollout, compute_policy=True, plan=plan)
-        outputs[budget] = (logprobs, values, maker.reference_logprobs(rollout, plan), len(plan))
+        outputs[budget, padding_free] = (logprobs, values, maker.reference_logprobs(rollout, plan), len(plan))
     mask = rollout.response_mask
-    for budget in (18, 40):
-        for got, expected in zip(outputs[budget][:3], outputs[None][:3]):
+    for key in ((18, False), (40, False), (None, True), (40, True)):
+        for got, expected in zip(outputs[key][:3], outputs[None, False][:3]):
             torch.testing.assert_close(got[mask], expected[mask], rtol=1e-5, atol=1e-6)
-    assert outputs[None][3] == 1 and outputs[18][3] > outputs[40][3] > 1
+    assert outputs[None, False][3] == 1 and outputs[18, False][3] > outputs[40, False][3] > 1
 
 
-def test_budget_with_lora_equals_the_padded_path(tokenizer, tmp_path):
+@pytest.mark.parametrize("padding_free", [False, True])
+def test_budget_with_lora_equals_the_padded_path(tokenizer, tmp_path, padding_free):
     from peft import LoraConfig, get_peft_model
 
     from vcppo_trl.toy.model import build_tiny_model
@@ -214,11 +224,12 @@ def test_budget_with_lora_equals_the_padded_path(tokenizer, tmp_path):
     pair = no_dropout(PolicyAndValueModel(get_peft_model(policy, lora), critic))
     rollout = uneven_rollout(tokenizer)
     padded = run_update(copy.deepcopy(pair), config(tmp_path), rollout)
-    budgeted = run_update(copy.deepcopy(pair), config(tmp_path, max_tokens_per_micro_batch=32), rollout)
+    args = config(tmp_path, max_tokens_per_micro_batch=32, padding_free=padding_free)
+    budgeted = run_update(copy.deepcopy(pair), args, rollout)
     assert_same_update(padded, budgeted)
     assert any("lora" in name for name in padded[1][0])  # the adapters got gradients
     # The PEFT reference (the base model, adapters disabled) under the forward budget too.
-    args = config(tmp_path, max_tokens_per_forward=24, kl_coef=0.1)
+    args = config(tmp_path, max_tokens_per_forward=24, kl_coef=0.1, padding_free=padding_free)
     maker = RolloutMaker(
         args, Accelerator(cpu=True), None, None, lambda: pair, None, [], [], torch.ones(0), [0], False
     )
@@ -239,19 +250,22 @@ def test_training_with_budgets_matches_the_padded_run(make_trainer, tiny_config,
     """The same seed with and without budgets: the same samples, and metrics equal up to rounding. (Resumed runs
     with budgets: tests/integration/test_resume.py.)"""
     runs = {}
-    for name, budget in (("padded", None), ("budget", 48)):
-        args = tiny_config(max_tokens_per_micro_batch=budget, output_dir=f"{tiny_config().output_dir}-{name}")
+    for name, budget, padding_free in (("padded", None, False), ("budget", 48, False), ("packed", 48, True)):
+        out = f"{tiny_config().output_dir}-{name}"
+        args = tiny_config(max_tokens_per_micro_batch=budget, padding_free=padding_free, output_dir=out)
         trainer = make_trainer(model=fresh_policy(tokenizer), args=args)
         trainer.train()
         runs[name] = step_logs(trainer)
-    assert runs["padded"].keys() == runs["budget"].keys()
-    for step, padded in runs["padded"].items():
-        budget = runs["budget"][step]
-        for key in ("val/num_eos_tokens", "episode", "objective/scores"):
-            assert budget[key] == padded[key], (step, key)
-        for key in ("loss/policy_avg", "loss/value_avg"):
-            assert budget[key] == pytest.approx(padded[key], rel=1e-4, abs=1e-6), (step, key)
-        assert budget["perf/update_padding_fraction"] < padded["perf/update_padding_fraction"]
+    for variant in ("budget", "packed"):
+        assert runs["padded"].keys() == runs[variant].keys()
+        for step, padded in runs["padded"].items():
+            other = runs[variant][step]
+            for key in ("val/num_eos_tokens", "episode", "objective/scores"):
+                assert other[key] == padded[key], (variant, step, key)
+            for key in ("loss/policy_avg", "loss/value_avg"):
+                assert other[key] == pytest.approx(padded[key], rel=1e-4, abs=1e-6), (variant, step, key)
+            assert other["perf/update_padding_fraction"] < padded["perf/update_padding_fraction"]
+    assert all(m["perf/update_padding_fraction"] == 0.0 for m in runs["packed"].values())
 
 
 def test_train_sampling_strategy_other_than_random_is_refused(tmp_path):

@@ -1,7 +1,7 @@
 """One rank of a 2-process DDP check of the loss aggregation, launched by test_distributed.py.
 
     ACCELERATE_USE_CPU=1 python -m torch.distributed.run --standalone --nproc_per_node 2 \
-        tests/integration/distributed/grad_worker.py OUT [LOSS_TYPE] [MAX_TOKENS_PER_MICRO_BATCH]
+        tests/integration/distributed/grad_worker.py OUT [LOSS_TYPE] [MAX_TOKENS_PER_MICRO_BATCH] [packed]
 
 Each rank rolls out its own prompts and cuts its responses to lengths that differ between the ranks and between the
 micro-batches (rank 0 short, rank 1 long), then runs one PPO optimizer step (4 micro-batches of 1 sequence per rank).
@@ -10,7 +10,8 @@ initial models, over the whole batch of both ranks: advantages whitened over the
 by the whole batch's count. Rank 0 writes `OUT/grad_check.json` with the largest relative difference (and that of
 the gradient norm; under DeepSpeed, launched with configs/accelerate/zero3_cpu.yaml, only the norm is compared).
 With a token budget the ranks need different micro-batch counts (rank 0's short sequences fit in fewer): both must run
-the largest, and the gradient must not change; `micro_batches` records each rank's count.
+the largest, and the gradient must not change; `micro_batches` records each rank's count. `packed`: padding-free
+forwards (`padding_free=True`) as well.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
-def main(out_dir: str, loss_type: str, max_tokens: int | None) -> None:
+def main(out_dir: str, loss_type: str, max_tokens: int | None, padding_free: bool = False) -> None:
     from accelerate.utils import gather_object
 
     from vcppo_trl import PPOConfig, PPOTrainer
@@ -65,6 +66,7 @@ def main(out_dir: str, loss_type: str, max_tokens: int | None) -> None:
         max_grad_norm=0.0,
         loss_type=loss_type,
         max_tokens_per_micro_batch=max_tokens,
+        padding_free=padding_free,
         bf16=False,
         gradient_checkpointing=False,
         report_to="none",
@@ -163,4 +165,4 @@ def main(out_dir: str, loss_type: str, max_tokens: int | None) -> None:
 
 if __name__ == "__main__":
     budget = int(sys.argv[3]) if len(sys.argv) > 3 else None
-    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "token_mean", budget)
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "token_mean", budget, sys.argv[4:5] == ["packed"])

@@ -318,6 +318,8 @@ def test_zero3_with_cpu_offload(tmp_path):
         ("zero3", "token_mean", None),
         ("ddp", "token_mean", 64),
         ("zero3", "token_mean", 64),
+        ("ddp", "token_mean", "64 packed"),
+        ("zero3", "token_mean", "64 packed"),
     ],
 )
 def test_gradient_of_two_ranks_equals_one_big_batch(tmp_path, launcher, loss_type, budget):
@@ -325,7 +327,8 @@ def test_gradient_of_two_ranks_equals_one_big_batch(tmp_path, launcher, loss_typ
     the whole batch's loss — advantages whitened over both ranks, losses normalised by both ranks' count. DDP: every
     gradient; ZeRO-3 (whose gradients are partitioned): the engine's gradient norm. With a token budget
     (`max_tokens_per_micro_batch=64`) rank 0 alone would need fewer micro-batches than rank 1: both run rank 1's
-    count (under ZeRO-3 anything else hangs), which differs from DeepSpeed's gradient_accumulation_steps (4)."""
+    count (under ZeRO-3 anything else hangs), which differs from DeepSpeed's gradient_accumulation_steps (4); "packed":
+    with padding-free forwards too."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
     env.update(
         OMP_NUM_THREADS="1",
@@ -340,7 +343,7 @@ def test_gradient_of_two_ranks_equals_one_big_batch(tmp_path, launcher, loss_typ
         pytest.importorskip("deepspeed")
         config = os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml")
         launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file", config, "--main_process_port", "0"]
-    cmd = [sys.executable, "-m", *launch, GRAD_WORKER, str(tmp_path), loss_type, *([str(budget)] if budget else [])]
+    cmd = [sys.executable, "-m", *launch, GRAD_WORKER, str(tmp_path), loss_type, *str(budget or "").split()]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     result = json.load(open(tmp_path / "grad_check.json"))
