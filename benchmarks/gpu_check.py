@@ -21,6 +21,11 @@ figures in docs/benchmarks.md. Rows:
    generation seam, on the Qwen2.5-0.5B shape with random weights in bf16, 64 prompts of 32 tokens, forced
    1,024-token responses; tokens/s of each and their ratio, and vLLM's engine start (smoke: the tiny model, 16 tokens,
    CPU build of vLLM). Needs vLLM (`pip install -e ".[vllm]"`); without it the row says "not run" and why.
+6. `long-padded`, `long-budget`, `long-packed-sdpa`, `long-packed-flex`: one bf16 update through the trainer's parts
+   on 8 long-tailed responses up to 16,384 tokens (docs/long_responses.md) on the Qwen2.5-0.5B shape, padded (one
+   sequence per micro-batch), with a token budget, and padding-free under sdpa and under flex attention; real tokens/s,
+   MFU with attention FLOPs counted, peak memory (smoke: the tiny model, 4 responses up to 48 tokens; the flex row
+   says "not run" on CPU, where torch's flex attention has no backward).
 4. `zero3-1proc`: tests/integration/distributed/worker.py (1 value-pretraining + 4 VC-PPO updates of the tiny toy
    model) under DeepSpeed ZeRO-3 with one process, through `accelerate launch` (smoke: configs/accelerate/zero3_cpu.yaml
    over gloo).
@@ -32,6 +37,7 @@ script says so and exits with status 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -116,14 +122,14 @@ def check_gae(device: torch.device, smoke: bool) -> dict:
     }
 
 
-def build_pair(config_kwargs: dict, device: torch.device, dtype: torch.dtype):
+def build_pair(config_kwargs: dict, device: torch.device, dtype: torch.dtype, attention: str = "sdpa"):
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
 
-    config = Qwen2Config(**config_kwargs, attn_implementation="sdpa")
+    config = Qwen2Config(**config_kwargs, attn_implementation=attention)
     torch.manual_seed(0)
     with torch.device(device):
         policy = Qwen2ForCausalLM(config).to(dtype)
-        critic = Qwen2ForTokenClassification(Qwen2Config(**config_kwargs, num_labels=1, attn_implementation="sdpa"))
+        critic = Qwen2ForTokenClassification(Qwen2Config(**config_kwargs, num_labels=1, attn_implementation=attention))
         critic = critic.to(dtype)
     return policy, critic
 
@@ -206,6 +212,118 @@ def check_update(device: torch.device, smoke: bool) -> dict:
         "size": f"{params / 1e6:.3g}M params, {batch}x{response_len} tok",
         "result": f"{tokens / update_s:,.0f} tok/s update ({update_s:.2f} s), "
         f"rollout forwards {forward_s:.2f} s{memory}",
+    }
+
+
+def check_long_responses(device: torch.device, smoke: bool, variant: str, attention: str) -> dict:
+    """
+    One bf16 update through the trainer's own parts (`RolloutMaker.forward`, `PPOLearner.update`) on long-tailed
+    responses (benchmarks/token_budget.py's distribution: mean ≈ 0.25 × max, 1 of 8 at the cap) up to 16,384 tokens
+    on the Qwen2.5-0.5B-shaped pair, activation checkpointing: `padded` (one sequence per micro-batch and per no-grad
+    forward, full width), `budget` (`max_tokens_per_micro_batch` = `max_tokens_per_forward` = the longest sequence),
+    `packed` (the same budget, `padding_free=True`). Tokens/s of real tokens and MFU against the H200's 989 TFLOP/s
+    dense bf16 peak, FLOPs counted as 2·N per token per pass (forward 1, backward 2) for each model plus attention
+    4·L·h·layers per token over the width L each forward computes (a packed row: each sequence's own length under
+    flex attention's block-sparse mask, the whole row under sdpa's dense one).
+    """
+    if attention == "flex_attention" and device.type != "cuda":
+        return {"size": "-", "result": "not run: torch's flex attention has no CPU backward (a GPU row)"}
+    import token_budget  # benchmarks/token_budget.py
+    from accelerate import Accelerator
+
+    from vcppo_trl import PPOConfig
+    from vcppo_trl.learner import PPOLearner
+    from vcppo_trl.micro_batches import ForwardWork, plan_forwards
+    from vcppo_trl.optimization import parameter_groups
+    from vcppo_trl.rollout import PolicyAndValueModel, token_rewards
+    from vcppo_trl.rollout_maker import RolloutMaker
+
+    config = dict(SMOKE_MODEL) if smoke else dict(QWEN25_05B)
+    sequences, max_length = (4, 48) if smoke else (8, 16384)
+    prompts, responses = token_budget.draw_lengths("long-tailed", max_length, sequences=sequences)
+    rollout = token_budget.build_rollout(prompts, responses)
+    rollout = dataclasses.replace(
+        rollout,
+        query_ids=rollout.query_ids.to(device),
+        query_mask=rollout.query_mask.to(device),
+        response_ids=rollout.response_ids.to(device),
+        response_mask=rollout.response_mask.to(device),
+        scores=rollout.scores.to(device),
+    )
+    config["max_position_embeddings"] = max(prompts) + max_length + 8
+    policy, critic = build_pair(config, device, torch.bfloat16, attention)
+    for model in (policy, critic):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    pair = PolicyAndValueModel(policy, critic)
+    width = max(prompts) + max_length
+    budget = None if variant == "padded" else width
+    args = PPOConfig(
+        output_dir=tempfile.mkdtemp(),
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=sequences,
+        num_ppo_epochs=1,
+        num_mini_batches=1,
+        local_rollout_forward_batch_size=1,
+        max_tokens_per_micro_batch=budget,
+        max_tokens_per_forward=budget,
+        padding_free=variant == "packed",
+        response_length=max_length,
+        lam=0.95,
+        kl_coef=0.0,
+        on_policy_shortcut=False,
+        learning_rate=1e-6,
+        bf16=False,
+        use_cpu=device.type == "cpu",
+        report_to="none",
+    )
+    accelerator = Accelerator(cpu=device.type == "cpu")
+    optimizer = torch.optim.AdamW(parameter_groups(pair.named_parameters(), set(), args), lr=1e-6)
+    learner = PPOLearner(pair, optimizer, None, accelerator, args, False, sequences)
+    maker = RolloutMaker(args, accelerator, None, None, lambda: pair, None, [], [], torch.ones(0), [0], True)
+    rollout.kl = torch.zeros(rollout.response_mask.shape, device=device)
+    rollout.rewards = token_rewards(rollout.scores, rollout.kl, rollout.response_mask, 0.0)
+
+    def one_update() -> tuple[float, ForwardWork]:
+        sync(device)
+        start = time.perf_counter()
+        rollout.logprobs, rollout.values = maker.forward(rollout, True)
+        returns = rollout.rewards.flip(1).cumsum(1).flip(1) * rollout.response_mask
+        work = learner.update(rollout, returns - rollout.values, returns, value_cliprange=0.2).work
+        sync(device)
+        return time.perf_counter() - start, work
+
+    one_update()  # warm-up
+    peak_reset(device)
+    seconds, work = one_update()
+    peak = peak_gib(device)
+    # FLOPs of the update as it ran (plan as the learner does: its micro-batches are the rollout forward's, too).
+    h, layers = config["hidden_size"], config["num_hidden_layers"]
+    kv = config["num_key_value_heads"] * h // config["num_attention_heads"]
+    params = layers * (2 * h * h + 2 * h * kv + 3 * h * config["intermediate_size"])  # non-embedding, per model
+    lengths = [torch.tensor(prompts), torch.tensor(responses)]
+    (plan,) = plan_forwards(
+        [torch.arange(sequences)], *lengths, budget, 1, max(prompts), max_length, None, variant == "packed"
+    )
+    flops = 0.0
+    for mb in plan:
+        seqs = [(prompts[i] + responses[i]) for i in mb.indices.tolist()]
+        if variant == "packed":
+            spans = seqs if attention == "flex_attention" else [sum(seqs)]
+            tokens, attention_flops = sum(seqs), sum(4 * n * n * h * layers for n in spans)
+        else:
+            tokens = mb.tokens
+            attention_flops = 4 * (mb.prompt_width + mb.response_width) * h * layers * tokens
+        # logits of the response positions: 2·h·V per token, only where log-probs are read (the policy)
+        per_pass = 2 * (2 * params * tokens + attention_flops) + 2 * h * config["vocab_size"] * tokens
+        flops += per_pass * 4  # the rollout's forward (1) and the update's forward and backward (3)
+    real = sum(prompts) + sum(responses)
+    mfu = flops / seconds / 989e12
+    memory = "" if peak is None else f"; peak {peak:.1f} GiB"
+    return {
+        "size": f"{sequences} seq ≤{max_length}, {attention}",
+        "result": f"{real / seconds:,.0f} real tok/s ({seconds:.2f} s, {work.micro_batches} micro-batches, "
+        f"{work.real_tokens / work.computed_tokens:.2f} real); MFU {mfu:.1%} of 989 TFLOP/s{memory}",
     }
 
 
@@ -292,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-smoke", action="store_true", help="run every row on CPU at tiny sizes")
     parser.add_argument(
-        "--skip", nargs="*", default=[], help="row names to skip (gae, update, logprob, zero3, rollout)"
+        "--skip", nargs="*", default=[], help="row names to skip (gae, update, logprob, long, zero3, rollout)"
     )
     args = parser.parse_args(argv)
     if args.cpu_smoke:
@@ -311,6 +429,10 @@ def main(argv: list[str] | None = None) -> int:
         ("logprob-full", lambda: check_logprob_memory(device, smoke, "full", False)),
         ("logprob-chunked-bwd", lambda: check_logprob_memory(device, smoke, "chunked", True)),
         ("logprob-full-bwd", lambda: check_logprob_memory(device, smoke, "full", True)),
+        ("long-padded", lambda: check_long_responses(device, smoke, "padded", "sdpa")),
+        ("long-budget", lambda: check_long_responses(device, smoke, "budget", "sdpa")),
+        ("long-packed-sdpa", lambda: check_long_responses(device, smoke, "packed", "sdpa")),
+        ("long-packed-flex", lambda: check_long_responses(device, smoke, "packed", "flex_attention")),
         ("zero3-1proc", lambda: check_zero3_one_process(device, smoke)),
         ("rollout", lambda: check_rollout(device, smoke)),
     ]

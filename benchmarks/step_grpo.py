@@ -36,13 +36,16 @@ def run(
     warmup: int = 1,
     num_generations: int = 4,
     seed: int = 0,
+    drawn_lengths: bool = False,
 ):
     from trl import GRPOConfig, GRPOTrainer
 
     if batch_size % num_generations:
         raise ValueError(f"--batch-size ({batch_size}) must be a multiple of --num-generations ({num_generations}).")
     tokenizer = step_setup.build_tokenizer()
-    policy, _, _ = step_setup.build_models(response_length, seed)
+    policy, _, _ = step_setup.build_models(response_length, seed, stop_token_in_vocab=drawn_lengths)
+    if drawn_lengths:
+        step_setup.stop_at_drawn_lengths(policy, seed)
     num_steps = warmup + updates
     dataset = Dataset.from_dict({"prompt": step_setup.prompt_texts(batch_size // num_generations * num_steps, seed)})
     with tempfile.TemporaryDirectory() as output_dir:
@@ -85,7 +88,10 @@ def run(
         trainer.train()
         # Every completion must run to full length, as on our side (the stop token lies outside the vocabulary).
         lengths = trainer._metrics["train"]["completions/mean_length"]
-        if any(length != response_length for length in lengths):
+        if drawn_lengths:
+            if not all(length < response_length for length in lengths):
+                raise RuntimeError(f"GRPO completions were not cut at the drawn lengths: mean lengths {lengths}")
+        elif any(length != response_length for length in lengths):
             raise RuntimeError(f"GRPO completions were not all {response_length} tokens long: {lengths}")
     return step_setup.bench_result("grpo", response_length, clock, generation_seconds, warmup)
 
@@ -99,9 +105,18 @@ def main():
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--drawn-lengths", action="store_true", help="stop each sample at a drawn length")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    result = run(args.response_length, args.batch_size, args.updates, args.warmup, args.num_generations, args.seed)
+    result = run(
+        args.response_length,
+        args.batch_size,
+        args.updates,
+        args.warmup,
+        args.num_generations,
+        args.seed,
+        args.drawn_lengths,
+    )
     print("BENCH_JSON " + json.dumps(result))
 
 

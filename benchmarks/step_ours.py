@@ -41,11 +41,15 @@ def run(
     paper: bool = False,
     seed: int = 0,
     shortcut: bool = True,
+    drawn_lengths: bool = False,
+    max_tokens: int | None = None,
 ):
     from vcppo_trl import PPOConfig, PPOTrainer, VCPPOConfig, VCPPOTrainer
 
     tokenizer = step_setup.build_tokenizer()
-    policy, reward_model, _ = step_setup.build_models(response_length, seed)
+    policy, reward_model, _ = step_setup.build_models(response_length, seed, stop_token_in_vocab=drawn_lengths)
+    if drawn_lengths:
+        step_setup.stop_at_drawn_lengths(policy, seed)
     num_updates = warmup + updates
     dataset = Dataset.from_dict({"prompt": step_setup.prompt_texts(batch_size * num_updates, seed)})
     common = dict(
@@ -69,6 +73,8 @@ def run(
         use_cpu=True,
         seed=seed,
         on_policy_shortcut=shortcut,  # only the paper setting (KL 0) can take it
+        max_tokens_per_micro_batch=max_tokens,
+        max_tokens_per_forward=max_tokens,
     )
     with tempfile.TemporaryDirectory() as output_dir:
         clock = UpdateClock()
@@ -96,7 +102,9 @@ def run(
         maker.generate = step_setup.timed(maker.generate, generation_seconds)
         clock.marks = [time.perf_counter()]
         trainer.train()
-    side = ("ours-paper" if paper else "ours") + ("" if shortcut else "-no-shortcut")
+    side = (
+        ("ours-paper" if paper else "ours") + ("" if shortcut else "-no-shortcut") + ("-budget" if max_tokens else "")
+    )
     return step_setup.bench_result(side, response_length, clock, generation_seconds, warmup)
 
 
@@ -112,10 +120,20 @@ def main():
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--drawn-lengths", action="store_true", help="stop each sample at a drawn length")
+    parser.add_argument("--max-tokens", type=int, help="max_tokens_per_micro_batch and max_tokens_per_forward")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     result = run(
-        args.response_length, args.batch_size, args.updates, args.warmup, args.paper, args.seed, not args.no_shortcut
+        args.response_length,
+        args.batch_size,
+        args.updates,
+        args.warmup,
+        args.paper,
+        args.seed,
+        not args.no_shortcut,
+        args.drawn_lengths,
+        args.max_tokens,
     )
     print("BENCH_JSON " + json.dumps(result))
 

@@ -11,6 +11,7 @@ same length, so no pad token is ever fed to a model.
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -58,19 +59,55 @@ def model_config(response_length: int, vocab_size: int = MODEL_VOCAB, hidden_siz
     )
 
 
-def build_models(response_length: int, seed: int = 0):
-    """Policy, reward model and value model (same size), each from its own seed offset, in float32 on CPU."""
+def build_models(response_length: int, seed: int = 0, stop_token_in_vocab: bool = False):
+    """Policy, reward model and value model (same size), each from its own seed offset, in float32 on CPU. With
+    `stop_token_in_vocab` the vocabulary also holds the EOS id, so that completions cut by [`stop_at_drawn_lengths`]
+    can be fed back to the models."""
+    vocab = MODEL_VOCAB + 1 if stop_token_in_vocab else MODEL_VOCAB
     torch.manual_seed(seed)
-    policy = Qwen2ForCausalLM(model_config(response_length))
+    policy = Qwen2ForCausalLM(model_config(response_length, vocab))
     torch.manual_seed(seed + 1)
-    reward_model = Qwen2ForSequenceClassification(model_config(response_length))
+    reward_model = Qwen2ForSequenceClassification(model_config(response_length, vocab))
     torch.manual_seed(seed + 2)
-    value_model = Qwen2ForSequenceClassification(model_config(response_length))
+    value_model = Qwen2ForSequenceClassification(model_config(response_length, vocab))
     for model in (reward_model, value_model):
         # Sequence classification pools at the last non-pad token; EOS never appears, so that is the last token.
         model.config.pad_token_id = EOS_ID
     policy.generation_config.pad_token_id = EOS_ID
     return policy, reward_model, value_model
+
+
+def long_tailed_lengths(count: int, max_length: int, generator: torch.Generator) -> list[int]:
+    """Response lengths like a long chain-of-thought batch's: about 7 % (at least one) exactly at the cap, the rest
+    lognormal (σ = 0.8, median 0.14 × max, clipped to [min(32, max/16), max]); mean ≈ 0.25 × max. Shuffled."""
+    at_cap = max(1, round(0.07 * count))
+    normal = torch.randn(count - at_cap, generator=generator)
+    drawn = (math.log(0.14 * max_length) + 0.8 * normal).exp().round()
+    drawn = drawn.clamp(min(32, max(1, max_length // 16)), max_length).long().tolist()
+    lengths = drawn + [max_length] * at_cap
+    return [lengths[i] for i in torch.randperm(count, generator=generator).tolist()]
+
+
+def stop_at_drawn_lengths(policy, seed: int = 0) -> None:
+    """
+    Make `policy.generate` stop each completion at a drawn length, the same on both sides of a comparison: EOS is
+    suppressed while sampling, then each completion gets EOS at a length drawn by [`long_tailed_lengths`] (the
+    same stream of lengths for the same seed and call order) and pad after it; one per call stays at the cap.
+    """
+    generator = torch.Generator().manual_seed(seed + 4)
+    original = policy.generate
+
+    def generate(*args, **kwargs):
+        kwargs["suppress_tokens"] = [EOS_ID]
+        out = original(*args, **kwargs)
+        sequences = out if isinstance(out, torch.Tensor) else out.sequences
+        prompt = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
+        width = sequences.shape[1] - prompt.shape[1]
+        for row, length in enumerate(long_tailed_lengths(sequences.shape[0], width, generator)):
+            sequences[row, prompt.shape[1] + length :] = EOS_ID  # EOS, then pads (the same id)
+        return out
+
+    policy.generate = generate
 
 
 def prompt_ids(num_prompts: int, seed: int = 0) -> list[list[int]]:

@@ -6,7 +6,7 @@
 One update = the rollout's no-grad forwards (old log-probabilities and values: `RolloutMaker.forward`) and the PPO
 epoch (`PPOLearner.update`: forward and backward of policy and critic, an AdamW step); generation and rewards are
 left out. The responses are fixed, drawn once from a seed:
-- `long-tailed`: 93 % lognormal (σ = 0.8, median 0.14 × max, clipped to [32, max]) and 7 % exactly at the cap,
+- `long-tailed`: 93 % lognormal (σ = 0.8, median 0.14 × max, clipped to [32, max] at max ≥ 512) and 7 % at the cap,
   mean ≈ 0.25 × max, like a long chain-of-thought run's batch;
 - `uniform`: every response at the cap (nothing to gain; the budget must lose nothing).
 Prompts: 24–64 tokens, left-padded. 16 sequences per update, one mini-batch, one epoch, KL 0, old log-probabilities
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import resource
 import statistics
@@ -46,25 +45,24 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import torch  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import step_setup  # noqa: E402
+
 SEQUENCES = 16
 ROWS_PER_MICRO_BATCH = 4
 VARIANTS = ("padded", "budget", "packed")
 DISTRIBUTIONS = ("long-tailed", "uniform")
 
 
-def draw_lengths(distribution: str, max_length: int, seed: int = 0) -> tuple[list[int], list[int]]:
-    """`(prompt_lengths, response_lengths)` of the benchmark's sequences."""
+def draw_lengths(
+    distribution: str, max_length: int, seed: int = 0, sequences: int = SEQUENCES
+) -> tuple[list[int], list[int]]:
+    """`(prompt_lengths, response_lengths)` of the benchmark's sequences (`step_setup.long_tailed_lengths`)."""
     generator = torch.Generator().manual_seed(seed)
-    prompts = torch.randint(24, 65, (SEQUENCES,), generator=generator).tolist()
+    prompts = torch.randint(24, 65, (sequences,), generator=generator).tolist()
     if distribution == "uniform":
-        return prompts, [max_length] * SEQUENCES
-    at_cap = max(1, round(0.07 * SEQUENCES))
-    median = 0.14 * max_length
-    normal = torch.randn(SEQUENCES - at_cap, generator=generator)
-    drawn = (math.log(median) + 0.8 * normal).exp().round().clamp(32, max_length).long().tolist()
-    responses = drawn + [max_length] * at_cap
-    order = torch.randperm(SEQUENCES, generator=generator).tolist()
-    return prompts, [responses[i] for i in order]
+        return prompts, [max_length] * sequences
+    return prompts, step_setup.long_tailed_lengths(sequences, max_length, generator)
 
 
 def build_pair(max_positions: int, hidden: int, layers: int, heads: int):
@@ -259,7 +257,7 @@ def main() -> None:
                 if not lines:
                     raise RuntimeError(f"{' '.join(cell)} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
                 results.setdefault((distribution, variant), []).append(json.loads(lines[0][len("BENCH_JSON ") :]))
-            print(f"  done: repeat {repeat + 1}/{args.repeats}", flush=True)
+            print(f"  done: repeat {repeat + 1}/{args.repeats}, {distribution}", flush=True)
 
     for distribution in DISTRIBUTIONS:
         first = results[distribution, "padded"][0]

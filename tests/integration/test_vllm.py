@@ -189,6 +189,20 @@ def test_vcppo_trains_end_to_end_with_vllm_and_logs_every_hf_metric(
     assert all(abs(row["sampling/importance_sampling_ratio/mean"] - 1) < 1e-3 for row in ppo_rows)
 
 
+def test_padding_free_forwards_and_token_budgets_on_vllm_rollouts(vllm_trainer):
+    """The forwards after vLLM sampling packed and within a budget: the sampler's log-probs still match the training
+    forward's (sampling/ metrics), and no padding is computed."""
+    budgets = dict(padding_free=True, max_tokens_per_micro_batch=64, max_tokens_per_forward=96)
+    trainer = vllm_trainer(value_pretrain_steps=1, total_episodes=32, temperature=1.0, response_length=16, **budgets)
+    trainer.train()
+    ppo_rows = [row for row in trainer.state.log_history if "sampling/sampling_logp_difference/max" in row]
+    assert ppo_rows and all(row["sampling/sampling_logp_difference/max"] < LOGPROB_TOLERANCE for row in ppo_rows)
+    updates = [row for row in trainer.state.log_history if "perf/update_padding_fraction" in row]
+    assert len(updates) == trainer.state.global_step
+    assert all(row["perf/update_padding_fraction"] == 0.0 for row in updates)
+    assert all(row["perf/rollout_forward_padding_fraction"] == 0.0 for row in updates)
+
+
 @pytest.mark.parametrize("use_vllm", [False, True])
 def test_several_samples_per_prompt(vllm_trainer, use_vllm):
     trainer = vllm_trainer(use_vllm=use_vllm, num_generations=4, value_pretrain_steps=0, total_episodes=16)

@@ -79,7 +79,7 @@ class LeakyModel(nn.Module):
         self.embed = nn.Embedding(32, 4)
         self.config = type("Config", (), {"_attn_implementation": "custom"})()
 
-    def forward(self, input_ids, position_ids=None, use_cache=False):
+    def forward(self, input_ids, position_ids=None, use_cache=False, attention_mask=None):
         hidden = self.embed(input_ids).cumsum(1) / torch.arange(1, input_ids.shape[1] + 1)[None, :, None]
         return type("Output", (), {"logits": hidden})()
 
@@ -87,3 +87,10 @@ class LeakyModel(nn.Module):
 def test_the_probe_refuses_a_model_whose_packed_sequences_attend_to_each_other():
     with pytest.raises(PackingError, match="would attend to each other.*padding_free=False"):
         check_packing(LeakyModel(), 32, "critic")
+
+
+def test_the_probe_accepts_bf16_rounding(tokenizer):
+    from vcppo_trl.toy.model import build_tiny_model
+
+    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, seed=0).to(torch.bfloat16)
+    check_packing(model, model.config.vocab_size, "policy")

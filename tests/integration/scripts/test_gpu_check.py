@@ -28,7 +28,8 @@ def test_cpu_smoke_runs_every_row():
     start = lines.index(next(line for line in lines if line.startswith("check ")))
     rows = {line.split()[0]: line for line in lines[start + 1 :] if line.strip()}
     expected = ["gae", "update", "logprob-chunked", "logprob-full", "logprob-chunked-bwd", "logprob-full-bwd"]
-    assert list(rows) == expected + ["zero3-1proc", "rollout"]
+    long = ["long-padded", "long-budget", "long-packed-sdpa", "long-packed-flex"]
+    assert list(rows) == expected + long + ["zero3-1proc", "rollout"]
     assert not any("FAILED" in row for row in rows.values())
     # The rollout row needs vLLM: here it says why it did not run (tests/integration/test_vllm.py runs it where vLLM
     # is installed).
@@ -41,6 +42,9 @@ def test_cpu_smoke_runs_every_row():
     assert diff < 1e-5
     assert "tok/s update" in rows["update"]
     assert "5 updates, policy moved" in rows["zero3-1proc"]
+    # Long responses: the trainer's parts padded, with a budget and packed; flex attention is a GPU row.
+    assert "real tok/s" in rows["long-padded"] and "1.00 real" in rows["long-packed-sdpa"]
+    assert "not run: torch's flex attention has no CPU backward" in rows["long-packed-flex"]
 
 
 def test_without_a_gpu_it_says_so_and_fails():

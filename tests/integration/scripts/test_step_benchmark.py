@@ -39,3 +39,42 @@ def test_step_benchmark_smoke_ours_only():
     assert "GRPOTrainer" in out
     memory_rows = [line.split() for line in out.splitlines() if line.strip().startswith("1000 ")]
     assert [row[1] for row in memory_rows] == ["rollout", "train"]
+
+
+def _run_benchmark(script, *args):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.join(REPO, "src"), env.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        [sys.executable, os.path.join(REPO, "benchmarks", script), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_step_lengths_smoke_stops_both_sides_at_drawn_lengths():
+    """GRPO and ours, each sample stopped at a drawn length (GRPO's runner checks its completions were cut), ours
+    padded and with a token budget: one row per side with its ratio to GRPO. No timing is asserted."""
+    out = _run_benchmark("step_lengths.py", "--smoke")
+    table = out.split("raw seconds")[0].splitlines()
+    rows = {line.split()[0]: line.split() for line in table if line.strip().startswith(("grpo", "ours"))}
+    assert set(rows) == {"grpo", "ours", "ours-budget"}, out
+    assert float(rows["grpo"][2]) == 1.0
+    for side in ("ours", "ours-budget"):
+        update, ratio = float(rows[side][1]), float(rows[side][2])
+        assert ratio == pytest.approx(update / float(rows["grpo"][1]), abs=0.006)
+
+
+def test_token_budget_benchmark_smoke_prints_every_variant():
+    out = _run_benchmark("token_budget.py", "--smoke")
+    for distribution in ("long-tailed", "uniform"):
+        assert f"\n{distribution}: response lengths" in out
+    variants = [
+        line.split()[0] for line in out.splitlines() if line.strip().startswith(("padded", "budget", "packed"))
+    ]
+    assert variants == ["padded", "budget", "packed"] * 2
+    packed = [line.split() for line in out.splitlines() if line.strip().startswith("packed")]
+    assert all(float(row[3]) == 1.0 and float(row[4]) == 1.0 for row in packed)  # no padding computed
