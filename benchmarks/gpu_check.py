@@ -134,6 +134,14 @@ def build_pair(config_kwargs: dict, device: torch.device, dtype: torch.dtype, at
     return policy, critic
 
 
+def enable_activation_checkpointing(model) -> None:
+    """Non-reentrant activation checkpointing under the name of the installed transformers (renamed in 5.2x)."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def critic_values(critic, input_ids, attention_mask, position_ids, context_length: int) -> torch.Tensor:
     """V(s_t) for each response token t: the critic's output at the position before the token, float32 [B, T]."""
     out = critic(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
@@ -152,10 +160,7 @@ def check_update(device: torch.device, smoke: bool) -> dict:
     dtype = torch.bfloat16
     policy, critic = build_pair(config, device, dtype)
     for model in (policy, critic):
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
         model.config.use_cache = False
         model.train()
     optimizer = torch.optim.AdamW(
@@ -253,7 +258,7 @@ def check_long_responses(device: torch.device, smoke: bool, variant: str, attent
     config["max_position_embeddings"] = max(prompts) + max_length + 8
     policy, critic = build_pair(config, device, torch.bfloat16, attention)
     for model in (policy, critic):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
         model.config.use_cache = False
     pair = PolicyAndValueModel(policy, critic)
     width = max(prompts) + max_length
