@@ -151,6 +151,15 @@ class PPOConfig(_BaseConfig):
 
         reward_weights (`list[float]`, *optional*): Weights of the reward functions (default: all 1).
         missing_eos_penalty (`float`, *optional*): Subtracted from the score of responses that contain no stop token.
+        overlong_buffer_length (`int`, *optional*): DAPO's soft overlong punishment (arXiv 2503.14476; verl's
+            `overlong_buffer.len`): a response of |y| tokens (its stop token counted) loses
+            `overlong_penalty_factor × (|y| − (response_length − overlong_buffer_length)) / overlong_buffer_length`
+            once longer than `response_length − overlong_buffer_length`, and the full factor without a stop token. A
+            reward term of its own (`reward/overlong_penalty`): `raw_scores`, the accuracy metrics and the
+            positive-example LM loss do not see it. Not combinable with `missing_eos_penalty` (both would punish a
+            truncated response). `None`: off.
+        overlong_penalty_factor (`float`, defaults to `1.0`): The largest overlong penalty (verl's
+            `overlong_buffer.penalty_factor`).
         reward_timeout (`float`, *optional*, defaults to `300`): Seconds a reward function may take on a batch; past
             that (or when it raises) it is retried per sample under the same timeout, and samples it still fails on
             get `reward_failure_value`. `None` waits forever. Functions with their own per-sample timeout
@@ -172,7 +181,24 @@ class PPOConfig(_BaseConfig):
             With `0` no reference model is created or run.
         kl_estimator (`str`, defaults to `"k1"`): KL estimator for the penalty, one of [`~losses.KL_ESTIMATORS`]
             (see [`~losses.kl_penalty`]).
-        cliprange (`float`, defaults to `0.2`): Policy ratio clip range.
+        cliprange (`float`, defaults to `0.2`): Policy ratio clip range: ε_low of `clip(r, 1 − ε_low, 1 + ε_high)`, and
+            ε_high unless `cliprange_high` is set.
+        cliprange_high (`float`, *optional*): ε_high, the upper clip range ("clip-higher", DAPO and VAPO: 0.28 with
+            ε_low 0.2; TRL GRPO's `epsilon_high`, verl's `clip_ratio_high`). Must be ≥ `cliprange`. `None`: `cliprange`.
+        dual_clip_c (`float`, *optional*): Dual-clip PPO's c > 1 (arXiv 1912.09729; verl's `clip_ratio_c`, 3 there):
+            the loss of a token with a negative advantage is bounded at `−c·A`, so a token whose ratio is already
+            above c is not pushed down without bound. `None` (the default): off, as in TRL.
+        entropy_coef (`float`, defaults to `0.0`): Entropy bonus, TRL GRPO's meaning: `entropy_coef ×` the token-mean
+            entropy of the policy over the mini-batch's policy tokens (whatever the `loss_type`) is subtracted from
+            the loss.
+        positive_example_lm_coef (`float`, defaults to `0.0`): VAPO's positive-example LM loss μ (arXiv 2504.05118,
+            0.1 there): `μ ×` the negative log-likelihood of the tokens of the responses judged correct
+            (`raw_scores > accuracy_threshold`, the accuracy metric's rule, before penalties and shaping), averaged
+            over those tokens in the whole mini-batch, is added to the policy loss (`loss/positive_example_lm`). 0 when
+            no response is correct.
+        mask_truncated_completions (`bool`, defaults to `False`): Responses without a stop token (cut at
+            `response_length`) get no policy loss (TRL GRPO's name; DAPO's overlong filtering); the critic still
+            learns their values, and the advantages are whitened over the policy's tokens only.
         loss_type (`str`, defaults to `"token_mean"`): How the policy loss reduces over tokens. Every mode divides by a
             count taken over the whole mini-batch (all its micro-batches and all processes), so gradient accumulation
             and data parallelism give the gradient of one big batch.
@@ -412,6 +438,16 @@ class PPOConfig(_BaseConfig):
     missing_eos_penalty: float | None = field(
         default=None, metadata={"help": "Penalty subtracted from the score of responses without a stop token."}
     )
+    overlong_buffer_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "DAPO's soft overlong punishment: responses longer than response_length − this many tokens lose "
+            "up to overlong_penalty_factor, linearly over the buffer (a reward term apart from the score). None: off."
+        },
+    )
+    overlong_penalty_factor: float = field(
+        default=1.0, metadata={"help": "Largest overlong penalty (at response_length, or without a stop token)."}
+    )
     reward_timeout: float | None = field(
         default=300.0,
         metadata={
@@ -438,7 +474,40 @@ class PPOConfig(_BaseConfig):
         default=0.05, metadata={"help": "KL penalty coefficient. 0 disables the reference model entirely."}
     )
     kl_estimator: KLEstimator = field(default="k1", metadata={"help": "KL estimator of the penalty."})
-    cliprange: float = field(default=0.2, metadata={"help": "Clip range of the policy ratio."})
+    cliprange: float = field(
+        default=0.2, metadata={"help": "Clip range of the policy ratio (ε_low; also ε_high unless cliprange_high)."}
+    )
+    cliprange_high: float | None = field(
+        default=None,
+        metadata={
+            "help": "Upper clip range ε_high of the policy ratio (clip-higher, DAPO/VAPO: 0.28; TRL GRPO's "
+            "epsilon_high, verl's clip_ratio_high). None: cliprange."
+        },
+    )
+    dual_clip_c: float | None = field(
+        default=None,
+        metadata={
+            "help": "Dual-clip bound c > 1 (verl's clip_ratio_c): a negative-advantage token's loss is at most −c·A. "
+            "None: off."
+        },
+    )
+    entropy_coef: float = field(
+        default=0.0, metadata={"help": "Entropy bonus: −entropy_coef × the token-mean entropy is added to the loss."}
+    )
+    positive_example_lm_coef: float = field(
+        default=0.0,
+        metadata={
+            "help": "VAPO's positive-example LM loss μ: μ × the token-mean NLL of the responses judged correct "
+            "(raw score > accuracy_threshold) is added to the policy loss. 0: off."
+        },
+    )
+    mask_truncated_completions: bool = field(
+        default=False,
+        metadata={
+            "help": "Leave responses without a stop token (cut at response_length) out of the policy loss; the critic "
+            "still learns from them."
+        },
+    )
     loss_type: LossType = field(
         default="token_mean",
         metadata={
@@ -505,6 +574,36 @@ class PPOConfig(_BaseConfig):
         default=None, metadata={"help": "Hub repo of the critic for push_to_hub. Default: <hub_model_id>-value."}
     )
 
+    def _check_policy_loss_terms(self) -> None:
+        """Clip-higher, dual-clip, the entropy and LM terms and overlong shaping (see docs/vapo.md)."""
+        if self.cliprange_high is not None and not self.cliprange_high >= self.cliprange:
+            raise ValueError(
+                f"`cliprange_high` ({self.cliprange_high}) must be >= `cliprange` ({self.cliprange}): it is ε_high, "
+                "the upper clip bound 1 + ε_high, and clip-higher raises it above ε_low (DAPO/VAPO: 0.28 vs 0.2). "
+                "Leave it None to clip symmetrically."
+            )
+        if self.dual_clip_c is not None and not self.dual_clip_c > 1.0:
+            raise ValueError(
+                f"`dual_clip_c` must be > 1 (it bounds a negative-advantage token's loss at −c·A once its ratio exceeds "
+                f"c; verl uses 3), got {self.dual_clip_c}. Leave it None to turn dual-clip off."
+            )
+        for name in ("entropy_coef", "positive_example_lm_coef", "overlong_penalty_factor"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"`{name}` must be >= 0 (0 turns the term off), got {getattr(self, name)}.")
+        if self.overlong_buffer_length is not None:
+            if not 1 <= self.overlong_buffer_length <= self.response_length:
+                raise ValueError(
+                    f"`overlong_buffer_length` ({self.overlong_buffer_length}) must be between 1 and `response_length` "
+                    f"({self.response_length}): it is the number of tokens before response_length over which the "
+                    "overlong penalty grows."
+                )
+            if self.missing_eos_penalty is not None:
+                raise ValueError(
+                    "`missing_eos_penalty` and `overlong_buffer_length` both punish a response cut at response_length: "
+                    "overlong shaping already gives a response without a stop token its full penalty "
+                    "(overlong_penalty_factor). Set only one of them."
+                )
+
     def __post_init__(self):
         self.bf16 = resolve_bf16(self.bf16, self.fp16, self.use_cpu)
         super().__post_init__()
@@ -535,6 +634,7 @@ class PPOConfig(_BaseConfig):
             raise ValueError(
                 f"`missing_eos_penalty` must be >= 0 (it is subtracted from the score), got {self.missing_eos_penalty}."
             )
+        self._check_policy_loss_terms()
         if self.value_learning_rate is None:
             self.value_learning_rate = self.learning_rate
         if self.value_learning_rate < 0 or self.learning_rate < 0:

@@ -114,7 +114,8 @@ class PPOLearner:
         model = self.model
         model.train()
         mask = rollout.response_mask
-        adv = self.whiten(advantages, mask) if train_policy else advantages
+        policy_mask = self.policy_mask(rollout)
+        adv = self.whiten(advantages, policy_mask) if train_policy else advantages
         settings = PPOLossSettings.from_args(args, value_cliprange)
         # On-policy shortcut: the old log-probs are this update's own forward, detached (ratio exactly 1), written
         # into the batch's tensor before each micro-batch's loss reads them.
@@ -126,7 +127,14 @@ class PPOLearner:
         # `losses.sampler_importance_weights`). Under the on-policy shortcut the "old" log-probs are this forward's.
         correct_sampler = args.vllm_importance_sampling_correction
         batch = PPOBatch(
-            mask, rollout.values, returns, adv, old_logprobs, rollout.sampler_logprobs if correct_sampler else None
+            mask,
+            rollout.values,
+            returns,
+            adv,
+            old_logprobs,
+            rollout.sampler_logprobs if correct_sampler else None,
+            policy_mask=None if policy_mask is mask else policy_mask,
+            positive_mask=self.positive_mask(rollout, policy_mask),
         )
         stats = defaultdict(list)
         importance_weights = None  # filled per micro-batch from the loss's own (old log-probs may come from it)
@@ -159,11 +167,11 @@ class PPOLearner:
                         )
                     if not train_policy:  # before the backward passes: DeepSpeed steps inside the last one
                         self.set_policy_lr_to_zero()
-                    pg_norm, vf_norm = self.loss_normalizers(mask[mb_idx])
+                    normalizers = self.loss_normalizers(batch.select(mb_idx))
                     # DDP and DeepSpeed average gradients over processes (× world undoes it: the normaliser is global);
                     # DeepSpeed also divides by its own gradient_accumulation_steps, whatever our micro-batch count.
                     scale = world * (self.deepspeed_accumulation_steps(len(micro_batches)) if self.is_deepspeed else 1)
-                    vf_total = pg_total = 0.0
+                    vf_total = pg_total = lm_total = 0.0
                     for i, micro in enumerate(micro_batches):
                         idx, width = micro.indices, micro.response_width
                         work.add(micro, tokens.real_tokens(micro), packed)
@@ -178,7 +186,7 @@ class PPOLearner:
                             if fill_old_logprobs:
                                 old_logprobs[idx, :width] = logprobs.detach().float()
                             out = ppo_micro_batch_loss(
-                                settings, batch.select(idx, width), logprobs, entropy, vpred, pg_norm, vf_norm
+                                settings, batch.select(idx, width), logprobs, entropy, vpred, *normalizers
                             )
                             self.accelerator.backward(out.loss * scale)
                         if out.importance_weights is not None:
@@ -192,10 +200,14 @@ class PPOLearner:
                         vf_total = vf_total + out.value.loss.detach() * world
                         if train_policy:
                             pg_total = pg_total + out.policy.loss.detach() * world
+                        if out.positive_example_lm is not None:
+                            lm_total = lm_total + out.positive_example_lm * world
                     # This process's share of the mini-batch loss, × world: its mean over processes is the global loss.
                     stats["loss/value"].append(vf_total)
                     if train_policy:
                         stats["loss/policy"].append(pg_total)
+                    if train_policy and batch.positive_mask is not None:
+                        stats["loss/positive_example_lm"].append(lm_total)
                     grad_norms = self.optimizer_step(update_index)
                     if grad_norms is None:
                         nonfinite_steps += 1
@@ -258,18 +270,38 @@ class PPOLearner:
 
     # -------------------------------------------------------------------- step
 
-    def loss_normalizers(self, mask: torch.Tensor) -> torch.Tensor:
-        """
-        `[policy, value]` denominators of the loss aggregation for one mini-batch, summed over all processes.
+    def policy_mask(self, rollout: Rollout) -> torch.Tensor:
+        """The policy loss's tokens: the response mask, less the responses cut at `response_length` without a stop
+        token under `mask_truncated_completions` (the critic still learns from them; see docs/vapo.md)."""
+        if not self.args.mask_truncated_completions:
+            return rollout.response_mask
+        return rollout.response_mask & rollout.has_stop.unsqueeze(1)
 
-        `mask` holds this process's sequences of the mini-batch (all its micro-batches), so every micro-batch's loss is
-        normalised by the count of the whole mini-batch (see [`~losses.aggregate_loss`]).
+    def positive_mask(self, rollout: Rollout, policy_mask: torch.Tensor) -> torch.Tensor | None:
+        """The tokens of the positive-example LM loss: the policy's tokens of responses judged correct by the accuracy
+        metric's rule (`raw_scores > accuracy_threshold`); None when the loss is off."""
+        if not self.args.positive_example_lm_coef:
+            return None
+        return policy_mask & rollout.is_correct(self.args.accuracy_threshold).unsqueeze(1)
+
+    def loss_normalizers(self, batch: PPOBatch) -> torch.Tensor:
+        """
+        `[policy, value, policy tokens, positive-example tokens]`: the denominators of one mini-batch's loss terms,
+        summed over all processes (one all-reduce).
+
+        `batch` holds this process's sequences of the mini-batch (all its micro-batches), so every micro-batch's loss
+        is normalised by the count of the whole mini-batch (see [`~losses.aggregate_loss`]); the entropy bonus and the
+        LM loss are token means over the policy's and the correct responses' tokens.
         """
         length = self.args.response_length
+        policy_mask = batch.mask if batch.policy_mask is None else batch.policy_mask
+        positives = batch.positive_mask
         counts = torch.stack(
             [
-                loss_normalizer(mask, self.args.loss_type, length),
-                loss_normalizer(mask, self.args.value_loss_type, length),
+                loss_normalizer(policy_mask, self.args.loss_type, length),
+                loss_normalizer(batch.mask, self.args.value_loss_type, length),
+                policy_mask.sum().float(),
+                (positives.sum() if positives is not None else policy_mask.new_zeros(())).float(),
             ]
         )
         if self.accelerator.num_processes > 1:

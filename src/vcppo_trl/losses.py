@@ -110,9 +110,12 @@ class PolicyLossOutput:
     """Clipped policy loss and the statistics TRL's PPO logged for it (all scalars, detached except `loss`)."""
 
     loss: torch.Tensor
-    clipfrac: torch.Tensor
+    clipfrac: torch.Tensor  # tokens whose ratio was clipped (= clipfrac_low + clipfrac_high)
     approxkl: torch.Tensor
     ratio: torch.Tensor
+    clipfrac_low: torch.Tensor | None = None  # ratio below 1 − ε_low with a negative advantage
+    clipfrac_high: torch.Tensor | None = None  # ratio above 1 + ε_high with a positive advantage
+    clipfrac_dual: torch.Tensor | None = None  # negative advantage, ratio above c (dual-clip bound); None when off
 
 
 @dataclass
@@ -133,30 +136,44 @@ def clipped_policy_loss(
     normalizer: torch.Tensor | float | None = None,
     max_length: int | None = None,
     importance_weights: torch.Tensor | None = None,
+    cliprange_high: float | None = None,
+    dual_clip_c: float | None = None,
 ) -> PolicyLossOutput:
-    """
+    r"""
     PPO's clipped surrogate, aggregated over valid tokens as `loss_type` says (see [`aggregate_loss`]).
+
+    Per token, with r = π/π_old: `max(−A·r, −A·clip(r, 1 − ε_low, 1 + ε_high))`. A larger ε_high than ε_low
+    ("clip-higher", DAPO arXiv 2503.14476, VAPO arXiv 2504.05118) lets the probability of an unlikely token with a
+    positive advantage grow further in one update, which keeps the policy's entropy from collapsing. Dual-clip
+    (Ye et al., arXiv 1912.09729; verl's `clip_ratio_c`) also bounds the loss of a negative-advantage token at
+    `−c·A`: a token whose ratio is already far above 1 (r > c) is not pushed down without bound.
 
     Args:
         logprobs (`torch.Tensor` of shape `[B, T]`): Log-probabilities of the sampled tokens under the current policy.
         old_logprobs (`torch.Tensor` of shape `[B, T]`): The same under the policy that generated the rollout.
         advantages (`torch.Tensor` of shape `[B, T]`): Advantage of each token.
         mask (`torch.Tensor` of shape `[B, T]`): Valid response tokens.
-        cliprange (`float`): ε in clip(ratio, 1 − ε, 1 + ε).
+        cliprange (`float`): ε_low, the lower clip bound `1 − ε_low` (and the upper one without `cliprange_high`).
         loss_type (`str`, defaults to `"token_mean"`): How token losses are reduced ([`aggregate_loss`]).
         normalizer (`torch.Tensor` or `float`, *optional*): Denominator of the reduction (default: from `mask`).
         max_length (`int`, *optional*): Constant of `"seq_mean_token_sum_norm"`.
         importance_weights (`torch.Tensor` of shape `[B, T]` or `[B, 1]`, *optional*): Detached weights of each
             token's loss: the sampler-mismatch correction ([`sampler_importance_weights`]).
+        cliprange_high (`float`, *optional*): ε_high, the upper clip bound `1 + ε_high` (default: `cliprange`).
+        dual_clip_c (`float`, *optional*): c > 1 of dual-clip: negative-advantage tokens lose at most `−c·A`.
+            `None` turns it off.
 
     Returns:
         [`PolicyLossOutput`]; the statistics are token means over `mask` whatever the `loss_type`.
     """
+    high = cliprange if cliprange_high is None else cliprange_high
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
+    clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + high)
     per_token = torch.maximum(unclipped, clipped)
+    if dual_clip_c is not None:
+        per_token = torch.where(advantages < 0, torch.minimum(per_token, -advantages * dual_clip_c), per_token)
     if importance_weights is not None:
         per_token = per_token * importance_weights
     loss = aggregate_loss(per_token, mask, loss_type, normalizer, max_length)
@@ -164,7 +181,25 @@ def clipped_policy_loss(
         clipfrac = masked_mean((clipped > unclipped).float(), mask)
         approxkl = 0.5 * masked_mean(log_ratio**2, mask)
         mean_ratio = masked_mean(ratio, mask)
-    return PolicyLossOutput(loss=loss, clipfrac=clipfrac, approxkl=approxkl, ratio=mean_ratio)
+        clipfrac_low = masked_mean(((ratio < 1.0 - cliprange) & (advantages < 0)).float(), mask)
+        clipfrac_high = masked_mean(((ratio > 1.0 + high) & (advantages > 0)).float(), mask)
+        clipfrac_dual = None
+        if dual_clip_c is not None:
+            clipfrac_dual = masked_mean(((ratio > dual_clip_c) & (advantages < 0)).float(), mask)
+    return PolicyLossOutput(loss, clipfrac, approxkl, mean_ratio, clipfrac_low, clipfrac_high, clipfrac_dual)
+
+
+def token_mean_term(per_token: torch.Tensor, mask: torch.Tensor, normalizer: torch.Tensor | float) -> torch.Tensor:
+    """
+    `Σ per_token over mask / normalizer`: a token mean whose denominator is counted over the whole mini-batch (all
+    micro-batches and processes), so the gradient does not depend on the split; 0 when nothing is in `mask`.
+
+    The entropy bonus and the positive-example LM loss use it: both are token means whatever the `loss_type` (TRL
+    GRPO's `entropy_coef`, VAPO's NLL term).
+    """
+    numerator = torch.where(mask.bool(), per_token, torch.zeros((), dtype=per_token.dtype, device=per_token.device))
+    normalizer = torch.as_tensor(normalizer, dtype=per_token.dtype, device=per_token.device)
+    return numerator.sum() / normalizer.clamp(min=1.0)
 
 
 def clipped_value_loss(

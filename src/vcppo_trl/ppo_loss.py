@@ -19,6 +19,7 @@ from .losses import (
     clipped_policy_loss,
     clipped_value_loss,
     sampler_importance_weights,
+    token_mean_term,
 )
 from .masked import masked_mean
 
@@ -36,6 +37,10 @@ class PPOLossSettings:
     importance_sampling_mode: ImportanceSamplingMode = "sequence_mask"
     importance_sampling_clip_min: float | None = None
     importance_sampling_clip_max: float | None = 3.0
+    cliprange_high: float | None = None  # ε_high of clip-higher; None: `cliprange`
+    dual_clip_c: float | None = None  # c of dual-clip; None: off
+    entropy_coef: float = 0.0  # − entropy_coef × token-mean entropy is added to the loss
+    positive_example_lm_coef: float = 0.0  # μ × token-mean NLL of the correct responses is added to the loss
 
     @classmethod
     def from_args(cls, args: Any, cliprange_value: float | None) -> PPOLossSettings:
@@ -50,6 +55,10 @@ class PPOLossSettings:
             importance_sampling_mode=args.vllm_importance_sampling_mode,
             importance_sampling_clip_min=args.vllm_importance_sampling_clip_min,
             importance_sampling_clip_max=args.vllm_importance_sampling_clip_max,
+            cliprange_high=args.cliprange_high,
+            dual_clip_c=args.dual_clip_c,
+            entropy_coef=args.entropy_coef,
+            positive_example_lm_coef=args.positive_example_lm_coef,
         )
 
 
@@ -57,7 +66,7 @@ class PPOLossSettings:
 class PPOBatch:
     """The rollout's tensors the PPO losses read, all `[B, T]`; [`select`] takes the rows of a micro-batch."""
 
-    mask: torch.Tensor  # valid response tokens
+    mask: torch.Tensor  # valid response tokens: the value loss's (and the policy's unless `policy_mask` is given)
     old_values: torch.Tensor  # the critic's values at rollout time
     returns: torch.Tensor  # the critic's regression targets
     advantages: torch.Tensor  # of the policy loss (whitened)
@@ -65,6 +74,11 @@ class PPOBatch:
     # The sampler's log-probs when another engine (vLLM) sampled the rollout: the policy loss is then weighted by
     # π_train/π_sampler ([`~losses.sampler_importance_weights`]). None: no correction.
     sampler_logprobs: torch.Tensor | None = None
+    # The policy loss's tokens when they differ from `mask` (`mask_truncated_completions` leaves out the responses
+    # without a stop token); None: `mask`.
+    policy_mask: torch.Tensor | None = None
+    # Tokens of the positive-example LM loss (the policy's tokens of responses judged correct); None: no such loss.
+    positive_mask: torch.Tensor | None = None
 
     def select(self, idx: torch.Tensor, width: int | None = None) -> PPOBatch:
         """The rows `idx`, and only the first `width` response columns (a micro-batch cut to its longest response:
@@ -86,11 +100,20 @@ class MicroBatchLoss:
     # π_old/π_sampler weights of the policy loss ([`~losses.sampler_importance_weights`]), None without correction
     importance_weights: torch.Tensor | None = None
 
+    # μ's term before μ: the token-mean NLL of the correct responses (this micro-batch's share of the mini-batch's
+    # mean, as the losses), None when the term is off
+    positive_example_lm: torch.Tensor | None = None
+
     def metrics(self) -> dict[str, torch.Tensor]:
-        """The micro-batch's statistics under TRL's PPO metric names (the losses are summed per mini-batch)."""
+        """The micro-batch's statistics under TRL's PPO metric names (the losses are summed per mini-batch); the
+        ratio's low and high clip fractions under TRL GRPO's meaning (`clip_ratio/low_mean`, `clip_ratio/high_mean`)."""
         metrics = {"val/clipfrac": self.value.clipfrac, "val/vpred": self.vpred}
         if self.policy is not None:
             metrics["policy/clipfrac"] = self.policy.clipfrac
+            metrics["policy/clipfrac_low"] = self.policy.clipfrac_low
+            metrics["policy/clipfrac_high"] = self.policy.clipfrac_high
+            if self.policy.clipfrac_dual is not None:
+                metrics["policy/clipfrac_dual"] = self.policy.clipfrac_dual
             metrics["policy/approxkl"] = self.policy.approxkl
             metrics["val/ratio"] = self.policy.ratio
             metrics["policy/entropy"] = self.entropy
@@ -105,9 +128,12 @@ def ppo_micro_batch_loss(
     vpred: torch.Tensor,
     policy_normalizer: torch.Tensor | float,
     value_normalizer: torch.Tensor | float,
+    policy_tokens: torch.Tensor | float | None = None,
+    positive_tokens: torch.Tensor | float | None = None,
 ) -> MicroBatchLoss:
     """
-    `vf_coef ×` clipped value loss plus clipped policy loss of one micro-batch.
+    `vf_coef ×` clipped value loss plus clipped policy loss of one micro-batch, minus `entropy_coef ×` the token-mean
+    entropy, plus `positive_example_lm_coef ×` the token-mean negative log-likelihood of the correct responses.
 
     The normalisers are those of the whole mini-batch ([`~losses.loss_normalizer`] summed over its micro-batches and
     processes), so that the gradient does not depend on how the mini-batch is split.
@@ -119,6 +145,10 @@ def ppo_micro_batch_loss(
             update (then the policy gets no loss).
         vpred (`torch.Tensor` of shape `[b, T]`): The critic's values.
         policy_normalizer, value_normalizer: Denominators of the policy and value losses.
+        policy_tokens: The policy's valid tokens in the mini-batch (the entropy bonus's denominator); default: this
+            micro-batch's.
+        positive_tokens: Tokens of correct responses in the mini-batch (the LM loss's denominator); default: this
+            micro-batch's.
     """
     mask = batch.mask
     value = clipped_value_loss(
@@ -145,24 +175,38 @@ def ppo_micro_batch_loss(
             settings.importance_sampling_clip_min,
             settings.importance_sampling_clip_max,
         )
+    policy_mask = mask if batch.policy_mask is None else batch.policy_mask
     policy = clipped_policy_loss(
         logprobs,
         batch.old_logprobs,
         batch.advantages,
-        mask,
+        policy_mask,
         settings.cliprange,
         loss_type=settings.loss_type,
         normalizer=policy_normalizer,
         max_length=settings.max_length,
         importance_weights=importance_weights,
+        cliprange_high=settings.cliprange_high,
+        dual_clip_c=settings.dual_clip_c,
     )
+    loss = loss + policy.loss
+    if settings.entropy_coef:
+        tokens = policy_mask.sum() if policy_tokens is None else policy_tokens
+        loss = loss - settings.entropy_coef * token_mean_term(entropy, policy_mask, tokens)
+    positive_lm = None
+    if settings.positive_example_lm_coef and batch.positive_mask is not None:
+        positives = batch.positive_mask
+        tokens = positives.sum() if positive_tokens is None else positive_tokens
+        positive_lm = token_mean_term(-logprobs, positives, tokens)
+        loss = loss + settings.positive_example_lm_coef * positive_lm
     return MicroBatchLoss(
-        loss=loss + policy.loss,
+        loss=loss,
         value=value,
         vpred=vpred_mean,
         policy=policy,
-        entropy=masked_mean(entropy.detach(), mask),
+        entropy=masked_mean(entropy.detach(), policy_mask),
         importance_weights=importance_weights,
+        positive_example_lm=None if positive_lm is None else positive_lm.detach(),
     )
 
 

@@ -46,6 +46,8 @@ class Rollout:
     rewards: torch.Tensor | None = None  # [B, T] per-token rewards fed to GAE
     kl: torch.Tensor | None = None  # [B, T] per-token KL estimate
     sampler_logprobs: torch.Tensor | None = None  # [B, T] the sampler's own log-probs (vLLM), 0 outside the mask
+    # [B] ≤ 0: the overlong shaping term included in `scores` ([`overlong_penalty`]); None when shaping is off
+    overlong_penalties: torch.Tensor | None = None
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -58,6 +60,40 @@ class Rollout:
     @property
     def context_length(self) -> int:
         return self.query_ids.shape[1]
+
+    def is_correct(self, accuracy_threshold: float) -> torch.Tensor:
+        """`[B]` bool: [`is_correct`] of the raw scores (the accuracy metric's rule)."""
+        return is_correct(self.raw_scores, accuracy_threshold)
+
+
+def is_correct(raw_scores: torch.Tensor, accuracy_threshold: float) -> torch.Tensor:
+    """Whether each response counts as correct: its reward before penalties and shaping exceeds the threshold (False
+    where it was not scored, nan). The rule of `diagnostics/accuracy`, `eval/accuracy` and the positive-example LM loss."""
+    return raw_scores > accuracy_threshold  # nan compares False
+
+
+def overlong_penalty(
+    lengths: torch.Tensor, has_stop: torch.Tensor, response_length: int, buffer_length: int, factor: float
+) -> torch.Tensor:
+    """
+    DAPO's soft overlong punishment (arXiv 2503.14476, eq. 13; verl's `overlong_buffer`), as a reward term ≤ 0.
+
+    With `L = response_length` and the buffer `L_b`, a response of `|y|` tokens gets `0` up to `L − L_b` tokens, then
+    `−factor × (|y| − (L − L_b)) / L_b`, reaching `−factor` at `|y| = L`; a response without a stop token (cut at `L`,
+    or earlier by the sampler's context limit) gets `−factor` whatever its length.
+
+    Args:
+        lengths (`torch.Tensor` of shape `[B]`): Response lengths `|y|`, the stop token counted (the response mask's
+            sum, as verl's `valid_response_length`).
+        has_stop (`torch.Tensor` of shape `[B]`): Whether each response ended with a stop token.
+        response_length, buffer_length, factor: `L`, `L_b` and the largest penalty.
+
+    Returns:
+        `torch.Tensor` of shape `[B]`, float32, in `[−factor, 0]`.
+    """
+    excess = (lengths.float() - (response_length - buffer_length)) / buffer_length
+    penalty = -factor * excess.clamp(min=0.0, max=1.0)
+    return torch.where(has_stop, penalty, torch.full_like(penalty, -factor))
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:

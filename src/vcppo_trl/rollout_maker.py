@@ -28,7 +28,14 @@ from .losses import kl_penalty
 from .micro_batches import ForwardWork, MicroBatch, measured, plan_forwards, warn_once_over_budget
 from .packing import TokenBatch, check_packing
 from .reward_calls import call_reward_function
-from .rollout import PolicyAndValueModel, Rollout, policy_logprobs, reward_model_scores, token_rewards
+from .rollout import (
+    PolicyAndValueModel,
+    Rollout,
+    overlong_penalty,
+    policy_logprobs,
+    reward_model_scores,
+    token_rewards,
+)
 from .scoring import ScoredSamples, decode_completions
 
 logger = logging.get_logger(__name__)
@@ -258,6 +265,13 @@ class RolloutMaker:
         scores = raw_scores.nan_to_num(0.0).clone()
         if args.missing_eos_penalty is not None:
             scores = scores - args.missing_eos_penalty * (~has_stop).float()
+        overlong_penalties = None
+        if args.overlong_buffer_length is not None:  # a reward term of its own: raw_scores stay the correctness
+            lengths = samples.response_mask.sum(1)
+            overlong_penalties = overlong_penalty(
+                lengths, has_stop, args.response_length, args.overlong_buffer_length, args.overlong_penalty_factor
+            )
+            scores = scores + torch.where(torch.isnan(raw_scores), 0.0, overlong_penalties)
         # A sample that no reward function could score is dropped from the losses.
         response_mask = samples.response_mask & ~torch.isnan(raw_scores).unsqueeze(1)
 
@@ -275,6 +289,7 @@ class RolloutMaker:
             rewards_per_func=scored.rewards_per_func,
             reward_failed=scored.reward_failed,
             sampler_logprobs=samples.logprobs,
+            overlong_penalties=overlong_penalties,
         )
         with_kl = args.kl_coef > 0 and (train_policy or not self.reference_is_initial_policy)
         needs_old_logprobs = train_policy and not old_logprobs_from_training_forward(args)

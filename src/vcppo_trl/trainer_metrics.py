@@ -27,7 +27,7 @@ from .learner import UpdateResult
 from .losses import sampler_importance_weights
 from .masked import masked_mean
 from .micro_batches import ForwardWork
-from .rollout import Rollout
+from .rollout import Rollout, is_correct
 from .rollout_maker import GenerationStats, RolloutStats
 from .value_pretraining import CriticFit
 
@@ -115,7 +115,7 @@ def rollout_metrics(
     valid = ~torch.isnan(raw)
     lengths = accelerator.gather(rollout.response_mask.sum(1).float())[valid]
     kl_per_sample = (kl_g * mask_g).sum(1)[valid]
-    correct = (raw[valid] > args.accuracy_threshold).float()
+    correct = is_correct(raw[valid], args.accuracy_threshold).float()
 
     nan = torch.full_like(rollout.scores, float("nan"))
     metrics = {
@@ -164,6 +164,12 @@ def rollout_metrics(
             metrics[f"diagnostics/mc_explained_variance_bucket_{k}"] = ev
     for i, name in enumerate(reward_func_names):
         metrics[f"rewards/{name}/mean"] = mean_across(accelerator, rollout.rewards_per_func[:, i])
+    if rollout.overlong_penalties is not None:  # the shaping term, apart from the correctness score
+        penalties = torch.where(scored, rollout.overlong_penalties, nan)
+        metrics["reward/overlong_penalty"] = mean_across(accelerator, penalties)
+        metrics["reward/overlong_fraction"] = mean_across(
+            accelerator, torch.where(scored, (penalties < 0).float(), nan)
+        )
     if prefix:
         metrics = {f"{prefix}{k.split('/', 1)[-1]}" if k.startswith("value/") else k: v for k, v in metrics.items()}
     return metrics

@@ -123,7 +123,7 @@ def assert_same_update(padded, budget):
     """The global losses and every optimizer step's gradient agree (fp32 sums in another order). Statistics that are
     means of per-micro-batch means (clip fractions, `val/vpred`) depend on the split and are not compared."""
     (result_a, steps_a), (result_b, steps_b) = padded, budget
-    for name in ("loss/policy", "loss/value"):
+    for name in ("loss/policy", "loss/value", "loss/positive_example_lm"):
         if name in result_a.stats:
             assert result_b.stats[name] == pytest.approx(result_a.stats[name], rel=1e-5, abs=1e-7), name
     assert len(steps_a) == len(steps_b) > 0
@@ -150,6 +150,60 @@ def test_budget_update_equals_the_padded_update(pair, tokenizer, tmp_path, budge
     assert padded[0].work.computed_tokens == 2 * 8 * (5 + 12)  # two epochs, 8 sequences at full width
     if padding_free:
         assert budgeted[0].work.computed_tokens == budgeted[0].work.real_tokens
+
+
+# Every VAPO/DAPO term of the policy loss on; rows 0 and 4 are cut at response_length without a stop token.
+VAPO_TERMS = dict(
+    cliprange_high=0.28,
+    dual_clip_c=3.0,
+    entropy_coef=0.01,
+    positive_example_lm_coef=0.1,
+    mask_truncated_completions=True,
+)
+
+
+def truncated_rollout(tokenizer):
+    rollout = uneven_rollout(tokenizer)
+    rollout.has_stop = torch.tensor([False, True, True, True, False, True, True, True])
+    return rollout
+
+
+@pytest.mark.parametrize(
+    ("split", "budget", "padding_free"),
+    [
+        (dict(per_device_train_batch_size=1, gradient_accumulation_steps=4), None, False),
+        ({}, 20, False),
+        ({}, 20, True),
+    ],
+)
+def test_vapo_terms_do_not_depend_on_the_micro_batch_split(pair, tokenizer, tmp_path, split, budget, padding_free):
+    rollout = truncated_rollout(tokenizer)
+    whole = run_update(copy.deepcopy(pair), config(tmp_path, **VAPO_TERMS), rollout)
+    args = config(tmp_path, **VAPO_TERMS, **split, max_tokens_per_micro_batch=budget, padding_free=padding_free)
+    assert_same_update(whole, run_update(copy.deepcopy(pair), args, rollout))
+    assert whole[0].stats["loss/positive_example_lm"] > 0
+    for name in ("policy/clipfrac_low", "policy/clipfrac_high", "policy/clipfrac_dual"):
+        assert name in whole[0].stats
+    # The terms are not inert: without them the first step's gradient differs.
+    plain = run_update(copy.deepcopy(pair), config(tmp_path), rollout)
+    policy_grads = [n for n in whole[1][0] if n.startswith("policy.")]
+    assert any(not torch.allclose(whole[1][0][n], plain[1][0][n]) for n in policy_grads)
+
+
+def test_masked_truncated_responses_give_the_policy_no_gradient(pair, tokenizer, tmp_path):
+    """Only the truncated rows differ between two rollouts: with the mask, the policy's gradient is the same."""
+    rollout = truncated_rollout(tokenizer)
+    other = copy.copy(rollout)
+    other.response_ids = rollout.response_ids.clone()
+    other.response_ids[[0, 4], 3:] = (rollout.response_ids[[0, 4], 3:] + 1) % len(tokenizer)
+    args = config(tmp_path, mask_truncated_completions=True, num_ppo_epochs=1, num_mini_batches=1)
+    args.per_device_train_batch_size = 8
+    grads_a = run_update(copy.deepcopy(pair), args, rollout)[1][0]
+    grads_b = run_update(copy.deepcopy(pair), args, other)[1][0]
+    for name, grad in grads_a.items():
+        if name.startswith("policy."):
+            torch.testing.assert_close(grads_b[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert any(not torch.allclose(grads_a[n], grads_b[n]) for n in grads_a if n.startswith("critic."))
 
 
 @pytest.mark.parametrize("padding_free", [False, True])

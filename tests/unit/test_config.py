@@ -113,6 +113,7 @@ def test_valid_edge_values_accepted(tmp_path):
         value_pretrain_save_steps=[100, 50, 150, 50],
     )
     assert config.value_pretrain_save_steps == [50, 100, 150]
+    make(PPOConfig, tmp_path, cliprange_high=0.2, dual_clip_c=1.01, overlong_buffer_length=53, entropy_coef=0.0)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -135,6 +136,14 @@ PPO_ERRORS = [
     ({"vllm_importance_sampling_mode": "token"}, "vllm_importance_sampling_mode"),
     ({"vllm_gpu_memory_utilization": 0.0}, "vllm_gpu_memory_utilization"),
     ({"vllm_max_model_length": 1}, "vllm_max_model_length"),
+    ({"cliprange_high": 0.1}, "cliprange_high"),  # below cliprange (ε_low)
+    ({"dual_clip_c": 1.0}, "dual_clip_c"),
+    ({"entropy_coef": -0.01}, "entropy_coef"),
+    ({"positive_example_lm_coef": -0.1}, "positive_example_lm_coef"),
+    ({"overlong_penalty_factor": -1.0}, "overlong_penalty_factor"),
+    ({"overlong_buffer_length": 0}, "overlong_buffer_length"),
+    ({"overlong_buffer_length": 54}, "overlong_buffer_length"),  # longer than response_length (53)
+    ({"overlong_buffer_length": 8, "missing_eos_penalty": 1.0}, "missing_eos_penalty"),
 ]
 
 

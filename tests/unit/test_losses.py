@@ -7,7 +7,14 @@ import math
 import pytest
 import torch
 
-from vcppo_trl.losses import clipped_policy_loss, clipped_value_loss, kl_penalty, sampler_importance_weights
+from vcppo_trl.losses import (
+    clipped_policy_loss,
+    clipped_value_loss,
+    kl_penalty,
+    sampler_importance_weights,
+    token_mean_term,
+)
+from vcppo_trl.rollout import overlong_penalty
 
 EPS = 0.2
 
@@ -315,3 +322,70 @@ def test_policy_loss_weighted_by_importance_weights():
     weights = torch.tensor([[0.5, 0.0]])
     out = clipped_policy_loss(logprobs, logprobs.detach(), advantages, mask, EPS, importance_weights=weights)
     assert math.isclose(float(out.loss), -(0.5 * 1.0 + 0.0 * 2.0) / 2)
+
+
+# ------------------------------------------------------------------ clip-higher, dual-clip, overlong shaping
+
+
+def _one_token_each(ratios, advantages):
+    """Tokens with the given ratios and advantages, one per row."""
+    logprobs = torch.log(torch.tensor(ratios))[:, None].requires_grad_(True)
+    old = torch.zeros_like(logprobs)
+    adv = torch.tensor(advantages)[:, None]
+    return logprobs, old, adv, torch.ones_like(adv, dtype=torch.bool)
+
+
+def test_clip_higher_equal_to_symmetric_clip_when_the_bounds_agree():
+    gen = torch.Generator().manual_seed(0)
+    logprobs = (-torch.rand(3, 5, generator=gen)).requires_grad_(True)
+    old = logprobs.detach() + 0.4 * torch.randn(3, 5, generator=gen)
+    adv, mask = torch.randn(3, 5, generator=gen), torch.rand(3, 5, generator=gen) > 0.2
+    plain = clipped_policy_loss(logprobs, old, adv, mask, 0.2)
+    same = clipped_policy_loss(logprobs, old, adv, mask, 0.2, cliprange_high=0.2)
+    assert torch.equal(plain.loss, same.loss) and torch.equal(plain.clipfrac, same.clipfrac)
+    assert torch.equal(torch.autograd.grad(plain.loss, logprobs)[0], torch.autograd.grad(same.loss, logprobs)[0])
+
+
+def test_clip_higher_bounds_by_hand():
+    # ratio 1.25 with A > 0: inside 1 + 0.28, clipped at 1 + 0.2; ratio 0.7 with A < 0: clipped at 0.8 either way.
+    logprobs, old, adv, mask = _one_token_each([1.25, 1.35, 0.7, 1.0], [1.0, 1.0, -1.0, 2.0])
+    out = clipped_policy_loss(logprobs, old, adv, mask, 0.2, cliprange_high=0.28, loss_type="token_mean")
+    per_token = torch.tensor([-1.25, -1.28, 0.8, -2.0])  # max(−A·r, −A·clip(r, 0.8, 1.28))
+    torch.testing.assert_close(out.loss, per_token.mean())
+    symmetric = clipped_policy_loss(logprobs, old, adv, mask, 0.2)
+    torch.testing.assert_close(symmetric.loss, torch.tensor([-1.2, -1.2, 0.8, -2.0]).mean())
+    assert float(out.clipfrac_high) == 0.25 and float(out.clipfrac_low) == 0.25
+    assert float(out.clipfrac) == float(out.clipfrac_low + out.clipfrac_high)
+    # The unclipped token (ratio 1.25 < 1.28) gets the gradient −A·r/N; the clipped ones none.
+    grad = torch.autograd.grad(out.loss, logprobs)[0].squeeze(1)
+    torch.testing.assert_close(grad, torch.tensor([-1.25 / 4, 0.0, 0.0, -2.0 / 4]))
+
+
+def test_dual_clip_bounds_negative_advantages_at_c():
+    logprobs, old, adv, mask = _one_token_each([5.0, 2.0, 5.0], [-1.0, -1.0, 1.0])
+    out = clipped_policy_loss(logprobs, old, adv, mask, 0.2, dual_clip_c=3.0)
+    # −A·r = 5 is bounded at −c·A = 3; ratio 2 < c stays 2; a positive advantage is clipped as before (−1.2).
+    torch.testing.assert_close(out.loss, torch.tensor([3.0, 2.0, -1.2]).mean())
+    assert float(out.clipfrac_dual) == pytest.approx(1 / 3)
+    grad = torch.autograd.grad(out.loss, logprobs)[0].squeeze(1)
+    assert float(grad[0]) == 0.0 and float(grad[1]) == pytest.approx(2.0 / 3)
+    without = clipped_policy_loss(logprobs, old, adv, mask, 0.2)
+    torch.testing.assert_close(without.loss, torch.tensor([5.0, 2.0, -1.2]).mean())
+    assert without.clipfrac_dual is None
+
+
+def test_token_mean_term_uses_the_given_count_and_is_zero_when_empty():
+    values = torch.tensor([[1.0, 2.0, float("nan")], [3.0, 0.0, 0.0]])
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    assert float(token_mean_term(values, mask, 6.0)) == 1.0
+    assert float(token_mean_term(values, torch.zeros_like(mask), 0.0)) == 0.0
+
+
+def test_overlong_penalty_at_the_buffer_edges():
+    # response_length 10, buffer 4: no penalty up to 6 tokens, −factor·(|y| − 6)/4 after, −factor at 10 or no stop.
+    lengths = torch.tensor([3, 6, 7, 8, 10, 5])
+    has_stop = torch.tensor([True, True, True, True, True, False])
+    penalty = overlong_penalty(lengths, has_stop, response_length=10, buffer_length=4, factor=0.5)
+    torch.testing.assert_close(penalty, torch.tensor([0.0, 0.0, -0.125, -0.25, -0.5, -0.5]))
+    whole = overlong_penalty(torch.tensor([1, 10]), torch.tensor([True, True]), 10, 10, 1.0)
+    torch.testing.assert_close(whole, torch.tensor([-0.1, -1.0]))
