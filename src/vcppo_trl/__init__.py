@@ -12,6 +12,7 @@ from .ppo_trainer import NonFiniteTrainingError, PPOTrainer
 from .preemption import TrainingInterrupted
 from .reward_calls import RewardFunctionError
 from .rewards import math_verify_reward
+from .vapo import VAPOConfig, VAPOTrainer
 from .vcppo_trainer import VCPPOTrainer
 
 silence_unused_backend_notices()  # before accelerate first imports DeepSpeed (it does so lazily)
@@ -25,6 +26,8 @@ __all__ = [
     "RewardFunctionError",
     "RolloutProgressCallback",
     "TrainingInterrupted",
+    "VAPOConfig",
+    "VAPOTrainer",
     "VCPPOConfig",
     "VCPPOTrainer",
     "ValuePretrainCallback",

@@ -23,7 +23,14 @@ from .loading import resolve_stop_token_ids
 from .preemption import TrainingInterrupted
 from .rewards import resolve_reward_funcs
 from .value_model import check_value_model_source
+from .vapo import VAPOConfig, VAPOTrainer
 from .vcppo_trainer import VCPPOTrainer
+
+# `--trainer` (or `trainer:` in the --config YAML): the trainer and the config whose defaults the options start from.
+TRAINERS: dict[str, tuple[type[VCPPOTrainer], type[VCPPOConfig]]] = {
+    "vcppo": (VCPPOTrainer, VCPPOConfig),
+    "vapo": (VAPOTrainer, VAPOConfig),
+}
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +39,14 @@ logger = logging.getLogger(__name__)
 class VCPPOScriptArguments(ScriptArguments):
     """Script arguments: the dataset, its columns, the reward functions, and the embedded toy's settings."""
 
+    trainer: str = field(
+        default="vcppo",
+        metadata={
+            "help": "Trainer: 'vcppo' (VCPPOTrainer, VCPPOConfig's defaults) or 'vapo' (VAPOTrainer: VAPOConfig's "
+            "defaults, arXiv 2504.05118). Options and the --config YAML override the chosen defaults.",
+            "choices": list(TRAINERS),
+        },
+    )
     dataset_name: str | None = field(
         default=None, metadata={"help": "Dataset name or path. Leave unset (with no model) for the embedded toy task."}
     )
@@ -189,9 +204,10 @@ HELP_USAGE = (
     "       accelerate launch --config_file configs/accelerate/<setup>.yaml train.py --config ... (GPUs)"
 )
 HELP_DESCRIPTION = (
-    "Train a policy with VC-PPO (arXiv 2503.01491). With neither --config nor --model_name_or_path the embedded toy "
-    "recipe (configs/recipes/tiny_cpu.yaml) runs on a CPU. Every option below can also be set in the --config YAML; "
-    "the defaults shown are VCPPOConfig's own (a recipe overrides them). VC-PPO and PPO options come first."
+    "Train a policy with VC-PPO (arXiv 2503.01491), or VAPO (arXiv 2504.05118) with --trainer vapo. With neither "
+    "--config nor --model_name_or_path the embedded toy recipe (configs/recipes/tiny_cpu.yaml) runs on a CPU. Every "
+    "option below can also be set in the --config YAML; the defaults shown are the trainer's config's own "
+    "(VCPPOConfig, or VAPOConfig with --trainer vapo; a recipe overrides them). VC-PPO and PPO options come first."
 )
 
 
@@ -219,10 +235,38 @@ def _help_groups() -> list[tuple[str, list[str]]]:
     ]
 
 
-def build_parser() -> TrlParser:
-    """TRL's parser for (script arguments, VCPPOConfig, ModelConfig), with a short usage and grouped `--help`."""
+def chosen_trainer(argv: list[str] | None) -> str:
+    """The `--trainer` of the command line, else the `trainer:` of the --config YAML, else "vcppo" (read before
+    parsing: the trainer decides which config's defaults the parser starts from)."""
+    import yaml
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    name, config = None, None
+    for i, arg in enumerate(argv):
+        for flag in ("--trainer", "--config"):
+            if arg == flag and i + 1 < len(argv):
+                value = argv[i + 1]
+            elif arg.startswith(flag + "="):
+                value = arg.split("=", 1)[1]
+            else:
+                continue
+            if flag == "--trainer":
+                name = value
+            else:
+                config = value
+    if name is None and config is not None and os.path.isfile(config):
+        with open(config) as f:
+            name = (yaml.safe_load(f) or {}).get("trainer")
+    name = name or "vcppo"
+    if name not in TRAINERS:
+        raise ValueError(f"--trainer must be one of {', '.join(TRAINERS)}; got {name!r}.")
+    return name
+
+
+def build_parser(config_class: type[VCPPOConfig] = VCPPOConfig) -> TrlParser:
+    """TRL's parser for (script arguments, the trainer's config, ModelConfig), with a short usage and grouped `--help`."""
     parser = TrlParser(
-        (VCPPOScriptArguments, VCPPOConfig, ModelConfig), usage=HELP_USAGE, description=HELP_DESCRIPTION
+        (VCPPOScriptArguments, config_class, ModelConfig), usage=HELP_USAGE, description=HELP_DESCRIPTION
     )
     # argparse lists options group by group: move each option (and its --no_ twin) into its group, then order the
     # groups so that VC-PPO/PPO come first and the ~200 transformers TrainingArguments last.
@@ -246,7 +290,8 @@ def build_parser() -> TrlParser:
 
 
 def main(argv: list[str] | None = None) -> VCPPOTrainer:
-    parser = build_parser()
+    trainer_class, config_class = TRAINERS[chosen_trainer(argv)]
+    parser = build_parser(config_class)
     script_args, training_args, model_args = parser.parse_args_and_config(argv)
 
     # Checks that need no model, before any minutes are spent loading models or on the toy's cold-start SFT.
@@ -266,7 +311,7 @@ def main(argv: list[str] | None = None) -> VCPPOTrainer:
         model, tokenizer = load_model_and_tokenizer(model_args)
         train_dataset, eval_dataset = load_datasets(script_args)
 
-    trainer = VCPPOTrainer(
+    trainer = trainer_class(
         model=model,
         reward_funcs=reward_funcs,
         args=training_args,
@@ -289,7 +334,7 @@ def main(argv: list[str] | None = None) -> VCPPOTrainer:
         leave_process_group(trainer)  # every rank agreed on the stop and saved the checkpoint together
         raise SystemExit(stop.exit_code) from None
     if eval_dataset is not None:
-        results.append(("after VC-PPO", trainer.evaluate()))
+        results.append((f"after {trainer._name}", trainer.evaluate()))
     if training_args.push_to_hub:  # saves locally first, then pushes the policy and the critic with their cards
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
     else:

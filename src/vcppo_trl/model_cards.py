@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 PAPER_ID = "2503.01491"
 PAPER_TITLE = "What's Behind PPO's Collapse in Long-CoT? Value Optimization Holds the Secret"
+VAPO_PAPER_ID = "2504.05118"
+VAPO_PAPER_TITLE = "VAPO: Efficient and Reliable Reinforcement Learning for Advanced Reasoning Tasks"
 PAPER_CITATION = """@article{yuan2025vcppo,
   title   = {{What's Behind PPO's Collapse in Long-CoT? Value Optimization Holds the Secret}},
   author  = {Yuan, Yufeng and Yue, Yu and Zhu, Ruofei and Fan, Tiantian and Yan, Lin},
@@ -108,7 +110,7 @@ def training_facts(trainer: Trainer, pretrain_steps: int | None = None) -> dict[
     """The method and its settings, as the cards state them."""
     args = trainer.args
     vc = hasattr(args, "lam_actor")
-    facts: dict[str, Any] = {"algorithm": "VC-PPO" if vc else "PPO"}
+    facts: dict[str, Any] = {"algorithm": getattr(trainer, "_name", "VC-PPO") if vc else "PPO"}
     if vc:
         facts["λ_actor (policy advantages)"] = (
             f"1 − 1/({args.lam_actor_length_alpha}·length) per response (VAPO)"
@@ -141,6 +143,19 @@ def training_facts(trainer: Trainer, pretrain_steps: int | None = None) -> dict[
             "response length": args.response_length,
         }
     )
+    # The policy-loss terms of VAPO and DAPO, stated when they are on.
+    if args.cliprange_high is not None and args.cliprange_high != args.cliprange:
+        facts["policy clip range (ε_low, ε_high)"] = (args.cliprange, args.cliprange_high)
+    optional = {
+        "dual-clip c": args.dual_clip_c,
+        "positive-example LM loss μ": args.positive_example_lm_coef or None,
+        "entropy coefficient": args.entropy_coef or None,
+        "overlong buffer (tokens, penalty factor)": (args.overlong_buffer_length, args.overlong_penalty_factor)
+        if args.overlong_buffer_length is not None
+        else None,
+        "truncated responses left out of the policy loss": True if args.mask_truncated_completions else None,
+    }
+    facts.update({name: value for name, value in optional.items() if value is not None})
     return facts
 
 
@@ -168,8 +183,10 @@ def render_card(
     critic = role != "policy"
     datasets = [dataset_name] if isinstance(dataset_name, str) else dataset_name
     card_tags = ["generated_from_trainer", *tags, "reinforcement-learning"]
-    if algorithm == "VC-PPO":
+    if algorithm in ("VC-PPO", "VAPO"):
         card_tags.append("vc-ppo")
+    if algorithm == "VAPO":
+        card_tags.append("vapo")
     if critic:
         card_tags += ["value-model", "critic"]
     if is_adapter:
@@ -238,6 +255,11 @@ def render_card(
         f"VC-PPO is introduced in [{PAPER_TITLE}](https://huggingface.co/papers/{PAPER_ID}) "
         f"(arXiv {PAPER_ID}): value pretraining of the critic, then decoupled GAE (λ_critic = 1, λ_actor ≈ 0.95)."
     )
+    if algorithm == "VAPO":
+        paper += (
+            f" VAPO, [{VAPO_PAPER_TITLE}](https://huggingface.co/papers/{VAPO_PAPER_ID}) (arXiv {VAPO_PAPER_ID}), "
+            "adds length-adaptive GAE, clip-higher, a positive-example LM loss and group sampling."
+        )
     versions_list = "\n".join(f"- {name}: {v}" for name, v in (versions or framework_versions()).items())
     content = f"""---
 {card_data.to_yaml()}

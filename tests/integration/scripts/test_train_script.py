@@ -9,8 +9,8 @@ import pytest
 from datasets import Dataset
 from trl import ModelConfig, TrlParser
 
-from vcppo_trl import VCPPOConfig
-from vcppo_trl.cli import VCPPOScriptArguments, prepare_dataset
+from vcppo_trl import VAPOConfig
+from vcppo_trl.cli import TRAINERS, VCPPOScriptArguments, chosen_trainer, prepare_dataset
 
 from ...paths import REPO as ROOT
 
@@ -74,13 +74,44 @@ def test_train_py_resumes_latest_checkpoint(tmp_path):
 
 @pytest.mark.parametrize("recipe", sorted(glob.glob(os.path.join(ROOT, "configs", "recipes", "*.yaml"))))
 def test_recipes_parse(recipe, tmp_path):
-    parser = TrlParser((VCPPOScriptArguments, VCPPOConfig, ModelConfig))
-    script_args, training_args, model_args = parser.parse_args_and_config(
-        # GPU recipes ask for bf16, which this CPU-only check cannot construct: the point is that every key is valid.
-        ["--config", recipe, "--output_dir", str(tmp_path), "--bf16", "false", "--use_cpu", "true"]
-    )
+    # GPU recipes ask for bf16, which this CPU-only check cannot construct: the point is that every key is valid.
+    argv = ["--config", recipe, "--output_dir", str(tmp_path), "--bf16", "false", "--use_cpu", "true"]
+    trainer_class, config_class = TRAINERS[chosen_trainer(argv)]
+    parser = TrlParser((VCPPOScriptArguments, config_class, ModelConfig))
+    script_args, training_args, model_args = parser.parse_args_and_config(argv)
     assert training_args.lam_critic == 1.0
     assert script_args.reward_funcs == ["math_verify"]
+    assert (config_class is VAPOConfig) == ("vapo" in os.path.basename(recipe))
+    # Every process's share of an update holds whole groups of num_generations samples.
+    local = (
+        training_args.per_device_train_batch_size
+        * training_args.gradient_accumulation_steps
+        * training_args.num_mini_batches
+    )
+    assert local % training_args.num_generations == 0
+
+
+def test_vapo_recipe_keeps_the_papers_settings(tmp_path):
+    recipe = os.path.join(ROOT, "configs", "recipes", "vapo_qwen2.5_32b.yaml")
+    argv = ["--config", recipe, "--output_dir", str(tmp_path), "--bf16", "false", "--use_cpu", "true"]
+    _, args, _ = TrlParser((VCPPOScriptArguments, VAPOConfig, ModelConfig)).parse_args_and_config(argv)
+    assert (args.learning_rate, args.value_learning_rate) == (1e-6, 2e-6)
+    assert (args.cliprange, args.cliprange_high, args.positive_example_lm_coef) == (0.2, 0.28, 0.1)
+    assert (args.lam_actor_length_alpha, args.value_pretrain_steps, args.num_generations) == (0.05, 50, 16)
+    # 512 prompts × 16 samples per update and mini-batches of 512 responses on 64 processes.
+    local = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.num_mini_batches
+    assert local * 64 == 512 * 16 and local * 64 // args.num_mini_batches == 512
+
+
+def test_train_py_runs_vapo(tmp_path):
+    out = tmp_path / "run"
+    result = run(tiny_run_command(out, "--trainer", "vapo", "--num_generations", "4"), tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "after cold start" in result.stdout and "after VAPO" in result.stdout
+    assert os.path.isfile(out / "value_pretrained" / "model.safetensors")
+    assert os.path.isfile(out / "model.safetensors")
+    bad = run(tiny_run_command(out, "--trainer", "grpo"), tmp_path)
+    assert bad.returncode != 0 and "--trainer must be one of vcppo, vapo" in bad.stderr
 
 
 def test_prepare_dataset_renames_and_wraps():
