@@ -94,7 +94,7 @@ def tiny_config(tmp_path):
             disable_tqdm=True,
             seed=0,
         )
-        if cls is not VCPPOConfig:
+        if not issubclass(cls, VCPPOConfig):
             kwargs["lam"] = 0.95
         else:
             kwargs["value_pretrain_steps"] = 0  # tests that pretrain say so (the default, 100, is the paper's)

@@ -194,7 +194,7 @@ class PPOConfig(_BaseConfig):
         positive_example_lm_coef (`float`, defaults to `0.0`): VAPO's positive-example LM loss μ (arXiv 2504.05118,
             0.1 there): `μ ×` the negative log-likelihood of the tokens of the responses judged correct
             (`raw_scores > accuracy_threshold`, the accuracy metric's rule, before penalties and shaping), averaged
-            over those tokens in the whole mini-batch, is added to the policy loss (`loss/positive_example_lm`). 0 when
+            over those tokens in the whole mini-batch, is added to the policy loss (`loss/positive_example_lm_avg`). 0 when
             no response is correct.
         mask_truncated_completions (`bool`, defaults to `False`): Responses without a stop token (cut at
             `response_length`) get no policy loss (TRL GRPO's name; DAPO's overlong filtering); the critic still

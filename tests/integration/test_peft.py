@@ -107,3 +107,22 @@ def test_lora_policy_saves_an_adapter_that_peft_loads(make_trainer, tiny_config,
         with live.disable_adapter():
             base_logits = live(input_ids=ids).logits
     assert not torch.allclose(base_logits, loaded(input_ids=ids).logits), "the adapter did not train"
+
+
+def test_every_vapo_option_with_lora_policy_and_critic(make_trainer, tiny_config, saved_base):
+    from vcppo_trl import VAPOConfig, VAPOTrainer
+
+    from .test_trainer import VAPO_OPTIONS, check_vapo_run
+
+    _, policy = saved_base
+    args = tiny_config(
+        VAPOConfig, value_pretrain_steps=1, total_episodes=32, value_peft_config=dict(LORA), **VAPO_OPTIONS
+    )
+    trainer = make_trainer(
+        cls=VAPOTrainer, model=policy, args=args, peft_config=LoraConfig(task_type="CAUSAL_LM", **LORA)
+    )
+    before = _state(trainer.model.policy)
+    trainer.train()
+    check_vapo_run(trainer)
+    changed = [k for k, v in trainer.model.policy.state_dict().items() if not torch.equal(before[k], v)]
+    assert changed and all("lora_" in k for k in changed)  # only the adapters moved

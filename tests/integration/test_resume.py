@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-from vcppo_trl import CheckpointError, InsufficientDiskSpaceError, PPOTrainer, VCPPOTrainer
+from vcppo_trl import CheckpointError, InsufficientDiskSpaceError, PPOTrainer, VAPOTrainer, VCPPOTrainer
 from vcppo_trl.checkpointing import missing_checkpoint_files, read_training_state
 from vcppo_trl.toy.model import build_tiny_model
 from vcppo_trl.value_pretraining import saved_phase
@@ -35,14 +35,27 @@ def assert_same_weights(a, b):
         (VCPPOTrainer, {"value_pretrain_steps": 2, "max_tokens_per_micro_batch": 40, "max_tokens_per_forward": 64}, 3),
         # ... and padding-free, resumed inside value pretraining
         (VCPPOTrainer, {"value_pretrain_steps": 2, "max_tokens_per_micro_batch": 40, "padding_free": True}, 1),
+        # VAPO's preset with every policy-loss term and overlong shaping on, resumed after value pretraining
+        (
+            VAPOTrainer,
+            {
+                "value_pretrain_steps": 2,
+                "num_generations": 4,
+                "lam_actor_length_alpha": 0.5,
+                "dual_clip_c": 3.0,
+                "entropy_coef": 0.01,
+                "mask_truncated_completions": True,
+                "overlong_buffer_length": 8,
+            },
+            3,
+        ),
     ],
 )
 def test_resumed_run_equals_uninterrupted_run(
     tokenizer, toy_splits, tiny_config, tmp_path, trainer_cls, extra, resume_at
 ):
-    from vcppo_trl import PPOConfig, VCPPOConfig
-
-    config_cls = VCPPOConfig if trainer_cls is VCPPOTrainer else PPOConfig
+    config_cls = trainer_cls._config_class
+    value_pretraining = issubclass(trainer_cls, VCPPOTrainer)
 
     def make(output_dir, **overrides):
         args = tiny_config(
@@ -61,11 +74,11 @@ def test_resumed_run_equals_uninterrupted_run(
     full = make(tmp_path / "full")
     full.train()
     total = full.state.global_step
-    assert total == 3 + (2 if trainer_cls is VCPPOTrainer else 0)
+    assert total == 3 + (2 if value_pretraining else 0)
     checkpoint = str(tmp_path / "full" / f"checkpoint-{resume_at}")
     saved = read_training_state(checkpoint)
     assert saved["global_step"] == resume_at and saved["batches_consumed"] == resume_at
-    if trainer_cls is VCPPOTrainer:
+    if value_pretraining:
         pretrain = saved["callbacks"]["ValuePretrainCallback"]
         assert pretrain["done"] == (resume_at >= 2) and pretrain["steps"] == min(resume_at, 2)
 
@@ -80,11 +93,14 @@ def test_resumed_run_equals_uninterrupted_run(
     assert sorted(resumed_logs) == list(range(1, total + 1))  # the history before the stop is kept
     for step in range(resume_at + 1, total + 1):
         assert resumed_logs[step] == full_logs[step], step
-    if trainer_cls is VCPPOTrainer and resume_at < 2:
+    if trainer_cls is VAPOTrainer:  # the new terms ran and were logged
+        last = full_logs[total]
+        assert {"loss/positive_example_lm_avg", "policy/clipfrac_dual_avg", "reward/overlong_penalty"} <= set(last)
+    if value_pretraining and resume_at < 2:
         # Resumed inside pretraining: the phase finished in the resumed run and saved the critic there.
         assert resumed.value_pretrain_callback.done and resumed.value_pretrain_callback.steps == 2
         assert os.path.isdir(tmp_path / "resumed" / "value_pretrained")
-    elif trainer_cls is VCPPOTrainer:
+    elif value_pretraining:
         # Resumed after it: it is not run again.
         assert not os.path.isdir(tmp_path / "resumed" / "value_pretrained")
         assert all("value_pretrain/loss_avg" not in m for m in resumed_logs.values() if m["step"] > resume_at)

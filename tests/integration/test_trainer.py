@@ -397,3 +397,62 @@ def test_length_adaptive_actor_lambda(make_trainer, tiny_policy, tokenizer, toy_
         rollout.rewards, rollout.values, rollout.response_mask, 1.0, trainer.actor_lambda(rollout.response_mask), 1.0
     )
     assert torch.equal(advantages, expected)
+
+
+# Every VAPO/DAPO option on, with overlong shaping over half the response length.
+VAPO_OPTIONS = dict(
+    num_generations=4,
+    cliprange_high=0.28,
+    dual_clip_c=3.0,
+    entropy_coef=0.01,
+    positive_example_lm_coef=0.1,
+    mask_truncated_completions=True,
+    overlong_buffer_length=8,
+    overlong_penalty_factor=0.5,
+    lam_actor_length_alpha=0.5,
+)
+
+
+def check_vapo_run(trainer):
+    """After training with `VAPO_OPTIONS` (response_length 16): the overlong term is apart from the correctness score,
+    and every new metric is logged and finite."""
+    rollout, _ = trainer._last_rollout
+    lengths = rollout.response_mask.sum(1).float()
+    expected = -0.5 * ((lengths - 8) / 8).clamp(0, 1)
+    expected = torch.where(rollout.has_stop, expected, torch.full_like(expected, -0.5))
+    torch.testing.assert_close(rollout.overlong_penalties, expected)
+    torch.testing.assert_close(rollout.scores, rollout.raw_scores.nan_to_num(0.0) + rollout.overlong_penalties)
+    ppo_rows = [row for row in trainer.state.log_history if "loss/policy_avg" in row]
+    assert ppo_rows
+    for row in ppo_rows:
+        for key in (
+            "policy/clipfrac_low_avg",
+            "policy/clipfrac_high_avg",
+            "policy/clipfrac_dual_avg",
+            "loss/positive_example_lm_avg",
+            "reward/overlong_penalty",
+            "reward/overlong_fraction",
+        ):
+            assert math.isfinite(row[key]), key
+        assert row["reward/overlong_penalty"] <= 0
+        # The accuracy is the correctness score's alone.
+        assert 0 <= row["diagnostics/accuracy"] <= 1
+
+
+def test_every_vapo_option_trains_on_the_hf_sampler(make_trainer, tiny_config):
+    from vcppo_trl import VAPOConfig, VAPOTrainer
+
+    args = tiny_config(VAPOConfig, value_pretrain_steps=1, total_episodes=32, **VAPO_OPTIONS)
+    trainer = make_trainer(cls=VAPOTrainer, args=args)
+    trainer.train()
+    assert trainer.state.global_step == 3  # 1 value-pretraining + 2 PPO updates
+    check_vapo_run(trainer)
+
+
+def test_vapo_trainer_builds_its_own_config(tiny_policy, tokenizer, toy_splits, tmp_path, monkeypatch):
+    from vcppo_trl import VAPOConfig, VAPOTrainer
+
+    monkeypatch.chdir(tmp_path)
+    trainer = VAPOTrainer(tiny_policy, length_reward, train_dataset=toy_splits["train"], processing_class=tokenizer)
+    assert type(trainer.args) is VAPOConfig
+    assert (trainer.args.cliprange_high, trainer.args.positive_example_lm_coef) == (0.28, 0.1)

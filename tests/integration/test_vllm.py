@@ -203,6 +203,14 @@ def test_padding_free_forwards_and_token_budgets_on_vllm_rollouts(vllm_trainer):
     assert all(row["perf/rollout_forward_padding_fraction"] == 0.0 for row in updates)
 
 
+def test_every_vapo_option_trains_on_vllm_rollouts(vllm_trainer):
+    from .test_trainer import VAPO_OPTIONS, check_vapo_run
+
+    trainer = vllm_trainer(value_pretrain_steps=1, total_episodes=32, **VAPO_OPTIONS)
+    trainer.train()
+    check_vapo_run(trainer)
+
+
 @pytest.mark.parametrize("use_vllm", [False, True])
 def test_several_samples_per_prompt(vllm_trainer, use_vllm):
     trainer = vllm_trainer(use_vllm=use_vllm, num_generations=4, value_pretrain_steps=0, total_episodes=16)

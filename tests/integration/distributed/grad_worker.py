@@ -11,7 +11,9 @@ by the whole batch's count. Rank 0 writes `OUT/grad_check.json` with the largest
 the gradient norm; under DeepSpeed, launched with configs/accelerate/zero3_cpu.yaml, only the norm is compared).
 With a token budget the ranks need different micro-batch counts (rank 0's short sequences fit in fewer): both must run
 the largest, and the gradient must not change; `micro_batches` records each rank's count. `packed`: padding-free
-forwards (`padding_free=True`) as well.
+forwards (`padding_free=True`) as well. `vapo`: every VAPO/DAPO policy-loss term on (clip-higher, dual-clip, the
+entropy bonus, the positive-example LM loss over the correct responses of both ranks, truncated responses left out of
+the policy loss), with fixed stop flags and correctness per rank.
 """
 
 from __future__ import annotations
@@ -30,13 +32,22 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
-def main(out_dir: str, loss_type: str, max_tokens: int | None, padding_free: bool = False) -> None:
+VAPO_TERMS = dict(
+    cliprange_high=0.28,
+    dual_clip_c=3.0,
+    entropy_coef=0.05,
+    positive_example_lm_coef=0.5,
+    mask_truncated_completions=True,
+)
+
+
+def main(out_dir: str, loss_type: str, max_tokens: int | None, padding_free: bool = False, vapo: bool = False) -> None:
     from accelerate.utils import gather_object
 
     from vcppo_trl import PPOConfig, PPOTrainer
     from vcppo_trl.data import prompt_batches
     from vcppo_trl.logprobs import full_logits_logprobs
-    from vcppo_trl.losses import clipped_policy_loss, clipped_value_loss, loss_normalizer
+    from vcppo_trl.losses import clipped_policy_loss, clipped_value_loss, loss_normalizer, token_mean_term
     from vcppo_trl.rollout import PolicyAndValueModel, position_ids_from_mask, token_rewards
     from vcppo_trl.rollout_maker import old_logprobs_from_training_forward
     from vcppo_trl.toy.model import build_tiny_model
@@ -76,6 +87,7 @@ def main(out_dir: str, loss_type: str, max_tokens: int | None, padding_free: boo
         disable_tqdm=True,
         seed=0,
         **({"ddp_backend": "gloo"} if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true" else {}),
+        **(VAPO_TERMS if vapo else {}),
     )
     # The initial models, copied before the trainer exists (DeepSpeed partitions what it finds).
     reference = PolicyAndValueModel(copy.deepcopy(policy), copy.deepcopy(critic))
@@ -92,6 +104,10 @@ def main(out_dir: str, loss_type: str, max_tokens: int | None, padding_free: boo
     lengths = [1, 2, 3, 4] if rank == 0 else [12, 16, 9, 14]
     positions = torch.arange(rollout.response_mask.shape[1])
     rollout.response_mask = rollout.response_mask & (positions[None, :] < torch.tensor(lengths)[:, None])
+    if vapo:  # one truncated response and different numbers of correct ones per rank
+        rollout.has_stop = torch.tensor([True, True, False, True] if rank == 0 else [True, False, True, True])
+        rollout.raw_scores = torch.tensor([1.0, -1.0, 1.0, 1.0] if rank == 0 else [-1.0, -1.0, 1.0, -1.0])
+        rollout.scores = rollout.raw_scores.clone()
     rollout.rewards = token_rewards(rollout.scores, rollout.kl, rollout.response_mask, args.kl_coef)
     advantages, returns = trainer.compute_advantages(rollout)
 
@@ -113,29 +129,51 @@ def main(out_dir: str, loss_type: str, max_tokens: int | None, padding_free: boo
     # The same step computed in one process over both ranks' sequences.
     fields = ("input_ids", "attention_mask", "response_mask", "values", "logprobs")
     mine = {name: getattr(rollout, name) for name in fields}
+    policy_mask = rollout.response_mask & rollout.has_stop[:, None] if vapo else rollout.response_mask
+    positive_mask = policy_mask & (rollout.raw_scores > args.accuracy_threshold)[:, None]
     mine.update(advantages=advantages, returns=returns, context_length=rollout.context_length)
+    mine.update(policy_mask=policy_mask, positive_mask=positive_mask)
     chunks = gather_object([mine])
-    valid = torch.cat([c["advantages"][c["response_mask"]] for c in chunks])
+    valid = torch.cat([c["advantages"][c["policy_mask"]] for c in chunks])
     mean, std = valid.double().mean(), valid.double().std()
     length = args.response_length
-    pg_count = sum(float(loss_normalizer(c["response_mask"], loss_type, length)) for c in chunks)
+    pg_count = sum(float(loss_normalizer(c["policy_mask"], loss_type, length)) for c in chunks)
     vf_count = sum(float(loss_normalizer(c["response_mask"], args.value_loss_type, length)) for c in chunks)
+    policy_tokens = sum(float(c["policy_mask"].sum()) for c in chunks)
+    positive_tokens = sum(float(c["positive_mask"].sum()) for c in chunks)
     reference.eval()  # no dropout (the trainer disables it in its models)
     for c in chunks:
-        m = c["response_mask"]
-        whitened = (((c["advantages"].double() - mean) / std).float() * m).float()
+        m, pm = c["response_mask"], c["policy_mask"]
+        whitened = (((c["advantages"].double() - mean) / std).float() * pm).float()
         ids, attention = c["input_ids"], c["attention_mask"]
         positions = position_ids_from_mask(attention)
         # The full-logits path: under a ZeRO-3 config TRL's LM-head gathering expects partitioned weights.
-        logprobs, _ = full_logits_logprobs(
-            reference.policy, ids, attention, positions, c["context_length"], args.temperature
+        logprobs, entropy = full_logits_logprobs(
+            reference.policy, ids, attention, positions, c["context_length"], args.temperature, compute_entropy=vapo
         )
         values = value_forward(reference.critic, ids, attention, positions, c["context_length"])
-        pg = clipped_policy_loss(logprobs, c["logprobs"], whitened, m, args.cliprange, loss_type, pg_count, length)
+        pg = clipped_policy_loss(
+            logprobs,
+            c["logprobs"],
+            whitened,
+            pm,
+            args.cliprange,
+            loss_type,
+            pg_count,
+            length,
+            cliprange_high=args.cliprange_high,
+            dual_clip_c=args.dual_clip_c,
+        )
         vf = clipped_value_loss(
             values, c["values"], c["returns"], m, args.cliprange_value, args.value_loss_type, vf_count, length
         )
-        (pg.loss + args.vf_coef * vf.loss).backward()
+        loss = pg.loss + args.vf_coef * vf.loss
+        if vapo:
+            loss = loss - args.entropy_coef * token_mean_term(entropy, pm, policy_tokens)
+            loss = loss + args.positive_example_lm_coef * token_mean_term(
+                -logprobs, c["positive_mask"], positive_tokens
+            )
+        loss.backward()
     expected_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in reference.parameters()])))
     result = {
         "num_processes": acc.num_processes,
@@ -146,6 +184,8 @@ def main(out_dir: str, loss_type: str, max_tokens: int | None, padding_free: boo
         "grad_norm_relative_difference": abs(stats["grad_norm"] - expected_norm) / expected_norm,
         "micro_batches": gather_object([update.work.micro_batches]),
         "computed_tokens": gather_object([update.work.computed_tokens]),
+        "positive_tokens": positive_tokens,
+        "positive_example_lm": stats.get("loss/positive_example_lm"),
     }
     if not trainer.is_deepspeed_enabled:  # DeepSpeed's gradients are partitioned and gone after its step
         worst = 0.0
@@ -164,5 +204,7 @@ def main(out_dir: str, loss_type: str, max_tokens: int | None, padding_free: boo
 
 
 if __name__ == "__main__":
-    budget = int(sys.argv[3]) if len(sys.argv) > 3 else None
-    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "token_mean", budget, sys.argv[4:5] == ["packed"])
+    flags = sys.argv[3:]
+    budget = next((int(f) for f in flags if f.isdigit()), None)
+    loss = sys.argv[2] if len(sys.argv) > 2 else "token_mean"
+    main(sys.argv[1], loss, budget, "packed" in flags, "vapo" in flags)

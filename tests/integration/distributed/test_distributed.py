@@ -320,6 +320,9 @@ def test_zero3_with_cpu_offload(tmp_path):
         ("zero3", "token_mean", 64),
         ("ddp", "token_mean", "64 packed"),
         ("zero3", "token_mean", "64 packed"),
+        ("ddp", "token_mean", "vapo"),
+        ("ddp", "token_mean", "64 vapo"),
+        ("zero3", "token_mean", "64 packed vapo"),
     ],
 )
 def test_gradient_of_two_ranks_equals_one_big_batch(tmp_path, launcher, loss_type, budget):
@@ -328,7 +331,7 @@ def test_gradient_of_two_ranks_equals_one_big_batch(tmp_path, launcher, loss_typ
     gradient; ZeRO-3 (whose gradients are partitioned): the engine's gradient norm. With a token budget
     (`max_tokens_per_micro_batch=64`) rank 0 alone would need fewer micro-batches than rank 1: both run rank 1's
     count (under ZeRO-3 anything else hangs), which differs from DeepSpeed's gradient_accumulation_steps (4); "packed":
-    with padding-free forwards too."""
+    with padding-free forwards too; "vapo": every VAPO/DAPO policy-loss term on."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
     env.update(
         OMP_NUM_THREADS="1",
@@ -355,7 +358,9 @@ def test_gradient_of_two_ranks_equals_one_big_batch(tmp_path, launcher, loss_typ
         assert result["max_relative_difference"] < 1e-4
     counts = result["micro_batches"]
     assert counts[0] == counts[1]
-    if budget is None:
+    if "vapo" in str(budget):  # the LM loss ran, over the correct responses of both ranks
+        assert result["positive_tokens"] > 0 and result["positive_example_lm"] > 0
+    if budget is None or budget == "vapo":
         assert counts == [4, 4]
     else:  # grouped by length: fewer than the 4 single-sequence micro-batches, and fewer tokens on the short rank
         assert counts[0] < 4 and result["computed_tokens"][0] < result["computed_tokens"][1]
