@@ -85,6 +85,16 @@ class PPOConfig(_BaseConfig):
             verl's `rollout.n`). A rollout still holds `local_batch_size` sequences per process: `local_batch_size /
             num_generations` distinct prompts, each sampled `num_generations` times, so the critic sees several returns
             per prompt and PPO and GRPO can be compared at equal prompts. `total_episodes` counts responses.
+        dynamic_sampling (`bool`, defaults to `False`): DAPO's dynamic sampling (arXiv 2503.14476 §3.2; verl's
+            `filter_groups` on accuracy): in policy updates, groups of `num_generations` samples that are all correct
+            or all wrong (the accuracy rule) are dropped and the next prompts sampled, round after round, until every
+            process has its batch of informative groups or `dynamic_sampling_max_rounds` is reached (then the batch
+            is completed with dropped groups: `sampling/dynamic_filled_groups`). Every process runs the same rounds;
+            the prompts consumed are saved in checkpoints, so resuming stays exact. Off by default: with a critic such
+            groups still carry a signal (their values and advantages are not zero, unlike GRPO's), and extra rounds
+            cost generation. Value pretraining never filters (the critic must see the policy's own prompts).
+        dynamic_sampling_max_rounds (`int`, defaults to `10`): Generation rounds per update, the first included
+            (verl's `max_num_gen_batches`).
         num_mini_batches (`int`, defaults to `1`): Number of minibatches a rollout batch is split into.
         total_episodes (`int`, *optional*): Total number of prompts (episodes) to train on. Defaults to
             `num_train_epochs × len(train_dataset)`.
@@ -329,6 +339,20 @@ class PPOConfig(_BaseConfig):
         metadata={
             "help": "Responses sampled per prompt in each rollout (GRPO's name). A rollout holds local_batch_size "
             "sequences: local_batch_size / num_generations distinct prompts. total_episodes counts responses."
+        },
+    )
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata={
+            "help": "DAPO's dynamic sampling (verl's filter_groups): drop groups of num_generations samples that are "
+            "all right or all wrong and sample more prompts, up to dynamic_sampling_max_rounds rounds per update."
+        },
+    )
+    dynamic_sampling_max_rounds: int = field(
+        default=10,
+        metadata={
+            "help": "Generation rounds per update under dynamic sampling, the first included (verl's "
+            "max_num_gen_batches); past it the batch is completed with uninformative groups."
         },
     )
     num_mini_batches: int = field(default=1, metadata={"help": "Number of minibatches to split a batch into."})
@@ -662,6 +686,16 @@ class PPOConfig(_BaseConfig):
             _require_choice(name, getattr(self, name), LOSS_TYPES)
         if self.num_generations < 1:
             raise ValueError(f"`num_generations` must be at least 1, got {self.num_generations}.")
+        if self.dynamic_sampling and self.num_generations < 2:
+            raise ValueError(
+                "`dynamic_sampling` keeps groups of samples of one prompt that are not all right or all wrong: it needs "
+                f"num_generations >= 2 (got {self.num_generations})."
+            )
+        if self.dynamic_sampling_max_rounds < 1:
+            raise ValueError(
+                f"`dynamic_sampling_max_rounds` must be at least 1 (the first round), got "
+                f"{self.dynamic_sampling_max_rounds}."
+            )
         _require_choice("vllm_mode", self.vllm_mode, VLLM_MODES)
         _require_choice("vllm_importance_sampling_mode", self.vllm_importance_sampling_mode, IMPORTANCE_SAMPLING_MODES)
         if not 0 < self.vllm_gpu_memory_utilization <= 1:

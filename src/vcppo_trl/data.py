@@ -201,3 +201,19 @@ def prompt_batches(
         rows = [dataset[int(i)] for i in order[first : first + local]]
         yield [row for row in rows for _ in range(num_generations)]
         batch += 1
+
+
+class PromptStream:
+    """
+    One process's [`prompt_batches`] with the count of batches drawn: one per update, more under dynamic sampling.
+    Checkpoints save the count (`batches_consumed`), so that a resumed run draws the same prompts.
+    """
+
+    def __init__(self, dataset: Dataset, batches, rank: int, seed: int, num_generations: int, consumed: int = 0):
+        self.consumed = consumed
+        self._batches = prompt_batches(dataset, batches, rank, seed, num_generations, consumed)
+
+    def draw(self) -> list[dict[str, Any]]:
+        """The next batch of prompt rows (each `num_generations` times in a row)."""
+        self.consumed += 1
+        return next(self._batches)

@@ -24,7 +24,7 @@ from trl.trainer.base_trainer import _BaseTrainer
 from . import hub, trainer_saving
 from . import trainer_setup as setup
 from .config import PPOConfig
-from .data import prompt_batches
+from .data import PromptStream
 from .diagnostics import marker_token_ids
 from .distributed import check_distributed_setup
 from .evaluation import evaluation_metrics
@@ -159,6 +159,8 @@ class PPOTrainer(_BaseTrainer):
         self.value_pretraining = ValuePretrainingPhase()
         self.learner: PPOLearner | None = None  # built by `_setup_training`, on the prepared model and optimizer
         self._last_rollout: tuple[Rollout, torch.Tensor] | None = None  # for the sample printout
+        self.prompts: PromptStream | None = None  # this process's prompt batches, from `train`
+        self._resumed_batches = 0  # where the stream starts: 0, or a checkpoint's count
 
         # The rollout maker's inputs: the prepared model (once `train` has prepared it) and, to skip a KL that is exactly
         # 0 while the policy is frozen, whether the reference is the initial policy.
@@ -254,10 +256,11 @@ class PPOTrainer(_BaseTrainer):
         if resume is not None and not self.is_deepspeed_enabled:
             trainer_saving.load_checkpoint_weights(self.model, resume.path)
         self._setup_training()
+        self.prompts, self._resumed_batches = None, 0  # a fresh state draws from the first batch
         if resume is not None:
             self._restore_training_state(resume)
-        rank, step = self.accelerator.process_index, self.state.global_step
-        rows_per_update = prompt_batches(self.train_dataset, self.batches, rank, args.seed, args.num_generations, step)
+        rank, start = self.accelerator.process_index, self.batches_consumed
+        self.prompts = PromptStream(self.train_dataset, self.batches, rank, args.seed, args.num_generations, start)
         self.sampler.mark_stale()  # the sampler starts from the weights training starts from (resumed ones included)
         self.before_training()
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
@@ -276,11 +279,11 @@ class PPOTrainer(_BaseTrainer):
             while self.state.global_step < self.state.max_steps:
                 self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
                 try:
-                    metrics = self.training_update(next(rows_per_update))
+                    metrics = self.training_update(self.prompts.draw())
                 except SamplerError as err:
                     raise self._sampler_failed(err) from err
                 self.state.global_step += 1
-                self.state.epoch = self.state.global_step * self.batches.prompts_per_update / len(self.train_dataset)
+                self.state.epoch = self.batches_consumed * self.batches.prompts_per_update / len(self.train_dataset)
                 metrics["episode"] = self.state.global_step * self.batches.batch_size
                 metrics["lr"] = self._learning_rate("policy")
                 metrics["value_lr"] = self._learning_rate("value")
@@ -313,6 +316,11 @@ class PPOTrainer(_BaseTrainer):
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         return self.state
 
+    @property
+    def batches_consumed(self) -> int:
+        """Prompt batches drawn so far: one per update, more under dynamic sampling (saved in checkpoints)."""
+        return self.prompts.consumed if self.prompts is not None else self._resumed_batches
+
     def training_update(self, rows: list[dict[str, Any]]) -> dict[str, float]:
         """One rollout and the PPO epochs on it; returns the update's metrics."""
         self._update_start = time.time()
@@ -320,17 +328,10 @@ class PPOTrainer(_BaseTrainer):
         if train_policy:
             planned = self.num_value_pretrain_updates() * self.optimizer_steps_per_update()
             self.learner.start_policy_schedule(planned)
-        rollout, made = self.rollout_maker.make(rows, train_policy=train_policy, trainer_state=self.state)
+        rollout, made = self.rollout_maker.make(rows, train_policy, self.state, more_rows=self.prompts.draw)
         advantages, returns = self.compute_advantages(rollout)
         names, prefix = (self.end_of_thinking_ids, self.reward_func_names), "" if train_policy else "value_pretrain/"
-        batch = (
-            rollout,
-            advantages,
-            returns,
-            *names,
-            prefix,
-            self.critic_lambda() == 1.0,
-        )  # λ = 1: Monte-Carlo returns
+        batch = (rollout, advantages, returns, *names, prefix, self.critic_lambda() == 1.0)  # λ = 1: Monte-Carlo
         metrics = rollout_metrics(self.accelerator, self.args, *batch)
         if int(self.accelerator.reduce(rollout.response_mask.sum().reshape(1), "sum")) == 0:
             # Every sample was skipped (no reward function applied): an update would train on nothing.
@@ -400,6 +401,7 @@ class PPOTrainer(_BaseTrainer):
         saved = resume.saved
         trainer_saving.restore_state(self.state, self.callback_handler.callbacks, resume.path, saved)
         self.learner.nonfinite_steps_in_a_row = saved["nonfinite_steps_in_a_row"]
+        self._resumed_batches = saved.get("batches_consumed", self.state.global_step)
         self.value_pretraining.restore(*saved_phase(saved))
         self.state.max_steps = self.num_training_updates()  # this run's PPO budget (total_episodes may have changed)
         step, seed = self.state.global_step, self.args.seed
@@ -452,7 +454,7 @@ class PPOTrainer(_BaseTrainer):
         """Write `checkpoint-<step>` atomically (see [`~trainer_saving.write_checkpoint`])."""
         run = (self.state, self.batches, self.args, len(self.train_dataset), self.value_pretraining)
         progress = (self.learner.nonfinite_steps_in_a_row, self.callback_handler.callbacks)
-        resume_state = trainer_saving.training_state(*run, *progress)
+        resume_state = trainer_saving.training_state(*run, *progress, self.batches_consumed)
         trainer_saving.write_checkpoint(self, self._get_output_dir(trial=trial), resume_state)
 
     def create_model_card(

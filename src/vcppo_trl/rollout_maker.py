@@ -22,6 +22,7 @@ from trl.data_utils import maybe_apply_chat_template
 
 from .config import PPOConfig
 from .distributed import max_across_processes, whitening_all_reduce
+from .dynamic_sampling import DynamicSamplingStats, choose_groups, informative_groups
 from .generation import Samples, eval_mode
 from .logprobs import packed_response_logprobs
 from .losses import kl_penalty
@@ -31,12 +32,13 @@ from .reward_calls import call_reward_function
 from .rollout import (
     PolicyAndValueModel,
     Rollout,
+    is_correct,
     overlong_penalty,
     policy_logprobs,
     reward_model_scores,
     token_rewards,
 )
-from .scoring import ScoredSamples, decode_completions
+from .scoring import ScoredSamples, concat_scored, decode_completions
 
 logger = logging.get_logger(__name__)
 
@@ -56,6 +58,7 @@ class RolloutStats:
 
     generation: GenerationStats
     forwards: ForwardWork  # values, old and reference log-probs (reward models not counted)
+    dynamic_sampling: DynamicSamplingStats | None = None  # None unless `dynamic_sampling` ran for this rollout
 
 
 def old_logprobs_from_training_forward(args: PPOConfig) -> bool:
@@ -240,8 +243,57 @@ class RolloutMaker:
 
     # ----------------------------------------------------------- the rollout
 
+    def sample_informative_groups(
+        self,
+        rows: list[dict[str, Any]],
+        more_rows: Callable[[], list[dict[str, Any]]],
+        trainer_state=None,
+    ) -> tuple[list[dict[str, Any]], ScoredSamples, DynamicSamplingStats]:
+        """
+        Dynamic sampling (`dynamic_sampling`): sample and score `rows`, then, while some process has fewer groups with
+        both correct and wrong samples than its batch holds, draw the next prompts (`more_rows`) and sample again, up
+        to `dynamic_sampling_max_rounds` rounds. Every process runs the same rounds (one all-reduce per round), so
+        sharded generation never waits on a process that stopped. Each process keeps its first informative groups
+        in drawing order; at the round limit the batch is completed with uninformative ones (counted, warned once).
+
+        Returns:
+            The rows and scored samples of the batch (as many as `rows`), and what the rounds did.
+        """
+        args, k = self.args, self.args.num_generations
+        needed = len(rows) // k
+        drawn_rows, parts, informative = [], [], []
+        for round_index in range(args.dynamic_sampling_max_rounds):
+            if round_index:
+                rows = more_rows()
+            scored = self.sample_and_score(rows, trainer_state=trainer_state)
+            drawn_rows += rows
+            parts.append(scored)
+            informative += informative_groups(is_correct(scored.raw_scores, args.accuracy_threshold), k).tolist()
+            short = int(sum(informative) < needed)
+            if self.accelerator.num_processes > 1:
+                short = max_across_processes(self.accelerator)([short])[0]
+            if not short:
+                break
+        groups, filled = choose_groups(informative, needed)
+        if filled and "dynamic_sampling_limit" not in self.warned:
+            self.warned.add("dynamic_sampling_limit")
+            logger.warning(
+                f"Dynamic sampling: {args.dynamic_sampling_max_rounds} generation rounds gave {sum(informative)} of the "
+                f"{needed} groups with both correct and wrong responses; the batch is completed with groups that are "
+                "all right or all wrong (sampling/dynamic_filled_groups counts them). Raise "
+                "dynamic_sampling_max_rounds, or use prompts nearer the policy's level. (Warned once.)"
+            )
+        idx = [g * k + j for g in groups for j in range(k)]
+        scored = concat_scored(parts, self.tokenizer.pad_token_id).select(idx)
+        stats = DynamicSamplingStats(len(parts), len(informative), sum(informative), filled)
+        return [drawn_rows[i] for i in idx], scored, stats
+
     def make(
-        self, rows: list[dict[str, Any]], train_policy: bool = True, trainer_state=None
+        self,
+        rows: list[dict[str, Any]],
+        train_policy: bool = True,
+        trainer_state=None,
+        more_rows: Callable[[], list[dict[str, Any]]] | None = None,
     ) -> tuple[Rollout, RolloutStats]:
         """
         Generate, score and evaluate one batch of prompts.
@@ -253,13 +305,19 @@ class RolloutMaker:
                 user, or the base model of a PEFT policy whose adapter may not start at zero); only when the
                 reference is a copy of the initial policy, where it is exactly 0, are the log-probabilities skipped.
             trainer_state: The trainer's `TrainerState`, for reward functions that take it.
+            more_rows: Draws the next prompts of the stream, for dynamic sampling's extra rounds (policy updates with
+                `dynamic_sampling` only; value-only updates see the policy's own distribution of prompts).
 
         Returns:
             `(rollout, stats)`: the rollout (`logprobs` is `None` under the on-policy shortcut: the learner's
             forward gives them) and what its generation and forwards took.
         """
         args = self.args
-        scored = self.sample_and_score(rows, trainer_state=trainer_state)
+        dynamic = None
+        if args.dynamic_sampling and train_policy and more_rows is not None:
+            rows, scored, dynamic = self.sample_informative_groups(rows, more_rows, trainer_state)
+        else:
+            scored = self.sample_and_score(rows, trainer_state=trainer_state)
         samples, raw_scores, has_stop = scored.samples, scored.raw_scores, scored.samples.has_stop
         generation = GenerationStats(samples.seconds, samples.num_tokens, getattr(self.sampler, "sync_seconds", None))
         scores = raw_scores.nan_to_num(0.0).clone()
@@ -306,7 +364,7 @@ class RolloutMaker:
         rollout.rewards = token_rewards(
             rollout.scores, rollout.kl, response_mask, args.kl_coef, args.whiten_rewards, all_reduce
         )
-        return rollout, RolloutStats(generation, work)
+        return rollout, RolloutStats(generation, work, dynamic)
 
     def forward_plan(self, rollout: Rollout, tokens: TokenBatch | None = None) -> list[MicroBatch]:
         """

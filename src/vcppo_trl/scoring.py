@@ -25,6 +25,61 @@ class ScoredSamples:
     reward_failed: torch.Tensor  # [B] bool
     raw_scores: torch.Tensor  # [B] weighted sum of the functions, nan where none applied
 
+    def select(self, idx: list[int]) -> ScoredSamples:
+        """The samples `idx`, in that order (tensors stay as wide as they are)."""
+        rows = torch.tensor(idx, dtype=torch.long, device=self.query_ids.device)
+        samples = self.samples
+        return ScoredSamples(
+            self.query_ids[rows],
+            self.query_mask[rows],
+            Samples(
+                samples.response_ids[rows],
+                samples.response_mask[rows],
+                samples.has_stop[rows],
+                None if samples.logprobs is None else samples.logprobs[rows],
+                samples.seconds,
+            ),
+            [self.completions[i] for i in idx],
+            self.rewards_per_func[rows],
+            self.reward_failed[rows],
+            self.raw_scores[rows],
+        )
+
+
+def concat_scored(parts: list[ScoredSamples], pad_token_id: int) -> ScoredSamples:
+    """
+    The samples of several generation rounds as one batch: prompts left-padded and responses right-padded to the
+    widest (`pad_token_id`, mask 0; sampler log-probs 0), generation seconds summed.
+    """
+    if len(parts) == 1:
+        return parts[0]
+    prompt_width = max(p.query_ids.shape[1] for p in parts)
+    response_width = max(p.samples.response_ids.shape[1] for p in parts)
+
+    def left(t: torch.Tensor, value) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (prompt_width - t.shape[1], 0), value=value)
+
+    def right(t: torch.Tensor, value) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, response_width - t.shape[1]), value=value)
+
+    logprobs = [p.samples.logprobs for p in parts]
+    samples = Samples(
+        torch.cat([right(p.samples.response_ids, pad_token_id) for p in parts]),
+        torch.cat([right(p.samples.response_mask, False) for p in parts]),
+        torch.cat([p.samples.has_stop for p in parts]),
+        None if any(lp is None for lp in logprobs) else torch.cat([right(lp, 0.0) for lp in logprobs]),
+        sum(p.samples.seconds for p in parts),
+    )
+    return ScoredSamples(
+        torch.cat([left(p.query_ids, pad_token_id) for p in parts]),
+        torch.cat([left(p.query_mask, 0) for p in parts]),
+        samples,
+        [c for p in parts for c in p.completions],
+        torch.cat([p.rewards_per_func for p in parts]),
+        torch.cat([p.reward_failed for p in parts]),
+        torch.cat([p.raw_scores for p in parts]),
+    )
+
 
 def decode_completions(
     rows: list[dict[str, Any]],

@@ -22,6 +22,7 @@ from .diagnostics import (
     stop_advantage_gap,
     stop_positions,
 )
+from .dynamic_sampling import DynamicSamplingStats
 from .gae import dual_lambda_gae
 from .learner import UpdateResult
 from .losses import sampler_importance_weights
@@ -253,8 +254,29 @@ def learner_metrics(
     metrics = sampling_metrics(accelerator, args, rollout, made.generation, result.importance_weights)
     metrics.update(update_metrics(accelerator, result.stats, train_policy))
     metrics.update(work_metrics(accelerator, made.forwards, result.work))
+    if made.dynamic_sampling is not None:
+        metrics.update(dynamic_sampling_metrics(accelerator, made.dynamic_sampling))
     metrics.update(trl_metric_names(accelerator, rollout, rollout_side | metrics))
     return metrics
+
+
+def dynamic_sampling_metrics(accelerator: Accelerator, stats: DynamicSamplingStats) -> dict[str, float]:
+    """Dynamic sampling over all processes: `sampling/dynamic_rounds` (generation rounds, the same on every process),
+    `sampling/dynamic_informative_fraction` (of the groups drawn, those with both correct and wrong samples) and
+    `sampling/dynamic_filled_groups` (uninformative groups that completed the batch at the round limit)."""
+    counts = torch.tensor(
+        [stats.groups_drawn, stats.informative_groups, stats.filled_groups],
+        dtype=torch.float64,
+        device=accelerator.device,
+    )
+    if accelerator.num_processes > 1:
+        counts = accelerator.reduce(counts, "sum")
+    drawn, informative, filled = counts.tolist()
+    return {
+        "sampling/dynamic_rounds": float(stats.rounds),
+        "sampling/dynamic_informative_fraction": informative / drawn if drawn else float("nan"),
+        "sampling/dynamic_filled_groups": filled,
+    }
 
 
 def work_metrics(accelerator: Accelerator, rollout_forwards: ForwardWork, update: ForwardWork) -> dict[str, float]:

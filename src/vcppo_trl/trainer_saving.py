@@ -148,11 +148,13 @@ def training_state(
     phase: ValuePretrainingPhase,
     nonfinite_steps_in_a_row: int,
     callbacks: list,
+    batches_consumed: int | None = None,
 ) -> dict[str, Any]:
-    """What a checkpoint needs beyond weights, optimizer and RNG to resume exactly (`vcppo_state.json`)."""
+    """What a checkpoint needs beyond weights, optimizer and RNG to resume exactly (`vcppo_state.json`).
+    `batches_consumed`: prompt batches drawn so far (default one per update; more under dynamic sampling)."""
     return {
         "global_step": state.global_step,
-        "batches_consumed": state.global_step,  # one prompt batch per update
+        "batches_consumed": state.global_step if batches_consumed is None else batches_consumed,
         "batch_size": batches.batch_size,
         "num_generations": args.num_generations,
         "num_processes": batches.world_size,

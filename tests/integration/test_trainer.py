@@ -399,7 +399,7 @@ def test_length_adaptive_actor_lambda(make_trainer, tiny_policy, tokenizer, toy_
     assert torch.equal(advantages, expected)
 
 
-# Every VAPO/DAPO option on, with overlong shaping over half the response length.
+# Every VAPO/DAPO option on, with overlong shaping over half the response length and dynamic sampling.
 VAPO_OPTIONS = dict(
     num_generations=4,
     cliprange_high=0.28,
@@ -410,6 +410,8 @@ VAPO_OPTIONS = dict(
     overlong_buffer_length=8,
     overlong_penalty_factor=0.5,
     lam_actor_length_alpha=0.5,
+    dynamic_sampling=True,
+    dynamic_sampling_max_rounds=3,
 )
 
 
@@ -432,6 +434,7 @@ def check_vapo_run(trainer):
             "loss/positive_example_lm_avg",
             "reward/overlong_penalty",
             "reward/overlong_fraction",
+            "sampling/dynamic_rounds",
         ):
             assert math.isfinite(row[key]), key
         assert row["reward/overlong_penalty"] <= 0
@@ -456,3 +459,62 @@ def test_vapo_trainer_builds_its_own_config(tiny_policy, tokenizer, toy_splits, 
     trainer = VAPOTrainer(tiny_policy, length_reward, train_dataset=toy_splits["train"], processing_class=tokenizer)
     assert type(trainer.args) is VAPOConfig
     assert (trainer.args.cliprange_high, trainer.args.positive_example_lm_coef) == (0.28, 0.1)
+
+
+def half_settled_reward(prompts, completions, **kwargs):
+    """Prompts of even length: every sample correct (an uninformative group); odd: correct by the completion's parity."""
+    return [1.0 if len(str(p)) % 2 == 0 else (1.0 if len(c) % 2 else -1.0) for p, c in zip(prompts, completions)]
+
+
+def test_dynamic_sampling_keeps_informative_groups_and_counts_the_prompts(make_trainer, tiny_config):
+    from vcppo_trl.dynamic_sampling import informative_groups
+
+    args = tiny_config(
+        value_pretrain_steps=1,
+        total_episodes=32,
+        num_generations=4,
+        dynamic_sampling=True,
+        dynamic_sampling_max_rounds=6,
+    )
+    trainer = make_trainer(reward_funcs=half_settled_reward, args=args)
+    trainer.train()
+    ppo_rows = [row for row in trainer.state.log_history if "loss/policy_avg" in row]
+    assert len(ppo_rows) == 2 and trainer.state.global_step == 3
+    # Value pretraining draws one batch per update; each PPO update as many as its generation rounds.
+    assert trainer.batches_consumed == 1 + sum(row["sampling/dynamic_rounds"] for row in ppo_rows)
+    assert all(
+        "sampling/dynamic_rounds" not in row for row in trainer.state.log_history if "value_pretrain/loss_avg" in row
+    )
+    rollout, _ = trainer._last_rollout
+    assert rollout.response_ids.shape[0] == 16  # the batch's shape whatever the rounds
+    groups = [rollout.prompts[i : i + 4] for i in range(0, 16, 4)]
+    assert all(len({str(p) for p in group}) == 1 for group in groups)  # groups stay whole
+    informative = informative_groups(rollout.is_correct(args.accuracy_threshold), 4)
+    assert int((~informative).sum()) == ppo_rows[-1]["sampling/dynamic_filled_groups"]
+
+
+def test_dynamic_sampling_stops_at_the_round_limit_and_completes_the_batch(make_trainer, tiny_config, caplog):
+    args = tiny_config(
+        value_pretrain_steps=0,
+        total_episodes=32,
+        num_generations=4,
+        dynamic_sampling=True,
+        dynamic_sampling_max_rounds=3,
+    )
+    trainer = make_trainer(reward_funcs=lambda completions, **kw: [1.0] * len(completions), args=args)
+    with caplog.at_level("WARNING"):
+        trainer.train()
+    rows = [row for row in trainer.state.log_history if "sampling/dynamic_rounds" in row]
+    assert [row["sampling/dynamic_rounds"] for row in rows] == [3, 3]
+    assert all(
+        row["sampling/dynamic_filled_groups"] == 4 and row["sampling/dynamic_informative_fraction"] == 0
+        for row in rows
+    )
+    assert trainer.batches_consumed == 6
+    assert caplog.text.count("Dynamic sampling: 3 generation rounds") == 1
+    assert trainer._last_rollout[0].response_ids.shape[0] == 16
+
+
+def test_dynamic_sampling_needs_several_samples_per_prompt(tmp_path):
+    with pytest.raises(ValueError, match="num_generations >= 2"):
+        PPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, dynamic_sampling=True)

@@ -86,7 +86,7 @@ def test_the_graph_sees_local_and_type_checking_imports():
     assert "vcppo_trl.ppo_trainer" in graph["vcppo_trl.vcppo_trainer"]
     assert "vcppo_trl.ppo_trainer" not in graph["vcppo_trl.distributed"]
     # Pure math imports nothing of the package but the shared masked reductions (and the PPO loss, the losses).
-    for module in ("gae", "masked", "diagnostics", "losses"):
+    for module in ("gae", "masked", "diagnostics", "losses", "micro_batches", "dynamic_sampling"):
         assert graph[f"vcppo_trl.{module}"] <= {"vcppo_trl.masked"}, module
     assert graph["vcppo_trl.ppo_loss"] <= {"vcppo_trl.masked", "vcppo_trl.losses"}
     # The value-pretraining phase is plain state and rules; the trainer's parts do not import the trainer.

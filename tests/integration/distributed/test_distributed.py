@@ -366,6 +366,28 @@ def test_gradient_of_two_ranks_equals_one_big_batch(tmp_path, launcher, loss_typ
         assert counts[0] < 4 and result["computed_tokens"][0] < result["computed_tokens"][1]
 
 
+@pytest.mark.parametrize("launcher", ["ddp", "zero3-sharded-generation"])
+def test_dynamic_sampling_runs_the_same_rounds_on_every_rank(tmp_path, launcher):
+    """Each rank keeps its own informative groups, but every rank generates in every round (under ZeRO-3 sharded
+    generation a rank that stopped would hang the other): the same rounds, the same batch shape, the same weights."""
+    overrides = {"num_generations": 4, "dynamic_sampling": True, "dynamic_sampling_max_rounds": 4}
+    if launcher == "ddp":
+        ranks = _launch(tmp_path, TORCHRUN, extra_env=CPU, worker_args=[json.dumps(overrides)])
+    else:
+        pytest.importorskip("deepspeed")
+        config = os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml")
+        launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file", config, "--main_process_port", "0"]
+        overrides.update(ddp_backend="gloo", ds3_gather_for_generation=False)
+        ranks = _launch(tmp_path, launch, worker_args=[json.dumps(overrides)])
+    r0, r1 = ranks
+    assert r0["global_step"] == r1["global_step"] == 3
+    assert r0["batches_consumed"] == r1["batches_consumed"] == len(r0["seen"]) == len(r1["seen"])
+    ppo = [m for m in r0["metrics"] if "sampling/dynamic_rounds" in m]
+    assert len(ppo) == 2 and r0["batches_consumed"] == 1 + sum(m["sampling/dynamic_rounds"] for m in ppo)
+    assert r0["last_rollout_rows"] == r1["last_rollout_rows"] == 8
+    assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])
+
+
 def test_ddp_refuses_explicit_no_unused_parameters_with_value_pretraining(tmp_path):
     """Value-only updates leave the policy out of the graph: DDP must look for unused parameters, and an explicit
     `ddp_find_unused_parameters=False` stops at construction with the fix instead of hanging in the first update."""

@@ -188,6 +188,8 @@ def main(out_dir: str, extra: list[str]) -> None:
         critic_params=partition_counts(critic_model),
         global_step=trainer.state.global_step,
         batch_size=trainer.batches.batch_size,
+        batches_consumed=trainer.batches_consumed,
+        last_rollout_rows=int(trainer._last_rollout[0].response_ids.shape[0]),
     )
     trainer.save_model(os.path.join(out_dir, "model"))
     if args.push_to_hub:  # every rank calls it, as a script would; the main process alone uploads
