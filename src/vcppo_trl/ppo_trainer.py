@@ -328,7 +328,8 @@ class PPOTrainer(_BaseTrainer):
         if train_policy:
             planned = self.num_value_pretrain_updates() * self.optimizer_steps_per_update()
             self.learner.start_policy_schedule(planned)
-        rollout, made = self.rollout_maker.make(rows, train_policy, self.state, more_rows=self.prompts.draw)
+        more_rows = self.prompts.draw if self.prompts is not None else None  # None: called outside `train`
+        rollout, made = self.rollout_maker.make(rows, train_policy, self.state, more_rows)
         advantages, returns = self.compute_advantages(rollout)
         names, prefix = (self.end_of_thinking_ids, self.reward_func_names), "" if train_policy else "value_pretrain/"
         batch = (rollout, advantages, returns, *names, prefix, self.critic_lambda() == 1.0)  # λ = 1: Monte-Carlo
