@@ -83,3 +83,18 @@ def test_push_error_suggests_one_upload_per_model(monkeypatch, make_trainer, tin
     assert "--exclude 'value_model/*'" in policy_cmd and "--exclude 'checkpoint-*'" in policy_cmd
     assert f"hf upload test-org/offline-value {out}/value_model ." in lines
     assert f"hf upload test-org/offline {out}`" not in message  # never the whole output_dir into the policy repo
+
+
+def test_a_vapo_card_names_vapo_and_the_terms_that_are_on(make_trainer, tiny_config):
+    from vcppo_trl import VAPOConfig, VAPOTrainer
+
+    args = tiny_config(VAPOConfig, total_episodes=16, num_generations=4, dual_clip_c=3.0)
+    trainer = make_trainer(cls=VAPOTrainer, reward_funcs=length_reward, args=args)
+    trainer.train()
+    out = trainer.args.output_dir
+    trainer.save_model(out)
+    card = _read(os.path.join(out, "README.md"))
+    assert "vcppo-trl, a TRL-compatible VAPO trainer" in card and "2504.05118" in card
+    assert "- vapo" in card and "- vc-ppo" in card  # tags
+    for fact in ("(0.2, 0.28)", "positive-example LM loss μ", "dual-clip c"):
+        assert fact in card, fact

@@ -112,6 +112,10 @@ def test_train_py_runs_vapo(tmp_path):
     assert os.path.isfile(out / "model.safetensors")
     bad = run(tiny_run_command(out, "--trainer", "grpo"), tmp_path)
     assert bad.returncode != 0 and "--trainer must be one of vcppo, vapo" in bad.stderr
+    # A bad value stops before any model is built, naming the field and the fix.
+    bad = run(tiny_run_command(out, "--trainer", "vapo", "--cliprange_high", "0.1"), tmp_path)
+    assert bad.returncode != 0 and "`cliprange_high` (0.1) must be >= `cliprange` (0.2)" in bad.stderr
+    assert "cold-start SFT" not in bad.stderr
 
 
 def test_prepare_dataset_renames_and_wraps():
