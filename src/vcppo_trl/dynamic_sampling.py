@@ -42,3 +42,4 @@ class DynamicSamplingStats:
     groups_drawn: int  # groups sampled over all rounds
     informative_groups: int  # of which had both correct and wrong samples
     filled_groups: int  # uninformative groups used to complete the batch at the round limit
+    generated_tokens: int = 0  # response tokens generated over all rounds (the kept ones and the dropped ones)

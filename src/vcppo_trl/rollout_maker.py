@@ -285,7 +285,8 @@ class RolloutMaker:
             )
         idx = [g * k + j for g in groups for j in range(k)]
         scored = concat_scored(parts, self.tokenizer.pad_token_id).select(idx)
-        stats = DynamicSamplingStats(len(parts), len(informative), sum(informative), filled)
+        tokens = sum(part.samples.num_tokens for part in parts)
+        stats = DynamicSamplingStats(len(parts), len(informative), sum(informative), filled, tokens)
         return [drawn_rows[i] for i in idx], scored, stats
 
     def make(
@@ -319,7 +320,8 @@ class RolloutMaker:
         else:
             scored = self.sample_and_score(rows, trainer_state=trainer_state)
         samples, raw_scores, has_stop = scored.samples, scored.raw_scores, scored.samples.has_stop
-        generation = GenerationStats(samples.seconds, samples.num_tokens, getattr(self.sampler, "sync_seconds", None))
+        tokens = samples.num_tokens if dynamic is None else dynamic.generated_tokens  # every round's, for the rate
+        generation = GenerationStats(samples.seconds, tokens, getattr(self.sampler, "sync_seconds", None))
         scores = raw_scores.nan_to_num(0.0).clone()
         if args.missing_eos_penalty is not None:
             scores = scores - args.missing_eos_penalty * (~has_stop).float()
