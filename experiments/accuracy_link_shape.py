@@ -26,9 +26,12 @@ import os
 import statistics as st
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from run_files import git_commit
 from task_majority import MajorityBudget
+from task_running_sum import RunningSumBudget
 from toy_assets import build_cold_start
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -37,20 +40,72 @@ QUARTERS = (1 / 8, 3 / 8, 5 / 8, 7 / 8)
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-    """A candidate task: its budget (data, cold start, model) and its chance level."""
+    """A candidate task: its budget (data, cold start, model), its chance level, and what the measurements read of a
+    problem (its prompt): the lines of its complete solution, the exact running state's answer after k lines (k = all:
+    the problem's answer), the reference solution stopped after k lines, the verifier and the reasoning-line count."""
 
-    budget: MajorityBudget
+    budget: Any
     chance: float
-    encoding: str
+    answers: tuple[str, ...]
+    num_lines: Callable[[str], int]
+    answer_after: Callable[[str, int], str]
+    reference: Callable[[str, int], str]
+    is_correct: Callable[[str, str], bool]
+    reasoning_lines: Callable[[str], int]
+
+
+def majority_candidate(budget: MajorityBudget) -> Candidate:
+    """The majority task (`vcppo_trl.toy.majority`) in the budget's variant."""
+    from vcppo_trl.toy import majority
+
+    def solution(prompt: str, k: int) -> str:
+        return majority.format_solution(majority.parse_prompt(prompt), k, budget.tally, budget.encoding)
+
+    return Candidate(
+        budget,
+        chance=0.5,
+        answers=("0", "1"),
+        num_lines=lambda p: len(majority.parse_prompt(p)),
+        answer_after=lambda p, k: str(majority.leader_after(majority.parse_prompt(p), k)),
+        reference=solution,
+        is_correct=majority.is_correct,
+        reasoning_lines=majority.reasoning_lines,
+    )
+
+
+def running_sum_candidate(budget: RunningSumBudget) -> Candidate:
+    """The running-sum task (`vcppo_trl.toy.running_sum`) modulo the budget's modulus."""
+    from vcppo_trl.toy import running_sum
+
+    def answer_after(prompt: str, k: int) -> str:
+        digits, modulus = running_sum.parse_prompt(prompt)
+        return str(running_sum.running_sum_after(digits, k, modulus))
+
+    def solution(prompt: str, k: int) -> str:
+        digits, modulus = running_sum.parse_prompt(prompt)
+        return running_sum.format_solution(digits, k, modulus)
+
+    return Candidate(
+        budget,
+        chance=1 / budget.modulus,
+        answers=tuple(str(r) for r in range(budget.modulus)),
+        num_lines=lambda p: len(running_sum.parse_prompt(p)[0]),
+        answer_after=answer_after,
+        reference=solution,
+        is_correct=running_sum.is_correct,
+        reasoning_lines=running_sum.reasoning_lines,
+    )
 
 
 CANDIDATES = {
     # C1 of the plan: the majority task with the `changes` encoding, fair strings, 2,200 cold-start steps.
-    "majority-changes": Candidate(
-        dataclasses.replace(MajorityBudget(), encoding="changes", tally="counts", bias=0.5, cold_start_steps=2200),
-        chance=0.5,
-        encoding="changes",
+    "majority-changes": majority_candidate(
+        dataclasses.replace(MajorityBudget(), encoding="changes", tally="counts", bias=0.5, cold_start_steps=2200)
     ),
+    # C2: the sum of 15-31 digits mod 5, one running sum per line; the same cold-start mix, steps and model.
+    "sum-mod-5": running_sum_candidate(RunningSumBudget(modulus=5)),
+    # C3: the parity of 15-31 bits, one running parity per line; the same settings.
+    "parity": running_sum_candidate(RunningSumBudget(modulus=2)),
 }
 
 
@@ -61,13 +116,12 @@ def no_reasoning_text(prompt: str) -> str:
     return prompt + f"{THINK_START}{THINK_END} \\boxed{{"
 
 
-def forced_stop_text(prompt: str, bits: list[int], k: int, encoding: str) -> str:
-    """The prompt and the reference solution's first `k` lines (an exact running state), closed, up to the answer."""
-    from vcppo_trl.toy.majority import format_solution
+def forced_stop_text(prompt: str, reference: str) -> str:
+    """The prompt and a reference solution's reasoning (its first k lines: an exact running state), closed, up to the
+    answer."""
     from vcppo_trl.toy.task import THINK_END
 
-    reasoning = format_solution(bits, stop_line=k, encoding=encoding).split(THINK_END)[0]
-    return prompt + reasoning + f"{THINK_END} \\boxed{{"
+    return prompt + reference.split(THINK_END)[0] + f"{THINK_END} \\boxed{{"
 
 
 def forced_answers(model, tokenizer, texts: list[str], batch_size: int = 64) -> list[str | None]:
@@ -107,8 +161,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from vcppo_trl.toy.majority import is_correct as majority_correct
-    from vcppo_trl.toy.majority import leader_after, majority_answer, parse_prompt, reasoning_lines
     from vcppo_trl.toy.reward_model import sample_responses
     from vcppo_trl.toy.task import extract_boxed_answer
 
@@ -124,24 +176,24 @@ def main(argv: list[str] | None = None) -> int:
     splits = budget.splits()
     test, train = splits["test"], splits["train"]
     prompts, solutions = list(test["prompt"]), list(test["solution"])
-    bits = [parse_prompt(p) for p in prompts]
-    gold = [str(majority_answer(b)) for b in bits]
+    lengths = [candidate.num_lines(p) for p in prompts]
+    gold = [candidate.answer_after(p, n) for p, n in zip(prompts, lengths)]
     t0 = time.time()
 
     # R1: the answer right after the think-open marker.
     no_reasoning = forced_answers(model, tokenizer, [no_reasoning_text(p) for p in prompts])
     r1 = mean_and_se([a == g for a, g in zip(no_reasoning, gold)])
     r1["chance"] = candidate.chance
-    r1["answered"] = st.mean(a in ("0", "1") for a in no_reasoning)
+    r1["answered"] = st.mean(a in candidate.answers for a in no_reasoning)
 
     # R2: forced stops on the exact running state.
     forced = {}
     for q in QUARTERS:
         texts, exact = [], []
-        for p, b in zip(prompts, bits):
-            k = max(1, math.ceil(q * len(b)))
-            texts.append(forced_stop_text(p, b, k, candidate.encoding))
-            exact.append(leader_after(b, k) == majority_answer(b))
+        for p, n, g in zip(prompts, lengths, gold):
+            k = max(1, math.ceil(q * n))
+            texts.append(forced_stop_text(p, candidate.reference(p, k)))
+            exact.append(candidate.answer_after(p, k) == g)
         answers = forced_answers(model, tokenizer, texts)
         forced[f"{q:.3f}"] = mean_and_se([a == g for a, g in zip(answers, gold)]) | {
             "exact_state_accuracy": st.mean(exact)
@@ -151,21 +203,21 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(1)
     responses = sample_responses(model, tokenizer, prompts, max_new_tokens=budget.response_length)
     texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
-    correct = [majority_correct(t, s) for t, s in zip(texts, solutions)]
-    lines = [reasoning_lines(t) for t in texts]
-    complete = [c for c, k, b in zip(correct, lines, bits) if k == len(b)]
+    correct = [candidate.is_correct(t, s) for t, s in zip(texts, solutions)]
+    lines = [candidate.reasoning_lines(t) for t in texts]
+    complete = [c for c, k, n in zip(correct, lines, lengths) if k == n]
     sampled = mean_and_se(correct) | {
         "complete": mean_and_se(complete),
-        "stop_line_fraction_mean": st.mean(min(k / len(b), 1.0) for k, b in zip(lines, bits)),
+        "stop_line_fraction_mean": st.mean(min(k / n, 1.0) for k, n in zip(lines, lengths)),
         "response_tokens_mean": st.mean(len(r) for r in responses),
-        "answered": st.mean(extract_boxed_answer(t) in ("0", "1") for t in texts),
+        "answered": st.mean(extract_boxed_answer(t) in candidate.answers for t in texts),
     }
     first = 100
     many = sample_responses(
         model, tokenizer, [p for p in prompts[:first] for _ in range(8)], max_new_tokens=budget.response_length
     )
     many_texts = tokenizer.batch_decode(many, skip_special_tokens=True)
-    hits = [majority_correct(t, s) for t, s in zip(many_texts, [s for s in solutions[:first] for _ in range(8)])]
+    hits = [candidate.is_correct(t, s) for t, s in zip(many_texts, [s for s in solutions[:first] for _ in range(8)])]
     per_prompt = [hits[i * 8 : (i + 1) * 8] for i in range(first)]
     pass_at = {"pass@1": st.mean(hits), "pass@8": st.mean(any(h) for h in per_prompt), "prompts": first}
     # The cold start's mean sampled length on training prompts: VAPO's α on the toy (plan §2).
