@@ -38,14 +38,25 @@ def run_vcppo(
 ) -> list[dict]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from vcppo_trl import VCPPOConfig, VCPPOTrainer
+    from vcppo_trl import VAPOConfig, VAPOTrainer, VCPPOConfig, VCPPOTrainer
     from vcppo_trl.rewards import math_verify_reward
 
     pretrain = (
         getattr(budget, variant.pretrain_field) if variant.pretrain_updates is None else variant.pretrain_updates
     )
     pretrain = pretrain if variant.pretrain else 0
-    args = VCPPOConfig(
+    config_class, trainer_class, vapo = VCPPOConfig, VCPPOTrainer, {}
+    if variant.trainer == "vapo":
+        # VAPOConfig's parts (clip-higher, the positive-example LM loss, value pretraining, λ_critic 1) with the
+        # toy's α (length-adaptive λ at the toy's lengths) and its group size; the learning rates, the schedule and
+        # the pretraining length stay the budget's, as for every other variant (results/accuracy_link/plan.md).
+        config_class, trainer_class = VAPOConfig, VAPOTrainer
+        vapo = {
+            "lam_actor_length_alpha": budget.vapo_length_alpha,
+            "num_generations": budget.grpo_generations,
+            "lr_scheduler_type": VCPPOConfig.lr_scheduler_type,
+        }
+    args = config_class(
         **_common_args(out_dir, seed),
         eval_strategy="no",
         num_sample_generations=0,
@@ -70,11 +81,12 @@ def run_vcppo(
         value_pretrain_stop_explained_variance=None,
         missing_eos_penalty=1.0,
         reward_weights=[1.0, 0.0],
+        **(vapo | dict(variant.options)),
     )
     critics = {"controlled_bias": "controlled_bias_critic", "rm_eos": "reward_model_eos"}  # else "reward_model"
     critic_dir = assets[critics.get(variant.critic, "reward_model")]
     tokenizer = AutoTokenizer.from_pretrained(assets["policy"])
-    trainer = VCPPOTrainer(
+    trainer = trainer_class(
         model=AutoModelForCausalLM.from_pretrained(assets["policy"]),
         processing_class=tokenizer,
         reward_funcs=[math_verify_reward, *budget.logged_rewards()],
@@ -112,6 +124,7 @@ def run_grpo(variant: Variant, seed: int, budget: Budget, assets: dict, out_dir:
         temperature=1.0,
         reward_weights=[1.0, 0.0],
         disable_dropout=True,
+        **dict(variant.options),
     )
     tokenizer = AutoTokenizer.from_pretrained(assets["policy"])
     trainer = GRPOTrainer(

@@ -105,12 +105,12 @@ def short_form(completions, **kwargs) -> list[float]:
 
 @dataclass(frozen=True)
 class Variant:
-    """One arm of the comparison. `critic`: where the critic starts ("rm", "controlled_bias", or on the majority task
-    "rm_eos", the EOS-only reward model beside the prefix-trained one); unused by GRPO."""
+    """One arm of the comparison. `critic`: where the critic starts ("rm", "controlled_bias", or on the majority and
+    running-sum tasks "rm_eos", the EOS-only reward model beside the prefix-trained one); unused by GRPO."""
 
     name: str
     label: str
-    trainer: str = "vcppo"  # "vcppo" or "grpo"
+    trainer: str = "vcppo"  # "vcppo", "vapo" (VAPOConfig's parts on the budget's learning rates) or "grpo"
     critic: str = "rm"
     pretrain: bool = False
     pretrain_updates: int | None = None  # None: the budget's field named by `pretrain_field`
@@ -119,6 +119,8 @@ class Variant:
     lam_critic: float = 0.95
     group: str = "main"
     value_lr_ratio: float | None = None  # critic lr = ratio x policy lr; None: the budget's value_learning_rate
+    # Config fields set on top of the variant's trainer config (an ablation: e.g. (("cliprange_high", None),)).
+    options: tuple[tuple[str, Any], ...] = ()
 
     def value_learning_rate(self, budget: Budget) -> float:
         return (
