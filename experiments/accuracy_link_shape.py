@@ -106,6 +106,8 @@ CANDIDATES = {
     "sum-mod-5": running_sum_candidate(RunningSumBudget(modulus=5)),
     # C3: the parity of 15-31 bits, one running parity per line; the same settings.
     "parity": running_sum_candidate(RunningSumBudget(modulus=2)),
+    # C4 (plan.md's amendment of 2026-12-02, measured only if C3 is dropped): the sum mod 3.
+    "sum-mod-3": running_sum_candidate(RunningSumBudget(modulus=3)),
 }
 
 

@@ -130,6 +130,25 @@ def verdict(values: Sequence[float]) -> str:
     return "gains" if mean - half > 0 else "keeps"
 
 
+def welch_interval(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """The difference of the means of `a` and `b` and its 95 % Welch interval `(difference, low, high)`: the
+    Welch–Satterthwaite degrees of freedom, rounded down (a conservative t quantile); nan with fewer than two finite
+    values on a side."""
+    xs = [x for x in a if x is not None and not math.isnan(x)]
+    ys = [y for y in b if y is not None and not math.isnan(y)]
+    if len(xs) < 2 or len(ys) < 2:
+        return math.nan, math.nan, math.nan
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    vx = sum((x - mx) ** 2 for x in xs) / (len(xs) - 1) / len(xs)
+    vy = sum((y - my) ** 2 for y in ys) / (len(ys) - 1) / len(ys)
+    diff = mx - my
+    if vx + vy == 0:
+        return diff, diff, diff
+    df = (vx + vy) ** 2 / (vx**2 / (len(xs) - 1) + vy**2 / (len(ys) - 1))
+    half = _T95.get(max(int(df), 1), 1.96) * math.sqrt(vx + vy)
+    return diff, diff - half, diff + half
+
+
 def interval(values: Sequence[float]) -> tuple[float, float]:
     mean, half = mean_ci(values)
     return mean - half, mean + half

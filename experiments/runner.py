@@ -144,7 +144,7 @@ def run_one(variant: Variant, seed: int, budget: Budget, assets: dict, path: str
 
     torch.set_num_threads(1)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    from vcppo_trl.toy import greedy_accuracy
+    from vcppo_trl.toy import greedy_accuracy, sampled_accuracy
 
     splits = budget.splits()
     columns = ["prompt", "solution", "difficulty"]
@@ -158,6 +158,12 @@ def run_one(variant: Variant, seed: int, budget: Budget, assets: dict, path: str
 
     tokenizer = AutoTokenizer.from_pretrained(assets["policy"])
     final_eval = greedy_accuracy(policy, tokenizer, splits["test"], max_new_tokens=budget.response_length)
+    sampled = {}
+    if budget.held_out_samples():
+        sampled["final_eval_sampled"] = sampled_accuracy(
+            policy, tokenizer, splits["test"], budget.held_out_samples(), budget.response_length, seed=seed
+        )
+        sampled["cold_start_eval_sampled"] = assets["cold_start_eval_sampled"]
     record = {
         "variant": dataclasses.asdict(variant),
         "seed": seed,
@@ -167,6 +173,7 @@ def run_one(variant: Variant, seed: int, budget: Budget, assets: dict, path: str
         "wall_seconds": time.time() - t0,
         "cold_start_eval": assets["cold_start_eval"],
         "final_eval": final_eval,
+        **sampled,
         "log_history": history,
     }
     write_json(path, record)

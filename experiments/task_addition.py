@@ -5,8 +5,8 @@ The toy (additions of 1- to 6-digit numbers, a cold start on a mix of worked and
 variants that start from a controlled-bias critic) is described in `reproduce.py`'s docstring, its `--help`.
 
 `Budget` and `Variant` are also the types every task builds on: the stop-anytime task's budget
-(`task_majority.MajorityBudget`) extends `Budget` and overrides its task hooks (`splits`, `logged_rewards`,
-`model_size`, `reward_model_prefixes`).
+(`task_majority.MajorityBudget`) and the running-sum one (`task_running_sum.RunningSumBudget`) extend `Budget` and
+override its task hooks (`splits`, `logged_rewards`, `model_size`, `reward_model_prefixes`, `held_out_samples`).
 """
 
 from __future__ import annotations
@@ -72,6 +72,11 @@ class Budget:
     def reward_model_prefixes(self) -> int:
         """Truncated prefixes per response in the baseline critic's reward model (0: complete responses only, and no
         EOS-only reward model beside it)."""
+        return 0
+
+    def held_out_samples(self) -> int:
+        """Samples per held-out prompt of the sampled evaluation beside the greedy one (temperature 1); 0: greedy
+        only."""
         return 0
 
 

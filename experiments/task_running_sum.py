@@ -5,10 +5,11 @@ model's truncated prefixes). Chosen or dropped by the rules in `results/accuracy
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from task_addition import Budget
+from task_addition import SMOKE_BUDGET, Budget, Variant
 
 
 @dataclass(frozen=True)
@@ -26,8 +27,15 @@ class RunningSumBudget(Budget):
     toy_hidden_size: int = 96
     toy_num_layers: int = 2
     response_length: int = 192  # complete responses are 87-167 tokens
+    # The PPO baseline's critics: a reward model trained on complete responses and on truncated prefixes (our device,
+    # vcppo_trl.toy.reward_model) and the paper's EOS-only one beside it (`reward_model_eos`), as on the majority task.
     rm_prefixes_per_response: int = 1
     rm_samples: int = 640
+    ppo_updates: int = 40
+    # Held-out evaluation: greedy, and `eval_samples` samples per prompt at temperature 1 (plan.md §3).
+    eval_samples: int = 4
+    # VAPO's α on the toy (plan.md §2): 1 / (0.05 · l̄), l̄ the cold start's mean sampled length on training prompts.
+    vapo_length_alpha: float = 0.1
 
     def asset_key(self) -> dict[str, Any]:
         keys = (
@@ -68,3 +76,81 @@ class RunningSumBudget(Budget):
 
     def reward_model_prefixes(self) -> int:
         return self.rm_prefixes_per_response
+
+    def held_out_samples(self) -> int:
+        return self.eval_samples
+
+
+RUNNING_SUM_SMOKE_BUDGET = RunningSumBudget(
+    **{
+        **{f.name: getattr(SMOKE_BUDGET, f.name) for f in dataclasses.fields(Budget) if f.name != "short_fraction"},
+        "min_digits": 3,
+        "max_digits": 5,
+        "response_length": 40,
+        "eval_samples": 2,
+    }
+)
+
+
+# The grid (plan.md §2, in the order variants are cut when the time does not allow them all: last cut first). Equal
+# samples: 32 responses per update for every variant (PPO and VC-PPO: 32 prompts x 1; VAPO and GRPO: 8 prompts x the
+# budget's grpo_generations = 4), the same updates, learning rates and schedule.
+ACCURACY_LINK_GRID = (
+    Variant("ppo", "PPO (RM critic trained with truncated prefixes, λ .95/.95)"),
+    Variant("ppo_rm_eos", "PPO (the paper's EOS-only RM critic, λ .95/.95)", critic="rm_eos"),
+    Variant("vcppo", "VC-PPO (pretrain, λ .95/1.0)", pretrain=True, lam_critic=1.0),
+    Variant("vapo", "VAPO (every part, α_toy)", trainer="vapo", pretrain=True, lam_critic=1.0),
+    Variant("grpo", "GRPO (TRL 1.16 GRPOTrainer, dapo loss)", trainer="grpo"),
+    Variant("vcppo_no_dgae", "VC-PPO w/o decoupled GAE (pretrain, λ .95/.95)", pretrain=True),
+    Variant(
+        "vapo_no_clip_higher",
+        "VAPO w/o clip-higher (ε 0.2/0.2)",
+        trainer="vapo",
+        pretrain=True,
+        lam_critic=1.0,
+        options=(("cliprange_high", None),),
+    ),
+    Variant(
+        "vapo_no_lm_loss",
+        "VAPO w/o the positive-example LM loss",
+        trainer="vapo",
+        pretrain=True,
+        lam_critic=1.0,
+        options=(("positive_example_lm_coef", 0.0),),
+    ),
+    Variant(
+        "grpo_clip_higher",
+        "GRPO (TRL 1.16, dapo loss) with clip-higher (epsilon_high 0.28)",
+        trainer="grpo",
+        options=(("epsilon_high", 0.28),),
+    ),
+)
+
+
+# Written before any RL run on the accuracy-link task (plan.md §3); not to be edited after the runs.
+ACCURACY_LINK_PREDICTION = """\
+Prediction (written before the table's runs). When the answer needs the whole reasoning (an answer given before the
+last line is right only by chance):
+  1. PPO loses held-out length and accuracy, with the reward-model critic trained on truncated prefixes and with the
+     paper's EOS-only one;
+  2. VC-PPO keeps length and gains accuracy;
+  3. VAPO ends at or above VC-PPO.
+What counts: per variant, Δ = end − cold start of held-out accuracy (greedy, and sampled: temperature 1, 4 samples per
+prompt) and of held-out length, over seeds, with a 95 % t-interval: "loses" when it lies below 0, "keeps" when it
+contains 0, "gains" when it lies above 0. Two variants are compared on their end values by a 95 % Welch interval of
+the difference of their means: "differs" when it excludes 0. A negative result is reported with the diagnostic that
+names the failed link: no spurious stop gap at the first updates, a true stop penalty (λ = 1 gap) larger than the
+spurious one, or a critic that refits before the policy drifts.
+"""
+# The comparisons the report makes by the Welch rule (first minus second).
+ACCURACY_LINK_PAIRS = (
+    ("vcppo", "ppo"),
+    ("vcppo", "ppo_rm_eos"),
+    ("vapo", "vcppo"),
+    ("vapo", "grpo"),
+    ("vcppo", "grpo"),
+    ("vcppo", "vcppo_no_dgae"),
+    ("vapo", "vapo_no_clip_higher"),
+    ("vapo", "vapo_no_lm_loss"),
+    ("grpo_clip_higher", "grpo"),
+)

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
 def build_cold_start(budget: Budget, cache_dir: str) -> dict[str, Any]:
     """The cold-start policy (cached under `cache_dir/cold_start`, keyed by `budget.asset_key()` in
-    `cache_dir/assets.json`) and its greedy held-out scores; returns the manifest."""
+    `cache_dir/assets.json`) and its greedy held-out scores (and sampled ones where the budget asks); returns the
+    manifest."""
     from vcppo_trl.toy import build_tiny_model, build_tokenizer, cold_start_sft, greedy_accuracy
 
     os.makedirs(cache_dir, exist_ok=True)
@@ -44,6 +45,20 @@ def build_cold_start(budget: Budget, cache_dir: str) -> dict[str, Any]:
         seconds = time.time() - t0
         evaluation = greedy_accuracy(policy, tokenizer, splits["test"], max_new_tokens=budget.response_length)
         manifest = {"key": key, "cold_start_seconds": seconds, "cold_start_eval": evaluation}
+        write_json(manifest_path, manifest)
+    if budget.held_out_samples() and "cold_start_eval_sampled" not in manifest:
+        # The sampled evaluation (tasks that ask for it), added to a cached cold start without rebuilding it.
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from vcppo_trl.toy import sampled_accuracy
+
+        manifest["cold_start_eval_sampled"] = sampled_accuracy(
+            AutoModelForCausalLM.from_pretrained(policy_dir),
+            AutoTokenizer.from_pretrained(policy_dir),
+            budget.splits()["test"],
+            budget.held_out_samples(),
+            budget.response_length,
+        )
         write_json(manifest_path, manifest)
     manifest["policy"] = policy_dir
     return manifest

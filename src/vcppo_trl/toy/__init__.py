@@ -19,7 +19,7 @@ from .defaults import (
     TOY_SFT_TARGET_ACCURACY,
     TOY_SFT_WARMUP_STEPS,
 )
-from .evaluate import greedy_accuracy, is_correct, teacher_forced_exact_match
+from .evaluate import greedy_accuracy, is_correct, sampled_accuracy, teacher_forced_exact_match
 from .model import build_tiny_model
 from .task import (
     extract_boxed_answer,
@@ -61,5 +61,6 @@ __all__ = [
     "make_arithmetic_dataset",
     "make_splits",
     "response_mode",
+    "sampled_accuracy",
     "teacher_forced_exact_match",
 ]

@@ -194,3 +194,48 @@ def teacher_forced_exact_match(
             groups[d].append(ok)
         metrics["exact_match_by_difficulty"] = {d: sum(v) / len(v) for d, v in sorted(groups.items())}
     return metrics
+
+
+@torch.no_grad()
+def sampled_accuracy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    dataset: Dataset,
+    num_samples: int = 4,
+    max_new_tokens: int = TOY_MAX_NEW_TOKENS,
+    temperature: float = 1.0,
+    seed: int = 0,
+    batch_size: int = 64,
+) -> dict[str, Any]:
+    """Evaluates `model` by sampling `num_samples` responses per prompt at `temperature` (pure sampling).
+
+    Greedy decoding hides a stop whose probability stays below one half at every step; sampling shows the policy's own
+    length and accuracy. The sampling uses its own generator state (`seed`), so the caller's random state is left as
+    it was and the same model always gives the same figures.
+
+    Returns:
+        `dict[str, Any]`: `accuracy` (share of correct samples), `pass_at_k` (share of prompts with a correct sample
+        among their `num_samples`), `response_length_mean` (generated tokens, eos included), `eos_rate`,
+        `num_samples`, `num_examples` and `temperature`.
+    """
+    from .reward_model import sample_responses
+
+    if num_samples < 1:
+        raise ValueError(f"`num_samples` must be at least 1, got {num_samples}.")
+    prompts = [p for p in dataset["prompt"] for _ in range(num_samples)]
+    solutions = [s for s in dataset["solution"] for _ in range(num_samples)]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        responses = sample_responses(model, tokenizer, prompts, max_new_tokens, batch_size, temperature)
+    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+    correct = [is_correct(t, s) for t, s in zip(texts, solutions)]
+    per_prompt = [correct[i : i + num_samples] for i in range(0, len(correct), num_samples)]
+    return {
+        "accuracy": sum(correct) / max(len(correct), 1),
+        "pass_at_k": sum(any(c) for c in per_prompt) / max(len(per_prompt), 1),
+        "response_length_mean": sum(len(r) for r in responses) / max(len(responses), 1),
+        "eos_rate": sum(tokenizer.eos_token_id in r for r in responses) / max(len(responses), 1),
+        "num_samples": num_samples,
+        "num_examples": len(per_prompt),
+        "temperature": temperature,
+    }
