@@ -83,7 +83,7 @@ def running_sum_candidate(budget: RunningSumBudget) -> Candidate:
 
     def solution(prompt: str, k: int) -> str:
         digits, modulus = running_sum.parse_prompt(prompt)
-        return running_sum.format_solution(digits, k, modulus)
+        return running_sum.format_solution(digits, k, modulus, budget.tally)
 
     return Candidate(
         budget,
@@ -108,6 +108,11 @@ CANDIDATES = {
     "parity": running_sum_candidate(RunningSumBudget(modulus=2)),
     # C4 (plan.md's amendment of 2026-12-02, measured only if C3 is dropped): the sum mod 3.
     "sum-mod-3": running_sum_candidate(RunningSumBudget(modulus=3)),
+    # C5 (the second amendment, measured only if C3 and C4 are dropped): fair bits on the majority task's counts
+    # lines, the answer the number of ones mod 5.
+    "count-mod-5": running_sum_candidate(
+        RunningSumBudget(modulus=5, values=2, tally="counts", response_length=320)  # the majority task's lengths
+    ),
 }
 
 

@@ -38,7 +38,9 @@ def accuracy_link_rows(runs: dict[str, list[dict]], variants) -> list[dict[str, 
             row["d_" + column] = [
                 r[section][key] - r[_COLD[section]][key] if section in r else math.nan for r in records
             ]
-        row["d_train_len"] = [window_mean(series(r, "length"), False) - window_mean(series(r, "length"), True) for r in records]
+        row["d_train_len"] = [
+            window_mean(series(r, "length"), False) - window_mean(series(r, "length"), True) for r in records
+        ]
         row["gap_start"] = [window_mean(series(r, "gap"), True) for r in records]
         row["gap_end"] = [window_mean(series(r, "gap"), False) for r in records]
         row["minutes"] = [r["wall_seconds"] / 60.0 for r in records]

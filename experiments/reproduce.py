@@ -81,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         help="Run (and report) these seeds instead of the budget's, e.g. --seeds 3 4 5 to rerun the table with seeds "
         "not used before. Saved runs of other seeds are kept; a run's file records its seed and commit.",
     )
+    parser.add_argument(
+        "--updates",
+        type=int,
+        help="Policy updates per run instead of the budget's (a pilot: the cost per update and the first updates' "
+        "diagnostics, into its own --results-dir).",
+    )
     parser.add_argument("--workers", type=int, default=2, help="Parallel worker processes (one torch thread each).")
     parser.add_argument("--results-dir", default=DEFAULT_RESULTS)
     parser.add_argument("--cache-dir", default=DEFAULT_CACHE)
@@ -95,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         if len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0:
             parser.error(f"--seeds must be distinct non-negative integers, got {args.seeds}")
         budget = dataclasses.replace(budget, seeds=tuple(args.seeds))
+    if args.updates is not None:
+        if args.updates < 1:
+            parser.error(f"--updates must be at least 1, got {args.updates}")
+        budget = dataclasses.replace(budget, ppo_updates=args.updates)
     if subdir:
         args.results_dir = os.path.join(args.results_dir, subdir)
         args.cache_dir = os.path.join(args.cache_dir, subdir)

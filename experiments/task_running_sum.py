@@ -1,6 +1,8 @@
-"""The accuracy-link toy's candidate tasks `sum-mod-5` and `parity` (`vcppo_trl.toy.running_sum`): their budget and
-task assets (the splits, the reasoning-lines metric logged beside the verifier, the toy policy's size, the reward
-model's truncated prefixes). Chosen or dropped by the rules in `results/accuracy_link/plan.md`.
+"""The accuracy-link toy (`vcppo_trl.toy.running_sum`): a task where an answer given before the end of the reasoning is
+right only by chance, its budget and task assets (the splits, the reasoning-lines metric logged beside the verifier,
+the toy policy's size, the reward model's truncated prefixes, the sampled held-out evaluation), the grid of variants
+in the order they are cut, and the prediction written before its runs. The task is chosen among the candidates of
+`results/accuracy_link/plan.md` by its rules (`accuracy_link_shape.py`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ class RunningSumBudget(Budget):
     short_fraction: float = 0.0
     cold_start_steps: int = 2200
     modulus: int = 5
+    values: int | None = None  # digits drawn from [0, values - 1]; None: [0, modulus - 1]
+    tally: str = "mod"  # "mod" (the running sum mod m per line) or, for bits, "counts" (ones:zeros)
     min_digits: int = 15
     max_digits: int = 31
     early_stop_fraction: float = 0.5
@@ -49,7 +53,12 @@ class RunningSumBudget(Budget):
             "toy_hidden_size",
             "toy_num_layers",
         )
-        return {"task": "running_sum", **{k: getattr(self, k) for k in keys}}
+        key = {"task": "running_sum", **{k: getattr(self, k) for k in keys}}
+        # Only where they differ from the first running-sum assets, so that those stay valid.
+        for k, default in (("values", None), ("tally", "mod")):
+            if getattr(self, k) != default:
+                key[k] = getattr(self, k)
+        return key
 
     def splits(self, cold_start: bool = False):
         """The train/test splits (seed 0 for every run: the same problems, whatever the seed)."""
@@ -63,6 +72,8 @@ class RunningSumBudget(Budget):
             min_digits=self.min_digits,
             max_digits=self.max_digits,
             early_stop_fraction=self.early_stop_fraction,
+            values=self.values,
+            tally=self.tally,
         )
 
     def logged_rewards(self) -> list:

@@ -58,6 +58,27 @@ def test_an_answer_after_k_lines_is_scored_against_the_whole_sum(verifier):
     assert running_sum_reward([[{"role": "assistant", "content": format_solution(DIGITS)}]], ["\\boxed{3}"]) == [1.0]
 
 
+def test_counts_lines_on_bits_answer_the_ones_mod_m():
+    bits = [1, 1, 0, 1, 1, 1, 1]  # six ones: 1 mod 5
+    assert format_solution(bits, 3, modulus=5, tally="counts") == "<think>a1 1:0\nb1 2:0\nc0 2:1\n</think> \\boxed{2}"
+    assert format_solution(bits, modulus=5, tally="counts").endswith("g1 6:1\n</think> \\boxed{1}")
+    assert reasoning_lines(format_solution(bits, 5, modulus=5, tally="counts")) == 5
+    data = make_running_sum_dataset(50, seed=1, modulus=5, values=2, tally="counts")
+    for row in data:
+        digits, modulus = parse_prompt(row["prompt"])
+        assert set(digits) <= {0, 1} and modulus == 5
+        assert row["completion"] == format_solution(digits, row["stop_line"], 5, "counts")
+        assert row["solution"] == f"\\boxed{{{sum(digits) % 5}}}"
+    with pytest.raises(ValueError, match="needs bits"):
+        make_running_sum_dataset(2, modulus=5, values=3, tally="counts")
+    with pytest.raises(ValueError, match="needs bits"):
+        format_solution([2, 1], modulus=5, tally="counts")
+    with pytest.raises(ValueError, match="values"):
+        make_running_sum_dataset(2, modulus=3, values=4)
+    with pytest.raises(ValueError, match="tally"):
+        make_running_sum_dataset(2, tally="diff")
+
+
 def test_reasoning_lines():
     assert reasoning_lines(format_solution(DIGITS, 3)) == 3
     assert reasoning_lines("<think>a3 3\nb4 2\nc1") == 2  # unclosed, last line incomplete

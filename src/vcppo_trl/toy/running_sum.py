@@ -17,6 +17,10 @@ its key (the successor of the previous line's key). A line is `<key><digit> <run
 whatever line it follows, is scored against the whole string's sum ([`running_sum_reward`], or `math_verify_reward`
 on the `solution` column). With `modulus=2` the task is the parity of a bit string with a running parity.
 
+With bits for digits (`values=2`) and `tally="counts"`, a line keeps the majority task's counts instead
+(`"c1 2:1"`: ones and zeros so far) and the answer is the number of ones modulo m: the same lines as the majority
+task (`vcppo_trl.toy.majority`), whose counts a tiny model learns, with an answer that needs them exactly.
+
 With the character-level toy tokenizer, 15 to 31 digits give prompts of 59 to 107 tokens and complete responses of 87
 to 167 tokens.
 """
@@ -41,8 +45,11 @@ RUNNING_SUM_EARLY_STOP_FRACTION = 0.5
 RUNNING_SUM_NUM_TRAIN = 4000
 RUNNING_SUM_NUM_EVAL = 300
 
+TALLIES = ("mod", "counts")
+"""What a line keeps: the running sum mod m (`"c1 3"`), or, for bits, the counts of ones and zeros (`"c1 2:1"`)."""
+
 _PROMPT_RE = re.compile(r"Sum mod (\d) of: ((?:[A-Za-z]\d ?)+)")
-_LINE_RE = re.compile(r"^[A-Za-z]\d \d$")
+_LINE_RE = re.compile(r"^[A-Za-z]\d (\d|\d+:\d+)$")
 
 __all__ = [
     "accuracy_by_stop_line",
@@ -66,6 +73,17 @@ def _check(digits: Sequence[int], modulus: int) -> None:
         raise ValueError(f"A string has 1 to {len(KEYS)} digits, got {len(digits)}.")
     if any(d not in range(modulus) for d in digits):
         raise ValueError(f"Digits must be in [0, {modulus - 1}] for modulus {modulus}, got {list(digits)}.")
+
+
+def _check_variant(modulus: int, values: int, tally: str) -> None:
+    if not 2 <= values <= modulus:
+        raise ValueError(
+            f"`values` (digits drawn from [0, values − 1]) must be in [2, modulus={modulus}], got {values}."
+        )
+    if tally not in TALLIES:
+        raise ValueError(f"`tally` must be one of {TALLIES}, got {tally!r}.")
+    if tally == "counts" and values != 2:
+        raise ValueError(f"`tally='counts'` counts ones and zeros: it needs bits (`values=2`), got values={values}.")
 
 
 def running_sum_after(digits: Sequence[int], k: int | None = None, modulus: int = RUNNING_SUM_MODULUS) -> int:
@@ -92,8 +110,14 @@ def parse_prompt(prompt: str) -> tuple[list[int], int]:
     return [int(token[1]) for token in match.group(2).split()], int(match.group(1))
 
 
-def format_solution(digits: Sequence[int], stop_line: int | None = None, modulus: int = RUNNING_SUM_MODULUS) -> str:
-    """A worked solution that reads `stop_line` digits (all of them by default), one running sum each, then answers.
+def format_solution(
+    digits: Sequence[int], stop_line: int | None = None, modulus: int = RUNNING_SUM_MODULUS, tally: str = "mod"
+) -> str:
+    """A worked solution that reads `stop_line` digits (all of them by default), one line each, then answers.
+
+    Args:
+        tally (`str`, defaults to `"mod"`): `"mod"` (`"c1 3"`, the running sum mod m) or, for bits, `"counts"`
+            (`"c1 2:1"`, ones and zeros so far).
 
     Returns:
         `str`: `"<think>…</think> \\boxed{s}"` with `s` = [`running_sum_after`]`(digits, stop_line)`, without an
@@ -101,12 +125,20 @@ def format_solution(digits: Sequence[int], stop_line: int | None = None, modulus
     """
     k = len(digits) if stop_line is None else stop_line
     answer = running_sum_after(digits, k, modulus)  # checks the digits and k
-    lines = [f"{KEYS[i]}{digits[i]} {sum(digits[: i + 1]) % modulus}\n" for i in range(k)]
+    if tally == "counts" and any(d not in (0, 1) for d in digits):
+        raise ValueError(f"`tally='counts'` needs bits, got {list(digits)}.")
+    if tally not in TALLIES:
+        raise ValueError(f"`tally` must be one of {TALLIES}, got {tally!r}.")
+    lines = []
+    for i in range(k):
+        total = sum(digits[: i + 1])
+        state = f"{total}:{i + 1 - total}" if tally == "counts" else f"{total % modulus}"
+        lines.append(f"{KEYS[i]}{digits[i]} {state}\n")
     return f"{THINK_START}{''.join(lines)}{THINK_END} \\boxed{{{answer}}}"
 
 
 def reasoning_lines(text: str) -> int:
-    """Number of running-sum lines inside the (possibly unclosed) `<think>` block of a response; 0 without one."""
+    """Number of reasoning lines (either tally) inside the (possibly unclosed) `<think>` block of a response; 0 without one."""
     start = text.find(THINK_START)
     if start < 0:
         return 0
@@ -143,12 +175,15 @@ def make_running_sum_dataset(
     early_stop_fraction: float = RUNNING_SUM_EARLY_STOP_FRACTION,
     exclude_prompts: Iterable[str] | None = None,
     unique: bool = False,
+    values: int | None = None,
+    tally: str = "mod",
 ) -> Dataset:
     """Generates running-sum problems with worked solutions, a share of them stopped early (the cold-start data).
 
-    The length is drawn uniformly in `[min_digits, max_digits]`, the digits uniformly in `[0, modulus − 1]`. A
-    solution stops early with probability `early_stop_fraction`, after a number of lines drawn uniformly in
-    `[1, num_digits − 1]`, and then answers with the running sum (right with probability about 1/modulus).
+    The length is drawn uniformly in `[min_digits, max_digits]`, the digits uniformly in `[0, values − 1]` (`values`
+    defaults to `modulus`). A solution stops early with probability `early_stop_fraction`, after a number of lines
+    drawn uniformly in `[1, num_digits − 1]`, and then answers with the running sum (right with probability about
+    1/modulus). `tally` is the lines' form (see [`format_solution`]).
 
     Returns:
         [`~datasets.Dataset`]: Columns `prompt`, `completion` (without end-of-sequence token), `solution`
@@ -160,6 +195,8 @@ def make_running_sum_dataset(
     if not 2 <= min_digits <= max_digits <= len(KEYS):
         raise ValueError(f"Need 2 <= min_digits <= max_digits <= {len(KEYS)}, got [{min_digits}, {max_digits}].")
     _check([0], modulus)
+    values = modulus if values is None else values
+    _check_variant(modulus, values, tally)
     rng = random.Random(seed)
     excluded = set(exclude_prompts or ())
     seen: set[str] = set()
@@ -170,7 +207,7 @@ def make_running_sum_dataset(
         if attempts > max_attempts:
             raise ValueError(f"Could only generate {len(rows)} of {num_examples} distinct examples.")
         n = rng.randint(min_digits, max_digits)
-        digits = [rng.randrange(modulus) for _ in range(n)]
+        digits = [rng.randrange(values) for _ in range(n)]
         # Both drawn for every example, so that the prompts do not depend on `early_stop_fraction`.
         early = rng.random() < early_stop_fraction
         early_line = rng.randint(1, n - 1)
@@ -183,7 +220,7 @@ def make_running_sum_dataset(
         rows.append(
             {
                 "prompt": prompt,
-                "completion": format_solution(digits, stop_line, modulus),
+                "completion": format_solution(digits, stop_line, modulus, tally),
                 "solution": f"\\boxed{{{answer}}}",
                 "difficulty": n,
                 "stop_line": stop_line,
@@ -201,10 +238,12 @@ def make_running_sum_splits(
     min_digits: int = RUNNING_SUM_MIN_DIGITS,
     max_digits: int = RUNNING_SUM_MAX_DIGITS,
     early_stop_fraction: float = RUNNING_SUM_EARLY_STOP_FRACTION,
+    values: int | None = None,
+    tally: str = "mod",
 ) -> DatasetDict:
     """Non-overlapping train and test splits: distinct test prompts with complete solutions; the train split mixes
     complete and early-stopped solutions and never holds a test prompt."""
-    common = {"modulus": modulus, "min_digits": min_digits, "max_digits": max_digits}
+    common = {"modulus": modulus, "min_digits": min_digits, "max_digits": max_digits, "values": values, "tally": tally}
     test = make_running_sum_dataset(num_eval, seed=seed + 1_000_003, unique=True, early_stop_fraction=0.0, **common)
     train = make_running_sum_dataset(
         num_train, seed=seed, exclude_prompts=test["prompt"], early_stop_fraction=early_stop_fraction, **common

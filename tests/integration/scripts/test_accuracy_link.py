@@ -1,8 +1,17 @@
-"""The accuracy-link toy's task measurements (experiments/accuracy_link_shape.py): the texts that force an answer
-without reasoning or after k lines, and the reading of the model's forced answer."""
+"""The accuracy-link toy: its task measurements (experiments/accuracy_link_shape.py: the texts that force an answer
+without reasoning or after k lines, the reading of the model's forced answer) and its report (the verdicts on greedy
+and sampled accuracy, the Welch comparisons)."""
+
+import json
+import math
+import os
 
 import accuracy_link_shape as shape
+import pytest
+import report_accuracy_link
+import report_stats
 import torch
+from task_addition import Variant
 
 from vcppo_trl.toy import build_tiny_model, build_tokenizer, running_sum
 from vcppo_trl.toy.majority import format_prompt, format_solution, leader_after, majority_reward, reasoning_lines
@@ -67,3 +76,68 @@ def test_forced_answers_reads_the_greedy_answer_up_to_the_brace():
     zeros = torch.tensor(tokenizer("0000", add_special_tokens=False)["input_ids"])
     model.generate = lambda input_ids, **kw: torch.cat([input_ids, zeros.expand(input_ids.shape[0], -1)], dim=1)
     assert shape.forced_answers(model, tokenizer, texts[:1]) == [None]
+
+
+def test_welch_interval_by_hand():
+    # a = 1, 2, 3 against a constant: df = 2, t = 4.303, se = sqrt(1/3).
+    diff, lo, hi = report_stats.welch_interval([1.0, 2.0, 3.0], [0.0, 0.0, 0.0])
+    assert diff == 2.0 and lo == pytest.approx(2.0 - 4.303 * (1 / 3) ** 0.5) and hi == pytest.approx(2 * diff - lo)
+    # Unequal variances and sizes: se² = 1.6667/4 + 4/3 = 1.75, df = 3.23 -> 3 (t = 3.182).
+    diff, lo, hi = report_stats.welch_interval([1.0, 2.0, 3.0, 4.0], [2.0, 4.0, 6.0])
+    assert diff == -1.5 and hi - diff == pytest.approx(3.182 * 1.75**0.5)
+    assert report_stats.welch_interval([0.5, 0.5], [0.2, 0.2]) == (pytest.approx(0.3),) * 3  # no spread: a point
+    assert all(math.isnan(x) for x in report_stats.welch_interval([0.5], [0.1, 0.2]))
+
+
+def _fake_run(name: str, trainer: str, seed: int, acc: float, sampled: float, length: float) -> dict:
+    entries = [
+        {
+            "objective/scores": 0.0,
+            "diagnostics/response_length_mean": length + k,
+            "diagnostics/accuracy": acc,
+            "diagnostics/stop_advantage_gap": 0.1 * k,
+        }
+        if trainer != "grpo"
+        else {"reward": 0.0, "completions/mean_length": length + k, "rewards/math_verify_reward/mean": 2 * acc - 1}
+        for k in range(10)
+    ]
+    cold = {"accuracy": 0.5, "response_length_mean": 100.0}
+    cold_sampled = {"accuracy": 0.4, "response_length_mean": 90.0, "num_samples": 4}
+    return {
+        "variant": {"name": name, "trainer": trainer},
+        "seed": seed,
+        "commit": "abc",
+        "wall_seconds": 120.0,
+        "cold_start_eval": cold,
+        "cold_start_eval_sampled": cold_sampled,
+        "final_eval": {"accuracy": acc, "response_length_mean": length},
+        "final_eval_sampled": {"accuracy": sampled, "response_length_mean": length - 5},
+        "log_history": entries,
+    }
+
+
+def test_accuracy_link_report_judges_greedy_and_sampled_and_compares_by_welch(tmp_path):
+    """The report's rows and verdicts from hand-made runs: VC-PPO gains (its Δ interval above 0), PPO loses, the
+    Welch comparison of their end values differs; GRPO rows have no stop gap."""
+    variants = (Variant("ppo", "PPO"), Variant("vcppo", "VC-PPO"), Variant("grpo", "GRPO", trainer="grpo"))
+    end = {"ppo": (0.30, 0.25, 40.0), "vcppo": (0.70, 0.60, 110.0), "grpo": (0.55, 0.50, 100.0)}
+    for v in variants:
+        for seed, jitter in ((0, -0.02), (1, 0.0), (2, 0.02)):
+            acc, sampled, length = end[v.name]
+            record = _fake_run(v.name, v.trainer, seed, acc + jitter, sampled + jitter, length + 10 * jitter)
+            path = tmp_path / "runs" / v.name / f"seed{seed}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(record))
+    text = report_accuracy_link.build_accuracy_link_report(
+        str(tmp_path), variants, (0, 1, 2), None, "Prediction: test\n", (("vcppo", "ppo"), ("vcppo", "grpo")), "t"
+    )
+    runs = report_stats.load_runs(str(tmp_path), [v.name for v in variants], (0, 1, 2))
+    rows = {r["name"]: r for r in report_accuracy_link.accuracy_link_rows(runs, variants)}
+    assert rows["ppo"]["d_acc"] == pytest.approx([-0.22, -0.2, -0.18])
+    assert rows["vcppo"]["d_acc_sampled"] == pytest.approx([0.18, 0.2, 0.22])
+    assert "| PPO | 3 | 0.300 ± 0.050 | -0.200 ± 0.050 (loses) | 0.250 ± 0.050 | -0.150 ± 0.050 (loses) |" in text
+    assert "| VC-PPO | 3 | 0.700 ± 0.050 | 0.200 ± 0.050 (gains) |" in text
+    assert "| VC-PPO − PPO | +0.400 [" in text and "(differs)" in text
+    assert "| GRPO | 3 |" in text and "– → – |" in text  # no critic, no stop gap
+    assert "Prediction: test" in text
+    assert os.path.getsize(tmp_path / "training_curves.png") > 1000
