@@ -5,6 +5,7 @@
     python experiments/reproduce.py --report     # rebuild the table and plots from the saved runs only
     python experiments/reproduce.py --task majority  # the stop-anytime task (results/majority/, .cache/majority/)
     python experiments/reproduce.py --seeds 3 4 5    # other seeds than the budget's (a rerun with unused seeds)
+    python experiments/reproduce.py --task count-mod-5   # the accuracy-link toy: VC-PPO, VAPO, GRPO (results/count_mod_5/)
 
 Everything is cached and resumable: the cold start, the reward model and the controlled-bias critic are built once
 under `experiments/.cache/`, and every run writes `experiments/results/runs/<variant>/seed<k>.json` when it ends (its
@@ -19,8 +20,8 @@ responses only. Because that reward model's values do not rise along the respons
 variants start instead from a *controlled-bias* critic: the reward model's values plus a known ramp, low at the start
 of each response (`vcppo_trl.toy.reward_model.position_ramp`). They are labelled as such everywhere.
 
-This file is the command line. Each task's budget, variants and task assets are in `task_addition.py` and
-`task_majority.py`, the cached assets are built by `toy_assets.py`, the runs made by `runner.py`.
+This file is the command line. Each task's budget, variants and task assets are in `task_addition.py`,
+`task_majority.py` and `task_running_sum.py`, the cached assets are built by `toy_assets.py`, the runs made by `runner.py`.
 """
 
 from __future__ import annotations
@@ -50,14 +51,27 @@ from task_majority import (
     PREDICTION,
     MajorityBudget,
 )
+from task_running_sum import (
+    ACCURACY_LINK_GRID,
+    ACCURACY_LINK_PAIRS,
+    ACCURACY_LINK_PREDICTION,
+    COUNT_MOD_5_BUDGET,
+    COUNT_MOD_5_SMOKE_BUDGET,
+)
 from toy_assets import build_assets
 
 # `--task`: (budget, smoke budget, results sub-directory); the first toy keeps the top-level directories.
 TASKS = {
     "addition": (Budget(), SMOKE_BUDGET, ""),
     "majority": (MajorityBudget(), MAJORITY_SMOKE_BUDGET, "majority"),
+    "count-mod-5": (COUNT_MOD_5_BUDGET, COUNT_MOD_5_SMOKE_BUDGET, "count_mod_5"),
 }
-TASK_VARIANTS = {"addition": MAIN_VARIANTS, "majority": MAJORITY_MAIN + MAJORITY_GRID}
+TASK_VARIANTS = {
+    "addition": MAIN_VARIANTS,
+    "majority": MAJORITY_MAIN + MAJORITY_GRID,
+    "count-mod-5": ACCURACY_LINK_GRID,
+}
+ACCURACY_LINK_TASKS = ("count-mod-5",)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,8 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         "--task",
         choices=sorted(TASKS),
         default="addition",
-        help="addition: the first toy (fixed-length reasoning). majority: the stop-anytime task, whose results and "
-        "cache go to a 'majority' sub-directory of --results-dir and --cache-dir.",
+        help="addition: the first toy (fixed-length reasoning). majority: the stop-anytime task. count-mod-5: the "
+        "accuracy-link task (an answer before the end of the reasoning is right by chance only), with VC-PPO, VAPO "
+        "and GRPO. The other tasks' results and cache go to a sub-directory of --results-dir and --cache-dir "
+        "('majority', 'count_mod_5').",
     )
     parser.add_argument("--full", action="store_true", help="Also run the sweeps (λ_actor, pretraining, λ_critic).")
     parser.add_argument("--report", action="store_true", help="Only rebuild the table and plots from saved runs.")
@@ -110,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         args.cache_dir = os.path.join(args.cache_dir, subdir)
     variants = TASK_VARIANTS[args.task] + (SWEEP_VARIANTS if args.full else ())
     all_variants = MAIN_VARIANTS + SWEEP_VARIANTS + (MAJORITY_GRID + MAJORITY_EXTRA if args.task == "majority" else ())
+    if args.task in ACCURACY_LINK_TASKS:
+        all_variants = ACCURACY_LINK_GRID
     if args.variants:
         known = {v.name: v for v in all_variants}
         unknown = [n for n in args.variants if n not in known]
@@ -139,14 +157,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Assets ready in {time.time() - t0:.0f} s: {args.cache_dir}")
         failures = run_all(variants, budget, assets, args.results_dir, args.workers)
         print(f"All runs finished in {time.time() - t0:.0f} s.")
-    report.build_report(
-        args.results_dir,
-        all_variants,
-        budget.seeds,
-        cache_dir=args.cache_dir,
-        sweeps=SWEEP_TABLES,
-        prediction=PREDICTION if args.task == "majority" else None,
-    )
+    if args.task in ACCURACY_LINK_TASKS:
+        import report_accuracy_link
+
+        report_accuracy_link.build_accuracy_link_report(
+            args.results_dir,
+            all_variants,
+            budget.seeds,
+            args.cache_dir,
+            ACCURACY_LINK_PREDICTION,
+            ACCURACY_LINK_PAIRS,
+            args.task,
+        )
+    else:
+        report.build_report(
+            args.results_dir,
+            all_variants,
+            budget.seeds,
+            cache_dir=args.cache_dir,
+            sweeps=SWEEP_TABLES,
+            prediction=PREDICTION if args.task == "majority" else None,
+        )
     if failures:
         print(f"{len(failures)} run(s) failed: {[os.path.relpath(p, args.results_dir) for p, _ in failures]}")
         return 1

@@ -92,14 +92,31 @@ class RunningSumBudget(Budget):
         return self.eval_samples
 
 
-RUNNING_SUM_SMOKE_BUDGET = RunningSumBudget(
+# VAPO's α on the toy (plan.md §2): 1 / (0.05 · l̄) with l̄ = 141.4 tokens, the chosen cold start's mean sampled length
+# on 256 training prompts (results/accuracy_link/shape/count-mod-5_1100.json), so that λ_policy = 0.95 at that length.
+VAPO_ALPHA_TOY = 0.1414
+
+# The accuracy-link task, chosen by plan.md's rules (results/accuracy_link/shape.md): C5, the number of ones mod 5 on
+# the majority task's counts lines, with the plan's one adjustment (half the cold-start steps: at 2,200 its greedy
+# accuracy was above 0.80).
+COUNT_MOD_5_BUDGET = RunningSumBudget(
+    modulus=5,
+    values=2,
+    tally="counts",
+    cold_start_steps=1100,
+    response_length=320,  # complete responses are about 120 to 260 tokens
+    vapo_length_alpha=VAPO_ALPHA_TOY,
+)
+
+COUNT_MOD_5_SMOKE_BUDGET = dataclasses.replace(
+    COUNT_MOD_5_BUDGET,
     **{
         **{f.name: getattr(SMOKE_BUDGET, f.name) for f in dataclasses.fields(Budget) if f.name != "short_fraction"},
         "min_digits": 3,
         "max_digits": 5,
-        "response_length": 40,
+        "response_length": 64,
         "eval_samples": 2,
-    }
+    },
 )
 
 

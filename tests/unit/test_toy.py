@@ -276,3 +276,38 @@ def test_exact_match_and_greedy_agree(tokenizer, splits):
     # A response equal to the gold completion is correct; the exact-match check is a plain string comparison.
     assert is_correct(dataset[0]["completion"], dataset[0]["solution"])
     assert not is_correct(dataset[0]["completion"].replace("</think>", ""), dataset[0]["solution"])
+
+
+def test_sampled_accuracy_counts_every_sample_and_leaves_the_random_state(tokenizer, splits):
+    """`sampled_accuracy` samples `num_samples` responses per prompt with its own seed: the same figures twice, the
+    caller's random state untouched; a model that always writes the gold answer scores 1 (pass@k too)."""
+    from vcppo_trl.toy import sampled_accuracy
+
+    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    dataset = splits["test"].select(range(4))
+    torch.manual_seed(5)
+    state = torch.get_rng_state()
+    first = sampled_accuracy(model, tokenizer, dataset, num_samples=3, max_new_tokens=8, seed=1)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert first == sampled_accuracy(model, tokenizer, dataset, num_samples=3, max_new_tokens=8, seed=1)
+    assert first["num_samples"] == 3 and first["num_examples"] == 4 and first["accuracy"] == 0.0
+    assert 0 < first["response_length_mean"] <= 8
+
+    gold = [
+        tokenizer(c, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for c in dataset["completion"]
+    ]
+
+    def generate(input_ids, attention_mask=None, generation_config=None, **kwargs):
+        # Prompts come 3 at a time per row of `dataset` (batched in order); answer each with its gold completion.
+        rows = [gold[i // 3] for i in range(generate.offset, generate.offset + input_ids.shape[0])]
+        generate.offset += input_ids.shape[0]
+        width = max(len(r) for r in rows)
+        tail = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])
+        return torch.cat([input_ids, tail], dim=1)
+
+    generate.offset = 0
+    model.generate = generate
+    perfect = sampled_accuracy(model, tokenizer, dataset, num_samples=3, max_new_tokens=64)
+    assert perfect["accuracy"] == 1.0 and perfect["pass_at_k"] == 1.0 and perfect["eos_rate"] == 1.0
+    with pytest.raises(ValueError, match="num_samples"):
+        sampled_accuracy(model, tokenizer, dataset, num_samples=0)

@@ -141,3 +141,41 @@ def test_accuracy_link_report_judges_greedy_and_sampled_and_compares_by_welch(tm
     assert "| GRPO | 3 |" in text and "– → – |" in text  # no critic, no stop gap
     assert "Prediction: test" in text
     assert os.path.getsize(tmp_path / "training_curves.png") > 1000
+
+
+def test_harness_runs_the_accuracy_link_grid_on_a_tiny_budget_with_seeds(tmp_path):
+    """`reproduce.py --task count-mod-5 --seeds 3`: the VAPO arm is a VAPOTrainer run with its parts on (clip-higher,
+    LM loss, length-adaptive λ at the budget's α, group sampling), an ablation sets its option, GRPO takes
+    `epsilon_high`; every run records the sampled held-out evaluation beside the greedy one, and the report holds the
+    prediction, the grid and the comparisons. No outcome is asserted."""
+    import reproduce
+    import task_running_sum
+
+    results, cache = str(tmp_path / "results"), str(tmp_path / "cache")
+    argv = ["--task", "count-mod-5", "--smoke", "--seeds", "3", "--results-dir", results, "--cache-dir", cache]
+    variants = ["vcppo", "vapo", "vapo_no_lm_loss", "grpo_clip_higher"]
+    assert reproduce.main([*argv, "--workers", "1", "--variants", *variants]) == 0
+    runs = os.path.join(results, "count_mod_5", "runs")
+    records = {}
+    for name in variants:
+        with open(os.path.join(runs, name, "seed3.json")) as f:
+            records[name] = json.load(f)
+        record = records[name]
+        assert record["seed"] == 3 and record["budget"]["tally"] == "counts"
+        assert record["final_eval_sampled"]["num_samples"] == 2
+        assert record["cold_start_eval_sampled"]["num_examples"] == record["final_eval"]["num_examples"]
+    assert records["grpo_clip_higher"]["variant"]["options"] == [["epsilon_high", 0.28]]
+    vapo_first = report_stats.training_entries(records["vapo"])[0]
+    assert "policy/clipfrac_high_avg" in vapo_first and "loss/positive_example_lm_avg" in vapo_first
+    no_lm_first = report_stats.training_entries(records["vapo_no_lm_loss"])[0]
+    assert "loss/positive_example_lm_avg" not in no_lm_first
+    assert (
+        len(report_stats.pretrain_entries(records["vapo"]))
+        == task_running_sum.COUNT_MOD_5_SMOKE_BUDGET.pretrain_updates
+    )
+    with open(os.path.join(results, "count_mod_5", "results.md")) as f:
+        text = f.read()
+    assert task_running_sum.ACCURACY_LINK_PREDICTION.splitlines()[0] in text
+    assert "| VAPO (every part, α_toy) | 1 |" in text and "Comparisons" in text
+    for png in ("training_curves.png", "stop_gap_by_position.png", "advantage_by_position.png"):
+        assert os.path.getsize(os.path.join(results, "count_mod_5", png)) > 1000, png
