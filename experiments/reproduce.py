@@ -53,6 +53,7 @@ from task_majority import (
 )
 from task_running_sum import (
     ACCURACY_LINK_GRID,
+    ACCURACY_LINK_MAIN,
     ACCURACY_LINK_PAIRS,
     ACCURACY_LINK_PREDICTION,
     COUNT_MOD_5_BUDGET,
@@ -69,7 +70,7 @@ TASKS = {
 TASK_VARIANTS = {
     "addition": MAIN_VARIANTS,
     "majority": MAJORITY_MAIN + MAJORITY_GRID,
-    "count-mod-5": ACCURACY_LINK_GRID,
+    "count-mod-5": ACCURACY_LINK_MAIN,
 }
 ACCURACY_LINK_TASKS = ("count-mod-5",)
 
