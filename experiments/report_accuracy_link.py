@@ -12,7 +12,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from report_plots import plot_advantage_by_position, plot_stop_gap_by_position, plot_training_curves
-from report_stats import fmt, load_runs, series, verdict, welch_interval, window_mean
+from report_stats import (
+    buckets,
+    fmt,
+    load_runs,
+    pretrain_entries,
+    series,
+    training_entries,
+    verdict,
+    welch_interval,
+    window_mean,
+)
 
 # The end values each run records: (column, key in the run's file, metric).
 _END = {
@@ -107,6 +117,41 @@ def comparison_table(rows: list[dict[str, Any]], pairs: Sequence[tuple[str, str]
     return header + "\n".join(lines) + "\n"
 
 
+def _mean(xs: list[float]) -> float:
+    xs = [x for x in xs if not math.isnan(x)]
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def critic_fit_table(runs: dict[str, list[dict]], variants) -> str:
+    """How much of the returns each variant's critic explains (plan.md's critic amendment): the value pretraining's
+    explained variance (mean of its last 5 updates), the policy phase's explained variance of the critic's own targets
+    and of Monte-Carlo returns (mean over the 8 position buckets), first and last 5 policy updates. GRPO has none."""
+    lines = []
+    for v in variants:
+        records = [r for r in runs.get(v.name, []) if r["variant"]["trainer"] != "grpo"]
+        if not records:
+            continue
+        pretrain = [
+            window_mean([float(e["value_pretrain/explained_variance"]) for e in pretrain_entries(r)], False)
+            for r in records
+        ]
+        ev = [series(r, "ev") for r in records]
+        prefix = "diagnostics/mc_explained_variance_bucket_"
+        mc_first = [_mean(buckets(training_entries(r)[:5], prefix)) for r in records]
+        mc_last = [_mean(buckets(training_entries(r)[-5:], prefix)) for r in records]
+        lines.append(
+            f"| {v.label} | {fmt(pretrain)} | {fmt([window_mean(x, True) for x in ev])} → "
+            f"{fmt([window_mean(x, False) for x in ev])} | {fmt(mc_first)} → {fmt(mc_last)} |"
+        )
+    if not lines:
+        return ""
+    header = (
+        "| variant | value pretraining, last 5 | critic's targets, first → last 5 | Monte-Carlo returns, first → last 5 |\n"
+        "| --- | --- | --- | --- |\n"
+    )
+    return header + "\n".join(lines) + "\n"
+
+
 def build_accuracy_link_report(
     results_dir: str,
     variants,
@@ -129,6 +174,8 @@ def build_accuracy_link_report(
         "## The grid\n\n"
         + accuracy_link_table(rows, first.get("cold_start_eval"), first.get("cold_start_eval_sampled")),
         "\n## Comparisons (95 % Welch interval of the difference of end values)\n\n" + comparison_table(rows, pairs),
+        "\n## How much the critics explain (explained variance, means ± 95 % t-interval over seeds)\n\n"
+        + critic_fit_table(runs, variants),
     ]
     if cache_dir and os.path.isfile(os.path.join(cache_dir, "assets.json")):
         with open(os.path.join(cache_dir, "assets.json")) as f:

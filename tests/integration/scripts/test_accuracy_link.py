@@ -96,11 +96,15 @@ def _fake_run(name: str, trainer: str, seed: int, acc: float, sampled: float, le
             "diagnostics/response_length_mean": length + k,
             "diagnostics/accuracy": acc,
             "diagnostics/stop_advantage_gap": 0.1 * k,
+            "value/explained_variance": 0.01 * k,
+            **{f"diagnostics/mc_explained_variance_bucket_{b}": 0.01 * b for b in range(8)},
         }
         if trainer != "grpo"
         else {"reward": 0.0, "completions/mean_length": length + k, "rewards/math_verify_reward/mean": 2 * acc - 1}
         for k in range(10)
     ]
+    if name == "vcppo":  # value pretraining's updates come first in its history
+        entries = [{"value_pretrain/explained_variance": 0.1 * k} for k in range(6)] + entries
     cold = {"accuracy": 0.5, "response_length_mean": 100.0}
     cold_sampled = {"accuracy": 0.4, "response_length_mean": 90.0, "num_samples": 4}
     return {
@@ -140,6 +144,10 @@ def test_accuracy_link_report_judges_greedy_and_sampled_and_compares_by_welch(tm
     assert "| VC-PPO − PPO | +0.400 [" in text and "(differs)" in text
     assert "| GRPO | 3 |" in text and "– → – |" in text  # no critic, no stop gap
     assert "Prediction: test" in text
+    # critic fit: pretraining's last 5 (0.1..0.5 -> 0.3), own targets 0.02 -> 0.07, MC mean over buckets 0.035
+    assert "| VC-PPO | 0.300 ± 0.000 | 0.020 ± 0.000 → 0.070 ± 0.000 | 0.035 ± 0.000 → 0.035 ± 0.000 |" in text
+    assert "| PPO | – | 0.020 ± 0.000 → 0.070 ± 0.000 |" in text
+    assert "| GRPO | –" not in text.split("How much the critics explain")[1]
     assert os.path.getsize(tmp_path / "training_curves.png") > 1000
 
 
