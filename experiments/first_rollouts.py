@@ -6,7 +6,12 @@ the first update, computed here on more responses and on the same responses for 
         --critic rm_prefixes=experiments/.cache/majority/reward_model_prefixes \\
         --critic rm_eos=experiments/.cache/majority/reward_model --num-prompts 256 --name first
 
-Per critic it writes (to `experiments/results/majority/first_rollouts/<name>.json`):
+    python experiments/first_rollouts.py --task count-mod-5 --policy experiments/.cache/count_mod_5/cold_start \\
+        --critic rm_eos=experiments/.cache/count_mod_5/reward_model_eos --name first \\
+        --results-dir experiments/results/accuracy_link/first_rollouts
+
+`--task` picks the training prompts and the verifier (the majority task, or the accuracy-link toy's count-mod-5 with
+its budget's splits). Per critic it writes (to `<results-dir>/<name>.json`):
 
 - `gap_lam_0.95` and `gap_lam_1.0`: the stop-vs-continue advantage gap with raw (not whitened) advantages at λ 0.95
   and at λ 1 (at λ = 1 a positional bias telescopes away, so that gap is the true advantage difference plus noise;
@@ -39,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--response-length", type=int, default=320)
     parser.add_argument("--buckets", type=int, default=8)
     parser.add_argument("--seed", type=int, default=11, help="Prompt choice and sampling (not a table seed).")
+    parser.add_argument("--task", choices=("majority", "count-mod-5"), default="majority")
     parser.add_argument("--task-kwargs", default="{}", help="JSON kwargs of make_majority_splits (the task variant).")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--results-dir", default=os.path.join(HERE, "results", "majority", "first_rollouts"))
@@ -64,8 +70,15 @@ def main(argv: list[str] | None = None) -> int:
     from vcppo_trl.value_model import load_value_model, value_forward
 
     torch.set_num_threads(args.threads)
-    task_kwargs = json.loads(args.task_kwargs)
-    train = make_majority_splits(seed=0, **task_kwargs)["train"]
+    if args.task == "count-mod-5":
+        import task_running_sum
+
+        from vcppo_trl.toy.running_sum import running_sum_reward as reward
+
+        train = task_running_sum.COUNT_MOD_5_BUDGET.splits()["train"]
+    else:
+        reward = majority_reward
+        train = make_majority_splits(seed=0, **json.loads(args.task_kwargs))["train"]
     rng = random.Random(args.seed)
     rows = train.select(rng.sample(range(len(train)), args.num_prompts))
     tokenizer = AutoTokenizer.from_pretrained(args.policy)
@@ -77,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
     eos = tokenizer.eos_token_id
     has_stop = torch.tensor([bool(r) and r[-1] == eos for r in responses])
-    scores = torch.tensor(majority_reward(texts, rows["solution"])) - (~has_stop).float()
+    scores = torch.tensor(reward(texts, rows["solution"])) - (~has_stop).float()
 
     # [prompt | response], prompts left-padded to a common context length, responses right-padded.
     tokenizer.padding_side = "left"

@@ -107,7 +107,8 @@ COUNT_MOD_5_BUDGET = RunningSumBudget(
     response_length=320,  # complete responses are about 120 to 260 tokens
     vapo_length_alpha=VAPO_ALPHA_TOY,
     # By the budget rule (plan.md) on the pilot's costs (results/accuracy_link/pilot.md): 30 updates x 5 seeds of
-    # the grid's five first variants fit 90 minutes on the 2-core machine (≈ 84); 40 updates did not (≈ 102).
+    # the grid's five first variants were predicted to fit 90 minutes on the 2-core machine (≈ 84; 40 updates ≈ 102).
+    # The table took 100: later updates cost more than the pilot's first 5 (docs/reproduction.md).
     ppo_updates=30,
     seeds=(0, 1, 2, 3, 4),
 )
