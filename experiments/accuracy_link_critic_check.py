@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         suffix = f"_vlr{args.value_lr:g}"
     assets = toy_assets.build_assets(budget, os.path.join(HERE, ".cache", "count_mod_5"))
     (variant,) = [v for v in task_running_sum.ACCURACY_LINK_GRID if v.name == "vcppo"]
-    out = os.path.join(HERE, "results", "accuracy_link", "pilot", f"count_mod_5_pretrain{args.pretrain_updates}{suffix}")
+    out = os.path.join(
+        HERE, "results", "accuracy_link", "pilot", f"count_mod_5_pretrain{args.pretrain_updates}{suffix}"
+    )
     return 1 if runner.run_all((variant,), budget, assets, out, 1) else 0
 
 
