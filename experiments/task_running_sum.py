@@ -106,10 +106,9 @@ COUNT_MOD_5_BUDGET = RunningSumBudget(
     cold_start_steps=1100,
     response_length=320,  # complete responses are about 120 to 260 tokens
     vapo_length_alpha=VAPO_ALPHA_TOY,
-    # By the budget rule (plan.md) on the pilot's costs (results/accuracy_link/pilot.md): 30 updates x 5 seeds of
-    # the grid's five first variants were predicted to fit 90 minutes on the 2-core machine (≈ 84; 40 updates ≈ 102).
-    # The table took 100: later updates cost more than the pilot's first 5 (docs/reproduction.md).
-    ppo_updates=30,
+    # By the budget rule (plan.md) on the U = 30 table's measured costs: 20 updates x 5 seeds of the grid's five
+    # first variants, about 77 minutes on the 2-core machine (30 updates took 100; results/count_mod_5_u30/).
+    ppo_updates=20,
     seeds=(0, 1, 2, 3, 4),
 )
 
