@@ -75,6 +75,18 @@ TASK_VARIANTS = {
 ACCURACY_LINK_TASKS = ("count-mod-5",)
 
 
+def report_command(task: str, results_root: str, seeds, default_seeds) -> str:
+    """The command line that rebuilds this table's report from its saved runs (named in its header)."""
+    command = f"python experiments/reproduce.py --task {task} --report"
+    if os.path.abspath(results_root) != os.path.abspath(DEFAULT_RESULTS):
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        inside = os.path.abspath(results_root).startswith(repo + os.sep)
+        command += f" --results-dir {os.path.relpath(results_root, repo) if inside else os.path.abspath(results_root)}"
+    if tuple(seeds) != tuple(default_seeds):
+        command += " --seeds " + " ".join(str(s) for s in seeds)
+    return command
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -122,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.updates < 1:
             parser.error(f"--updates must be at least 1, got {args.updates}")
         budget = dataclasses.replace(budget, ppo_updates=args.updates)
+    rebuild_command = report_command(args.task, args.results_dir, budget.seeds, full_budget.seeds)
     if subdir:
         args.results_dir = os.path.join(args.results_dir, subdir)
         args.cache_dir = os.path.join(args.cache_dir, subdir)
@@ -169,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             ACCURACY_LINK_PREDICTION,
             ACCURACY_LINK_PAIRS,
             args.task,
+            rebuild_command,
         )
     else:
         report.build_report(

@@ -107,7 +107,8 @@ COUNT_MOD_5_BUDGET = RunningSumBudget(
     response_length=320,  # complete responses are about 120 to 260 tokens
     vapo_length_alpha=VAPO_ALPHA_TOY,
     # By the budget rule (plan.md) on the U = 30 table's measured costs: 20 updates x 5 seeds of the grid's five
-    # first variants, about 77 minutes on the 2-core machine (30 updates took 100; results/accuracy_link/u30/).
+    # first variants, estimated at 77 minutes on the 2-core machine, took 57.5 (30 updates took 100: kept in
+    # results/accuracy_link/u30/, rebuilt by `--updates 30 --results-dir experiments/results/accuracy_link/u30`).
     ppo_updates=20,
     seeds=(0, 1, 2, 3, 4),
 )

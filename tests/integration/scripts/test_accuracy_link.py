@@ -184,6 +184,21 @@ def test_harness_runs_the_accuracy_link_grid_on_a_tiny_budget_with_seeds(tmp_pat
     with open(os.path.join(results, "count_mod_5", "results.md")) as f:
         text = f.read()
     assert task_running_sum.ACCURACY_LINK_PREDICTION.splitlines()[0] in text
+    # The header names the command that rebuilds this report: its results directory and seeds.
+    assert f"--task count-mod-5 --report --results-dir {results} --seeds 3` from `runs/`" in text
     assert "| VAPO (every part, α_toy) | 1 |" in text and "Comparisons" in text
     for png in ("training_curves.png", "stop_gap_by_position.png", "advantage_by_position.png"):
         assert os.path.getsize(os.path.join(results, "count_mod_5", png)) > 1000, png
+
+
+def test_report_command_names_the_results_directory_and_seeds_only_where_they_are_not_the_defaults():
+    import reproduce
+    from run_files import DEFAULT_RESULTS
+
+    base = "python experiments/reproduce.py --task count-mod-5 --report"
+    assert reproduce.report_command("count-mod-5", DEFAULT_RESULTS, (0, 1), (0, 1)) == base
+    u30 = os.path.join(os.path.dirname(DEFAULT_RESULTS), "results", "accuracy_link", "u30")
+    assert (
+        reproduce.report_command("count-mod-5", u30, (5, 6, 7), (0, 1))
+        == base + " --results-dir experiments/results/accuracy_link/u30 --seeds 5 6 7"
+    )
