@@ -93,7 +93,7 @@ def accuracy_link_table(rows: list[dict[str, Any]], cold_start: dict | None, col
 
 def comparison_table(rows: list[dict[str, Any]], pairs: Sequence[tuple[str, str]]) -> str:
     """Each pair's difference of end values (first − second) with its 95 % Welch interval, greedy and sampled
-    accuracy and greedy length; "differs" when the interval excludes 0."""
+    accuracy and length; "differs" when the interval excludes 0."""
     by_name = {r["name"]: r for r in rows}
     lines = []
     for first, second in pairs:
@@ -101,7 +101,7 @@ def comparison_table(rows: list[dict[str, Any]], pairs: Sequence[tuple[str, str]
             continue
         a, b = by_name[first], by_name[second]
         cells = []
-        for column, digits in (("acc", 3), ("acc_sampled", 3), ("len", 1)):
+        for column, digits in (("acc", 3), ("acc_sampled", 3), ("len", 1), ("len_sampled", 1)):
             diff, lo, hi = welch_interval(a[column], b[column])
             if math.isnan(lo):
                 cells.append("–")
@@ -112,8 +112,8 @@ def comparison_table(rows: list[dict[str, Any]], pairs: Sequence[tuple[str, str]
     if not lines:
         return ""
     header = (
-        "| end values, first − second | accuracy, greedy | accuracy, sampled | length, greedy |\n"
-        "| --- | --- | --- | --- |\n"
+        "| end values, first − second | accuracy, greedy | accuracy, sampled | length, greedy | length, sampled |\n"
+        "| --- | --- | --- | --- | --- |\n"
     )
     return header + "\n".join(lines) + "\n"
 

@@ -142,6 +142,9 @@ def test_accuracy_link_report_judges_greedy_and_sampled_and_compares_by_welch(tm
     assert "| PPO | 3 | 0.300 ± 0.050 | -0.200 ± 0.050 (loses) | 0.250 ± 0.050 | -0.150 ± 0.050 (loses) |" in text
     assert "| VC-PPO | 3 | 0.700 ± 0.050 | 0.200 ± 0.050 (gains) |" in text
     assert "| VC-PPO − PPO | +0.400 [" in text and "(differs)" in text
+    # greedy and sampled lengths each compared (both differ by 70 tokens here)
+    comparison = next(line for line in text.splitlines() if line.startswith("| VC-PPO − PPO |"))
+    assert comparison.count("+70.0 [") == 2 and comparison.count("|") == 6
     assert "| GRPO | 3 |" in text and "– → – |" in text  # no critic, no stop gap
     assert "Prediction: test" in text
     # critic fit: pretraining's last 5 (0.1..0.5 -> 0.3), own targets 0.02 -> 0.07, MC mean over buckets 0.035
