@@ -108,7 +108,7 @@ COUNT_MOD_5_BUDGET = RunningSumBudget(
     vapo_length_alpha=VAPO_ALPHA_TOY,
     # By the budget rule (plan.md) on the U = 30 table's measured costs: 20 updates x 5 seeds of the grid's five
     # first variants, estimated at 77 minutes on the 2-core machine, took 57.5 (30 updates took 100: kept in
-    # results/accuracy_link/u30/, rebuilt by `--updates 30 --results-dir experiments/results/accuracy_link/u30`).
+    # results/accuracy_link/u30/, made by `--updates 30 --results-dir experiments/results/accuracy_link/u30`).
     ppo_updates=20,
     seeds=(0, 1, 2, 3, 4),
 )
