@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.value_lr is not None:
         budget = dataclasses.replace(budget, value_learning_rate=args.value_lr)
         suffix = f"_vlr{args.value_lr:g}"
-    assets = toy_assets.build_assets(budget, os.path.join(HERE, ".cache", "count_mod_5"))
+    assets = toy_assets.build_assets(budget, os.path.join(HERE, ".cache", "count_mod_5"), controlled_bias_critic=False)
     (variant,) = [v for v in task_running_sum.ACCURACY_LINK_GRID if v.name == "vcppo"]
     out = os.path.join(
         HERE, "results", "accuracy_link", "pilot", f"count_mod_5_pretrain{args.pretrain_updates}{suffix}"

@@ -7,8 +7,8 @@
     python experiments/reproduce.py --seeds 3 4 5    # other seeds than the budget's (a rerun with unused seeds)
     python experiments/reproduce.py --task count-mod-5   # the accuracy-link toy: VC-PPO, VAPO, GRPO (results/count_mod_5/)
 
-Everything is cached and resumable: the cold start, the reward model and the controlled-bias critic are built once
-under `experiments/.cache/`, and every run writes `experiments/results/runs/<variant>/seed<k>.json` when it ends (its
+Everything is cached and resumable: the cold start, the reward model and (when a variant to run starts from it) the
+controlled-bias critic are built once under `experiments/.cache/`, and every run writes `experiments/results/runs/<variant>/seed<k>.json` when it ends (its
 whole metric history, the held-out evaluation, its seed and the commit it ran at; its console output goes to
 `results/logs/`, not kept in git); a run whose file exists (with the same budget, whatever the seed list) is skipped. The table and plots are then
 rebuilt from those files by `experiments/report.py`.
@@ -73,6 +73,11 @@ TASK_VARIANTS = {
     "count-mod-5": ACCURACY_LINK_MAIN,
 }
 ACCURACY_LINK_TASKS = ("count-mod-5",)
+
+
+def needs_controlled_bias_critic(variants) -> bool:
+    """Whether any of these variants starts from the controlled-bias critic (else its build is skipped)."""
+    return any(v.critic == "controlled_bias" for v in variants)
 
 
 def report_command(task: str, results_root: str, seeds, default_seeds) -> str:
@@ -153,9 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(1)
-        assets = build_assets(budget, args.cache_dir)
         known = {v.name: v for v in MAIN_VARIANTS}
         pilot_variants = tuple(known[n] for n in PILOT_VARIANTS)
+        assets = build_assets(budget, args.cache_dir, needs_controlled_bias_critic(pilot_variants))
         for knob, settings in PILOT_KNOBS.items():
             pilot_budget = dataclasses.replace(budget, ppo_updates=30, seeds=(100,), **settings)
             pilot_dir = os.path.join(args.results_dir, "pilot", knob)
@@ -167,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(1)  # the same numerics as the one-thread workers, and no oversubscription
         t0 = time.time()
-        assets = build_assets(budget, args.cache_dir)
+        assets = build_assets(budget, args.cache_dir, needs_controlled_bias_critic(variants))
         print(f"Assets ready in {time.time() - t0:.0f} s: {args.cache_dir}")
         failures = run_all(variants, budget, assets, args.results_dir, args.workers)
         print(f"All runs finished in {time.time() - t0:.0f} s.")
@@ -192,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             cache_dir=args.cache_dir,
             sweeps=SWEEP_TABLES,
             prediction=PREDICTION if args.task == "majority" else None,
+            rebuild_command=rebuild_command,
         )
     if failures:
         print(f"{len(failures)} run(s) failed: {[os.path.relpath(p, args.results_dir) for p, _ in failures]}")

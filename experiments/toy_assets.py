@@ -86,8 +86,11 @@ def build_reward_model_asset(budget: Budget, cache_dir: str, policy, tokenizer, 
     )
 
 
-def build_assets(budget: Budget, cache_dir: str) -> dict[str, Any]:
-    """Cold-start policy, reward model and controlled-bias critic (cached), and the cold start's held-out scores."""
+def build_assets(budget: Budget, cache_dir: str, controlled_bias_critic: bool = True) -> dict[str, Any]:
+    """Cold-start policy, reward model and controlled-bias critic (cached), and the cold start's held-out scores.
+
+    `controlled_bias_critic=False` skips that critic (a third of the critics' build time) when no variant to run
+    starts from it; one built earlier stays in the manifest."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -109,26 +112,22 @@ def build_assets(budget: Budget, cache_dir: str) -> dict[str, Any]:
         manifest.update(
             reward_model_eos=os.path.join(cache_dir, "reward_model_eos"), reward_model_eos_stats=rm_eos_stats
         )
-    cb_dir = os.path.join(cache_dir, "controlled_bias_critic")
-    _, cb_stats = build_controlled_bias_critic(
-        reward_model,
-        policy,
-        tokenizer,
-        splits["train"],
-        bias=budget.controlled_bias,
-        output_dir=cb_dir,
-        num_samples=budget.controlled_bias_samples,
-        num_epochs=budget.controlled_bias_epochs,
-        max_new_tokens=budget.response_length,
-        cache_key=key,
-    )
-    manifest.update(
-        policy=policy_dir,
-        reward_model=rm_dir,
-        controlled_bias_critic=cb_dir,
-        reward_model_stats=rm_stats,
-        controlled_bias_stats=cb_stats,
-    )
+    if controlled_bias_critic:
+        cb_dir = os.path.join(cache_dir, "controlled_bias_critic")
+        _, cb_stats = build_controlled_bias_critic(
+            reward_model,
+            policy,
+            tokenizer,
+            splits["train"],
+            bias=budget.controlled_bias,
+            output_dir=cb_dir,
+            num_samples=budget.controlled_bias_samples,
+            num_epochs=budget.controlled_bias_epochs,
+            max_new_tokens=budget.response_length,
+            cache_key=key,
+        )
+        manifest.update(controlled_bias_critic=cb_dir, controlled_bias_stats=cb_stats)
+    manifest.update(policy=policy_dir, reward_model=rm_dir, reward_model_stats=rm_stats)
     manifest.setdefault("critic_build_seconds", time.time() - t0)  # the first (real) build, not a cache load
     write_json(manifest_path, manifest)
     return manifest

@@ -141,6 +141,8 @@ def test_harness_runs_the_majority_task_on_a_tiny_budget(tmp_path):
     updates = [e for e in record["log_history"] if "diagnostics/stop_advantage_gap" in e]
     assert updates and all("rewards/reasoning_lines_reward/mean" in e for e in updates)
     assert not os.path.exists(os.path.join(results, "runs")) and not os.path.exists(os.path.join(cache, "assets.json"))
+    # No variant run starts from the controlled-bias critic: it is not built.
+    assert not os.path.exists(os.path.join(cache, "majority", "controlled_bias_critic"))
 
 
 def test_variants_hand_written():

@@ -10,24 +10,7 @@ from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .defaults import TOY_MAX_NEW_TOKENS
-from .task import THINK_END, extract_boxed_answer, response_mode
-
-
-def is_correct(response: str, solution: str) -> bool:
-    """Checks a response against the gold answer by exact match of the boxed integer after `</think>`.
-
-    Args:
-        response (`str`):
-            Decoded model response (special tokens skipped).
-        solution (`str`):
-            Gold answer, either `"\\boxed{N}"` or `"N"`.
-
-    Returns:
-        `bool`: Whether the content of the last `\\boxed{...}` after `</think>` equals the gold answer.
-    """
-    gold = extract_boxed_answer(THINK_END + solution) if "\\boxed" in solution else solution.strip()
-    answer = extract_boxed_answer(response)
-    return answer is not None and gold is not None and answer == gold
+from .task import extract_boxed_answer, is_correct, response_mode
 
 
 @torch.no_grad()

@@ -43,7 +43,7 @@ from collections.abc import Iterable, Sequence
 
 from datasets import Dataset, DatasetDict
 
-from .task import THINK_END, THINK_START, extract_boxed_answer
+from .task import THINK_END, THINK_START, count_think_lines, is_correct, verifier_scores  # noqa: F401 (is_correct re-exported)
 
 KEYS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 """Keys of the bits, in order: a string has at most `len(KEYS)` = 52 bits."""
@@ -181,19 +181,7 @@ def format_solution(
 
 def reasoning_lines(text: str) -> int:
     """Number of tally lines inside the (possibly unclosed) `<think>` block of a response; 0 without one."""
-    start = text.find(THINK_START)
-    if start < 0:
-        return 0
-    end = text.find(THINK_END, start)
-    body = text[start + len(THINK_START) : end if end >= 0 else len(text)]
-    return sum(1 for line in body.split("\n") if _LINE_RE.match(line))
-
-
-def is_correct(response: str, solution: str) -> bool:
-    """Whether the boxed answer after `</think>` is the whole string's majority (`solution`, `"\\boxed{b}"` or `"b"`)."""
-    gold = extract_boxed_answer(THINK_END + solution) if "\\boxed" in solution else solution.strip()
-    answer = extract_boxed_answer(response)
-    return answer is not None and answer == gold
+    return count_think_lines(text, _LINE_RE)
 
 
 def majority_reward(completions: list, solution: list[str], **kwargs) -> list[float]:
@@ -202,9 +190,7 @@ def majority_reward(completions: list, solution: list[str], **kwargs) -> list[fl
 
     Agrees with `vcppo_trl.rewards.math_verify_reward` on this task, without its cost.
     """
-    from ..rewards import completion_to_text
-
-    return [1.0 if is_correct(completion_to_text(c), s) else -1.0 for c, s in zip(completions, solution)]
+    return verifier_scores(completions, solution)
 
 
 def reasoning_lines_reward(completions: list, **kwargs) -> list[float]:

@@ -33,9 +33,8 @@ from collections.abc import Iterable, Sequence
 
 from datasets import Dataset, DatasetDict
 
-from .evaluate import is_correct
 from .majority import KEYS
-from .task import THINK_END, THINK_START
+from .task import THINK_END, THINK_START, count_think_lines, is_correct, verifier_scores
 
 RUNNING_SUM_MODULUS = 5
 RUNNING_SUM_MIN_DIGITS = 15
@@ -139,12 +138,7 @@ def format_solution(
 
 def reasoning_lines(text: str) -> int:
     """Number of reasoning lines (either tally) inside the (possibly unclosed) `<think>` block of a response; 0 without one."""
-    start = text.find(THINK_START)
-    if start < 0:
-        return 0
-    end = text.find(THINK_END, start)
-    body = text[start + len(THINK_START) : end if end >= 0 else len(text)]
-    return sum(1 for line in body.split("\n") if _LINE_RE.match(line))
+    return count_think_lines(text, _LINE_RE)
 
 
 def running_sum_reward(completions: list, solution: list[str], **kwargs) -> list[float]:
@@ -153,9 +147,7 @@ def running_sum_reward(completions: list, solution: list[str], **kwargs) -> list
 
     Agrees with `vcppo_trl.rewards.math_verify_reward` on this task, without its cost.
     """
-    from ..rewards import completion_to_text
-
-    return [1.0 if is_correct(completion_to_text(c), s) else -1.0 for c, s in zip(completions, solution)]
+    return verifier_scores(completions, solution)
 
 
 def reasoning_lines_reward(completions: list, **kwargs) -> list[float]:

@@ -161,6 +161,42 @@ def extract_boxed_answer(text: str) -> str | None:
     return matches[-1].strip()
 
 
+def is_correct(response: str, solution: str) -> bool:
+    """Checks a response against the gold answer by exact match of the boxed integer after `</think>`.
+
+    Args:
+        response (`str`):
+            Decoded model response (special tokens skipped).
+        solution (`str`):
+            Gold answer, either `"\\boxed{N}"` or `"N"`.
+
+    Returns:
+        `bool`: Whether the content of the last `\\boxed{...}` after `</think>` equals the gold answer.
+    """
+    gold = extract_boxed_answer(THINK_END + solution) if "\\boxed" in solution else solution.strip()
+    answer = extract_boxed_answer(response)
+    return answer is not None and gold is not None and answer == gold
+
+
+def count_think_lines(text: str, line_re: re.Pattern) -> int:
+    """Number of lines matching `line_re` inside the (possibly unclosed) `<think>` block of a response; 0 without
+    one. The toy tasks' length metric: each task passes the pattern of its reasoning lines."""
+    start = text.find(THINK_START)
+    if start < 0:
+        return 0
+    end = text.find(THINK_END, start)
+    body = text[start + len(THINK_START) : end if end >= 0 else len(text)]
+    return sum(1 for line in body.split("\n") if line_re.match(line))
+
+
+def verifier_scores(completions: list, solution: list[str]) -> list[float]:
+    """+1 where a completion's boxed answer after `</think>` is its `solution`, −1 otherwise (wrong, missing, or
+    reasoning never closed): the body of the toy tasks' TRL reward functions, whose names TRL logs."""
+    from ..rewards import completion_to_text
+
+    return [1.0 if is_correct(completion_to_text(c), s) else -1.0 for c, s in zip(completions, solution)]
+
+
 def _sample_operand(rng: random.Random, num_digits: int) -> int:
     low = 0 if num_digits == 1 else 10 ** (num_digits - 1)
     return rng.randint(low, 10**num_digits - 1)
