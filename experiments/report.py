@@ -15,8 +15,6 @@ and an interrupted sweep reports what it has.
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import os
 from collections.abc import Sequence
 
@@ -27,7 +25,7 @@ from report_plots import (
     plot_training_curves,
     plot_value_pretraining,
 )
-from report_stats import load_runs
+from report_stats import assets_section, load_runs
 from report_tables import claim_check, markdown_table, prediction_rows, prediction_table, table_rows
 
 
@@ -64,16 +62,11 @@ def build_report(
         rows = table_rows(runs, relabelled)
         if any(r["name"] != "vcppo" and r["name"] != "vcppo_no_pretrain" for r in rows):
             parts.append(f"\n## {title}\n\n" + markdown_table(rows, None))
-    if cache_dir and os.path.isfile(os.path.join(cache_dir, "assets.json")):
-        with open(os.path.join(cache_dir, "assets.json")) as f:
-            assets = json.load(f)
-        parts.append(
-            "\n## Assets\n\n"
-            f"- Reward model: {json.dumps(assets.get('reward_model_stats'))}\n"
-            + controlled_bias_line(assets, "Controlled-bias critic")
-            + f"- Cold start {assets.get('cold_start_seconds', math.nan):.0f} s, critics "
-            f"{assets.get('critic_build_seconds', math.nan):.0f} s\n"
+    parts.append(
+        assets_section(
+            cache_dir, [("Reward model", "reward_model_stats"), ("Controlled-bias critic", "controlled_bias_stats")]
         )
+    )
     markdown = "".join(parts)
     os.makedirs(results_dir, exist_ok=True)
     with open(os.path.join(results_dir, "results.md"), "w") as f:
@@ -98,13 +91,6 @@ def build_report(
     return markdown
 
 
-def controlled_bias_line(assets: dict, label: str) -> str:
-    """The assets section's line for the controlled-bias critic: none when it was not built (no variant used it)."""
-    if "controlled_bias_stats" not in assets:
-        return ""
-    return f"- {label}: {json.dumps(assets['controlled_bias_stats'])}\n"
-
-
 def build_prediction_report(
     results_dir: str,
     variants,
@@ -127,17 +113,16 @@ def build_prediction_report(
         "## The grid\n\n" + prediction_table(rows, cold_start),
         "\n## The claim, per critic speed\n\n" + claim_check(rows, [("ppo", "vcppo"), ("ppo_slow", "vcppo_slow")]),
     ]
-    if cache_dir and os.path.isfile(os.path.join(cache_dir, "assets.json")):
-        with open(os.path.join(cache_dir, "assets.json")) as f:
-            assets = json.load(f)
-        parts.append(
-            "\n## Assets\n\n"
-            f"- Reward model with truncated prefixes (our device): {json.dumps(assets.get('reward_model_stats'))}\n"
-            f"- EOS-only reward model (the paper's): {json.dumps(assets.get('reward_model_eos_stats'))}\n"
-            + controlled_bias_line(assets, "Controlled-bias critic (our device)")
-            + f"- Cold start {assets.get('cold_start_seconds', math.nan):.0f} s, critics "
-            f"{assets.get('critic_build_seconds', math.nan):.0f} s\n"
+    parts.append(
+        assets_section(
+            cache_dir,
+            [
+                ("Reward model with truncated prefixes (our device)", "reward_model_stats"),
+                ("EOS-only reward model (the paper's)", "reward_model_eos_stats"),
+                ("Controlled-bias critic (our device)", "controlled_bias_stats"),
+            ],
         )
+    )
     markdown = "".join(parts)
     os.makedirs(results_dir, exist_ok=True)
     with open(os.path.join(results_dir, "results.md"), "w") as f:

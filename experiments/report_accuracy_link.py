@@ -5,7 +5,6 @@ updates' stop gap and advantage by position). Rules: `results/accuracy_link/plan
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Sequence
@@ -14,6 +13,7 @@ from typing import Any
 from report_plots import plot_advantage_by_position, plot_stop_gap_by_position, plot_training_curves
 from report_stats import (
     WINDOW,
+    assets_section,
     buckets,
     fmt,
     load_runs,
@@ -181,16 +181,15 @@ def build_accuracy_link_report(
         "\n## How much the critics explain (explained variance, means ± 95 % t-interval over seeds)\n\n"
         + critic_fit_table(runs, variants),
     ]
-    if cache_dir and os.path.isfile(os.path.join(cache_dir, "assets.json")):
-        with open(os.path.join(cache_dir, "assets.json")) as f:
-            assets = json.load(f)
-        parts.append(
-            "\n## Assets\n\n"
-            f"- Reward model with truncated prefixes (our device): {json.dumps(assets.get('reward_model_stats'))}\n"
-            f"- EOS-only reward model (the paper's): {json.dumps(assets.get('reward_model_eos_stats'))}\n"
-            f"- Cold start {assets.get('cold_start_seconds', math.nan):.0f} s, critics "
-            f"{assets.get('critic_build_seconds', math.nan):.0f} s\n"
+    parts.append(
+        assets_section(
+            cache_dir,
+            [
+                ("Reward model with truncated prefixes (our device)", "reward_model_stats"),
+                ("EOS-only reward model (the paper's)", "reward_model_eos_stats"),
+            ],
         )
+    )
     markdown = "".join(parts)
     os.makedirs(results_dir, exist_ok=True)
     with open(os.path.join(results_dir, "results.md"), "w") as f:

@@ -109,6 +109,22 @@ def load_runs(results_dir: str, variant_names: Sequence[str], seeds: Sequence[in
     return runs
 
 
+def assets_section(cache_dir: str | None, critics: Sequence[tuple[str, str]]) -> str:
+    """The report's "Assets" section from the cache's `assets.json`: one line per `(label, manifest key)` of a critic
+    that was built (absent keys are left out), then the cold start's and the critics' build seconds. Empty when
+    there is no cache."""
+    path = os.path.join(cache_dir, "assets.json") if cache_dir else None
+    if not path or not os.path.isfile(path):
+        return ""
+    with open(path) as f:
+        assets = json.load(f)
+    lines = "".join(f"- {label}: {json.dumps(assets[key])}\n" for label, key in critics if key in assets)
+    return (
+        f"\n## Assets\n\n{lines}- Cold start {assets.get('cold_start_seconds', math.nan):.0f} s, critics "
+        f"{assets.get('critic_build_seconds', math.nan):.0f} s\n"
+    )
+
+
 # -------------------------------------------------------------------------------- the prediction check (majority)
 
 

@@ -288,3 +288,14 @@ def test_verdicts_follow_the_written_rule():
     assert report_stats.verdict([0.3, 0.25, 0.2]) == "gains"
     assert report_stats.verdict([-0.3, 0.0, 0.3]) == "keeps"
     assert report_stats.verdict([0.1]) == "–"  # one seed: no interval, no verdict
+
+
+def test_assets_section_lists_the_critics_built_and_nothing_without_a_cache(tmp_path):
+    assert report_stats.assets_section(None, [("Reward model", "reward_model_stats")]) == ""
+    assert report_stats.assets_section(str(tmp_path), [("Reward model", "reward_model_stats")]) == ""
+    with open(tmp_path / "assets.json", "w") as f:
+        json.dump({"reward_model_stats": {"mse": 0.5}, "cold_start_seconds": 12.4, "critic_build_seconds": 3.6}, f)
+    section = report_stats.assets_section(
+        str(tmp_path), [("Reward model", "reward_model_stats"), ("Controlled-bias critic", "controlled_bias_stats")]
+    )
+    assert section == '\n## Assets\n\n- Reward model: {"mse": 0.5}\n- Cold start 12 s, critics 4 s\n'
