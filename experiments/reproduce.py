@@ -8,10 +8,11 @@
     python experiments/reproduce.py --task count-mod-5   # the accuracy-link toy: VC-PPO, VAPO, GRPO (results/count_mod_5/)
 
 Everything is cached and resumable: the cold start, the reward model and (when a variant to run starts from it) the
-controlled-bias critic are built once under `experiments/.cache/`, and every run writes `experiments/results/runs/<variant>/seed<k>.json` when it ends (its
-whole metric history, the held-out evaluation, its seed and the commit it ran at; its console output goes to
-`results/logs/`, not kept in git); a run whose file exists (with the same budget, whatever the seed list) is skipped. The table and plots are then
-rebuilt from those files by `experiments/report.py`.
+controlled-bias critic are built once under `experiments/.cache/`, and every run writes
+`experiments/results/runs/<variant>/seed<k>.json` when it ends (its whole metric history, the held-out evaluation, its
+seed and the commit it ran at; its console output goes to `results/logs/`, not kept in git); a run whose file exists
+(with the same budget, whatever the seed list) is skipped. The table and plots are then rebuilt from those files by
+`experiments/report.py`.
 
 The toy (fixed before any run, see `Budget` in `task_addition.py`): additions of 1- to 6-digit numbers, with a cold
 start on a 50/50 mix of worked solutions and compressed ones (about half as long, worse on long numbers), so a policy
