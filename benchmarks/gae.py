@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from vcppo_trl.gae import dual_lambda_gae
+from vcppo_trl.algo.gae import dual_lambda_gae
 
 
 def per_token_gae(rewards, values, mask, gamma, lam):

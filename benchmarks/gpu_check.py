@@ -105,7 +105,7 @@ def peak_gib(device: torch.device, baseline: int = 0) -> float | None:
 def check_gae(device: torch.device, smoke: bool) -> dict:
     import gae as gae_bench  # benchmarks/gae.py
 
-    from vcppo_trl.gae import dual_lambda_gae
+    from vcppo_trl.algo.gae import dual_lambda_gae
 
     batch, length = (4, 64) if smoke else (64, 16384)
     rewards, values, mask = gae_bench.make_batch(batch, length, device)
@@ -149,11 +149,11 @@ def critic_values(critic, input_ids, attention_mask, position_ids, context_lengt
 
 
 def check_update(device: torch.device, smoke: bool) -> dict:
-    from vcppo_trl.gae import dual_lambda_gae
-    from vcppo_trl.logprobs import response_logprobs
-    from vcppo_trl.losses import clipped_policy_loss, clipped_value_loss
-    from vcppo_trl.masked import masked_whiten
-    from vcppo_trl.rollout import position_ids_from_mask
+    from vcppo_trl.algo.gae import dual_lambda_gae
+    from vcppo_trl.algo.losses import clipped_policy_loss, clipped_value_loss
+    from vcppo_trl.algo.masked import masked_whiten
+    from vcppo_trl.models.logprobs import response_logprobs
+    from vcppo_trl.models.policy_and_value import position_ids_from_mask
 
     config = SMOKE_MODEL if smoke else QWEN25_05B
     batch, prompt_len, response_len = (2, 8, 32) if smoke else (4, 256, 4096)
@@ -237,11 +237,12 @@ def check_long_responses(device: torch.device, smoke: bool, variant: str, attent
     from accelerate import Accelerator
 
     from vcppo_trl import PPOConfig
-    from vcppo_trl.learner import PPOLearner
-    from vcppo_trl.micro_batches import ForwardWork, plan_forwards
-    from vcppo_trl.optimization import parameter_groups
-    from vcppo_trl.rollout import PolicyAndValueModel, token_rewards
-    from vcppo_trl.rollout_maker import RolloutMaker
+    from vcppo_trl.algo.micro_batches import ForwardWork, plan_forwards
+    from vcppo_trl.learner.optimizers import parameter_groups
+    from vcppo_trl.learner.ppo_learner import PPOLearner
+    from vcppo_trl.models.policy_and_value import PolicyAndValueModel
+    from vcppo_trl.rollout.maker import RolloutMaker
+    from vcppo_trl.rollout.shaping import token_rewards
 
     config = dict(SMOKE_MODEL) if smoke else dict(QWEN25_05B)
     sequences, max_length = (4, 48) if smoke else (8, 16384)
@@ -333,8 +334,8 @@ def check_long_responses(device: torch.device, smoke: bool, variant: str, attent
 
 
 def check_logprob_memory(device: torch.device, smoke: bool, method: str, train: bool) -> dict:
-    from vcppo_trl.logprobs import full_logits_logprobs, response_logprobs
-    from vcppo_trl.rollout import position_ids_from_mask
+    from vcppo_trl.models.logprobs import full_logits_logprobs, response_logprobs
+    from vcppo_trl.models.policy_and_value import position_ids_from_mask
 
     config = dict(QWEN25_05B if not smoke else SMOKE_MODEL, num_hidden_layers=1)
     length = 64 if smoke else 16384

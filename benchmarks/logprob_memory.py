@@ -36,8 +36,8 @@ def current_rss_mib() -> float:
 
 
 def logprob_pass(model, input_ids, attention_mask, method: str, train: bool) -> None:
-    from vcppo_trl.logprobs import full_logits_logprobs, response_logprobs
-    from vcppo_trl.rollout import position_ids_from_mask
+    from vcppo_trl.models.logprobs import full_logits_logprobs, response_logprobs
+    from vcppo_trl.models.policy_and_value import position_ids_from_mask
 
     fn = {"chunked": response_logprobs, "full": full_logits_logprobs}[method]
     position_ids = position_ids_from_mask(attention_mask)

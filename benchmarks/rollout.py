@@ -50,7 +50,7 @@ class _Tokenizer:
 def build_policy(shape: dict, max_length: int, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from vcppo_trl.rollout import PolicyAndValueModel
+    from vcppo_trl.models.policy_and_value import PolicyAndValueModel
 
     torch.manual_seed(seed)
     kwargs = {"num_key_value_heads": shape["num_attention_heads"], "tie_word_embeddings": True, **shape}
@@ -69,8 +69,8 @@ def prompts(num: int, length: int, vocab: int, seed: int = 0) -> tuple[torch.Ten
 
 def full_length_samplers():
     """The two samplers, each forced to generate `response_length` tokens (the stop token masked until then)."""
-    from vcppo_trl.generation import HFSampler
-    from vcppo_trl.vllm_sampling import VLLMColocateSampler
+    from vcppo_trl.sampling.hf import HFSampler
+    from vcppo_trl.sampling.vllm_samplers import VLLMColocateSampler
 
     class FullLengthHF(HFSampler):
         def generation_config(self, greedy, temperature):

@@ -68,8 +68,8 @@ def draw_lengths(
 def build_pair(max_positions: int, hidden: int, layers: int, heads: int):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from vcppo_trl.rollout import PolicyAndValueModel
-    from vcppo_trl.value_model import create_value_model_from_policy
+    from vcppo_trl.models.policy_and_value import PolicyAndValueModel
+    from vcppo_trl.models.value_model import create_value_model_from_policy
 
     config = Qwen2Config(
         vocab_size=512,
@@ -88,7 +88,7 @@ def build_pair(max_positions: int, hidden: int, layers: int, heads: int):
 
 
 def build_rollout(prompt_lengths: list[int], response_lengths: list[int]):
-    from vcppo_trl.rollout import Rollout
+    from vcppo_trl.rollout.types import Rollout
 
     generator = torch.Generator().manual_seed(1)
     batch, width, length = len(prompt_lengths), max(prompt_lengths), max(response_lengths)
@@ -116,11 +116,11 @@ def run_cell(args: argparse.Namespace) -> dict:
     from accelerate import Accelerator
 
     from vcppo_trl import PPOConfig
-    from vcppo_trl.learner import PPOLearner
-    from vcppo_trl.micro_batches import ForwardWork
-    from vcppo_trl.optimization import parameter_groups
-    from vcppo_trl.rollout import token_rewards
-    from vcppo_trl.rollout_maker import RolloutMaker
+    from vcppo_trl.algo.micro_batches import ForwardWork
+    from vcppo_trl.learner.optimizers import parameter_groups
+    from vcppo_trl.learner.ppo_learner import PPOLearner
+    from vcppo_trl.rollout.maker import RolloutMaker
+    from vcppo_trl.rollout.shaping import token_rewards
 
     torch.set_num_threads(args.threads)
     prompt_lengths, response_lengths = draw_lengths(args.cell_distribution, args.max_length)
@@ -179,7 +179,7 @@ def plan_flops(args: argparse.Namespace, distribution: str, variant: str) -> flo
     """FLOPs of one update as planned: 2·N per token per forward (×3 with the backward) for each model, plus
     attention 4·L·h per token per layer over each forward's width L (×3 with the backward); a packed row counts its
     whole length as L (the dense mask of sdpa on CPU; a varlen kernel would count each sequence's own)."""
-    from vcppo_trl.micro_batches import plan_forwards
+    from vcppo_trl.algo.micro_batches import plan_forwards
 
     prompt, response = (torch.tensor(x) for x in draw_lengths(distribution, args.max_length))
     width = int(prompt.max()) + args.max_length

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from vcppo_trl.diagnostics import (
+    from vcppo_trl.algo.diagnostics import (
         explained_variance,
         marker_token_ids,
         position_bucket_explained_variance,
@@ -63,11 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         stop_advantage_gap,
         stop_positions,
     )
-    from vcppo_trl.gae import gae
-    from vcppo_trl.rollout import position_ids_from_mask
+    from vcppo_trl.algo.gae import gae
+    from vcppo_trl.models.policy_and_value import position_ids_from_mask
+    from vcppo_trl.models.value_model import load_value_model, value_forward
     from vcppo_trl.toy.majority import majority_reward, make_majority_splits
     from vcppo_trl.toy.reward_model import sample_responses
-    from vcppo_trl.value_model import load_value_model, value_forward
 
     torch.set_num_threads(args.threads)
     if args.task == "count-mod-5":

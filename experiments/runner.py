@@ -39,7 +39,7 @@ def run_vcppo(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from vcppo_trl import VAPOConfig, VAPOTrainer, VCPPOConfig, VCPPOTrainer
-    from vcppo_trl.rewards import math_verify_reward
+    from vcppo_trl.rewards.math_verify import math_verify_reward
 
     pretrain = (
         getattr(budget, variant.pretrain_field) if variant.pretrain_updates is None else variant.pretrain_updates
@@ -103,7 +103,7 @@ def run_grpo(variant: Variant, seed: int, budget: Budget, assets: dict, out_dir:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from vcppo_trl.rewards import math_verify_reward
+    from vcppo_trl.rewards.math_verify import math_verify_reward
 
     # Same samples as PPO: prompts_per_update completions per generation batch (prompts_per_update / G prompts with G
     # completions each), and the same number of optimizer steps per batch (num_mini_batches x num_ppo_epochs).

@@ -102,7 +102,7 @@ SMOKE_BUDGET = Budget(
 
 def short_form(completions, **kwargs) -> list[float]:
     """1 for a response in the compressed (short) form, else 0: logged with weight 0, never trained on."""
-    from vcppo_trl.rewards import completion_to_text
+    from vcppo_trl.rewards.math_verify import completion_to_text
     from vcppo_trl.toy.task import response_mode
 
     return [1.0 if response_mode(completion_to_text(c)) == "short" else 0.0 for c in completions]

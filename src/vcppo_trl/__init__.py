@@ -3,17 +3,20 @@
 __version__ = "0.1.0"
 
 
-from .callbacks import RolloutProgressCallback, ValuePretrainCallback
-from .checkpointing import CheckpointError, InsufficientDiskSpaceError
-from .config import PPOConfig, VCPPOConfig
-from .gae import dual_lambda_gae, gae
-from .output import silence_unused_backend_notices
-from .ppo_trainer import NonFiniteTrainingError, PPOTrainer
-from .preemption import TrainingInterrupted
-from .reward_calls import RewardFunctionError
-from .rewards import math_verify_reward
-from .vapo import VAPOConfig, VAPOTrainer
-from .vcppo_trainer import VCPPOTrainer
+from .algo.gae import dual_lambda_gae, gae
+from .checkpoint.files import CheckpointError, InsufficientDiskSpaceError
+from .config.ppo import PPOConfig
+from .config.vapo import VAPOConfig
+from .config.vcppo import VCPPOConfig
+from .learner.optimizers import NonFiniteTrainingError
+from .rewards.calls import RewardFunctionError
+from .rewards.math_verify import math_verify_reward
+from .trainer.console import RolloutProgressCallback, silence_unused_backend_notices
+from .trainer.ppo import PPOTrainer
+from .trainer.preemption import TrainingInterrupted
+from .trainer.value_pretraining import ValuePretrainCallback
+from .trainer.vapo import VAPOTrainer
+from .trainer.vcppo import VCPPOTrainer
 
 silence_unused_backend_notices()  # before accelerate first imports DeepSpeed (it does so lazily)
 

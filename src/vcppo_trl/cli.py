@@ -17,22 +17,23 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import ModelConfig, ScriptArguments, TrlParser
 from trl.trainer.utils import get_peft_config, get_quantization_config
 
-from .config import VCPPOConfig
-from .distributed import check_launch_environment
-from .loading import resolve_stop_token_ids
-from .preemption import TrainingInterrupted
-from .rewards import resolve_reward_funcs
-from .value_model import check_value_model_source
-from .vapo import VAPOConfig, VAPOTrainer
-from .vcppo_trainer import VCPPOTrainer
+from .config.vapo import VAPOConfig
+from .config.vcppo import VCPPOConfig
+from .models.loading import resolve_stop_token_ids
+from .models.value_model import check_value_model_source
+from .parallel.checks import check_launch_environment
+from .rewards.registry import resolve_reward_funcs
+from .trainer.preemption import TrainingInterrupted
+from .trainer.vapo import VAPOTrainer
+from .trainer.vcppo import VCPPOTrainer
+
+logger = logging.getLogger(__name__)
 
 # `--trainer` (or `trainer:` in the --config YAML): the trainer and the config whose defaults the options start from.
 TRAINERS: dict[str, tuple[type[VCPPOTrainer], type[VCPPOConfig]]] = {
     "vcppo": (VCPPOTrainer, VCPPOConfig),
     "vapo": (VAPOTrainer, VAPOConfig),
 }
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -217,7 +218,7 @@ def _help_groups() -> list[tuple[str, list[str]]]:
 
     from trl.trainer.base_config import _BaseConfig
 
-    from .config import PPOConfig
+    from .config.ppo import PPOConfig
 
     ppo_names = {f.name for f in fields(PPOConfig)}
     base_names = {f.name for f in fields(_BaseConfig)}

@@ -14,8 +14,8 @@ import torch
 from datasets import Dataset
 
 from vcppo_trl import NonFiniteTrainingError, RewardFunctionError, VCPPOTrainer
-from vcppo_trl.checkpointing import missing_checkpoint_files
-from vcppo_trl.reward_calls import call_reward_function
+from vcppo_trl.checkpoint.files import missing_checkpoint_files
+from vcppo_trl.rewards.calls import call_reward_function
 
 from ..conftest import length_reward
 
@@ -104,7 +104,7 @@ def test_verifier_faults_in_training_are_counted(make_trainer, tiny_config):
 
 def nan_value_loss(fail_calls):
     """clipped_value_loss that returns a NaN loss on the given (1-based) calls."""
-    from vcppo_trl import ppo_loss
+    from vcppo_trl.algo import objective as ppo_loss
 
     original = ppo_loss.clipped_value_loss
     count = {"n": 0}
@@ -120,7 +120,7 @@ def nan_value_loss(fail_calls):
 
 
 def test_nonfinite_step_is_skipped(make_trainer, tiny_config, monkeypatch):
-    from vcppo_trl import ppo_loss
+    from vcppo_trl.algo import objective as ppo_loss
 
     # One update = 2 minibatches × 2 micro-batches; the first micro-batch of the first step is NaN.
     monkeypatch.setattr(ppo_loss, "clipped_value_loss", nan_value_loss(lambda n: n == 1))
@@ -134,7 +134,7 @@ def test_nonfinite_step_is_skipped(make_trainer, tiny_config, monkeypatch):
 
 
 def test_persistent_nonfinite_loss_stops_with_last_checkpoint_intact(make_trainer, tiny_config, monkeypatch):
-    from vcppo_trl import ppo_loss
+    from vcppo_trl.algo import objective as ppo_loss
 
     # Update 1 (4 micro-batches, 2 steps) is fine and saved; from update 2 on every loss is NaN.
     monkeypatch.setattr(ppo_loss, "clipped_value_loss", nan_value_loss(lambda n: n > 4))
@@ -152,7 +152,7 @@ def test_persistent_nonfinite_loss_stops_with_last_checkpoint_intact(make_traine
 
 
 def test_bad_rows_are_dropped_and_counted(tiny_policy, tokenizer, tiny_config):
-    from vcppo_trl.rewards import math_verify_reward
+    from vcppo_trl.rewards.math_verify import math_verify_reward
 
     rows = {
         "prompt": ["Add 1 and 2.\n"] * 16 + ["", "   ", "Add 3 and 4.\n", "Add " + "9" * 80 + " and 1.\n"],

@@ -52,7 +52,7 @@ def test_lora_critic_trains_only_adapters_and_head_and_saves_an_adapter(make_tra
         torch.testing.assert_close(loaded(input_ids=ids).logits, critic(input_ids=ids).logits)
 
     # The trainer starts from a saved LoRA critic too (as VC-PPO does from a pretrained one), trainable.
-    from vcppo_trl.value_model import load_value_model
+    from vcppo_trl.models.value_model import load_value_model
 
     reloaded = load_value_model(value_dir)
     assert isinstance(reloaded, PeftModel)

@@ -9,8 +9,10 @@ import copy
 import pytest
 import torch
 
-from vcppo_trl import PPOConfig, PPOTrainer, ppo_loss, trainer_setup
-from vcppo_trl.rollout import token_rewards
+from vcppo_trl import PPOConfig, PPOTrainer
+from vcppo_trl.algo import objective as ppo_loss
+from vcppo_trl.rollout.shaping import token_rewards
+from vcppo_trl.trainer import setup as trainer_setup
 
 
 def _rows(trainer, n=None):

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from vcppo_trl import CheckpointError, InsufficientDiskSpaceError, PPOTrainer, VAPOTrainer, VCPPOTrainer
-from vcppo_trl.checkpointing import missing_checkpoint_files, read_training_state
+from vcppo_trl.checkpoint.files import missing_checkpoint_files, read_training_state
 from vcppo_trl.toy.model import build_tiny_model
-from vcppo_trl.value_pretraining import saved_phase
+from vcppo_trl.trainer.value_pretraining import saved_phase
 
 from ..conftest import length_reward, step_logs
 
@@ -193,7 +193,7 @@ def test_checkpoint_write_is_atomic_when_save_fails(make_trainer, tiny_config, m
 
 
 def test_checkpoint_needs_free_space(make_trainer, tiny_config, monkeypatch):
-    import vcppo_trl.checkpointing as checkpointing
+    import vcppo_trl.checkpoint.files as checkpointing
 
     args = tiny_config(total_episodes=32, save_strategy="steps", save_steps=1)
     trainer = make_trainer(args=args)

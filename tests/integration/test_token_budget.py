@@ -14,11 +14,13 @@ from accelerate import Accelerator
 from trl.trainer.utils import disable_dropout_in_model
 
 from vcppo_trl import PPOConfig
-from vcppo_trl.learner import PPOLearner
-from vcppo_trl.optimization import parameter_groups
-from vcppo_trl.rollout import PolicyAndValueModel, Rollout, token_rewards
-from vcppo_trl.rollout_maker import RolloutMaker
-from vcppo_trl.value_model import create_value_model_from_policy
+from vcppo_trl.learner.optimizers import parameter_groups
+from vcppo_trl.learner.ppo_learner import PPOLearner
+from vcppo_trl.models.policy_and_value import PolicyAndValueModel
+from vcppo_trl.models.value_model import create_value_model_from_policy
+from vcppo_trl.rollout.maker import RolloutMaker
+from vcppo_trl.rollout.shaping import token_rewards
+from vcppo_trl.rollout.types import Rollout
 
 from ..conftest import step_logs
 from .test_resume import fresh_policy

@@ -10,7 +10,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
 from vcppo_trl import PPOConfig, PPOTrainer, ValuePretrainCallback, VCPPOTrainer, math_verify_reward
-from vcppo_trl.rollout import truncate_at_stop
+from vcppo_trl.sampling.seam import truncate_at_stop
 
 from ..conftest import StopAfterPretraining, length_reward
 
@@ -219,7 +219,7 @@ def test_missing_prompt_column(tiny_policy, tokenizer, tiny_config):
     ],
 )
 def test_bad_reward_function(make_trainer, tiny_policy, tokenizer, toy_splits, tiny_config, bad_reward, message):
-    from vcppo_trl.reward_calls import RewardFunctionError
+    from vcppo_trl.rewards.calls import RewardFunctionError
 
     trainer = make_trainer(reward_funcs=bad_reward, args=tiny_config())
     with pytest.raises(RewardFunctionError, match=message):
@@ -384,7 +384,7 @@ def test_periodic_checkpoints_hold_policy_critic_and_optimizer(
 
 
 def test_length_adaptive_actor_lambda(make_trainer, tiny_policy, tokenizer, toy_splits, tiny_config):
-    from vcppo_trl.gae import dual_lambda_gae
+    from vcppo_trl.algo.gae import dual_lambda_gae
 
     trainer = make_trainer(reward_funcs=length_reward, args=tiny_config(total_episodes=16, lam_actor_length_alpha=0.5))
     mask = torch.arange(16)[None, :] < torch.tensor([16, 4, 1, 0])[:, None]
@@ -467,7 +467,7 @@ def half_settled_reward(prompts, completions, **kwargs):
 
 
 def test_dynamic_sampling_keeps_informative_groups_and_counts_the_prompts(make_trainer, tiny_config):
-    from vcppo_trl.dynamic_sampling import informative_groups
+    from vcppo_trl.algo.dynamic_sampling import informative_groups
 
     args = tiny_config(
         value_pretrain_steps=1,

@@ -70,7 +70,7 @@ def _encode(tokenizer, prompts=PROMPTS):
 
 
 def _hf_sampler(trainer, response_length):
-    from vcppo_trl.generation import HFSampler
+    from vcppo_trl.sampling.hf import HFSampler
 
     return HFSampler(
         lambda: trainer.model_wrapped,
@@ -83,8 +83,8 @@ def _hf_sampler(trainer, response_length):
 
 
 def _training_logprobs(policy, query_ids, query_mask, samples, temperature):
-    from vcppo_trl.generation import eval_mode
-    from vcppo_trl.rollout import policy_logprobs
+    from vcppo_trl.models.policy_and_value import policy_logprobs
+    from vcppo_trl.sampling.hf import eval_mode
 
     ids = torch.cat([query_ids, samples.response_ids], 1)
     mask = torch.cat([query_mask.bool(), samples.response_mask], 1).long()
@@ -296,7 +296,8 @@ def test_context_too_short_is_refused_before_training(vllm_trainer):
 
 
 def test_a_model_vllm_cannot_load_is_a_clear_error(tokenizer):
-    from vcppo_trl.vllm_sampling import SamplerError, _start_engine
+    from vcppo_trl.sampling.seam import SamplerError
+    from vcppo_trl.sampling.vllm_samplers import _start_engine
 
     config = _wide_policy(tokenizer).config
     config.architectures = ["NoSuchModelForCausalLM"]
@@ -308,7 +309,7 @@ def test_a_model_vllm_cannot_load_is_a_clear_error(tokenizer):
 
 
 def test_multi_process_colocate_on_cpu_is_refused(tokenizer):
-    from vcppo_trl.vllm_sampling import VLLMColocateSampler
+    from vcppo_trl.sampling.vllm_samplers import VLLMColocateSampler
 
     class TwoCpuProcesses:
         num_processes, process_index, local_process_index = 2, 0, 0
@@ -319,7 +320,7 @@ def test_multi_process_colocate_on_cpu_is_refused(tokenizer):
 
 
 def test_engine_failure_mid_run_stops_with_an_intact_checkpoint(vllm_trainer, tmp_path):
-    from vcppo_trl.generation import SamplerError
+    from vcppo_trl.sampling.seam import SamplerError
 
     out = str(tmp_path / "fault")
     trainer = vllm_trainer(output_dir=out, value_pretrain_steps=0, total_episodes=48, save_strategy="no")
@@ -345,7 +346,7 @@ def test_engine_failure_mid_run_stops_with_an_intact_checkpoint(vllm_trainer, tm
 
 
 def test_failed_weight_sync_stops_the_run(vllm_trainer):
-    from vcppo_trl.generation import SamplerError
+    from vcppo_trl.sampling.seam import SamplerError
 
     trainer = vllm_trainer(value_pretrain_steps=0, total_episodes=32)
 
@@ -434,7 +435,7 @@ def _kill_server(proc) -> None:
 
 
 def _server_sampler(trainer, url, timeout=30.0):
-    from vcppo_trl.vllm_sampling import VLLMServerSampler
+    from vcppo_trl.sampling.vllm_samplers import VLLMServerSampler
 
     sampler = VLLMServerSampler(
         lambda: trainer.model.policy,
@@ -465,7 +466,7 @@ def test_server_mode_generation_matches_hf(vllm_server, make_trainer, tokenizer,
 
 
 def test_server_context_too_short_is_refused(vllm_server, make_trainer, tokenizer, tiny_config):
-    from vcppo_trl.vllm_sampling import VLLMServerSampler
+    from vcppo_trl.sampling.vllm_samplers import VLLMServerSampler
 
     trainer = make_trainer(model=_wide_policy(tokenizer), args=tiny_config())
     assert _server_sampler(trainer, vllm_server["url"]).server_max_model_length() == 256  # its --max-model-len
@@ -490,7 +491,7 @@ def test_server_mode_training_on_cpu_is_refused_with_the_reason(vllm_server, vll
 
 
 def test_unreachable_server_fails_after_the_timeout_naming_the_url(make_trainer, tokenizer, tiny_config):
-    from vcppo_trl.generation import SamplerError
+    from vcppo_trl.sampling.seam import SamplerError
 
     trainer = make_trainer(model=_wide_policy(tokenizer), args=tiny_config())
     url = f"http://127.0.0.1:{_free_port()}"
@@ -502,7 +503,7 @@ def test_unreachable_server_fails_after_the_timeout_naming_the_url(make_trainer,
 
 def test_server_that_stops_answering_is_a_clear_error(vllm_server, make_trainer, tokenizer, tiny_config):
     """Runs last among the server tests: it stops the shared server."""
-    from vcppo_trl.generation import SamplerError
+    from vcppo_trl.sampling.seam import SamplerError
 
     trainer = make_trainer(model=_wide_policy(tokenizer), args=tiny_config(response_length=24))
     sampler = _server_sampler(trainer, vllm_server["url"], timeout=5.0)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from vcppo_trl import PPOConfig, PPOTrainer
-from vcppo_trl.diagnostics import marker_token_ids, stop_advantage_gap, stop_positions
-from vcppo_trl.gae import gae
+from vcppo_trl.algo.diagnostics import marker_token_ids, stop_advantage_gap, stop_positions
+from vcppo_trl.algo.gae import gae
 
 from ..conftest import length_reward
 

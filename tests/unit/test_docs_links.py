@@ -78,3 +78,44 @@ def test_command_block_paths_finds_repository_files(tmp_path):
         "  --config configs/recipes/nope.yaml --output_dir /runs/x/out.yaml\n```\n"
     )
     assert command_block_paths(str(page)) == ["configs/accelerate/zero3.yaml", "train.py", "configs/recipes/nope.yaml"]
+
+
+PACKAGE_DIR = os.path.join(ROOT, "src", "vcppo_trl")
+SOURCE_PATH = re.compile(r"`((?:src/vcppo_trl/)?[a-z_]+/[a-z_]+\.py|[a-z_]+\.py)`")
+STAGE_ROW = re.compile(r"^\| `?([a-z_]+/|top level)`? \|(.*)$", re.M)
+
+
+def package_paths_named(path: str) -> list[str]:
+    """Package paths a page names, relative to the repository: `src/vcppo_trl/...` and `<folder>/<module>.py` for a
+    folder of the package anywhere; on a row of a stage map (`| trainer/ | ...`), bare module names of that folder."""
+    text = open(path).read()
+    folders = {name for name in os.listdir(PACKAGE_DIR) if os.path.isdir(os.path.join(PACKAGE_DIR, name))}
+    named = set()
+    for match in SOURCE_PATH.finditer(text):
+        found = match.group(1)
+        if found.startswith("src/"):
+            named.add(found)
+        elif "/" in found and found.split("/")[0] in folders:
+            named.add(f"src/vcppo_trl/{found}")
+    for folder, row in STAGE_ROW.findall(text):
+        base = "src/vcppo_trl/" + ("" if folder == "top level" else folder)
+        named |= {f"{base}{name}" for name in re.findall(r"`([a-z_]+\.py)`", row)}
+    return sorted(named)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[os.path.relpath(p, ROOT) for p in PAGES])
+def test_package_paths_a_page_names_exist(page):
+    """Module paths in the docs (the architecture page's stage map above all) name files that exist."""
+    missing = [named for named in package_paths_named(page) if not os.path.exists(os.path.join(ROOT, named))]
+    assert not missing, missing
+
+
+def test_the_architecture_page_maps_every_folder_and_the_check_finds_a_missing_path(tmp_path):
+    page = os.path.join(ROOT, "docs", "architecture.md")
+    rows = {folder for folder, _ in STAGE_ROW.findall(open(page).read())}
+    folders = {name + "/" for name in os.listdir(PACKAGE_DIR) if os.path.isdir(os.path.join(PACKAGE_DIR, name))}
+    assert rows == folders - {"__pycache__/"} | {"top level"}
+    fake = tmp_path / "page.md"
+    fake.write_text("see `trainer/no_such_module.py` and `rollout/maker.py`\n| `algo/` | `gae.py`, `nope.py` |\n")
+    missing = [n for n in package_paths_named(str(fake)) if not os.path.exists(os.path.join(ROOT, n))]
+    assert missing == ["src/vcppo_trl/algo/nope.py", "src/vcppo_trl/trainer/no_such_module.py"]

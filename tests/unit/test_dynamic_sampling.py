@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from vcppo_trl.dynamic_sampling import choose_groups, informative_groups
-from vcppo_trl.generation import Samples
-from vcppo_trl.scoring import ScoredSamples, concat_scored
+from vcppo_trl.algo.dynamic_sampling import choose_groups, informative_groups
+from vcppo_trl.rollout.scoring import ScoredSamples, concat_scored
+from vcppo_trl.sampling.seam import Samples
 
 
 def test_a_group_is_informative_when_it_has_both_correct_and_wrong_samples():

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from vcppo_trl.diagnostics import explained_variance, position_correlation
-from vcppo_trl.gae import dual_lambda_gae, gae
-from vcppo_trl.masked import masked_mean, masked_whiten
+from vcppo_trl.algo.diagnostics import explained_variance, position_correlation
+from vcppo_trl.algo.gae import dual_lambda_gae, gae
+from vcppo_trl.algo.masked import masked_mean, masked_whiten
 
 # --------------------------------------------------------------------------------------------------------------------
 # Reference implementation: plain Python floats (float64), one sequence at a time, only over its valid tokens.

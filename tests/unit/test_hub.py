@@ -147,7 +147,7 @@ def test_push_without_network_is_a_clear_error_and_keeps_the_checkpoint(
 ):
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-    from vcppo_trl.hub import HubPushError
+    from vcppo_trl.checkpoint.hub import HubPushError
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # what CI sets: no request may leave
     trainer = _train_and_push(make_trainer, tiny_config, named_policy, hub_model_id="test-org/offline")

@@ -6,9 +6,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from vcppo_trl import logprobs as logprobs_module
-from vcppo_trl.logprobs import causal_lm_parts, full_logits_logprobs, response_logprobs
-from vcppo_trl.rollout import policy_logprobs, position_ids_from_mask
+from vcppo_trl.models import logprobs as logprobs_module
+from vcppo_trl.models.logprobs import causal_lm_parts, full_logits_logprobs, response_logprobs
+from vcppo_trl.models.policy_and_value import policy_logprobs, position_ids_from_mask
 
 CONTEXT = 5
 TEMPERATURE = 0.7

@@ -7,14 +7,14 @@ import math
 import pytest
 import torch
 
-from vcppo_trl.losses import (
+from vcppo_trl.algo.losses import (
     clipped_policy_loss,
     clipped_value_loss,
     kl_penalty,
     sampler_importance_weights,
     token_mean_term,
 )
-from vcppo_trl.rollout import overlong_penalty
+from vcppo_trl.rollout.shaping import overlong_penalty
 
 EPS = 0.2
 
@@ -245,7 +245,7 @@ def test_kl_bad_estimator_raises(estimator):
 # --------------------------------------------------------------------------------------------------------------------
 
 
-from vcppo_trl.losses import LOSS_TYPES, aggregate_loss, loss_normalizer  # noqa: E402
+from vcppo_trl.algo.losses import LOSS_TYPES, aggregate_loss, loss_normalizer  # noqa: E402
 
 
 def test_aggregate_loss_modes_by_hand():

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from vcppo_trl.rewards import math_verify_reward
+from vcppo_trl.rewards.math_verify import math_verify_reward
 from vcppo_trl.toy.majority import (
     KEYS,
     accuracy_by_stop_line,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vcppo_trl.micro_batches import (
+from vcppo_trl.algo.micro_batches import (
     MicroBatch,
     micro_batch_count,
     plan_forwards,

@@ -8,7 +8,7 @@ import transformers
 import trl
 from huggingface_hub import ModelCard, constants
 
-from vcppo_trl.hub import HubPushError
+from vcppo_trl.checkpoint.hub import HubPushError
 
 from ..conftest import length_reward
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from vcppo_trl.micro_batches import MicroBatch
-from vcppo_trl.packing import PackingError, TokenBatch, check_packing, pack_micro_batch
+from vcppo_trl.algo.micro_batches import MicroBatch
+from vcppo_trl.models.packing import PackingError, TokenBatch, check_packing, pack_micro_batch
 
 
 def test_pack_joins_real_tokens_restarts_positions_and_points_at_the_predicting_positions():

@@ -12,16 +12,18 @@ from accelerate import Accelerator
 from datasets import Dataset
 
 from vcppo_trl import PPOConfig, ValuePretrainCallback
-from vcppo_trl.data import prompt_batches
-from vcppo_trl.generation import HFSampler
-from vcppo_trl.learner import PPOLearner
-from vcppo_trl.optimization import NonFiniteTrainingError, parameter_groups, role_scheduler
-from vcppo_trl.rollout import PolicyAndValueModel, Rollout, token_rewards
-from vcppo_trl.rollout_maker import GenerationStats, RolloutMaker, old_logprobs_from_training_forward
-from vcppo_trl.trainer_metrics import PRETRAIN_METRIC_NAMES, critic_fit, update_metrics
-from vcppo_trl.trainer_setup import plan_batches
-from vcppo_trl.value_model import create_value_model_from_policy
-from vcppo_trl.value_pretraining import CriticFit, ValuePretrainingPhase, ValuePretrainRule
+from vcppo_trl.config.batch_plan import plan_batches
+from vcppo_trl.learner.optimizers import NonFiniteTrainingError, parameter_groups, role_scheduler
+from vcppo_trl.learner.ppo_learner import PPOLearner
+from vcppo_trl.models.policy_and_value import PolicyAndValueModel
+from vcppo_trl.models.value_model import create_value_model_from_policy
+from vcppo_trl.rollout.maker import GenerationStats, RolloutMaker, old_logprobs_from_training_forward
+from vcppo_trl.rollout.shaping import token_rewards
+from vcppo_trl.rollout.types import Rollout
+from vcppo_trl.sampling.hf import HFSampler
+from vcppo_trl.trainer.metrics import PRETRAIN_METRIC_NAMES, critic_fit, update_metrics
+from vcppo_trl.trainer.prompts import prompt_batches
+from vcppo_trl.trainer.value_pretraining import CriticFit, ValuePretrainingPhase, ValuePretrainRule
 
 # ------------------------------------------------------------------------------------ value-pretraining phase
 
@@ -340,8 +342,8 @@ def test_plan_batches_refuses_what_cannot_be_split(tmp_path):
 
 
 def test_metrics_reuse_lambda_one_returns_as_the_monte_carlo_returns(tokenizer, tmp_path):
-    from vcppo_trl.gae import dual_lambda_gae
-    from vcppo_trl.trainer_metrics import rollout_metrics
+    from vcppo_trl.algo.gae import dual_lambda_gae
+    from vcppo_trl.trainer.metrics import rollout_metrics
 
     args = config(tmp_path, position_buckets=4)
     rollout = synthetic_rollout(tokenizer)
@@ -355,7 +357,7 @@ def test_metrics_reuse_lambda_one_returns_as_the_monte_carlo_returns(tokenizer, 
 
 @pytest.mark.parametrize("mode", ["token_truncate", "sequence_mask"])
 def test_learner_returns_the_sampler_weights_its_loss_used(parts, tokenizer, tmp_path, mode):
-    from vcppo_trl.losses import sampler_importance_weights
+    from vcppo_trl.algo.losses import sampler_importance_weights
 
     args = config(tmp_path, vllm_importance_sampling_correction=True, vllm_importance_sampling_mode=mode)
     learner = make_learner(parts, args)

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from vcppo_trl import PPOConfig
-from vcppo_trl.losses import clipped_policy_loss, clipped_value_loss, loss_normalizer, sampler_importance_weights
-from vcppo_trl.masked import masked_mean
-from vcppo_trl.ppo_loss import PPOBatch, PPOLossSettings, mean_metrics, ppo_micro_batch_loss
+from vcppo_trl.algo.losses import clipped_policy_loss, clipped_value_loss, loss_normalizer, sampler_importance_weights
+from vcppo_trl.algo.masked import masked_mean
+from vcppo_trl.algo.objective import PPOBatch, PPOLossSettings, mean_metrics, ppo_micro_batch_loss
 
 B, T = 4, 6
 

@@ -7,16 +7,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from vcppo_trl import rewards
-from vcppo_trl.rewards import (
-    BUILTIN_REWARDS,
+from vcppo_trl.rewards import math_verify as rewards
+from vcppo_trl.rewards.math_verify import (
     gold_candidates,
     make_math_verify_reward,
     math_verify_reward,
-    resolve_reward_funcs,
     shutdown_verifier_worker,
     split_think,
 )
+from vcppo_trl.rewards.registry import BUILTIN_REWARDS, resolve_reward_funcs
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from vcppo_trl.rewards import math_verify_reward
+from vcppo_trl.rewards.math_verify import math_verify_reward
 from vcppo_trl.toy.running_sum import (
     accuracy_by_stop_line,
     format_prompt,

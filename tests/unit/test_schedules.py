@@ -6,7 +6,7 @@ import types
 import pytest
 
 from vcppo_trl import ValuePretrainCallback
-from vcppo_trl.schedules import RoleLR
+from vcppo_trl.learner.schedules import RoleLR
 
 from ..conftest import length_reward
 

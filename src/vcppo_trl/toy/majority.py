@@ -195,7 +195,7 @@ def majority_reward(completions: list, solution: list[str], **kwargs) -> list[fl
 
 def reasoning_lines_reward(completions: list, **kwargs) -> list[float]:
     """Tally lines of each response ([`reasoning_lines`]): a length metric to log with weight 0, never trained on."""
-    from ..rewards import completion_to_text
+    from ..rewards.math_verify import completion_to_text
 
     return [float(reasoning_lines(completion_to_text(c))) for c in completions]
 

@@ -6,7 +6,7 @@ is that they are biased. [`build_reward_model`] trains that reward model for the
 cold-start policy, labelled ±1 by the verifier, a sequence-classification model initialised from the policy and
 regressed (MSE) on the label at the last token. It saves a standard checkpoint, which `value_model=` accepts (a
 sequence-classification model becomes a token-classification critic with the same head, see
-[`~vcppo_trl.value_model.as_value_model`]).
+[`~vcppo_trl.models.value_model.as_value_model`]).
 
 With `prefixes_per_response > 0`, [`build_reward_model`] also trains on truncated prefixes of the sampled responses,
 labelled by the same verifier (a prefix holds no complete answer, so it does not verify: −1). That is **our device**,
@@ -39,8 +39,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from ..rewards import math_verify_reward
-from ..value_model import as_value_model, save_value_model
+from ..models.value_model import as_value_model, save_value_model
+from ..rewards.math_verify import math_verify_reward
 from .defaults import TOY_MAX_NEW_TOKENS
 
 SETTINGS_FILE = "toy_build_settings.json"
@@ -310,7 +310,7 @@ def build_controlled_bias_critic(
     if cached is not None:
         return cached
 
-    from ..diagnostics import position_bucket_means
+    from ..algo.diagnostics import position_bucket_means
 
     torch.manual_seed(seed)
     teacher = as_value_model(reward_model).eval()

@@ -153,7 +153,7 @@ def running_sum_reward(completions: list, solution: list[str], **kwargs) -> list
 def reasoning_lines_reward(completions: list, **kwargs) -> list[float]:
     """Running-sum lines of each response ([`reasoning_lines`]): a length metric to log with weight 0, never trained
     on."""
-    from ..rewards import completion_to_text
+    from ..rewards.math_verify import completion_to_text
 
     return [float(reasoning_lines(completion_to_text(c))) for c in completions]
 

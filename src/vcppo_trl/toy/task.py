@@ -192,7 +192,7 @@ def count_think_lines(text: str, line_re: re.Pattern) -> int:
 def verifier_scores(completions: list, solution: list[str]) -> list[float]:
     """+1 where a completion's boxed answer after `</think>` is its `solution`, −1 otherwise (wrong, missing, or
     reasoning never closed): the body of the toy tasks' TRL reward functions, whose names TRL logs."""
-    from ..rewards import completion_to_text
+    from ..rewards.math_verify import completion_to_text
 
     return [1.0 if is_correct(completion_to_text(c), s) else -1.0 for c, s in zip(completions, solution)]
 

@@ -45,15 +45,16 @@ def main(out_dir: str, loss_type: str, max_tokens: int | None, padding_free: boo
     from accelerate.utils import gather_object
 
     from vcppo_trl import PPOConfig, PPOTrainer
-    from vcppo_trl.data import prompt_batches
-    from vcppo_trl.logprobs import full_logits_logprobs
-    from vcppo_trl.losses import clipped_policy_loss, clipped_value_loss, loss_normalizer, token_mean_term
-    from vcppo_trl.rollout import PolicyAndValueModel, position_ids_from_mask, token_rewards
-    from vcppo_trl.rollout_maker import old_logprobs_from_training_forward
+    from vcppo_trl.algo.losses import clipped_policy_loss, clipped_value_loss, loss_normalizer, token_mean_term
+    from vcppo_trl.models.logprobs import full_logits_logprobs
+    from vcppo_trl.models.policy_and_value import PolicyAndValueModel, position_ids_from_mask
+    from vcppo_trl.models.value_model import create_value_model_from_policy, value_forward
+    from vcppo_trl.rollout.maker import old_logprobs_from_training_forward
+    from vcppo_trl.rollout.shaping import token_rewards
     from vcppo_trl.toy.model import build_tiny_model
     from vcppo_trl.toy.task import make_splits
     from vcppo_trl.toy.tokenizer import build_tokenizer
-    from vcppo_trl.value_model import create_value_model_from_policy, value_forward
+    from vcppo_trl.trainer.prompts import prompt_batches
 
     tokenizer = build_tokenizer()
     policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)

@@ -170,7 +170,7 @@ def test_ddp_sigterm_stops_both_ranks_at_one_checkpoint(tmp_path):
     assert ranks[0] == ranks[1]  # both stopped after the same update, naming the same checkpoint
     checkpoint = ranks[0]["interrupted"]
     assert checkpoint.endswith(f"checkpoint-{ranks[0]['global_step']}")
-    from vcppo_trl.checkpointing import missing_checkpoint_files
+    from vcppo_trl.checkpoint.files import missing_checkpoint_files
 
     assert missing_checkpoint_files(checkpoint, 2) == []
     assert os.path.isfile(os.path.join(checkpoint, "rng_state_1.pth"))

@@ -264,8 +264,8 @@ def test_zero3_universal_conversion_is_atomic_and_reused(tmp_path, zero3_checkpo
     file) raises DeepSpeed's error and leaves neither a universal/ nor a tmp- directory, and the checkpoint as it was."""
     import shutil
 
-    from vcppo_trl.checkpointing import CheckpointError
-    from vcppo_trl.universal_checkpoint import convert_to_universal
+    from vcppo_trl.checkpoint.files import CheckpointError
+    from vcppo_trl.checkpoint.universal import convert_to_universal
 
     damaged = tmp_path / "damaged"
     shutil.copytree(zero3_checkpoint, damaged)

@@ -89,7 +89,7 @@ def test_two_nodes_train_agree_and_checkpoint_once(tmp_path, engine):
     assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])
 
     # One checkpoint per update, each complete (both ranks' RNG states in the one directory), nothing half-written.
-    from vcppo_trl.checkpointing import missing_checkpoint_files
+    from vcppo_trl.checkpoint.files import missing_checkpoint_files
 
     run = tmp_path / "run"
     assert sorted(p.name for p in run.iterdir() if p.name.startswith(("checkpoint", "tmp-"))) == [
@@ -136,7 +136,7 @@ def test_sigterm_to_one_node_stops_the_job_at_one_checkpoint(tmp_path, engine):
     checkpoint = ranks[0]["interrupted"]
     assert checkpoint.endswith(f"checkpoint-{ranks[0]['global_step']}")
     assert ranks[0]["global_step"] < 1000  # stopped long before the end of the run
-    from vcppo_trl.checkpointing import missing_checkpoint_files
+    from vcppo_trl.checkpoint.files import missing_checkpoint_files
 
     assert missing_checkpoint_files(checkpoint, 2, deepspeed=engine == "zero3") == []
     assert os.path.isfile(os.path.join(checkpoint, "rng_state_1.pth"))
@@ -251,7 +251,7 @@ def test_slurm_script_with_stand_in_srun(tmp_path):
         "checkpoint-2",
         "checkpoint-3",
     ]
-    from vcppo_trl.checkpointing import missing_checkpoint_files, read_training_state
+    from vcppo_trl.checkpoint.files import missing_checkpoint_files, read_training_state
 
     assert missing_checkpoint_files(str(out / "checkpoint-3"), 2) == []
     assert read_training_state(str(out / "checkpoint-3"))["num_processes"] == 2  # one job of 2 ranks

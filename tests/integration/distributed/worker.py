@@ -90,7 +90,7 @@ def main(out_dir: str, extra: list[str]) -> None:
     class RecordMetrics(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
             if state.global_step == 1:  # value pretraining is over: how far did the policy's optimizer state move?
-                from vcppo_trl.distributed import optimizer_state_summary
+                from vcppo_trl.learner.optimizers import optimizer_state_summary
 
                 for role in ("policy", "value"):
                     optimizer_after_pretraining[role] = optimizer_state_summary(trainer.optimizer, role)

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from vcppo_trl import PPOConfig, VCPPOConfig, precision
+from vcppo_trl import PPOConfig, VCPPOConfig
+from vcppo_trl.config import precision
 
 from ...paths import REPO as ROOT
 

@@ -16,11 +16,11 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
 
 from vcppo_trl import PPOConfig, PPOTrainer
-from vcppo_trl.diagnostics import position_bucket_explained_variance, position_bucket_means
+from vcppo_trl.algo.diagnostics import position_bucket_explained_variance, position_bucket_means
+from vcppo_trl.models.value_model import load_value_model
 from vcppo_trl.toy import build_tiny_model, make_arithmetic_dataset
 from vcppo_trl.toy.reward_model import build_controlled_bias_critic, build_reward_model, position_ramp
 from vcppo_trl.toy.task import format_short_solution, format_solution, response_mode
-from vcppo_trl.value_model import load_value_model
 
 from ...conftest import length_reward
 
@@ -130,7 +130,7 @@ def test_reward_model_builder_trains_saves_and_caches(rm_setup, tokenizer, tmp_p
 def test_reward_model_with_truncated_prefixes(rm_setup, tokenizer, tmp_path):
     """Our device: complete responses and truncated prefixes, each labelled by the verifier; cached, and loadable as a
     critic through `value_model=`."""
-    from vcppo_trl.rewards import math_verify_reward
+    from vcppo_trl.rewards.math_verify import math_verify_reward
 
     policy, data = rm_setup
     calls = []

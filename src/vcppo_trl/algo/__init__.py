@@ -1,0 +1,87 @@
+"""Pure tensor functions of the update: GAE, losses and the micro-batch objective, masked reductions, diagnostics,
+micro-batch planning and dynamic sampling. Nothing here imports the rest of the package (only torch).
+"""
+
+from .diagnostics import (
+    StopAdvantageGap,
+    explained_variance,
+    marker_token_ids,
+    position_bucket_explained_variance,
+    position_bucket_means,
+    position_correlation,
+    stop_advantage_gap,
+    stop_positions,
+)
+from .dynamic_sampling import DynamicSamplingStats, choose_groups, informative_groups
+from .gae import dual_lambda_gae, gae, reverse_discounted_cumsum
+from .losses import (
+    IMPORTANCE_SAMPLING_MODES,
+    KL_ESTIMATORS,
+    LOSS_TYPES,
+    ImportanceSamplingMode,
+    KLEstimator,
+    LossType,
+    aggregate_loss,
+    clipped_policy_loss,
+    clipped_value_loss,
+    kl_penalty,
+    loss_normalizer,
+    sampler_importance_weights,
+)
+from .masked import masked_mean, masked_var, masked_whiten
+from .micro_batches import (
+    ForwardWork,
+    MicroBatch,
+    measured,
+    plan_forwards,
+    plan_micro_batches,
+    real_tokens,
+    sequence_lengths,
+    warn_once_over_budget,
+)
+from .objective import MicroBatchLoss, PPOBatch, PPOLossSettings, mean_metrics, ppo_micro_batch_loss
+
+__all__ = [
+    "DynamicSamplingStats",
+    "ForwardWork",
+    "IMPORTANCE_SAMPLING_MODES",
+    "ImportanceSamplingMode",
+    "KLEstimator",
+    "KL_ESTIMATORS",
+    "LOSS_TYPES",
+    "LossType",
+    "MicroBatch",
+    "MicroBatchLoss",
+    "PPOBatch",
+    "PPOLossSettings",
+    "StopAdvantageGap",
+    "aggregate_loss",
+    "choose_groups",
+    "clipped_policy_loss",
+    "clipped_value_loss",
+    "dual_lambda_gae",
+    "explained_variance",
+    "gae",
+    "informative_groups",
+    "kl_penalty",
+    "loss_normalizer",
+    "marker_token_ids",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    "mean_metrics",
+    "measured",
+    "plan_forwards",
+    "plan_micro_batches",
+    "position_bucket_explained_variance",
+    "position_bucket_means",
+    "position_correlation",
+    "ppo_micro_batch_loss",
+    "real_tokens",
+    "reverse_discounted_cumsum",
+    "sampler_importance_weights",
+    "sequence_lengths",
+    "stop_advantage_gap",
+    "stop_positions",
+    "warn_once_over_budget",
+]

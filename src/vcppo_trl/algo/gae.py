@@ -1,0 +1,164 @@
+"""Advantage estimation for PPO and VC-PPO: pure tensor functions, no trainer state.
+
+Conventions shared by every function here (the package contract for `dual_lambda_gae`):
+
+- Tensors are `[B, T]`: `B` sequences, `T` response tokens, right-padded.
+- `values[:, t]` is V(s_t), the critic's estimate before response token `t` is produced.
+- The state after the last valid token is terminal: it bootstraps with 0.
+- `response_mask` is bool or 0/1, valid tokens first, then padding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _check_shapes(rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor) -> None:
+    if rewards.dim() != 2 or rewards.shape != values.shape or rewards.shape != response_mask.shape:
+        raise ValueError(
+            "rewards, values and response_mask must all have the same [B, T] shape, got "
+            f"{tuple(rewards.shape)}, {tuple(values.shape)} and {tuple(response_mask.shape)}."
+        )
+
+
+def _check_unit_interval(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {value}.")
+
+
+LambdaLike = float | torch.Tensor
+
+# Chunk length of the scan: a [K, K] decay matrix per chunk, and a recursion over chunk starts.
+_SCAN_CHUNK = 64
+
+
+def _check_lambda(name: str, lam: LambdaLike, batch_size: int) -> None:
+    if isinstance(lam, torch.Tensor):
+        if lam.shape != (batch_size,):
+            raise ValueError(f"A per-sequence {name} must have shape [B] = [{batch_size}], got {tuple(lam.shape)}.")
+        if not bool(((lam >= 0) & (lam <= 1)).all()):
+            raise ValueError(f"{name} must be in [0, 1], got values from {float(lam.min())} to {float(lam.max())}.")
+    else:
+        _check_unit_interval(name, lam)
+
+
+def _decay_per_row(gamma: float, lam: LambdaLike, batch_size: int, device: torch.device) -> torch.Tensor:
+    """γ·λ as a float64 `[B]` tensor (float64 so that its powers inside a chunk stay exact)."""
+    lam = torch.as_tensor(lam, dtype=torch.float64, device=device)
+    return (gamma * lam).expand(batch_size).contiguous()
+
+
+def reverse_discounted_cumsum(x: torch.Tensor, decay: torch.Tensor, chunk: int = _SCAN_CHUNK) -> torch.Tensor:
+    r"""
+    `y_t = Σ_{j ≥ t} decay^(j − t) · x_j` along the last axis, without a per-token Python loop.
+
+    Exact chunked scan: inside each chunk of `chunk` tokens a `[K, K]` matrix of powers `decay^(j − i)` (j ≥ i) gives
+    the chunk-local sums in one batched matmul; the values at chunk starts are themselves a reverse discounted
+    cumsum with decay `decay^K`, solved by the same function, and carried back into each chunk. Only non-negative
+    powers of `decay ≤ 1` appear, so nothing overflows; memory is O(B·T + B·K²).
+
+    Args:
+        x (`torch.Tensor` of shape `[B, T]`): float32 input.
+        decay (`torch.Tensor` of shape `[B]`): per-row decay in [0, 1].
+        chunk (`int`): chunk length K.
+
+    Returns:
+        `torch.Tensor` of shape `[B, T]`, float32.
+    """
+    batch_size, length = x.shape
+    if length == 0:
+        return x.clone()
+    if length <= chunk:
+        chunk = length
+    num_chunks = -(-length // chunk)
+    padded = torch.nn.functional.pad(x, (0, num_chunks * chunk - length)).view(batch_size, num_chunks, chunk)
+    offsets = torch.arange(chunk, device=x.device)
+    exponents = offsets[None, :] - offsets[:, None]  # [K, K]: j − i
+    upper = exponents >= 0
+    powers = decay[:, None, None] ** exponents.clamp(min=0).to(decay.dtype)  # [B, K, K], float64
+    matrix = torch.where(upper, powers, torch.zeros((), dtype=powers.dtype, device=x.device)).to(x.dtype)
+    local = torch.einsum("bnj,bij->bni", padded, matrix)  # chunk-local sums
+    if num_chunks > 1:
+        starts = reverse_discounted_cumsum(local[:, :, 0].contiguous(), decay**chunk, chunk)
+        # Value at the start of the next chunk (0 after the last one), carried back with decay^(K − i).
+        carry = torch.nn.functional.pad(starts[:, 1:], (0, 1))
+        tail_powers = (decay[:, None] ** (chunk - offsets).to(decay.dtype)).to(x.dtype)  # [B, K]
+        local = local + carry[:, :, None] * tail_powers[:, None, :]
+    return local.reshape(batch_size, num_chunks * chunk)[:, :length]
+
+
+def dual_lambda_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float,
+    lam_actor: LambdaLike,
+    lam_critic: LambdaLike,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""
+    Generalised advantage estimation with separate λ for the policy and the critic (VC-PPO, "decoupled GAE").
+
+    δ_t = r_t + γ·V_{t+1} − V_t, with V after the last valid token equal to 0, and A^λ_t = Σ_l (γλ)^l δ_{t+l} over valid
+    tokens. The policy's advantages use `lam_actor`; the critic's regression targets are `A^{lam_critic} + V`. With
+    `gamma == lam_critic == 1` the returns are exactly the reverse cumulative sum of rewards (Monte-Carlo returns).
+    Both λs are computed in one chunked scan ([`reverse_discounted_cumsum`]), with no loop over tokens.
+
+    Args:
+        rewards (`torch.Tensor` of shape `[B, T]`):
+            Per-token rewards (the verifier score on the last valid token, KL penalties elsewhere).
+        values (`torch.Tensor` of shape `[B, T]`):
+            Critic values V(s_t) for each response token.
+        response_mask (`torch.Tensor` of shape `[B, T]`):
+            Right-padded mask of valid response tokens (bool or 0/1).
+        gamma (`float`):
+            Discount factor in [0, 1].
+        lam_actor (`float` or `torch.Tensor` of shape `[B]`):
+            GAE λ for the policy's advantages, in [0, 1]; a tensor gives one λ per sequence.
+        lam_critic (`float` or `torch.Tensor` of shape `[B]`):
+            GAE λ for the critic's targets, in [0, 1].
+
+    Returns:
+        `tuple[torch.Tensor, torch.Tensor]`: `(advantages, returns)`, both `[B, T]` float32, zero outside the mask.
+        Advantages are not whitened.
+    """
+    _check_shapes(rewards, values, response_mask)
+    batch_size, length = rewards.shape
+    _check_unit_interval("gamma", gamma)
+    _check_lambda("lam_actor", lam_actor, batch_size)
+    _check_lambda("lam_critic", lam_critic, batch_size)
+
+    valid = response_mask.bool()
+    if length > 1 and bool((valid[:, 1:] & ~valid[:, :-1]).any()):
+        raise ValueError("response_mask must be right-padded: valid tokens first, then padding, in every row.")
+    # Compute in float32 whatever the input dtype (bf16 sums over thousands of tokens lose the signal); torch.where,
+    # not a product, so that NaN or inf in padded positions cannot leak into valid tokens.
+    rewards = torch.where(valid, rewards.float(), 0.0)
+    values = torch.where(valid, values.float(), 0.0)
+    next_values = torch.nn.functional.pad(values[:, 1:], (0, 1))  # 0 after the last valid token (right padding)
+    deltas = rewards + gamma * next_values - values  # already 0 on padding
+
+    device = rewards.device
+    decay = torch.cat(
+        [_decay_per_row(gamma, lam_actor, batch_size, device), _decay_per_row(gamma, lam_critic, batch_size, device)]
+    )
+    both = reverse_discounted_cumsum(torch.cat([deltas, deltas]), decay)
+    mask = valid.float()
+    advantages = both[:batch_size] * mask
+    returns = (both[batch_size:] + values) * mask
+    return advantages, returns
+
+
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """
+    Standard single-λ GAE: [`dual_lambda_gae`] with `lam_actor == lam_critic == lam`.
+
+    Returns:
+        `tuple[torch.Tensor, torch.Tensor]`: `(advantages, returns)`, both `[B, T]`, zero outside the mask.
+    """
+    return dual_lambda_gae(rewards, values, response_mask, gamma, lam_actor=lam, lam_critic=lam)

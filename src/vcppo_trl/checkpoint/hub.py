@@ -1,0 +1,244 @@
+"""Pushing the policy and the critic to the Hugging Face Hub, each with a model card that says what it is.
+
+`PPOTrainer.push_to_hub()` saves locally first (policy in `output_dir`, critic in `output_dir/value_model`), then pushes
+the policy (or its PEFT adapter) to `hub_model_id` and the critic to `value_hub_model_id` (default
+`<hub_model_id>-value`). With `VCPPOConfig(value_pretrain_push=True)` the critic is also pushed right after value
+pretraining to `value_pretrain_hub_model_id` (default `<hub_model_id>-value-pretrained`), so that other runs can
+start from it with `value_model_path=<repo id>`.
+
+Repos are created on the first push (not when the trainer is built), private when `hub_private_repo` is set, and
+commits go to `hub_revision` (a branch, created when missing) when it is set. A push that cannot reach the Hub raises
+[`HubPushError`]; the local checkpoint it was pushing is complete by then. The cards themselves are rendered in
+[`~checkpoint.model_cards`] (its names are importable from here too).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from huggingface_hub import CommitInfo, HfApi
+from transformers.utils import logging
+
+from .files import VALUE_MODEL_DIRNAME
+from .model_cards import (
+    write_card,
+)
+
+if TYPE_CHECKING:
+    from transformers import (
+        Trainer,  # the PPOTrainer (typed as its transformers base: no import back into the trainer)
+    )
+
+
+__all__ = [
+    "POLICY_IGNORE_PATTERNS",
+    "HubPushError",
+    "policy_repo_id",
+    "pretrained_value_repo_id",
+    "push_folder",
+    "push_pretrained_critic",
+    "push_trainer",
+    "upload_command",
+    "value_repo_id",
+    "write_cards",
+]
+
+logger = logging.get_logger(__name__)
+
+# Never pushed with the policy: the critic's folders (pushed to their own repo), checkpoints and run logs.
+POLICY_IGNORE_PATTERNS = [
+    "_*",
+    "checkpoint-*",
+    "tmp-checkpoint-*",
+    "value_model/*",
+    "value_pretrained*",
+    "cold_start/*",
+    "runs/*",
+]
+
+
+class HubPushError(RuntimeError):
+    """A push to the Hub failed (no network, no permission, ...); the local checkpoint is complete."""
+
+
+# ------------------------------------------------------------------ repo ids
+
+
+def policy_repo_id(args) -> str:
+    """The policy's repo: `hub_model_id`, or the name of `output_dir` (the Hub then adds the user's namespace)."""
+    return args.hub_model_id or Path(args.output_dir).absolute().name
+
+
+def value_repo_id(args) -> str:
+    """The critic's repo: `value_hub_model_id`, default `<hub_model_id>-value`."""
+    return getattr(args, "value_hub_model_id", None) or f"{policy_repo_id(args)}-value"
+
+
+def pretrained_value_repo_id(args) -> str:
+    """The pretrained critic's repo: `value_pretrain_hub_model_id`, default `<value repo>-pretrained`."""
+    return getattr(args, "value_pretrain_hub_model_id", None) or f"{value_repo_id(args)}-pretrained"
+
+
+# --------------------------------------------------------------- the pushing
+
+
+def push_folder(
+    folder: str,
+    repo_id: str,
+    *,
+    what: str,
+    token: str | None = None,
+    private: bool | None = None,
+    revision: str | None = None,
+    commit_message: str = "Upload model",
+    ignore_patterns: list[str] | None = None,
+) -> CommitInfo:
+    """
+    Create `repo_id` when needed (and the branch `revision`), then upload `folder` to it in one commit.
+
+    The endpoint is `huggingface_hub`'s (`HF_ENDPOINT`), the token `token` or the logged-in one.
+
+    Raises:
+        [`HubPushError`]: when the Hub cannot be reached or refuses the push; the message names the local folder.
+    """
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"Nothing to push: {folder} does not exist.")
+    command = upload_command(repo_id, folder, ignore_patterns=ignore_patterns, revision=revision, private=private)
+    try:
+        api = HfApi(token=token)
+        repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+        if revision and revision != "main":
+            api.create_branch(repo_id, branch=revision, exist_ok=True)
+        return api.upload_folder(
+            repo_id=repo_id,
+            folder_path=folder,
+            revision=revision,
+            commit_message=commit_message,
+            ignore_patterns=ignore_patterns,
+        )
+    except Exception as err:  # network, offline mode, HTTP and auth errors all end the same way for the user
+        raise HubPushError(
+            f"Could not push the {what} to the Hub repo {repo_id!r} ({type(err).__name__}: {err}). The local "
+            f"checkpoint in {folder} is complete; push it when the Hub is reachable (trainer.push_to_hub(), or "
+            f"`{command}`)."
+        ) from err
+
+
+def upload_command(
+    repo_id: str,
+    folder: str,
+    ignore_patterns: list[str] | None = None,
+    revision: str | None = None,
+    private: bool | None = None,
+) -> str:
+    """The `hf upload` command that pushes `folder` alone to `repo_id` (what [`push_folder`] would have pushed)."""
+    parts = ["hf", "upload", repo_id, shlex.quote(folder), "."]
+    for pattern in ignore_patterns or []:
+        parts += ["--exclude", shlex.quote(pattern)]
+    if revision and revision != "main":
+        parts += ["--revision", shlex.quote(revision)]
+    if private:
+        parts.append("--private")
+    return " ".join(parts)
+
+
+def push_trainer(
+    trainer: Trainer,
+    commit_message: str = "End of training",
+    token: str | None = None,
+    revision: str | None = None,
+    private: bool | None = None,
+    dataset_name: str | list[str] | None = None,
+    tags: list[str] | None = None,
+    **kwargs,
+) -> dict[str, CommitInfo] | None:
+    """
+    Save the policy and the critic locally, write their model cards, and push them to their two repos.
+
+    Returns:
+        `{"policy": CommitInfo, "value": CommitInfo}` on the main process, `None` on the others.
+    """
+    args = trainer.args
+    token = token if token is not None else args.hub_token
+    private = private if private is not None else args.hub_private_repo
+    revision = revision if revision is not None else args.hub_revision
+    trainer.callback_handler.on_push_begin(args, trainer.state, trainer.control)
+    trainer.save_model(_internal_call=True)  # every process (sharded states are gathered)
+    if not trainer.is_world_process_zero():
+        return None
+
+    policy_dir = args.output_dir
+    value_dir = os.path.join(args.output_dir, VALUE_MODEL_DIRNAME)
+    policy_id, value_id = policy_repo_id(args), value_repo_id(args)
+    write_cards(trainer, args.output_dir, dataset_name=dataset_name, tags=tags)
+    push = {"token": token, "private": private, "revision": revision, "commit_message": commit_message}
+    commands = [
+        upload_command(policy_id, policy_dir, POLICY_IGNORE_PATTERNS, revision, private),
+        upload_command(value_id, value_dir, None, revision, private),
+    ]
+    try:
+        policy_commit = push_folder(
+            policy_dir, policy_id, what="policy", ignore_patterns=POLICY_IGNORE_PATTERNS, **push
+        )
+    except HubPushError as err:
+        # Two models, two repos: one command each (a plain `hf upload <repo> <output_dir>` would put the critic's
+        # folder inside the policy's repo).
+        raise HubPushError(
+            f"{err} Nothing was pushed; to push both models by hand, each to its own repo:\n  " + "\n  ".join(commands)
+        ) from err.__cause__
+    value_commit = push_folder(value_dir, value_id, what="critic (value model)", **push)
+    logger.warning(f"Pushed the policy to {policy_commit.repo_url} and the critic to {value_commit.repo_url}.")
+    return {"policy": policy_commit, "value": value_commit}
+
+
+def push_pretrained_critic(trainer: Trainer, folder: str, steps: int) -> CommitInfo | None:
+    """
+    Push a value-pretrained critic (saved in `folder`) with its card; on failure log the error and return `None`.
+
+    Training goes on after a failed push: the critic is on disk and the message says how to push it later.
+    """
+    if not trainer.is_world_process_zero():
+        return None
+    args = trainer.args
+    repo_id = pretrained_value_repo_id(args)
+    write_card(
+        trainer, "pretrained-critic", folder, repo_id, companion_repo=policy_repo_id(args), pretrain_steps=steps
+    )
+    try:
+        commit = push_folder(
+            folder,
+            repo_id,
+            what="pretrained critic",
+            token=args.hub_token,
+            private=args.hub_private_repo,
+            revision=args.hub_revision,
+            commit_message=f"Value-pretrained critic ({steps} updates)",
+        )
+    except HubPushError as err:
+        logger.error(str(err))
+        return None
+    logger.warning(
+        f"Pushed the pretrained critic to {commit.repo_url}; start other runs from it with "
+        f"value_model_path={repo_id!r}."
+    )
+    return commit
+
+
+def write_cards(
+    trainer: Trainer,
+    output_dir: str,
+    dataset_name: str | list[str] | None = None,
+    tags: list[str] | None = None,
+) -> None:
+    """The cards of a saved run: the policy's in `output_dir`, the critic's in `output_dir/value_model`."""
+    args = trainer.args
+    policy_id, value_id = policy_repo_id(args), value_repo_id(args)
+    write_card(trainer, "policy", output_dir, policy_id, companion_repo=value_id, dataset_name=dataset_name, tags=tags)
+    value_dir = os.path.join(output_dir, VALUE_MODEL_DIRNAME)
+    if os.path.isdir(value_dir):
+        write_card(
+            trainer, "critic", value_dir, value_id, companion_repo=policy_id, dataset_name=dataset_name, tags=tags
+        )

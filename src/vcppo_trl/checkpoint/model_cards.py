@@ -1,0 +1,331 @@
+"""Model cards: what a pushed or saved policy or critic is, its base model, the method and its settings, citations.
+
+The cards are rendered from the trainer's state; which card goes into which folder and repo is [`~checkpoint.hub`]'s business.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Literal
+
+from huggingface_hub import ModelCard, ModelCardData
+
+if TYPE_CHECKING:
+    from transformers import (
+        Trainer,  # the PPOTrainer (typed as its transformers base: no import back into the trainer)
+    )
+
+
+PAPER_ID = "2503.01491"
+PAPER_TITLE = "What's Behind PPO's Collapse in Long-CoT? Value Optimization Holds the Secret"
+VAPO_PAPER_ID = "2504.05118"
+VAPO_PAPER_TITLE = "VAPO: Efficient and Reliable Reinforcement Learning for Advanced Reasoning Tasks"
+PAPER_CITATION = """@article{yuan2025vcppo,
+  title   = {{What's Behind PPO's Collapse in Long-CoT? Value Optimization Holds the Secret}},
+  author  = {Yuan, Yufeng and Yue, Yu and Zhu, Ruofei and Fan, Tiantian and Yan, Lin},
+  journal = {arXiv preprint arXiv:2503.01491},
+  year    = {2025}
+}"""
+TRL_CITATION = """@software{vonwerra2020trl,
+  title   = {{TRL: Transformers Reinforcement Learning}},
+  author  = {von Werra, Leandro and Belkada, Younes and Tunstall, Lewis and Beeching, Edward and Thrush, Tristan and Lambert, Nathan and Huang, Shengyi and Rasul, Kashif and Gallouédec, Quentin},
+  license = {Apache-2.0},
+  url     = {https://github.com/huggingface/trl},
+  year    = {2020}
+}"""
+
+Role = Literal["policy", "critic", "pretrained-critic"]
+
+
+def _card_base_model(folder: str) -> str | None:
+    """The `base_model` a local checkpoint's own model card names (e.g. a local fine-tune of a Hub model)."""
+    path = os.path.join(folder, "README.md")
+    if not os.path.isfile(path):
+        return None
+    try:
+        base = ModelCard.load(path).data.to_dict().get("base_model")
+    except Exception:  # a README that is not a model card says nothing about the base model
+        return None
+    base = base[0] if isinstance(base, list) and base else base
+    return base if isinstance(base, str) else None
+
+
+def _policy_source(trainer: Trainer) -> str | None:
+    policy, _ = trainer.unwrapped_policy_and_critic()
+    peft_config = getattr(policy, "peft_config", None)
+    if peft_config:
+        return getattr(next(iter(peft_config.values())), "base_model_name_or_path", None)
+    return getattr(policy.config, "_name_or_path", None)
+
+
+def base_model_info(trainer: Trainer) -> tuple[str | None, str]:
+    """
+    The policy's base model: `(hub_id, description)`.
+
+    `hub_id` is what the card's `base_model` metadata links (a Hub id, or the Hub model a local checkpoint's own card
+    names as its base), `None` when there is none; `description` says where the weights came from, local paths
+    included (the adapter's base under PEFT).
+    """
+    source = _policy_source(trainer)
+    if not source:
+        return None, "a model built in-process (no checkpoint)"
+    if os.path.isdir(source):
+        upstream = _card_base_model(source)
+        local = os.path.abspath(source)
+        if upstream:
+            return upstream, f"{upstream}, through the local checkpoint {local}"
+        return None, f"the local checkpoint {local}"
+    return source, source
+
+
+def base_model_name(trainer: Trainer) -> str | None:
+    """The policy's base model as a Hub id (the adapter's base under PEFT), or `None` when there is none."""
+    return base_model_info(trainer)[0]
+
+
+def framework_versions() -> dict[str, str]:
+    """Versions of the libraries a training run depends on, as the card lists them."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {}
+    for label, dist in (
+        ("vcppo-trl", "vcppo-trl"),
+        ("TRL", "trl"),
+        ("Transformers", "transformers"),
+        ("PyTorch", "torch"),
+        ("Accelerate", "accelerate"),
+        ("Datasets", "datasets"),
+        ("Tokenizers", "tokenizers"),
+        ("PEFT", "peft"),
+        ("DeepSpeed", "deepspeed"),
+        ("math-verify", "math-verify"),
+    ):
+        try:
+            versions[label] = version(dist)
+        except PackageNotFoundError:
+            continue
+    return versions
+
+
+def training_facts(trainer: Trainer, pretrain_steps: int | None = None) -> dict[str, Any]:
+    """The method and its settings, as the cards state them."""
+    args = trainer.args
+    vc = hasattr(args, "lam_actor")
+    facts: dict[str, Any] = {"algorithm": getattr(trainer, "_name", "VC-PPO") if vc else "PPO"}
+    if vc:
+        facts["λ_actor (policy advantages)"] = (
+            f"1 − 1/({args.lam_actor_length_alpha}·length) per response (VAPO)"
+            if args.lam_actor_length_alpha is not None
+            else args.lam_actor
+        )
+        facts["λ_critic (value targets)"] = args.lam_critic
+        if pretrain_steps is None:
+            pretrain_steps = trainer.value_pretraining.ended_after  # None until the phase has ended
+        if args.value_model_path is not None:
+            facts["value pretraining"] = f"critic loaded from {args.value_model_path} (pretrained before this run)"
+        elif pretrain_steps is not None:
+            facts["value-pretraining steps"] = pretrain_steps
+        else:
+            facts["value-pretraining steps"] = f"{args.value_pretrain_steps} (configured)"
+    else:
+        facts["λ (GAE)"] = args.lam
+    facts.update(
+        {
+            "γ": args.gamma,
+            "KL coefficient": args.kl_coef,
+            "policy learning rate": args.learning_rate,
+            "critic learning rate": args.value_learning_rate,
+            "training updates run (value pretraining included)": trainer.state.global_step
+            if trainer.state is not None
+            else 0,
+            "prompts per update": getattr(trainer, "prompts_per_update", None),
+            "responses per prompt": args.num_generations,
+            "sampler": "vLLM" if args.use_vllm else "transformers generate",
+            "response length": args.response_length,
+        }
+    )
+    # The policy-loss terms of VAPO and DAPO, stated when they are on.
+    if args.cliprange_high is not None and args.cliprange_high != args.cliprange:
+        facts["policy clip range (ε_low, ε_high)"] = (args.cliprange, args.cliprange_high)
+    optional = {
+        "dual-clip c": args.dual_clip_c,
+        "positive-example LM loss μ": args.positive_example_lm_coef or None,
+        "entropy coefficient": args.entropy_coef or None,
+        "overlong buffer (tokens, penalty factor)": (args.overlong_buffer_length, args.overlong_penalty_factor)
+        if args.overlong_buffer_length is not None
+        else None,
+        "truncated responses left out of the policy loss": True if args.mask_truncated_completions else None,
+    }
+    facts.update({name: value for name, value in optional.items() if value is not None})
+    return facts
+
+
+def _is_adapter(folder: str) -> bool:
+    return os.path.isfile(os.path.join(folder, "adapter_config.json"))
+
+
+def render_card(
+    role: Role,
+    repo_id: str,
+    *,
+    facts: dict[str, Any],
+    base_model: str | None,
+    dataset_name: str | list[str] | None,
+    tags: list[str],
+    is_adapter: bool,
+    companion_repo: str | None,
+    base_description: str | None = None,
+    versions: dict[str, str] | None = None,
+) -> ModelCard:
+    """
+    The model card of a policy or a critic: what it is, its base model, the method and its λs, the data, citations.
+    """
+    algorithm = facts.get("algorithm", "PPO")
+    critic = role != "policy"
+    datasets = [dataset_name] if isinstance(dataset_name, str) else dataset_name
+    card_tags = ["generated_from_trainer", *tags, "reinforcement-learning"]
+    if algorithm in ("VC-PPO", "VAPO"):
+        card_tags.append("vc-ppo")
+    if algorithm == "VAPO":
+        card_tags.append("vapo")
+    if critic:
+        card_tags += ["value-model", "critic"]
+    if is_adapter:
+        card_tags += ["peft", "lora"]
+    card_tags = list(dict.fromkeys(card_tags))
+    card_data = ModelCardData(
+        base_model=base_model,
+        datasets=datasets,
+        library_name="peft" if is_adapter else "transformers",
+        pipeline_tag="token-classification" if critic else "text-generation",
+        model_name=repo_id.split("/")[-1],
+        tags=card_tags,
+    )
+    base_description = base_description or base_model or "a local base model"
+    if base_model and base_description == base_model:
+        base = f"[{base_model}](https://huggingface.co/{base_model})"
+    else:
+        base = base_description
+    data = ", ".join(f"[{d}](https://huggingface.co/datasets/{d})" for d in datasets) if datasets else None
+    kind = " (a PEFT/LoRA adapter)" if is_adapter else ""
+    if role == "policy":
+        what = (
+            f"This is the **policy**{kind} of a {algorithm} run: a causal language model fine-tuned from {base} with "
+            f"reinforcement learning."
+        )
+        if companion_repo:
+            what += f" Its critic (value model) is [{companion_repo}](https://huggingface.co/{companion_repo})."
+    else:
+        stage = (
+            "value-pretrained on rollouts of the frozen initial policy (λ = 1, Monte-Carlo returns), before any "
+            "policy update"
+            if role == "pretrained-critic"
+            else f"trained alongside the policy by {algorithm}"
+        )
+        what = (
+            f"This is the **critic (value model)**{kind} of a {algorithm} run, {stage}. It shares the architecture of "
+            f"{base} with a scalar head: a token-classification model with `num_labels=1` that gives V(s_t) for "
+            "every token. It is not a language model or a reward model."
+        )
+        if companion_repo:
+            what += f" The policy of the run is [{companion_repo}](https://huggingface.co/{companion_repo})."
+    if data:
+        what += f" Training prompts: {data}."
+    rows = "\n".join(f"| {k} | {v} |" for k, v in facts.items())
+    if role == "policy":
+        usage = (
+            "from peft import AutoPeftModelForCausalLM\n\n"
+            f'model = AutoPeftModelForCausalLM.from_pretrained("{repo_id}")'
+            if is_adapter
+            else f'from transformers import pipeline\n\ngenerator = pipeline("text-generation", model="{repo_id}")'
+        )
+    else:
+        load = (
+            "from peft import AutoPeftModelForTokenClassification\n\n"
+            f'critic = AutoPeftModelForTokenClassification.from_pretrained("{repo_id}", num_labels=1)'
+            if is_adapter
+            else "from transformers import AutoModelForTokenClassification\n\n"
+            f'critic = AutoModelForTokenClassification.from_pretrained("{repo_id}")  # num_labels == 1'
+        )
+        usage = (
+            f"{load}\nvalues = critic(input_ids).logits[..., 0]  # [B, T]: V(s_t)\n\n"
+            "# or start a VC-PPO run from this critic (value pretraining is then skipped):\n"
+            f'# VCPPOConfig(..., value_model_path="{repo_id}")'
+        )
+    paper = (
+        f"VC-PPO is introduced in [{PAPER_TITLE}](https://huggingface.co/papers/{PAPER_ID}) "
+        f"(arXiv {PAPER_ID}): value pretraining of the critic, then decoupled GAE (λ_critic = 1, λ_actor ≈ 0.95)."
+    )
+    if algorithm == "VAPO":
+        paper += (
+            f" VAPO, [{VAPO_PAPER_TITLE}](https://huggingface.co/papers/{VAPO_PAPER_ID}) (arXiv {VAPO_PAPER_ID}), "
+            "adds length-adaptive GAE, clip-higher, a positive-example LM loss and group sampling."
+        )
+    versions_list = "\n".join(f"- {name}: {v}" for name, v in (versions or framework_versions()).items())
+    content = f"""---
+{card_data.to_yaml()}
+---
+
+# {repo_id.split("/")[-1]}
+
+{what}
+
+Trained with vcppo-trl, a TRL-compatible {algorithm} trainer built on [TRL](https://github.com/huggingface/trl).
+{paper}
+
+## Training
+
+| setting | value |
+| --- | --- |
+| role | {"policy" if role == "policy" else "critic (value model)"} |
+| base model | {base_description} |
+{rows}
+
+## Usage
+
+```python
+{usage}
+```
+
+## Framework versions
+
+{versions_list}
+
+## Citations
+
+```bibtex
+{PAPER_CITATION}
+```
+
+```bibtex
+{TRL_CITATION}
+```
+"""
+    return ModelCard(content)
+
+
+def write_card(
+    trainer: Trainer,
+    role: Role,
+    folder: str,
+    repo_id: str,
+    companion_repo: str | None = None,
+    dataset_name: str | list[str] | None = None,
+    tags: list[str] | None = None,
+    pretrain_steps: int | None = None,
+) -> ModelCard:
+    """Render the card of the checkpoint in `folder` and save it there as `README.md`."""
+    base_model, base_description = base_model_info(trainer)
+    card = render_card(
+        role,
+        repo_id,
+        facts=training_facts(trainer, pretrain_steps=pretrain_steps),
+        base_model=base_model,
+        base_description=base_description,
+        dataset_name=dataset_name,
+        tags=list(trainer._tag_names) + list(tags or []),
+        is_adapter=_is_adapter(folder),
+        companion_repo=companion_repo,
+    )
+    card.save(os.path.join(folder, "README.md"))
+    return card

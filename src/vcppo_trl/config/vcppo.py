@@ -1,0 +1,185 @@
+"""[`VCPPOConfig`]: [`PPOConfig`] plus VC-PPO's fields (value pretraining, decoupled GAE)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from .ppo import PPOConfig, _require_unit_interval
+
+
+@dataclass
+class VCPPOConfig(PPOConfig):
+    r"""
+    Configuration for [`VCPPOTrainer`]: [`PPOConfig`] plus VC-PPO's two changes (arXiv 2503.01491).
+
+    `VCPPOConfig()` is VC-PPO out of the box: value pretraining on (up to 100 updates, the paper's best), decoupled GAE
+    with λ_actor 0.95 and λ_critic 1.0, and no KL penalty (`kl_coef=0`: a rule-based verifier cannot be reward-hacked,
+    and no reference model is then loaded). Everything else keeps TRL's PPO defaults (e.g. `learning_rate` 3e-6; the
+    paper used 1e-6 for the policy and 2e-6 for the critic on a 32B model).
+
+    Decoupled GAE replaces `lam`: the critic's targets use `lam_critic` (1.0: Monte-Carlo returns, no decay of the
+    end-of-sequence reward) and the policy's advantages use `lam_actor` (paper: 0.95 to 0.99).
+
+    Value pretraining trains the critic alone on rollouts of the frozen initial policy with λ = 1 for up to
+    `value_pretrain_steps` updates, stopping earlier (never before `value_pretrain_min_steps`) when the value loss stops
+    improving for `value_pretrain_patience` updates, or when the explained variance reaches
+    `value_pretrain_stop_explained_variance`. The critic is then saved under `output_dir/value_pretrained` and PPO
+    starts. A later run starts from it with `value_model_path` and skips the phase.
+
+    Parameters:
+        > Parameters whose default values differ from [`PPOConfig`]
+
+        exp_name (`str`, defaults to `"vcppo"`): Name of the experiment.
+        kl_coef (`float`, defaults to `0.0`): As in [`PPOConfig`]; 0 (the paper's setting) instead of TRL's 0.05.
+        lam: Unused: `lam_actor` and `lam_critic` replace it (setting it is an error).
+
+        > Parameters that control decoupled GAE
+
+        lam_actor (`float`, defaults to `0.95`): GAE λ of the policy's advantages (paper's ablation: 0.95–0.99 best,
+            1.0 worst).
+        lam_critic (`float`, defaults to `1.0`): GAE λ of the critic's targets.
+        lam_actor_length_alpha (`float`, *optional*): Length-adaptive λ_actor (VAPO, arXiv 2504.05118): each
+            response of length l uses λ = 1 − 1/(α·l) (clipped to [0, 1]) instead of `lam_actor`. VAPO used 0.05.
+
+        > Parameters that control value pretraining
+
+        value_pretrain_steps (`int`, defaults to `100`): Maximum number of value-pretraining updates; 0 disables it.
+            The paper found 100 best (AIME 20.6 / 30.1 / 25.1 after 50 / 100 / 150 steps: 150 over-fitted).
+        value_pretrain_stop_explained_variance (`float`, *optional*): Stop pretraining once the explained variance
+            of an update reaches this value. Off by default: how much of the return variance a critic can explain
+            depends on the task (sampling noise it cannot predict), so no threshold fits every task.
+        value_pretrain_patience (`int`, *optional*, defaults to `20`): Stop pretraining when the value loss has not
+            improved by at least `value_pretrain_min_delta` (relative) over this many updates: the slow "knowledge
+            injection" stage has flattened and further updates only cost rollouts. `None` disables it.
+        value_pretrain_min_delta (`float`, defaults to `0.01`): Relative improvement that resets the patience counter.
+        value_pretrain_min_steps (`int`, defaults to `50`): Never stop pretraining early before this many updates
+            (the paper's 50-step critic was clearly worse than its 100-step one).
+        value_pretrain_save_steps (`list[int]`, *optional*): Pretraining steps at which to also save the critic (the
+            paper compared 50/100/150), under `output_dir/value_pretrained-step-<n>`.
+        value_pretrain_cliprange_value (`float`, *optional*): Value clip range during value pretraining. `None` (the
+            default) uses `cliprange_value`, as PPO updates do; `float("inf")` turns clipping off there. Clipping around
+            the rollout's values lets a value move at most ε per rollout: off, a critic that starts far from its
+            targets aligns its range in fewer rollouts, but on the toy it then over-fitted each rollout (explained
+            variance on the next rollouts 0.04–0.11 without clipping vs 0.09–0.18 with it, 3 seeds, 10× the recipe's
+            value learning rate); at the recipe's learning rate clipping never binds (clip fraction ≤ 0.5 %).
+        value_model_path (`str`, *optional*): A saved pretrained critic (local directory or Hub id) to start from;
+            value pretraining is then skipped (a line in the log says so).
+
+        > Parameters that control pushing the pretrained critic to the Hub
+
+        value_pretrain_push (`bool`, defaults to `False`): Push the pretrained critic to the Hub right after value
+            pretraining (to `value_pretrain_hub_model_id`), so that later runs can start from it by repo id
+            (`value_model_path=<repo id>`). A failed push is logged as an error and training goes on.
+        value_pretrain_hub_model_id (`str`, *optional*): Hub repo of the pretrained critic. Defaults to
+            `<value_hub_model_id>-pretrained`, i.e. `<hub_model_id>-value-pretrained`.
+
+    Learning-rate schedules: the policy's (`lr_scheduler_type`, warmup) spans the PPO updates only and starts at the
+    first of them; the critic's spans value pretraining and PPO (see [`~learner.schedules.RoleLR`]).
+    """
+
+    _uses_lam: ClassVar[bool] = False
+
+    # Parameters whose default values differ from PPOConfig
+    exp_name: str = field(default="vcppo", metadata={"help": "Name of this experiment."})
+    lam: float | None = field(
+        default=None,
+        metadata={"help": "Unused by VC-PPO: set lam_actor and lam_critic instead."},
+    )
+    kl_coef: float = field(
+        default=0.0,
+        metadata={"help": "KL penalty coefficient (VC-PPO: 0, no reference model). TRL's PPO default is 0.05."},
+    )
+
+    # Parameters that control decoupled GAE
+    lam_actor: float = field(default=0.95, metadata={"help": "GAE lambda of the policy's advantages."})
+    lam_critic: float = field(default=1.0, metadata={"help": "GAE lambda of the critic's value targets."})
+    lam_actor_length_alpha: float | None = field(
+        default=None,
+        metadata={
+            "help": "Length-adaptive λ_actor (VAPO, arXiv 2504.05118): λ = 1 − 1/(α·l) per response of length l, "
+            "replacing lam_actor. VAPO used α = 0.05."
+        },
+    )
+
+    # Parameters that control value pretraining
+    value_pretrain_steps: int = field(
+        default=100, metadata={"help": "Maximum number of value-pretraining updates (0 = off). Paper: 100 was best."}
+    )
+    value_pretrain_stop_explained_variance: float | None = field(
+        default=None, metadata={"help": "Stop value pretraining once explained variance reaches this (None: off)."}
+    )
+    value_pretrain_patience: int | None = field(
+        default=20,
+        metadata={
+            "help": "Stop value pretraining when value loss has not improved for this many updates (None: off)."
+        },
+    )
+    value_pretrain_min_delta: float = field(
+        default=0.01, metadata={"help": "Relative value-loss improvement that resets the patience counter."}
+    )
+    value_pretrain_min_steps: int = field(
+        default=50, metadata={"help": "Never stop value pretraining early before this many updates."}
+    )
+    value_pretrain_save_steps: list[int] | None = field(
+        default=None, metadata={"help": "Pretraining steps at which to also save the critic, e.g. 50 100 150."}
+    )
+    value_pretrain_cliprange_value: float | None = field(
+        default=None,
+        metadata={
+            "help": "Value clip range during value pretraining. Default (None): cliprange_value, as in PPO updates; "
+            "inf turns value clipping off while the critic is pretrained."
+        },
+    )
+    value_model_path: str | None = field(
+        default=None,
+        metadata={"help": "Pretrained critic to start from (a local directory or Hub id; skips value pretraining)."},
+    )
+
+    # Parameters that control pushing the pretrained critic to the Hub
+    value_pretrain_push: bool = field(
+        default=False,
+        metadata={"help": "Push the pretrained critic to the Hub right after value pretraining."},
+    )
+    value_pretrain_hub_model_id: str | None = field(
+        default=None,
+        metadata={"help": "Hub repo of the pretrained critic. Default: <hub_model_id>-value-pretrained."},
+    )
+
+    def __post_init__(self):
+        if self.lam is not None:
+            raise ValueError(
+                "VCPPOConfig does not use `lam`: set `lam_actor` (policy advantages, e.g. 0.95) and `lam_critic` "
+                "(value targets, 1.0 in VC-PPO) instead."
+            )
+        super().__post_init__()
+        _require_unit_interval("lam_actor", self.lam_actor)
+        _require_unit_interval("lam_critic", self.lam_critic)
+        if self.value_pretrain_steps < 0:
+            raise ValueError(f"`value_pretrain_steps` must be >= 0, got {self.value_pretrain_steps}.")
+        if self.value_pretrain_min_steps < 1:
+            raise ValueError(f"`value_pretrain_min_steps` must be at least 1, got {self.value_pretrain_min_steps}.")
+        if self.value_pretrain_patience is not None and self.value_pretrain_patience < 1:
+            raise ValueError(f"`value_pretrain_patience` must be at least 1, got {self.value_pretrain_patience}.")
+        if self.value_pretrain_min_delta < 0:
+            raise ValueError(f"`value_pretrain_min_delta` must be >= 0, got {self.value_pretrain_min_delta}.")
+        if self.value_pretrain_stop_explained_variance is not None and not (
+            self.value_pretrain_stop_explained_variance <= 1.0
+        ):
+            raise ValueError(
+                "`value_pretrain_stop_explained_variance` must be <= 1 (explained variance never exceeds 1)."
+            )
+        if self.value_pretrain_cliprange_value is not None and not self.value_pretrain_cliprange_value > 0:
+            raise ValueError(
+                "`value_pretrain_cliprange_value` must be > 0 (inf: no clipping; None: cliprange_value); got "
+                f"{self.value_pretrain_cliprange_value}."
+            )
+        if self.lam_actor_length_alpha is not None and not self.lam_actor_length_alpha > 0:
+            raise ValueError(f"`lam_actor_length_alpha` must be > 0, got {self.lam_actor_length_alpha}.")
+        self.value_pretrain_save_steps = sorted(set(self.value_pretrain_save_steps or []))
+        bad = [s for s in self.value_pretrain_save_steps if not 1 <= s <= self.value_pretrain_steps]
+        if bad:
+            raise ValueError(
+                f"`value_pretrain_save_steps` {bad} fall outside 1..value_pretrain_steps ({self.value_pretrain_steps}): "
+                "raise value_pretrain_steps or drop those steps."
+            )

@@ -1,0 +1,29 @@
+"""The learner: PPO epochs over one rollout ([`PPOLearner`] → [`UpdateResult`]), the optimizer's parameter groups by
+role, and one learning-rate schedule per role.
+"""
+
+from .optimizers import (
+    NonFiniteTrainingError,
+    optimizer_state_summary,
+    parameter_groups,
+    reset_optimizer_state,
+    role_prefix,
+    role_scheduler,
+    split_by_role,
+)
+from .ppo_learner import PPOLearner, UpdateResult
+from .schedules import RoleLR, schedule_multiplier
+
+__all__ = [
+    "NonFiniteTrainingError",
+    "PPOLearner",
+    "RoleLR",
+    "UpdateResult",
+    "optimizer_state_summary",
+    "parameter_groups",
+    "reset_optimizer_state",
+    "role_prefix",
+    "role_scheduler",
+    "schedule_multiplier",
+    "split_by_role",
+]

@@ -1,0 +1,384 @@
+"""The learner: PPO epochs over one rollout, as an object with explicit inputs.
+
+`PPOLearner.update(rollout, advantages, returns, ...)` runs `num_ppo_epochs × num_mini_batches` optimizer steps —
+micro-batches, the micro-batch loss ([`~algo.objective.ppo_micro_batch_loss`]), backward, gradient clipping per model, the
+non-finite skip, the optimizer and scheduler steps — and returns the statistics of those steps, with the old
+log-probabilities it computed itself under the on-policy shortcut (the rollout is not written to). It holds the
+prepared model, optimizer and scheduler the trainer gives it, and the count of non-finite steps in a row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections import defaultdict
+
+import torch
+from accelerate import Accelerator
+from transformers.trainer_utils import get_last_checkpoint
+from transformers.utils import logging
+
+from ..algo.losses import loss_normalizer
+from ..algo.masked import masked_whiten
+from ..algo.micro_batches import ForwardWork, measured, plan_forwards, warn_once_over_budget
+from ..algo.objective import PPOBatch, PPOLossSettings, mean_metrics, ppo_micro_batch_loss
+from ..config.ppo import PPOConfig
+from ..models.packing import TokenBatch, check_packing
+from ..parallel.collectives import max_across_processes, micro_batch_context, whitening_all_reduce
+from ..rollout.types import Rollout
+from .optimizers import NonFiniteTrainingError, reset_optimizer_state
+from .schedules import RoleLR
+
+logger = logging.get_logger(__name__)
+
+
+@dataclasses.dataclass
+class UpdateResult:
+    """What [`PPOLearner.update`] returns."""
+
+    stats: dict[str, float]  # the optimizer steps' statistics, averaged over micro-batches (this process)
+    # `[B, T]` old log-probabilities from the training forward (the on-policy shortcut), else `None`
+    old_logprobs: torch.Tensor | None = None
+    # The sampler-mismatch weights the policy loss used (`[B, T]`, or `[B, 1]` per sequence), else `None`
+    importance_weights: torch.Tensor | None = None
+    # Tokens the PPO epochs' forwards computed (padding included) against the real ones, and their wall time
+    work: ForwardWork = dataclasses.field(default_factory=ForwardWork)
+
+
+class PPOLearner:
+    """
+    Runs the PPO epochs of an update on the prepared policy-and-critic model.
+
+    Args:
+        model: The prepared (wrapped) [`~models.policy_and_value.PolicyAndValueModel`].
+        optimizer: The prepared optimizer, with parameter groups tagged `role="policy"` / `role="value"`.
+        lr_scheduler: The scheduler stepped once per optimizer step (a [`~learner.schedules.RoleLR`] by default), or `None`.
+        accelerator: The trainer's accelerator.
+        args: The training configuration.
+        is_deepspeed: Whether the model is a DeepSpeed engine (it steps inside the last backward of a mini-batch).
+        local_mini_batch_size: Sequences of this process per mini-batch.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        lr_scheduler,
+        accelerator: Accelerator,
+        args: PPOConfig,
+        is_deepspeed: bool,
+        local_mini_batch_size: int,
+    ):
+        self.model = model
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.accelerator = accelerator
+        self.args = args
+        self.is_deepspeed = is_deepspeed
+        self.local_mini_batch_size = local_mini_batch_size
+        self.nonfinite_steps_in_a_row = 0
+        self.warned: set[str] = set()
+        self.packing_checked = False
+
+    # ------------------------------------------------------------------ update
+
+    def update(
+        self,
+        rollout: Rollout,
+        advantages: torch.Tensor,
+        returns: torch.Tensor,
+        train_policy: bool = True,
+        value_cliprange: float | None = None,
+        update_index: int = 0,
+    ) -> UpdateResult:
+        """
+        `num_ppo_epochs × num_mini_batches` optimizer steps over one rollout.
+
+        Each micro-batch's loss is its token (or sequence) sum divided by the count of the whole mini-batch across all
+        micro-batches and processes (`loss_type`, `value_loss_type`), so the gradient of a mini-batch does not depend
+        on how it is split. With `train_policy=False` only the value loss is optimised and the policy's parameters get
+        no gradient and no optimizer step (their learning rate is also held at exactly 0, so no weight decay touches
+        them).
+
+        Args:
+            rollout: The batch; `rollout.logprobs` are the old log-probabilities (`None` under the on-policy shortcut:
+                this update's own forward, detached, gives them, a ratio of exactly 1).
+            advantages: `[B, T]` raw advantages (whitened here, for policy updates).
+            returns: `[B, T]` the critic's targets.
+            train_policy: `False` for value-only updates.
+            value_cliprange: Clip range of the value loss (`None`: no clipping).
+            update_index: The update's number from 1, for messages.
+        """
+        args = self.args
+        model = self.model
+        model.train()
+        mask = rollout.response_mask
+        policy_mask = self.policy_mask(rollout)
+        adv = self.whiten(advantages, policy_mask) if train_policy else advantages
+        settings = PPOLossSettings.from_args(args, value_cliprange)
+        # On-policy shortcut: the old log-probs are this update's own forward, detached (ratio exactly 1), written
+        # into the batch's tensor before each micro-batch's loss reads them.
+        fill_old_logprobs = train_policy and rollout.logprobs is None
+        old_logprobs = rollout.logprobs
+        if fill_old_logprobs:
+            old_logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+        # vLLM sampled the rollout: weight the policy loss by π_train/π_sampler of the sampled tokens (see
+        # `losses.sampler_importance_weights`). Under the on-policy shortcut the "old" log-probs are this forward's.
+        correct_sampler = args.vllm_importance_sampling_correction
+        batch = PPOBatch(
+            mask,
+            rollout.values,
+            returns,
+            adv,
+            old_logprobs,
+            rollout.sampler_logprobs if correct_sampler else None,
+            policy_mask=None if policy_mask is mask else policy_mask,
+            positive_mask=self.positive_mask(rollout, policy_mask),
+        )
+        stats = defaultdict(list)
+        importance_weights = None  # filled per micro-batch from the loss's own (old log-probs may come from it)
+        sequence_weights = settings.importance_sampling_mode.startswith("sequence")
+        nonfinite_steps = 0
+        world = self.accelerator.num_processes
+        budget, packed = args.max_tokens_per_micro_batch, args.padding_free
+        tokens = TokenBatch.of(rollout)
+        if packed:
+            self.check_packing()
+        with measured(ForwardWork(), self.accelerator.device) as work:
+            for _ in range(args.num_ppo_epochs):
+                order = torch.randperm(mask.shape[0], device=mask.device)
+                mini_batches = list(order.split(self.local_mini_batch_size))
+                plans = plan_forwards(
+                    mini_batches,
+                    tokens.prompt_lengths,
+                    tokens.response_lengths,
+                    budget,
+                    args.per_device_train_batch_size,
+                    tokens.context_length,
+                    mask.shape[1],
+                    max_across_processes(self.accelerator),
+                    packed,
+                )
+                for mb_idx, micro_batches in zip(mini_batches, plans):
+                    if budget is not None:
+                        warn_once_over_budget(
+                            micro_batches, budget, "max_tokens_per_micro_batch", self.warned, logger.warning
+                        )
+                    if not train_policy:  # before the backward passes: DeepSpeed steps inside the last one
+                        self.set_policy_lr_to_zero()
+                    normalizers = self.loss_normalizers(batch.select(mb_idx))
+                    # DDP and DeepSpeed average gradients over processes (× world undoes it: the normaliser is global);
+                    # DeepSpeed also divides by its own gradient_accumulation_steps, whatever our micro-batch count.
+                    scale = world * (self.deepspeed_accumulation_steps(len(micro_batches)) if self.is_deepspeed else 1)
+                    vf_total = pg_total = lm_total = 0.0
+                    for i, micro in enumerate(micro_batches):
+                        idx, width = micro.indices, micro.response_width
+                        work.add(micro, tokens.real_tokens(micro), packed)
+                        # Gradient accumulation over the micro-batches of one minibatch; DDP syncs on the last one only.
+                        is_last = i == len(micro_batches) - 1
+                        with micro_batch_context(self.accelerator, self.is_deepspeed, model, is_last):
+                            logprobs, entropy, vpred = model(
+                                temperature=args.temperature,
+                                compute_policy=train_policy,
+                                **tokens.model_inputs(micro, packed),
+                            )
+                            if fill_old_logprobs:
+                                old_logprobs[idx, :width] = logprobs.detach().float()
+                            out = ppo_micro_batch_loss(
+                                settings, batch.select(idx, width), logprobs, entropy, vpred, *normalizers
+                            )
+                            self.accelerator.backward(out.loss * scale)
+                        if out.importance_weights is not None:
+                            if importance_weights is None:
+                                importance_weights = out.importance_weights.new_zeros(
+                                    mask.shape[0], 1 if sequence_weights else mask.shape[1]
+                                )
+                            importance_weights[idx, : out.importance_weights.shape[1]] = out.importance_weights
+                        for name, value in out.metrics().items():
+                            stats[name].append(value)
+                        vf_total = vf_total + out.value.loss.detach() * world
+                        if train_policy:
+                            pg_total = pg_total + out.policy.loss.detach() * world
+                        if out.positive_example_lm is not None:
+                            lm_total = lm_total + out.positive_example_lm * world
+                    # This process's share of the mini-batch loss, × world: its mean over processes is the global loss.
+                    stats["loss/value"].append(vf_total)
+                    if train_policy:
+                        stats["loss/policy"].append(pg_total)
+                    if train_policy and batch.positive_mask is not None:
+                        stats["loss/positive_example_lm"].append(lm_total)
+                    grad_norms = self.optimizer_step(update_index)
+                    if grad_norms is None:
+                        nonfinite_steps += 1
+                    else:
+                        for name, value in grad_norms.items():
+                            stats[name].append(value)
+        metrics = mean_metrics(stats) | {"diagnostics/nonfinite_steps": float(nonfinite_steps)}
+        return UpdateResult(metrics, old_logprobs if fill_old_logprobs else None, importance_weights, work)
+
+    def whiten(self, values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+        """[`~algo.masked.masked_whiten`] with the statistics `advantage_whitening` asks for (all processes, or this one)."""
+        all_reduce = whitening_all_reduce(self.accelerator, self.args.advantage_whitening)
+        return masked_whiten(values, mask, shift_mean=shift_mean, all_reduce=all_reduce)
+
+    def check_packing(self) -> None:
+        """Before the first padding-free forward: refuse a policy or critic that lets packed sequences attend to each
+        other ([`~models.packing.check_packing`])."""
+        if not self.packing_checked:
+            wrapper = self.accelerator.unwrap_model(self.model)
+            vocab = wrapper.policy.config.get_text_config().vocab_size
+            check_packing(wrapper.policy, vocab, "policy")
+            check_packing(wrapper.critic, vocab, "critic")
+            self.packing_checked = True
+
+    def deepspeed_accumulation_steps(self, micro_batches: int) -> int:
+        """The DeepSpeed engine's `gradient_accumulation_steps` (it divides every backward's loss by it). Without a
+        token budget it equals the micro-batch count (checked at setup); with one the count varies per mini-batch."""
+        steps = getattr(self.model, "gradient_accumulation_steps", None)
+        return int(steps()) if callable(steps) else micro_batches
+
+    # --------------------------------------------------------- learning rates
+
+    def set_policy_lr_to_zero(self) -> None:
+        for group in self.optimizer.param_groups:
+            if group.get("role") == "policy":
+                group["lr"] = 0.0
+
+    def learning_rate(self, role: str) -> float:
+        """Current learning rate of the policy's or the critic's parameter groups (nan when the role has none)."""
+        for group in self.optimizer.param_groups:
+            if group.get("role") == role:
+                return float(group["lr"])
+        return float("nan")
+
+    def start_policy_schedule(self, planned_pretrain_steps: int) -> None:
+        """
+        At the first PPO update: start the policy's clock, and move the critic's past the pretraining steps that were
+        planned (`planned_pretrain_steps` optimizer steps) but not run.
+        """
+        scheduler = self.lr_scheduler
+        if not isinstance(scheduler, RoleLR) or scheduler.started("policy"):
+            return
+        scheduler.start("value", scheduler.last_epoch - planned_pretrain_steps)  # last_epoch: the steps actually run
+        scheduler.start("policy")
+
+    def reset_policy_optimizer_state(self) -> None:
+        """Forget the policy's optimizer state (see [`~learner.optimizers.reset_optimizer_state`]); done when value
+        pretraining ends, so that the first PPO step is the same with and without DeepSpeed."""
+        reset_optimizer_state(self.optimizer, "policy")
+
+    # -------------------------------------------------------------------- step
+
+    def policy_mask(self, rollout: Rollout) -> torch.Tensor:
+        """The policy loss's tokens: the response mask, less the responses cut at `response_length` without a stop
+        token under `mask_truncated_completions` (the critic still learns from them; see docs/vapo.md)."""
+        if not self.args.mask_truncated_completions:
+            return rollout.response_mask
+        return rollout.response_mask & rollout.has_stop.unsqueeze(1)
+
+    def positive_mask(self, rollout: Rollout, policy_mask: torch.Tensor) -> torch.Tensor | None:
+        """The tokens of the positive-example LM loss: the policy's tokens of responses judged correct by the accuracy
+        metric's rule (`raw_scores > accuracy_threshold`); None when the loss is off."""
+        if not self.args.positive_example_lm_coef:
+            return None
+        return policy_mask & rollout.is_correct(self.args.accuracy_threshold).unsqueeze(1)
+
+    def loss_normalizers(self, batch: PPOBatch) -> torch.Tensor:
+        """
+        `[policy, value, policy tokens, positive-example tokens]`: the denominators of one mini-batch's loss terms,
+        summed over all processes (one all-reduce).
+
+        `batch` holds this process's sequences of the mini-batch (all its micro-batches), so every micro-batch's loss
+        is normalised by the count of the whole mini-batch (see [`~algo.losses.aggregate_loss`]); the entropy bonus and the
+        LM loss are token means over the policy's and the correct responses' tokens.
+        """
+        length = self.args.response_length
+        policy_mask = batch.mask if batch.policy_mask is None else batch.policy_mask
+        positives = batch.positive_mask
+        counts = torch.stack(
+            [
+                loss_normalizer(policy_mask, self.args.loss_type, length),
+                loss_normalizer(batch.mask, self.args.value_loss_type, length),
+                policy_mask.sum().float(),
+                (positives.sum() if positives is not None else policy_mask.new_zeros(())).float(),
+            ]
+        )
+        if self.accelerator.num_processes > 1:
+            counts = self.accelerator.reduce(counts, "sum")
+        return counts
+
+    def optimizer_step(self, update_index: int = 0) -> dict[str, torch.Tensor] | None:
+        """
+        The end of a mini-batch: clip the gradients, step the optimizer unless they are non-finite, step the scheduler
+        (after a skipped step too) and clear the gradients.
+
+        Returns:
+            The gradient norms before clipping (`grad_norm`, `grad_norm/policy`, `grad_norm/value`), or `None` when
+            the step was skipped: the weights and optimizer state stay as they were.
+        """
+        norms = self.clip_gradients()
+        grad_norms = None
+        if norms["total"] is None or self.step_is_finite(norms["total"], update_index):
+            names = (("total", "grad_norm"), ("policy", "grad_norm/policy"), ("value", "grad_norm/value"))
+            grad_norms = {
+                name: torch.as_tensor(norms[key]).detach().float() for key, name in names if norms.get(key) is not None
+            }
+            self.optimizer.step()  # a no-op under DeepSpeed, whose engine stepped in the last backward
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norms
+
+    def clip_gradients(self) -> dict[str, torch.Tensor | None]:
+        """
+        Clip the policy's and the critic's gradients each to `max_grad_norm` (a large critic gradient does not shrink
+        the policy's step); returns their norms before clipping and the joint norm (`"total"`).
+
+        Under DeepSpeed the engine has already clipped the joint norm of both models (its `gradient_clipping`) inside
+        the last backward: only the joint norm is returned.
+        """
+        args = self.args
+        # The norms are computed even without clipping (max_norm=inf): they tell a non-finite step.
+        max_norm = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else math.inf
+        if self.is_deepspeed:
+            return {"total": self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)}
+        self.accelerator.unscale_gradients()
+        wrapper = self.accelerator.unwrap_model(self.model)
+        norms: dict[str, torch.Tensor | None] = {}
+        for role, module in (("policy", wrapper.policy), ("value", wrapper.critic)):
+            params = [p for p in module.parameters() if p.grad is not None]
+            norms[role] = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else None
+        present = [n.float() for n in norms.values() if n is not None]
+        norms["total"] = torch.linalg.vector_norm(torch.stack(present)) if present else None
+        return norms
+
+    def step_is_finite(self, grad_norm: torch.Tensor, update_index: int = 0) -> bool:
+        """
+        Whether an optimizer step's gradient is finite; counts non-finite steps in a row and stops past the limit.
+
+        One host sync per optimizer step. Under DDP the gradient is already all-reduced, so all ranks agree.
+        """
+        if bool(torch.isfinite(torch.as_tensor(grad_norm))):
+            self.nonfinite_steps_in_a_row = 0
+            return True
+        self.nonfinite_steps_in_a_row += 1
+        limit = self.args.max_consecutive_nonfinite_steps
+        what = "DeepSpeed has already applied it" if self.is_deepspeed else "optimizer step skipped"
+        logger.warning(
+            f"Non-finite loss or gradient at update {update_index}: {what} "
+            f"({self.nonfinite_steps_in_a_row} in a row, limit {limit})."
+        )
+        if self.nonfinite_steps_in_a_row > limit:
+            last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
+            raise NonFiniteTrainingError(
+                f"{self.nonfinite_steps_in_a_row} optimizer steps in a row had a non-finite loss or gradient (limit "
+                f"max_consecutive_nonfinite_steps={limit}); stopping. "
+                + (
+                    f"The last checkpoint, {last}, was saved before this and is intact: resume from it with a lower "
+                    "learning rate, or check the rewards and the data."
+                    if last
+                    else "No checkpoint was saved yet (set save_steps to keep one)."
+                )
+            )
+        return False

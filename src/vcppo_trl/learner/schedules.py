@@ -1,0 +1,99 @@
+"""Learning-rate schedules with one clock per model: the policy's starts at its first PPO update.
+
+transformers' schedulers apply one multiplier, counted from the first optimizer step, to every parameter group. With
+value pretraining that is wrong for the policy: its warmup would be spent while it is frozen and its decay would count
+updates in which it does not move. [`RoleLR`] gives each role (the `role` key of a parameter group) its own schedule
+over its own steps:
+
+- **policy**: warmup and decay span the PPO optimizer steps only, and start at the first of them. While the policy is
+  frozen its multiplier is exactly 0.
+- **value** (the critic): one schedule over value pretraining *and* PPO (`value_pretrain_steps` + PPO updates), started
+  at the first step. The critic trains in both phases and the warmup belongs where a fresh scalar head sees its first,
+  largest gradients; restarting a warmup at the first PPO update would cut the critic's rate just when the policy
+  starts to move and its targets start to shift. When pretraining stops early, the critic's clock jumps over the
+  unused pretraining steps, so the PPO phase sits at the same place of the critic's schedule either way.
+
+Each role's schedule is transformers' own (`lr_scheduler_type`, `warmup_steps`/`warmup_ratio` of that role's span,
+`lr_scheduler_kwargs`). Groups without a role (a user optimizer) follow the value schedule, i.e. all steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+from transformers import get_scheduler
+
+ROLES = ("policy", "value")
+
+
+def schedule_multiplier(args, num_training_steps: int) -> Callable[[int], float]:
+    """
+    The multiplier of transformers' schedule `args.lr_scheduler_type` over `num_training_steps` optimizer steps.
+
+    Raises:
+        `ValueError`: for schedules that are not a function of the step (e.g. `reduce_lr_on_plateau`).
+    """
+    probe = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)  # a scratch optimizer: nothing to disturb
+    scheduler = get_scheduler(
+        args.lr_scheduler_type,
+        optimizer=probe,
+        num_warmup_steps=args.get_warmup_steps(num_training_steps),
+        num_training_steps=num_training_steps,
+        scheduler_specific_kwargs=args.lr_scheduler_kwargs,
+    )
+    if not isinstance(scheduler, LambdaLR):
+        raise ValueError(
+            f"lr_scheduler_type={args.lr_scheduler_type!r} is not supported by this trainer (it needs a schedule that "
+            "is a function of the step, to give the policy and the critic their own clocks): use linear, cosine, "
+            "constant_with_warmup, ..., or pass your own `optimizers=(optimizer, scheduler)`."
+        )
+    return scheduler.lr_lambdas[0]
+
+
+class RoleLR(LambdaLR):
+    """
+    A `LambdaLR` whose parameter groups follow the schedule of their role, each counted from that role's start.
+
+    Args:
+        optimizer: Optimizer whose groups carry `role` (`"policy"` or `"value"`).
+        multipliers: `{role: multiplier(step)}`, the step counted from the role's start.
+        starts: `{role: first optimizer step of the role}`, or `None` for a role that has not started (multiplier 0).
+
+    `starts` is part of the state dict, so a resumed run keeps each clock where it was.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        multipliers: dict[str, Callable[[int], float]],
+        starts: dict[str, int | None],
+    ):
+        self.starts = dict(starts)
+
+        def role_lambda(role: str) -> Callable[[int], float]:
+            multiplier = multipliers[role]
+
+            def lr_lambda(step: int) -> float:
+                start = self.starts[role]
+                return 0.0 if start is None else multiplier(max(0, step - start))
+
+            return lr_lambda
+
+        lambdas = [role_lambda(group.get("role", "value")) for group in optimizer.param_groups]
+        super().__init__(optimizer, lambdas)
+
+    def start(self, role: str, step: int | None = None) -> None:
+        """Start (or re-anchor) `role`'s clock so that its step `0` is optimizer step `step` (default: now)."""
+        self.starts[role] = self.last_epoch if step is None else step
+        self._apply()
+
+    def started(self, role: str) -> bool:
+        return self.starts[role] is not None
+
+    def _apply(self) -> None:
+        """Set every group's lr for the current step (after a clock moved between two `step()` calls)."""
+        for group, base_lr, lr_lambda in zip(self.optimizer.param_groups, self.base_lrs, self.lr_lambdas):
+            group["lr"] = base_lr * lr_lambda(self.last_epoch)
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]

@@ -1,0 +1,44 @@
+"""The models: the joint policy-and-value module, log-probabilities without `[B, T, V]` logits, the critic (create,
+load, check, save; LoRA), padding-free packing, and loading what a trainer is built from.
+"""
+
+from .critic_peft import load_value_adapter, wrap_value_model
+from .loading import build_critic, load_policy, load_reward_funcs, load_tokenizer, resolve_stop_token_ids
+from .logprobs import full_logits_logprobs, packed_response_logprobs, response_logprobs
+from .packing import PackedRow, PackingError, TokenBatch, check_packing, pack_micro_batch
+from .policy_and_value import PolicyAndValueModel, policy_logprobs, position_ids_from_mask
+from .value_model import (
+    as_value_model,
+    check_value_model_source,
+    create_value_model_from_policy,
+    load_value_model,
+    save_value_model,
+    value_forward,
+)
+
+__all__ = [
+    "PackedRow",
+    "PackingError",
+    "PolicyAndValueModel",
+    "TokenBatch",
+    "as_value_model",
+    "build_critic",
+    "check_packing",
+    "check_value_model_source",
+    "create_value_model_from_policy",
+    "full_logits_logprobs",
+    "load_policy",
+    "load_reward_funcs",
+    "load_tokenizer",
+    "load_value_adapter",
+    "load_value_model",
+    "pack_micro_batch",
+    "packed_response_logprobs",
+    "policy_logprobs",
+    "position_ids_from_mask",
+    "resolve_stop_token_ids",
+    "response_logprobs",
+    "save_value_model",
+    "value_forward",
+    "wrap_value_model",
+]

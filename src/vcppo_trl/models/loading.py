@@ -1,0 +1,166 @@
+"""Loading what a trainer is built from: policy, tokenizer, stop tokens, critic, reward functions and models.
+
+I/O at the edge of [`PPOTrainer`]: names and paths become models here, and what does not fit raises a clear error.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.utils import logging
+
+from ..config.ppo import PPOConfig
+from .value_model import (
+    as_value_model,
+    check_value_model_matches_policy,
+    create_value_model_from_policy,
+    load_value_model,
+)
+
+logger = logging.get_logger(__name__)
+
+
+def load_policy(model: str | PreTrainedModel, args: PPOConfig) -> PreTrainedModel:
+    """The policy: `model` itself, or loaded from its name/path with `model_init_kwargs`."""
+    if isinstance(model, str):
+        kwargs = dict(args.model_init_kwargs or {})
+        return AutoModelForCausalLM.from_pretrained(model, **kwargs)
+    if args.model_init_kwargs:
+        logger.warning("`model_init_kwargs` is ignored because `model` is already instantiated.")
+    return model
+
+
+def load_tokenizer(processing_class, policy: PreTrainedModel) -> PreTrainedTokenizerBase:
+    """The policy's tokenizer (loaded from the policy when not given), with a pad token."""
+    tokenizer = processing_class
+    if tokenizer is None:
+        tokenizer = AutoTokenizer.from_pretrained(policy.config._name_or_path)
+    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a multimodal processor wraps its tokenizer
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token_id is None:
+            raise ValueError("The tokenizer has neither a pad nor an EOS token: set `tokenizer.pad_token`.")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def resolve_stop_token_ids(args: PPOConfig, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Token ids that end a response: `stop_token_id`, else the tokenizer's EOS."""
+    if args.stop_token_id is not None:
+        if not 0 <= args.stop_token_id < len(tokenizer):
+            eos = (
+                f" (its EOS token {tokenizer.eos_token!r} is id {tokenizer.eos_token_id})"
+                if tokenizer.eos_token
+                else ""
+            )
+            raise ValueError(
+                f"`stop_token_id` {args.stop_token_id} is out of range: the tokenizer has a vocabulary of "
+                f"{len(tokenizer)} tokens (ids 0 to {len(tokenizer) - 1}){eos}. Set an id inside it, or "
+                "`stop_token='eos'`."
+            )
+        return [args.stop_token_id]
+    if tokenizer.eos_token_id is None:
+        raise ValueError("The tokenizer has no EOS token: set `stop_token_id` to the id that ends a response.")
+    return [tokenizer.eos_token_id]
+
+
+def build_critic(
+    value_model: str | PreTrainedModel | None,
+    policy: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    args: PPOConfig,
+) -> PreTrainedModel:
+    """The critic: built from the policy, loaded from a path, or converted from a given model; checked against the policy."""
+    if value_model is None:
+        with zero3_init_like(policy, args):
+            critic = create_value_model_from_policy(policy)
+    elif isinstance(value_model, str):
+        with zero3_init_like(policy, args):
+            critic = load_value_model(value_model, **dict(args.model_init_kwargs or {}))
+        check_value_model_matches_policy(critic, policy, tokenizer, source=value_model)
+        if not is_zero3_partitioned(critic):
+            critic = critic.to(next(policy.parameters()).device)
+    else:
+        critic = as_value_model(value_model)
+        check_value_model_matches_policy(critic, policy, tokenizer)
+    if is_zero3_partitioned(critic) != is_zero3_partitioned(policy):
+        built, given = ("critic", "policy") if is_zero3_partitioned(critic) else ("policy", "critic")
+        raise ValueError(
+            f"Under DeepSpeed ZeRO-3 the {built} is partitioned (built under `zero.Init`) and the {given} is not: "
+            "DeepSpeed casts only unpartitioned models to its mixed-precision dtype, so the two would train in "
+            "different dtypes and its optimizer refuses them. Build both models the same way: pass both as names "
+            "or paths (loaded under ZeRO-3), or both as models created before the trainer."
+        )
+    return critic
+
+
+def is_zero3_partitioned(model: PreTrainedModel) -> bool:
+    """Whether DeepSpeed ZeRO-3 has partitioned the model's parameters (it was built under `zero.Init`)."""
+    return any(hasattr(p, "ds_id") for p in model.parameters())
+
+
+@contextmanager
+def zero3_init_like(policy: PreTrainedModel, args: PPOConfig):
+    """
+    Build the critic the way the policy was built: under `zero.Init` (partitioned at construction) only if the policy
+    was. transformers partitions every model built while a ZeRO-3 config is registered, but a policy created before the
+    trainer is not partitioned; DeepSpeed then casts it to bf16/fp16 at `prepare` and leaves a partitioned critic as
+    built, and its ZeRO-3 optimizer stops on the mix of dtypes.
+    """
+    from transformers.integrations import (
+        is_deepspeed_zero3_enabled,
+        set_hf_deepspeed_config,
+        unset_hf_deepspeed_config,
+    )
+
+    registered = getattr(args, "hf_deepspeed_config", None) or getattr(
+        getattr(args, "deepspeed_plugin", None), "dschf", None
+    )
+    if is_zero3_partitioned(policy) or not is_deepspeed_zero3_enabled() or registered is None:
+        yield
+        return
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        set_hf_deepspeed_config(registered)
+
+
+def load_reward_funcs(reward_funcs, reward_processing_classes, args: PPOConfig):
+    """Reward functions and models (loaded by name, frozen), each with its tokenizer (`None` for functions)."""
+    if reward_funcs is None:
+        raise ValueError("`reward_funcs` is required: a reward function, a reward model, or a list of them.")
+    funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
+    if not funcs:
+        raise ValueError("`reward_funcs` is empty: give at least one reward function or reward model.")
+    if reward_processing_classes is None:
+        processing = [None] * len(funcs)
+    elif isinstance(reward_processing_classes, list):
+        processing = list(reward_processing_classes)
+    else:
+        processing = [reward_processing_classes]
+    if len(processing) != len(funcs):
+        raise ValueError("`reward_processing_classes` must have one entry per reward function.")
+    loaded, tokenizers = [], []
+    for func, proc in zip(funcs, processing):
+        if isinstance(func, str):
+            func = AutoModelForSequenceClassification.from_pretrained(
+                func, num_labels=1, **dict(args.model_init_kwargs or {})
+            )
+        if isinstance(func, PreTrainedModel):
+            if proc is None:
+                proc = AutoTokenizer.from_pretrained(func.config._name_or_path)
+            if proc.pad_token_id is None:
+                proc.pad_token = proc.eos_token
+            func.eval().requires_grad_(False)
+        elif not callable(func):
+            raise TypeError(f"Reward function {func!r} is neither callable, a model, nor a model name.")
+        loaded.append(func)
+        tokenizers.append(proc)
+    return loaded, tokenizers

@@ -1,0 +1,184 @@
+"""Log-probabilities (and entropy) of response tokens without materialising the `[B, T, V]` logits.
+
+At 16k tokens and a 152k vocabulary one sequence's logits are ~5 GB in bf16 (~10 GB in float32). Instead, the causal
+LM's backbone runs once, the hidden states of the response positions are kept (`[B, T, H]`), and TRL's
+`ChunkedLogProbFunction` projects them through the LM head in `[tokens, VOCAB_CHUNK]` tiles, folding each tile into an
+online log-sum-exp; its backward recomputes the tiles, so neither pass holds the full logits.
+
+Models whose logits are not `lm_head(last_hidden_state)` up to TRL's supported transforms (logit scale, final
+soft-capping) — or whose LM head is wrapped (e.g. LoRA on `lm_head`) — fall back to [`full_logits_logprobs`].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from accelerate.utils import is_peft_model
+from torch import nn
+from transformers import PreTrainedModel
+from trl.kernels import ChunkedLogProbFunction
+from trl.trainer.utils import entropy_from_logits, maybe_gather_lm_head_ctx, selective_log_softmax
+
+from .packing import PackedRow
+
+# Vocabulary columns per projection tile: a [4096 tokens, 4096] float32 tile is 64 MiB, whatever the vocabulary size.
+VOCAB_CHUNK = 4096
+# Config fields of output-scaling schemes the chunked path does not reproduce: such models use the full logits.
+UNSUPPORTED_LOGIT_SCALING = ("output_multiplier", "lm_head_multiplier", "logits_scaling")
+
+
+@dataclass
+class CausalLMParts:
+    """A causal LM split into the pieces the chunked path needs: `logits = transform(lm_head(backbone(x)))`."""
+
+    backbone: nn.Module
+    lm_head: nn.Linear
+    logit_scale: float = 1.0
+    final_logit_softcapping: float | None = None
+
+
+def causal_lm_parts(model: nn.Module) -> CausalLMParts | None:
+    """
+    The backbone and plain linear LM head of a causal LM (PEFT-wrapped or not), or `None` when the logits are not
+    simply the LM head applied to the backbone's last hidden state.
+    """
+    base = model.get_base_model() if is_peft_model(model) else model
+    if not isinstance(base, PreTrainedModel):
+        return None
+    backbone = getattr(base, base.base_model_prefix, None)
+    lm_head = base.get_output_embeddings()
+    # `type(...) is` on purpose: a LoRA or modules-to-save wrapper around the head is not a plain projection.
+    if backbone is None or backbone is base or type(lm_head) is not nn.Linear:
+        return None
+    config = base.config.get_text_config()
+    if any(getattr(config, name, None) is not None for name in UNSUPPORTED_LOGIT_SCALING):
+        return None
+    logit_scale = getattr(config, "logit_scale", None)
+    return CausalLMParts(
+        backbone=backbone,
+        lm_head=lm_head,
+        logit_scale=1.0 if logit_scale is None else float(logit_scale),
+        final_logit_softcapping=getattr(config, "final_logit_softcapping", None),
+    )
+
+
+def chunked_token_logprobs(
+    hidden: torch.Tensor,
+    parts: CausalLMParts,
+    targets: torch.Tensor,
+    temperature: float,
+    compute_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """
+    `log softmax(transform(lm_head(hidden)) / temperature)[target]` (and the entropy) per position, in vocabulary
+    tiles.
+
+    Args:
+        hidden (`torch.Tensor` of shape `[B, T, H]`): Hidden states of the positions that predict `targets`.
+        parts ([`CausalLMParts`]): The LM head and its output transform.
+        targets (`torch.Tensor` of shape `[B, T]`): Token ids whose log-probabilities are wanted.
+        temperature (`float`): Sampling temperature the logits are divided by.
+        compute_entropy (`bool`): Also return the entropy of each position's distribution.
+
+    Returns:
+        `(logprobs, entropy)`: float32 `[B, T]`; `entropy` is `None` unless `compute_entropy`.
+    """
+    outputs = ("log_probs", "entropy") if compute_entropy else ("log_probs",)
+    weight, bias = parts.lm_head.weight, parts.lm_head.bias
+    # The head is read directly, never called: under ZeRO-3 its weight must be gathered explicitly (and its shape is
+    # only known once gathered: a partitioned parameter is empty).
+    with maybe_gather_lm_head_ctx(weight, bias):
+        # The tile buffer is [tokens, chunk]: no wider than the vocabulary, so that small vocabularies get dense tiles.
+        vocab_chunk = min(VOCAB_CHUNK, weight.shape[0])
+        logprobs, entropy, *_ = ChunkedLogProbFunction.apply(
+            hidden.reshape(-1, hidden.shape[-1]),
+            weight,
+            bias,
+            targets.reshape(-1),
+            temperature,
+            vocab_chunk,
+            parts.final_logit_softcapping,
+            parts.logit_scale,
+            outputs,
+        )
+    shape = targets.shape
+    return logprobs.view(shape), (entropy.view(shape) if entropy is not None else None)
+
+
+def full_logits_logprobs(
+    policy: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    context_length: int,
+    temperature: float,
+    compute_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """
+    The same as [`response_logprobs`] through the model's own forward: materialises the `[B, T, V]` logits of the
+    response positions (the fallback, and the reference the chunked path is tested and benchmarked against).
+    """
+    response_length = input_ids.shape[1] - context_length
+    output = policy(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=response_length + 1,
+        use_cache=False,
+    )
+    logits = output.logits[:, :-1].float() / temperature
+    responses = input_ids[:, context_length:]
+    logprobs = selective_log_softmax(logits, responses)
+    entropy = entropy_from_logits(logits) if compute_entropy else None
+    return logprobs, entropy
+
+
+def response_logprobs(
+    policy: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    context_length: int,
+    temperature: float,
+    compute_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """
+    Log-probabilities of the response tokens `input_ids[:, context_length:]`, each read from the logits at the position
+    before it, at `temperature`; one backbone pass and no `[B, T, V]` logits when the model allows it.
+
+    Returns:
+        `(logprobs, entropy)`: float32 `[B, T]`; `entropy` is `None` unless `compute_entropy`.
+    """
+    parts = causal_lm_parts(policy)
+    if parts is None:
+        return full_logits_logprobs(
+            policy, input_ids, attention_mask, position_ids, context_length, temperature, compute_entropy
+        )
+    output = parts.backbone(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    )
+    hidden = output.last_hidden_state[:, context_length - 1 : -1]
+    return chunked_token_logprobs(hidden, parts, input_ids[:, context_length:], temperature, compute_entropy)
+
+
+def packed_response_logprobs(
+    policy: nn.Module, packed: PackedRow, temperature: float, compute_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """
+    [`response_logprobs`] of a padding-free micro-batch: one pass over the packed row (no attention mask:
+    transformers keeps the sequences apart from `position_ids`), each response token read at the position that
+    predicts it ([`~models.packing.PackedRow`]).
+
+    Returns:
+        `(logprobs, entropy)`: float32 `[b, w]` (garbage past each response's end, which the losses mask).
+    """
+    parts = causal_lm_parts(policy)
+    if parts is None:
+        output = policy(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
+        logits = output.logits[0][packed.predicting].float() / temperature
+        logprobs = selective_log_softmax(logits, packed.targets)
+        return logprobs, (entropy_from_logits(logits) if compute_entropy else None)
+    output = parts.backbone(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
+    hidden = output.last_hidden_state[0][packed.predicting]
+    return chunked_token_logprobs(hidden, parts, packed.targets, temperature, compute_entropy)

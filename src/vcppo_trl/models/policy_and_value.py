@@ -1,0 +1,106 @@
+"""The policy and the critic as one module (one optimizer, one `accelerator.prepare`), and the policy's log-probs."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from .logprobs import packed_response_logprobs, response_logprobs
+from .packing import PackedRow
+from .value_model import packed_value_forward, value_forward
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over attended tokens only, as `generate` does for left-padded prompts."""
+    return (attention_mask.long().cumsum(1) - 1).clamp(min=0)
+
+
+class PolicyAndValueModel(nn.Module):
+    """
+    The policy and the critic as one module, so that one optimizer (with a learning rate per model) and one
+    `accelerator.prepare` (DDP or DeepSpeed) serve both, and one forward feeds the PPO loss.
+    """
+
+    def __init__(self, policy: PreTrainedModel, critic: PreTrainedModel):
+        super().__init__()
+        self.policy = policy
+        self.critic = critic
+        self.config = policy.config
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        # transformers ≥ 5.2x renamed the flag `is_activation_checkpointing`; older versions only have the old name.
+        flag = getattr(self.policy, "is_activation_checkpointing", None)
+        if flag is None:
+            flag = getattr(self.policy, "is_gradient_checkpointing", False)
+        return bool(flag)
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
+        for model in (self.policy, self.critic):
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
+
+    def gradient_checkpointing_disable(self) -> None:
+        for model in (self.policy, self.critic):
+            model.gradient_checkpointing_disable()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        context_length: int,
+        temperature: float,
+        compute_policy: bool = True,
+        compute_entropy: bool = True,
+        packed: PackedRow | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+        """
+        Log-probabilities (and entropy) of the response tokens under the policy, and the critic's values.
+
+        With `packed` (a padding-free micro-batch, [`~models.packing.PackedRow`]) the padded inputs are ignored.
+
+        Returns:
+            `(logprobs, entropy, values)`, each `[B, T]` for the `T` tokens after `context_length` (`[b, w]` of the
+            packed row's responses); the first two are `None` when `compute_policy` is False (value-only updates leave
+            the policy out of the graph).
+        """
+        if packed is not None:
+            values = packed_value_forward(self.critic, packed)
+            if not compute_policy:
+                return None, None, values
+            logprobs, entropy = packed_response_logprobs(self.policy, packed, temperature, compute_entropy)
+            return logprobs, entropy, values
+        position_ids = position_ids_from_mask(attention_mask)
+        values = value_forward(self.critic, input_ids, attention_mask, position_ids, context_length)
+        if not compute_policy:
+            return None, None, values
+        logprobs, entropy = policy_logprobs(
+            self.policy, input_ids, attention_mask, context_length, temperature, compute_entropy, position_ids
+        )
+        return logprobs, entropy, values
+
+
+def policy_logprobs(
+    policy: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    context_length: int,
+    temperature: float,
+    compute_entropy: bool = False,
+    position_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """
+    Log-probabilities of the response tokens (after `context_length`), at the sampling temperature.
+
+    The log-probability of response token `t` comes from the logits at position `context_length - 1 + t`. One backbone
+    pass; the LM head is applied in vocabulary tiles, so the `[B, T, V]` logits are never materialised (see
+    [`~models.logprobs.response_logprobs`]), and the prompt's logits are never computed.
+
+    Returns:
+        `(logprobs, entropy)`: `[B, T]` float32 tensors; `entropy` is `None` unless `compute_entropy`.
+    """
+    if position_ids is None:
+        position_ids = position_ids_from_mask(attention_mask)
+    return response_logprobs(
+        policy, input_ids, attention_mask, position_ids, context_length, temperature, compute_entropy
+    )

@@ -1,0 +1,67 @@
+"""Checks of the launch and of the distributed setup that run before any training time is spent."""
+
+from __future__ import annotations
+
+import torch
+from accelerate import Accelerator
+
+
+def check_launch_environment() -> None:
+    """
+    Refuse `ACCELERATE_USE_CPU=1` under a DeepSpeed launch config, before any model is built.
+
+    The variable makes accelerate run plain CPU DDP, while the DeepSpeed config that `accelerate launch` exports still
+    tells transformers and TRL that ZeRO-3 is on: the two disagree and the first forward crashes (`'Parameter' object
+    has no attribute 'ds_status'`, or `'weight' must be 2-D` in generation).
+
+    Raises:
+        `ValueError`: saying what to change.
+    """
+    from accelerate.utils import parse_flag_from_env
+
+    if parse_flag_from_env("ACCELERATE_USE_CPU") and parse_flag_from_env("ACCELERATE_USE_DEEPSPEED"):
+        raise ValueError(
+            "ACCELERATE_USE_CPU=1 is set under a DeepSpeed launch config: accelerate would then run plain CPU DDP while "
+            "transformers still applies the DeepSpeed (ZeRO-3) config, and training would crash. DeepSpeed runs on a "
+            "CPU without that variable: unset ACCELERATE_USE_CPU and pass --ddp_backend gloo "
+            "(configs/accelerate/zero3_cpu.yaml), or drop the DeepSpeed config to run CPU DDP "
+            "(configs/accelerate/multi_gpu.yaml with ACCELERATE_USE_CPU=1)."
+        )
+
+
+def check_distributed_setup(accelerator: Accelerator, args, is_fsdp: bool, is_deepspeed: bool) -> None:
+    """Refuse FSDP (not supported yet) and check a DeepSpeed launch ([`check_deepspeed_setup`])."""
+    if is_fsdp:
+        raise ValueError(
+            "FSDP is not supported by this version of vcppo-trl yet: launch with DeepSpeed ZeRO-3 "
+            "(configs/accelerate/zero3.yaml), DDP (multi_gpu.yaml) or a single device."
+        )
+    if is_deepspeed:
+        check_deepspeed_setup(accelerator, args.gradient_accumulation_steps)
+
+
+def check_deepspeed_setup(accelerator: Accelerator, gradient_accumulation_steps: int) -> None:
+    """
+    Fail early, with the fix, when DeepSpeed and accelerate disagree on the world or on gradient accumulation.
+
+    Raises:
+        `RuntimeError`: accelerate counts fewer processes than torch.distributed (DeepSpeed on CPU without a
+            `ddp_backend`: accelerate's state then reports 1 process and every rank would train on the same prompts).
+        `ValueError`: the DeepSpeed config's `gradient_accumulation_steps` differs from the trainer's.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        world = torch.distributed.get_world_size()
+        if world != accelerator.num_processes:
+            raise RuntimeError(
+                f"DeepSpeed runs {world} processes but accelerate counts {accelerator.num_processes}: prompts would not "
+                "be sharded. This happens on CPU, where accelerate finds no device backend: pass `--ddp_backend gloo` "
+                "(PPOConfig(ddp_backend='gloo')) so that accelerate initialises the process group itself."
+            )
+    config = accelerator.state.deepspeed_plugin.deepspeed_config
+    ga = config.get("gradient_accumulation_steps")
+    if ga not in (None, "auto") and int(ga) != gradient_accumulation_steps:
+        raise ValueError(
+            f"The DeepSpeed config has gradient_accumulation_steps={ga} but the trainer uses "
+            f"{gradient_accumulation_steps} micro-batches per optimizer step: set both to the same value "
+            "(or 'auto' in the DeepSpeed config)."
+        )

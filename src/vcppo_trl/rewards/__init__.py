@@ -1,0 +1,40 @@
+"""Rewards: the math-verify verifier (`math_verify_reward`, +1 / −1, the `<think>` part ignored), calling reward
+functions so that a faulty one costs samples and not the run, reward models, and reward functions by name.
+"""
+
+from .calls import RewardCallResult, RewardFunctionError, call_reward_function
+from .math_verify import (
+    DEFAULT_THINK_TAGS,
+    DEFAULT_TIMEOUT_SECONDS,
+    MathVerifyReward,
+    completion_to_text,
+    gold_candidates,
+    make_math_verify_reward,
+    math_verify_reward,
+    shutdown_verifier_worker,
+    split_think,
+    verify_answer,
+)
+from .registry import BUILTIN_REWARDS, resolve_reward_funcs, think_format_reward
+from .reward_models import reward_func_name, reward_model_scores
+
+__all__ = [
+    "BUILTIN_REWARDS",
+    "DEFAULT_THINK_TAGS",
+    "DEFAULT_TIMEOUT_SECONDS",
+    "MathVerifyReward",
+    "RewardCallResult",
+    "RewardFunctionError",
+    "call_reward_function",
+    "completion_to_text",
+    "gold_candidates",
+    "make_math_verify_reward",
+    "math_verify_reward",
+    "resolve_reward_funcs",
+    "reward_func_name",
+    "reward_model_scores",
+    "shutdown_verifier_worker",
+    "split_think",
+    "think_format_reward",
+    "verify_answer",
+]

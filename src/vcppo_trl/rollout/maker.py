@@ -1,0 +1,464 @@
+"""The rollout maker: dataset rows in, a [`~rollout.types.Rollout`] with everything the PPO epochs need out.
+
+prompts → chat template and tokenisation → the sampler (HF `generate` or vLLM) → decoding → the reward functions →
+no-grad forwards (old log-probabilities, values, reference log-probabilities) → KL penalty → per-token rewards.
+Training uses all of it ([`RolloutMaker.make`]); evaluation the part up to the rewards
+([`RolloutMaker.sample_and_score`]), so a reward function sees both kinds of completions alike. The maker owns the
+sampler and reports what generation took ([`GenerationStats`]) with the rollout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging
+from trl.data_utils import maybe_apply_chat_template
+
+from ..algo.dynamic_sampling import DynamicSamplingStats, choose_groups, informative_groups
+from ..algo.losses import kl_penalty
+from ..algo.micro_batches import ForwardWork, MicroBatch, measured, plan_forwards, warn_once_over_budget
+from ..config.ppo import PPOConfig
+from ..models.logprobs import packed_response_logprobs
+from ..models.packing import TokenBatch, check_packing
+from ..models.policy_and_value import PolicyAndValueModel, policy_logprobs
+from ..parallel.collectives import max_across_processes, whitening_all_reduce
+from ..rewards.calls import call_reward_function
+from ..rewards.reward_models import reward_model_scores
+from ..sampling.hf import eval_mode
+from ..sampling.seam import Samples
+from .scoring import ScoredSamples, concat_scored, decode_completions
+from .shaping import overlong_penalty, token_rewards
+from .types import Rollout, is_correct
+
+logger = logging.get_logger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationStats:
+    """What the sampler spent on one rollout (this process)."""
+
+    seconds: float  # generation wall time
+    tokens: int  # response tokens generated (valid ones)
+    sync_seconds: float | None  # the sampler's last weight sync (vLLM), `None` for samplers that have none
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutStats:
+    """What making one rollout measured (this process): its generation and its no-grad forwards."""
+
+    generation: GenerationStats
+    forwards: ForwardWork  # values, old and reference log-probs (reward models not counted)
+    dynamic_sampling: DynamicSamplingStats | None = None  # None unless `dynamic_sampling` ran for this rollout
+
+
+def old_logprobs_from_training_forward(args: PPOConfig) -> bool:
+    """
+    Whether policy updates take their old log-probabilities from the training forward, detached (the on-policy
+    shortcut, `on_policy_shortcut`), instead of a policy forward in the rollout.
+
+    Exact only when the single optimizer step of the update sees the weights that sampled the rollout (one epoch,
+    one mini-batch: its micro-batches all run before the step), no KL term needs the log-probabilities before the
+    update, and dropout does not make the training forward differ from the rollout's eval-mode forward.
+    """
+    return (
+        args.on_policy_shortcut
+        and args.num_ppo_epochs == 1
+        and args.num_mini_batches == 1
+        and args.kl_coef == 0
+        and args.disable_dropout
+    )
+
+
+class RolloutMaker:
+    """
+    Makes rollouts and scored samples.
+
+    Args:
+        args: The training configuration.
+        accelerator: The trainer's accelerator (device, process count, unwrapping).
+        tokenizer: The policy's tokenizer.
+        sampler: The generation backend ([`~sampling.seam.Sampler`]).
+        current_model: Returns the current (prepared) [`~models.policy_and_value.PolicyAndValueModel`]; called at each use, since
+            preparing the model for training replaces it.
+        ref_model: The frozen reference policy, or `None` (no KL, or PEFT: the base model with adapters disabled).
+        reward_funcs, reward_processing_classes: Reward functions and the tokenizers of reward models among them.
+        reward_weights: `[F]` weight of each reward function.
+        stop_token_ids: Ids that end a response.
+        reference_is_initial_policy: Whether KL(policy ‖ reference) is exactly 0 while the policy is frozen.
+    """
+
+    def __init__(
+        self,
+        args: PPOConfig,
+        accelerator: Accelerator,
+        tokenizer: PreTrainedTokenizerBase,
+        sampler,
+        current_model: Callable[[], torch.nn.Module],
+        ref_model: PreTrainedModel | None,
+        reward_funcs: list,
+        reward_processing_classes: list,
+        reward_weights: torch.Tensor,
+        stop_token_ids: list[int],
+        reference_is_initial_policy: bool,
+    ):
+        self.args = args
+        self.accelerator = accelerator
+        self.tokenizer = tokenizer
+        self.sampler = sampler
+        self.current_model = current_model
+        self.ref_model = ref_model
+        self.reward_funcs = reward_funcs
+        self.reward_processing_classes = reward_processing_classes
+        self.reward_weights = reward_weights
+        self.stop_token_ids = stop_token_ids
+        self.reference_is_initial_policy = reference_is_initial_policy
+        self.warned: set[str] = set()
+        self.packing_checked: set[int] = set()
+
+    def _unwrapped_model(self) -> PolicyAndValueModel:
+        return self.accelerator.unwrap_model(self.current_model())
+
+    # --------------------------------------------------------- prompts to scores
+
+    def prompt_texts(self, rows: list[dict[str, Any]]) -> list[str]:
+        return [maybe_apply_chat_template({"prompt": row["prompt"]}, self.tokenizer)["prompt"] for row in rows]
+
+    def tokenize_prompts(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        encoded = self.tokenizer(
+            texts,
+            return_tensors="pt",
+            padding=True,
+            padding_side="left",
+            add_special_tokens=False,
+            truncation=self.args.max_prompt_length is not None,
+            truncation_side="left",
+            max_length=self.args.max_prompt_length,
+        )
+        return encoded["input_ids"].to(self.accelerator.device), encoded["attention_mask"].to(self.accelerator.device)
+
+    @torch.no_grad()
+    def generate(
+        self, query_ids: torch.Tensor, query_mask: torch.Tensor, greedy: bool = False, temperature: float | None = None
+    ) -> Samples:
+        """
+        Sample responses for left-padded prompts and cut them at the stop token, with the configured sampler (HF
+        `generate` or vLLM; see [`~sampling.seam`]).
+
+        Returns:
+            [`~sampling.seam.Samples`]: response ids, mask and `has_stop` as in [`~sampling.seam.truncate_at_stop`], the
+            sampler's own log-probabilities when it reports them (vLLM), and the generation's wall time.
+        """
+        return self.sampler.generate(query_ids, query_mask, greedy, temperature or self.args.temperature)
+
+    def score(
+        self,
+        rows: list[dict[str, Any]],
+        prompt_texts: list[str],
+        completions: list[Any],
+        completion_texts: list[str],
+        completion_ids: list[list[int]],
+        trainer_state=None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """
+        Rewards of every function for every completion.
+
+        A function's failures on single samples (raised, timed out, NaN) give those samples `reward_failure_value`
+        (see [`~rewards.calls.call_reward_function`]); a function that fails on the whole batch stops the run.
+
+        Returns:
+            `(rewards, failed)`: `[B, F]` float32 rewards on device (`nan` where a function returned `None`), and
+            `[B]` bool, true where at least one function failed on the sample.
+        """
+        prompts = [row["prompt"] for row in rows]
+        extra = {key: [row[key] for row in rows] for key in rows[0] if key not in ("prompt", "completion")}
+        columns = []
+        failed = [False] * len(rows)
+        for func, proc in zip(self.reward_funcs, self.reward_processing_classes):
+            if isinstance(func, torch.nn.Module):
+                texts = [p + c for p, c in zip(prompt_texts, completion_texts)]
+                values = reward_model_scores(
+                    func,
+                    proc,
+                    texts,
+                    self.args.local_rollout_forward_batch_size,
+                    self.args.max_tokens_per_forward,
+                    max_across_processes(self.accelerator),
+                )
+            else:
+                result = call_reward_function(
+                    func,
+                    prompts,
+                    completions,
+                    completion_ids,
+                    extra,
+                    timeout=self.args.reward_timeout,
+                    failure_value=self.args.reward_failure_value,
+                    trainer_state=trainer_state,
+                )
+                values = result.values
+                if result.failures:
+                    failed = [f or value_failed for f, value_failed in zip(failed, result.failed)]
+            columns.append([float("nan") if v is None else float(v) for v in values])
+        device = self.accelerator.device
+        rewards = torch.tensor(columns, dtype=torch.float32, device=device).T
+        return rewards, torch.tensor(failed, dtype=torch.bool, device=device)
+
+    def sample_and_score(
+        self,
+        rows: list[dict[str, Any]],
+        greedy: bool = False,
+        temperature: float | None = None,
+        trainer_state=None,
+    ) -> ScoredSamples:
+        """
+        The steps training and evaluation share: chat template and tokenization, generation with the configured
+        sampler, decoding, and every reward function's score with their weighted sum (`raw_scores`, nan where no
+        function scored the sample). No penalty is applied here. `trainer_state` is passed to reward functions that
+        take it (TRL's protocol).
+        """
+        prompt_texts = self.prompt_texts(rows)
+        query_ids, query_mask = self.tokenize_prompts(prompt_texts)
+        samples = self.generate(query_ids, query_mask, greedy=greedy, temperature=temperature)
+        completions, texts, completion_ids = decode_completions(
+            rows, samples.response_ids, samples.response_mask, self.stop_token_ids, self.tokenizer
+        )
+        rewards_per_func, reward_failed = self.score(
+            rows, prompt_texts, completions, texts, completion_ids, trainer_state
+        )
+        weights = self.reward_weights.to(rewards_per_func.device)
+        raw_scores = (rewards_per_func.nan_to_num(0.0) * weights).sum(dim=1)
+        all_none = torch.isnan(rewards_per_func).all(dim=1)
+        raw_scores = torch.where(all_none, torch.full_like(raw_scores, float("nan")), raw_scores)
+        return ScoredSamples(query_ids, query_mask, samples, completions, rewards_per_func, reward_failed, raw_scores)
+
+    # ----------------------------------------------------------- the rollout
+
+    def sample_informative_groups(
+        self,
+        rows: list[dict[str, Any]],
+        more_rows: Callable[[], list[dict[str, Any]]],
+        trainer_state=None,
+    ) -> tuple[list[dict[str, Any]], ScoredSamples, DynamicSamplingStats]:
+        """
+        Dynamic sampling (`dynamic_sampling`): sample and score `rows`, then, while some process has fewer groups with
+        both correct and wrong samples than its batch holds, draw the next prompts (`more_rows`) and sample again, up
+        to `dynamic_sampling_max_rounds` rounds. Every process runs the same rounds (one all-reduce per round), so
+        sharded generation never waits on a process that stopped. Each process keeps its first informative groups
+        in drawing order; at the round limit the batch is completed with uninformative ones (counted, warned once).
+
+        Returns:
+            The rows and scored samples of the batch (as many as `rows`), and what the rounds did.
+        """
+        args, k = self.args, self.args.num_generations
+        needed = len(rows) // k
+        drawn_rows, parts, informative = [], [], []
+        for round_index in range(args.dynamic_sampling_max_rounds):
+            if round_index:
+                rows = more_rows()
+            scored = self.sample_and_score(rows, trainer_state=trainer_state)
+            drawn_rows += rows
+            parts.append(scored)
+            informative += informative_groups(is_correct(scored.raw_scores, args.accuracy_threshold), k).tolist()
+            short = int(sum(informative) < needed)
+            if self.accelerator.num_processes > 1:
+                short = max_across_processes(self.accelerator)([short])[0]
+            if not short:
+                break
+        groups, filled = choose_groups(informative, needed)
+        if filled and "dynamic_sampling_limit" not in self.warned:
+            self.warned.add("dynamic_sampling_limit")
+            logger.warning(
+                f"Dynamic sampling: {args.dynamic_sampling_max_rounds} generation rounds gave {sum(informative)} of the "
+                f"{needed} groups with both correct and wrong responses; the batch is completed with groups that are "
+                "all right or all wrong (sampling/dynamic_filled_groups counts them). Raise "
+                "dynamic_sampling_max_rounds, or use prompts nearer the policy's level. (Warned once.)"
+            )
+        idx = [g * k + j for g in groups for j in range(k)]
+        scored = concat_scored(parts, self.tokenizer.pad_token_id).select(idx)
+        tokens = sum(part.samples.num_tokens for part in parts)
+        stats = DynamicSamplingStats(len(parts), len(informative), sum(informative), filled, tokens)
+        return [drawn_rows[i] for i in idx], scored, stats
+
+    def make(
+        self,
+        rows: list[dict[str, Any]],
+        train_policy: bool = True,
+        trainer_state=None,
+        more_rows: Callable[[], list[dict[str, Any]]] | None = None,
+    ) -> tuple[Rollout, RolloutStats]:
+        """
+        Generate, score and evaluate one batch of prompts.
+
+        Args:
+            rows: Dataset rows for this process.
+            train_policy: When False (value-only updates) the policy does not move. The KL penalty then still
+                enters the critic's targets when the reference is not the initial policy (a `ref_model` given by the
+                user, or the base model of a PEFT policy whose adapter may not start at zero); only when the
+                reference is a copy of the initial policy, where it is exactly 0, are the log-probabilities skipped.
+            trainer_state: The trainer's `TrainerState`, for reward functions that take it.
+            more_rows: Draws the next prompts of the stream, for dynamic sampling's extra rounds (policy updates with
+                `dynamic_sampling` only; value-only updates see the policy's own distribution of prompts).
+
+        Returns:
+            `(rollout, stats)`: the rollout (`logprobs` is `None` under the on-policy shortcut: the learner's
+            forward gives them) and what its generation and forwards took.
+        """
+        args = self.args
+        dynamic = None
+        if args.dynamic_sampling and train_policy and more_rows is not None:
+            rows, scored, dynamic = self.sample_informative_groups(rows, more_rows, trainer_state)
+        else:
+            scored = self.sample_and_score(rows, trainer_state=trainer_state)
+        samples, raw_scores, has_stop = scored.samples, scored.raw_scores, scored.samples.has_stop
+        tokens = samples.num_tokens if dynamic is None else dynamic.generated_tokens  # every round's, for the rate
+        generation = GenerationStats(samples.seconds, tokens, getattr(self.sampler, "sync_seconds", None))
+        scores = raw_scores.nan_to_num(0.0).clone()
+        if args.missing_eos_penalty is not None:
+            scores = scores - args.missing_eos_penalty * (~has_stop).float()
+        overlong_penalties = None
+        if args.overlong_buffer_length is not None:  # a reward term of its own: raw_scores stay the correctness
+            lengths = samples.response_mask.sum(1)
+            overlong_penalties = overlong_penalty(
+                lengths, has_stop, args.response_length, args.overlong_buffer_length, args.overlong_penalty_factor
+            )
+            scores = scores + torch.where(torch.isnan(raw_scores), 0.0, overlong_penalties)
+        # A sample that no reward function could score is dropped from the losses.
+        response_mask = samples.response_mask & ~torch.isnan(raw_scores).unsqueeze(1)
+
+        rollout = Rollout(
+            prompts=[row["prompt"] for row in rows],
+            completions=scored.completions,
+            extra_columns={k: [row[k] for row in rows] for k in rows[0] if k != "prompt"},
+            query_ids=scored.query_ids,
+            query_mask=scored.query_mask,
+            response_ids=samples.response_ids,
+            response_mask=response_mask,
+            has_stop=has_stop,
+            scores=scores,
+            raw_scores=raw_scores,
+            rewards_per_func=scored.rewards_per_func,
+            reward_failed=scored.reward_failed,
+            sampler_logprobs=samples.logprobs,
+            overlong_penalties=overlong_penalties,
+        )
+        with_kl = args.kl_coef > 0 and (train_policy or not self.reference_is_initial_policy)
+        needs_old_logprobs = train_policy and not old_logprobs_from_training_forward(args)
+        plan = self.forward_plan(rollout)
+        with measured(ForwardWork(), self.accelerator.device) as work:
+            rollout.logprobs, rollout.values = self.forward(rollout, needs_old_logprobs or with_kl, plan, work)
+            if with_kl:
+                rollout.ref_logprobs = self.reference_logprobs(rollout, plan, work)
+        if with_kl:
+            rollout.kl = kl_penalty(rollout.logprobs, rollout.ref_logprobs, args.kl_estimator) * response_mask
+        else:
+            rollout.kl = torch.zeros_like(rollout.values)
+        all_reduce = whitening_all_reduce(self.accelerator, args.advantage_whitening)
+        rollout.rewards = token_rewards(
+            rollout.scores, rollout.kl, response_mask, args.kl_coef, args.whiten_rewards, all_reduce
+        )
+        return rollout, RolloutStats(generation, work, dynamic)
+
+    def forward_plan(self, rollout: Rollout, tokens: TokenBatch | None = None) -> list[MicroBatch]:
+        """
+        The micro-batches of the rollout's no-grad forwards: `local_rollout_forward_batch_size` sequences at full
+        width, or by `max_tokens_per_forward` (grouped by length, each cut to its widths or packed, the same count on
+        every process; see [`~algo.micro_batches.plan_forwards`]).
+        """
+        args, tokens = self.args, tokens or TokenBatch.of(rollout)
+        rows = torch.arange(rollout.response_ids.shape[0], device=rollout.response_ids.device)
+        (plan,) = plan_forwards(
+            [rows],
+            tokens.prompt_lengths,
+            tokens.response_lengths,
+            args.max_tokens_per_forward,
+            args.local_rollout_forward_batch_size,
+            tokens.context_length,
+            rollout.response_ids.shape[1],
+            max_across_processes(self.accelerator),
+            args.padding_free,
+        )
+        if args.max_tokens_per_forward is not None:
+            warn_once_over_budget(
+                plan, args.max_tokens_per_forward, "max_tokens_per_forward", self.warned, logger.warning
+            )
+        return plan
+
+    @torch.no_grad()
+    def forward(
+        self,
+        rollout: Rollout,
+        compute_policy: bool,
+        plan: list[MicroBatch] | None = None,
+        work: ForwardWork | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Old log-probabilities (`None` unless `compute_policy`) and values of a rollout, `[B, T]` (0 after each
+        micro-batch's longest response), micro-batch by micro-batch ([`forward_plan`]), in eval mode (no dropout),
+        like generation."""
+        model, packed = self._unwrapped_model(), self.args.padding_free
+        if packed:
+            self.check_packing(model.policy, model.critic)
+        tokens = TokenBatch.of(rollout)
+        plan = self.forward_plan(rollout, tokens) if plan is None else plan
+        shape = rollout.response_ids.shape
+        logprobs = values = None
+        with eval_mode(model):
+            for micro in plan:
+                lp, _, v = model(
+                    temperature=self.args.temperature,
+                    compute_policy=compute_policy,
+                    compute_entropy=False,
+                    **tokens.model_inputs(micro, packed),
+                )
+                if values is None:
+                    values = v.new_zeros(shape)
+                    logprobs = lp.new_zeros(shape) if compute_policy else None
+                values[micro.indices, : micro.response_width] = v
+                if compute_policy:
+                    logprobs[micro.indices, : micro.response_width] = lp
+                if work is not None:
+                    work.add(micro, tokens.real_tokens(micro), packed)
+        return logprobs, values
+
+    @torch.no_grad()
+    def reference_logprobs(
+        self, rollout: Rollout, plan: list[MicroBatch] | None = None, work: ForwardWork | None = None
+    ) -> torch.Tensor:
+        """Log-probabilities of the response tokens under the reference policy (the base model under PEFT), `[B, T]`
+        (0 after each micro-batch's longest response)."""
+        packed, temperature = self.args.padding_free, self.args.temperature
+        reference = self.ref_model if self.ref_model is not None else self._unwrapped_model().policy
+        if packed:
+            self.check_packing(reference)
+        tokens = TokenBatch.of(rollout)
+        plan = self.forward_plan(rollout, tokens) if plan is None else plan
+        # PEFT without a reference model: the reference is the policy's base model, adapters disabled.
+        adapters_off = reference.disable_adapter() if self.ref_model is None else contextlib.nullcontext()
+        out = None
+        with adapters_off, eval_mode(reference):
+            for micro in plan:
+                if packed:
+                    lp, _ = packed_response_logprobs(reference, tokens.packed(micro), temperature)
+                else:
+                    ids, mask, context_length = tokens.padded(micro)
+                    lp, _ = policy_logprobs(reference, ids, mask, context_length, temperature)
+                if out is None:
+                    out = lp.new_zeros(rollout.response_ids.shape)
+                out[micro.indices, : micro.response_width] = lp
+                if work is not None:
+                    work.add(micro, tokens.real_tokens(micro), packed)
+        return out
+
+    def check_packing(self, *models: torch.nn.Module) -> None:
+        """Before the first padding-free forward of each model: refuse one that lets packed sequences attend to each
+        other ([`~models.packing.check_packing`])."""
+        for model in models:
+            if id(model) not in self.packing_checked:
+                vocab = model.config.get_text_config().vocab_size
+                check_packing(model, vocab, type(model).__name__)
+                self.packing_checked.add(id(model))

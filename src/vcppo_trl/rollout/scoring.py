@@ -1,0 +1,100 @@
+"""Scored samples, what [`~rollout.maker.RolloutMaker.sample_and_score`] returns to training and evaluation, and the
+decoding of responses into what reward functions receive."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+from trl.data_utils import is_conversational
+
+from ..sampling.seam import Samples
+
+
+@dataclasses.dataclass
+class ScoredSamples:
+    """What [`~rollout.maker.RolloutMaker.sample_and_score`] returns: prompts as tokens, the samples, and their rewards."""
+
+    query_ids: torch.Tensor  # [B, P] left-padded
+    query_mask: torch.Tensor  # [B, P]
+    samples: Samples
+    completions: list[Any]  # what the reward functions received
+    rewards_per_func: torch.Tensor  # [B, F], nan where a function returned None
+    reward_failed: torch.Tensor  # [B] bool
+    raw_scores: torch.Tensor  # [B] weighted sum of the functions, nan where none applied
+
+    def select(self, idx: list[int]) -> ScoredSamples:
+        """The samples `idx`, in that order (tensors stay as wide as they are)."""
+        rows = torch.tensor(idx, dtype=torch.long, device=self.query_ids.device)
+        samples = self.samples
+        return ScoredSamples(
+            self.query_ids[rows],
+            self.query_mask[rows],
+            Samples(
+                samples.response_ids[rows],
+                samples.response_mask[rows],
+                samples.has_stop[rows],
+                None if samples.logprobs is None else samples.logprobs[rows],
+                samples.seconds,
+            ),
+            [self.completions[i] for i in idx],
+            self.rewards_per_func[rows],
+            self.reward_failed[rows],
+            self.raw_scores[rows],
+        )
+
+
+def concat_scored(parts: list[ScoredSamples], pad_token_id: int) -> ScoredSamples:
+    """
+    The samples of several generation rounds as one batch: prompts left-padded and responses right-padded to the
+    widest (`pad_token_id`, mask 0; sampler log-probs 0), generation seconds summed.
+    """
+    if len(parts) == 1:
+        return parts[0]
+    prompt_width = max(p.query_ids.shape[1] for p in parts)
+    response_width = max(p.samples.response_ids.shape[1] for p in parts)
+
+    def left(t: torch.Tensor, value) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (prompt_width - t.shape[1], 0), value=value)
+
+    def right(t: torch.Tensor, value) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, response_width - t.shape[1]), value=value)
+
+    logprobs = [p.samples.logprobs for p in parts]
+    samples = Samples(
+        torch.cat([right(p.samples.response_ids, pad_token_id) for p in parts]),
+        torch.cat([right(p.samples.response_mask, False) for p in parts]),
+        torch.cat([p.samples.has_stop for p in parts]),
+        None if any(lp is None for lp in logprobs) else torch.cat([right(lp, 0.0) for lp in logprobs]),
+        sum(p.samples.seconds for p in parts),
+    )
+    return ScoredSamples(
+        torch.cat([left(p.query_ids, pad_token_id) for p in parts]),
+        torch.cat([left(p.query_mask, 0) for p in parts]),
+        samples,
+        [c for p in parts for c in p.completions],
+        torch.cat([p.rewards_per_func for p in parts]),
+        torch.cat([p.reward_failed for p in parts]),
+        torch.cat([p.raw_scores for p in parts]),
+    )
+
+
+def decode_completions(
+    rows: list[dict[str, Any]],
+    response_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+    stop_token_ids: list[int],
+    tokenizer: PreTrainedTokenizerBase,
+) -> tuple[list[Any], list[str], list[list[int]]]:
+    """Decode responses (stop token excluded) into what reward functions receive: `(completions, texts, ids)`."""
+    stop = torch.isin(response_ids, torch.tensor(stop_token_ids, device=response_ids.device))
+    content_mask = response_mask & ~stop
+    completion_ids = [ids[m].tolist() for ids, m in zip(response_ids, content_mask)]
+    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+    if rows and is_conversational({"prompt": rows[0]["prompt"]}):
+        completions = [[{"role": "assistant", "content": t}] for t in texts]
+    else:
+        completions = texts
+    return completions, texts, completion_ids

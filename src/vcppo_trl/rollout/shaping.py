@@ -1,0 +1,68 @@
+"""Per-token rewards of a rollout: the score on the last response token, the KL penalty, DAPO's overlong term."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..algo.masked import masked_whiten
+
+
+def overlong_penalty(
+    lengths: torch.Tensor, has_stop: torch.Tensor, response_length: int, buffer_length: int, factor: float
+) -> torch.Tensor:
+    """
+    DAPO's soft overlong punishment (arXiv 2503.14476, eq. 13; verl's `overlong_buffer`), as a reward term ≤ 0.
+
+    With `L = response_length` and the buffer `L_b`, a response of `|y|` tokens gets `0` up to `L − L_b` tokens, then
+    `−factor × (|y| − (L − L_b)) / L_b`, reaching `−factor` at `|y| = L`; a response without a stop token (cut at `L`,
+    or earlier by the sampler's context limit) gets `−factor` whatever its length.
+
+    Args:
+        lengths (`torch.Tensor` of shape `[B]`): Response lengths `|y|`, the stop token counted (the response mask's
+            sum, as verl's `valid_response_length`).
+        has_stop (`torch.Tensor` of shape `[B]`): Whether each response ended with a stop token.
+        response_length, buffer_length, factor: `L`, `L_b` and the largest penalty.
+
+    Returns:
+        `torch.Tensor` of shape `[B]`, float32, in `[−factor, 0]`.
+    """
+    excess = (lengths.float() - (response_length - buffer_length)) / buffer_length
+    penalty = -factor * excess.clamp(min=0.0, max=1.0)
+    return torch.where(has_stop, penalty, torch.full_like(penalty, -factor))
+
+
+def token_rewards(
+    scores: torch.Tensor,
+    kl: torch.Tensor,
+    response_mask: torch.Tensor,
+    kl_coef: float,
+    whiten: bool = False,
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """
+    Per-token rewards: −kl_coef·KL on every token, plus the score on the last valid response token (never on a
+    padding token after it: TRL ≤ 1.12 put it at the first PAD after EOS).
+
+    Args:
+        scores: `[B]` sequence scores (penalties included).
+        kl: `[B, T]` per-token KL estimates (0 where masked).
+        response_mask: `[B, T]` bool, right-padded.
+        kl_coef: The KL penalty's coefficient.
+        whiten: Scale the rewards to unit variance over the valid tokens, keeping their mean (`whiten_rewards`).
+        all_reduce: Sum over processes for the whitening statistics (`None`: this process's alone).
+
+    Returns:
+        `[B, T]` rewards, 0 outside the mask.
+    """
+    mask = response_mask
+    rewards = -kl_coef * kl
+    lengths = mask.sum(dim=1)
+    has_tokens = lengths > 0
+    last = (lengths - 1).clamp(min=0)
+    rows = torch.arange(mask.shape[0], device=mask.device)
+    rewards[rows[has_tokens], last[has_tokens]] += scores[has_tokens]
+    if whiten:
+        rewards = masked_whiten(rewards, mask, shift_mean=False, all_reduce=all_reduce)
+    return rewards * mask

