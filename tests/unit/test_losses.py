@@ -135,6 +135,40 @@ def test_policy_loss_uses_difference_of_logprobs():
 # --------------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("dual_clip_c", [None, 3.0])
+def test_a_masked_position_whose_ratio_overflows_leaves_the_gradient_finite(dual_clip_c):
+    """`exp(log_ratio)` at a masked position must not reach the backward: `where` hides it in the forward only, and
+    `0 · inf` there is NaN (plausible under packing, where a masked position's log-probs come from other sequences)."""
+    logprobs = torch.tensor([[-1.0, -0.5]], requires_grad=True)
+    old = torch.tensor([[-1.2, -95.0]])
+    out = clipped_policy_loss(
+        logprobs,
+        old,
+        advantages=torch.tensor([[1.0, 0.0]]),
+        mask=torch.tensor([[True, False]]),
+        cliprange=0.2,
+        dual_clip_c=dual_clip_c,
+    )
+    out.loss.backward()
+    assert torch.isfinite(out.loss)
+    assert torch.isfinite(logprobs.grad).all(), logprobs.grad
+    assert logprobs.grad[0, 1] == 0.0
+    # The valid token's loss and gradient are those of the same token alone.
+    alone = torch.tensor([[-1.0]], requires_grad=True)
+    ref = clipped_policy_loss(
+        alone,
+        old[:, :1],
+        advantages=torch.tensor([[1.0]]),
+        mask=torch.tensor([[True]]),
+        cliprange=0.2,
+        dual_clip_c=dual_clip_c,
+    )
+    ref.loss.backward()
+    assert torch.equal(out.loss.detach(), ref.loss.detach())
+    assert torch.equal(logprobs.grad[:, :1], alone.grad)
+    assert out.ratio == ref.ratio and out.approxkl == ref.approxkl
+
+
 def test_value_loss_unclipped_is_half_mse():
     gen = torch.Generator().manual_seed(0)
     old_values = torch.randn(3, 6, generator=gen)

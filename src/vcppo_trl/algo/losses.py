@@ -167,7 +167,11 @@ def clipped_policy_loss(
         [`PolicyLossOutput`]; the statistics are token means over `mask` whatever the `loss_type`.
     """
     high = cliprange if cliprange_high is None else cliprange_high
-    log_ratio = logprobs - old_logprobs
+    # Zeroed outside the mask before `exp`: a masked position's ratio could overflow, and although the aggregation
+    # drops it from the forward, its backward would still be `0 · inf = NaN` and make the whole step non-finite.
+    log_ratio = torch.where(
+        mask.bool(), logprobs - old_logprobs, torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    )
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + high)
