@@ -230,7 +230,7 @@ def always_stop_policy(tokenizer):
 def test_every_response_empty(make_trainer, tiny_config, tokenizer):
     trainer = make_trainer(model=always_stop_policy(tokenizer), args=tiny_config(total_episodes=16))
     trainer.train()
-    rollout, _ = trainer._last_rollout
+    rollout = trainer.last_update.rollout
     assert rollout.response_mask.sum(1).tolist() == [1] * 16  # only the stop token
     assert all(c == "" for c in rollout.completions)
     log = trainer.state.log_history[0]
@@ -240,7 +240,7 @@ def test_every_response_empty(make_trainer, tiny_config, tokenizer):
 def test_single_token_and_truncated_responses(make_trainer, tiny_config):
     trainer = make_trainer(args=tiny_config(total_episodes=16, response_length=1, missing_eos_penalty=1.0))
     trainer.train()
-    rollout, _ = trainer._last_rollout
+    rollout = trainer.last_update.rollout
     assert rollout.response_ids.shape[1] == 1
     no_stop = ~rollout.has_stop
     assert no_stop.any()  # responses cut at response_length without a stop token

@@ -70,7 +70,7 @@ def test_shortcut_gives_the_same_losses_and_gradients_without_the_rollout_policy
         grads = _capture_step_grads(trainer)
         torch.manual_seed(0)  # the same responses on both paths (no forward draws random numbers)
         metrics = trainer.training_update(_rows(trainer))
-        results[shortcut] = (forwards, grads, metrics, trainer._last_rollout[0])
+        results[shortcut] = (forwards, grads, metrics, trainer.last_update.rollout)
 
     slow_forwards, slow_grads, slow_metrics, slow_rollout = results[False]
     fast_forwards, fast_grads, fast_metrics, fast_rollout = results[True]

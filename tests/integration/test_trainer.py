@@ -177,7 +177,7 @@ def test_none_rewards_skip_samples(make_trainer, tiny_policy, tokenizer, toy_spl
     assert log["diagnostics/skipped_samples"] == 8
     # Skipped samples are left out of per-sample metrics, not counted as 0.
     assert log["objective/scores"] == pytest.approx(1.0)
-    rollout, _ = trainer._last_rollout
+    rollout = trainer.last_update.rollout
     lengths = rollout.response_mask.sum(1)[~torch.isnan(rollout.raw_scores)].float()
     assert log["diagnostics/response_length_mean"] == pytest.approx(float(lengths.mean()))
     assert log["diagnostics/response_length_min"] == float(lengths.min()) >= 1
@@ -391,7 +391,7 @@ def test_length_adaptive_actor_lambda(make_trainer, tiny_policy, tokenizer, toy_
     lam = trainer.actor_lambda(mask)
     assert torch.allclose(lam, torch.tensor([1 - 1 / 8, 1 - 1 / 2, 0.0, 0.0], dtype=torch.float64))
     trainer.train()  # the per-sequence λ flows through the trainer
-    rollout, _ = trainer._last_rollout
+    rollout = trainer.last_update.rollout
     advantages, _ = trainer.compute_advantages(rollout)
     expected, _ = dual_lambda_gae(
         rollout.rewards, rollout.values, rollout.response_mask, 1.0, trainer.actor_lambda(rollout.response_mask), 1.0
@@ -418,7 +418,7 @@ VAPO_OPTIONS = dict(
 def check_vapo_run(trainer):
     """After training with `VAPO_OPTIONS` (response_length 16): the overlong term is apart from the correctness score,
     and every new metric is logged and finite."""
-    rollout, _ = trainer._last_rollout
+    rollout = trainer.last_update.rollout
     lengths = rollout.response_mask.sum(1).float()
     expected = -0.5 * ((lengths - 8) / 8).clamp(0, 1)
     expected = torch.where(rollout.has_stop, expected, torch.full_like(expected, -0.5))
@@ -485,7 +485,7 @@ def test_dynamic_sampling_keeps_informative_groups_and_counts_the_prompts(make_t
     assert all(
         "sampling/dynamic_rounds" not in row for row in trainer.state.log_history if "value_pretrain/loss_avg" in row
     )
-    rollout, _ = trainer._last_rollout
+    rollout = trainer.last_update.rollout
     assert rollout.response_ids.shape[0] == 16  # the batch's shape whatever the rounds
     groups = [rollout.prompts[i : i + 4] for i in range(0, 16, 4)]
     assert all(len({str(p) for p in group}) == 1 for group in groups)  # groups stay whole
@@ -512,7 +512,7 @@ def test_dynamic_sampling_stops_at_the_round_limit_and_completes_the_batch(make_
     )
     assert trainer.batches_consumed == 6
     assert caplog.text.count("Dynamic sampling: 3 generation rounds") == 1
-    assert trainer._last_rollout[0].response_ids.shape[0] == 16
+    assert trainer.last_update.rollout.response_ids.shape[0] == 16
 
 
 def test_dynamic_sampling_needs_several_samples_per_prompt(tmp_path):

@@ -216,7 +216,7 @@ def test_several_samples_per_prompt(vllm_trainer, use_vllm):
     trainer = vllm_trainer(use_vllm=use_vllm, num_generations=4, value_pretrain_steps=0, total_episodes=16)
     assert trainer.batches.prompts_per_update == 4
     trainer.train()
-    rollout, _ = trainer._last_rollout
+    rollout = trainer.last_update.rollout
     assert len(rollout.prompts) == 16
     groups = [rollout.prompts[i : i + 4] for i in range(0, 16, 4)]
     assert all(len({json.dumps(p) for p in group}) == 1 for group in groups)

@@ -154,7 +154,7 @@ def test_trainer_logs_the_gap_every_update(make_trainer, tiny_config):
         assert "diagnostics/stop_advantage_gap" in log
         assert all(f"diagnostics/stop_advantage_gap_bucket_{k}" in log for k in range(8))
     # The last log is the function on the last update's advantages (one process: nothing to gather).
-    rollout, advantages = trainer._last_rollout
+    rollout, advantages = trainer.last_update.rollout, trainer.last_update.advantages
     stops = stop_positions(rollout.response_ids, rollout.response_mask, trainer.end_of_thinking_ids, rollout.has_stop)
     expected = stop_advantage_gap(advantages, rollout.response_mask, stops, 8, args.response_length)
     last = updates[-1]

@@ -71,7 +71,7 @@ def test_trl_ppo_metric_names_are_logged(make_trainer, tiny_config):
         assert log["val/ratio"] == log["val/ratio_avg"]
         assert log["val/ratio_var"] >= 0 and math.isfinite(log["val/ratio_var"])
     # Values as TRL defined them, checked on the last rollout.
-    rollout, _ = trainer._last_rollout
+    rollout = trainer.last_update.rollout
     last = logs[-1]
     assert last["val/num_eos_tokens"] == float(rollout.has_stop.sum())
     mask = rollout.response_mask

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from datasets import Dataset
 from vcppo_trl import PPOConfig, ValuePretrainCallback
 from vcppo_trl.config.batch_plan import plan_batches
 from vcppo_trl.learner.optimizers import NonFiniteTrainingError, parameter_groups, role_scheduler
-from vcppo_trl.learner.ppo_learner import PPOLearner
+from vcppo_trl.learner.ppo_learner import PPOLearner, UpdateResult
 from vcppo_trl.models.policy_and_value import PolicyAndValueModel
 from vcppo_trl.models.value_model import create_value_model_from_policy
 from vcppo_trl.rollout.maker import GenerationStats, RolloutMaker, old_logprobs_from_training_forward
@@ -123,13 +124,25 @@ def test_callback_is_a_view_of_its_phase():
         callback.on_train_begin(None, None, None)
 
 
-def test_critic_fit_reads_the_names_the_metrics_give_value_pretraining():
+def test_critic_fit_is_built_from_the_update_not_from_metric_names():
+    """The stop rule's inputs come from the rollout, its returns and the learner's typed result: renaming a logged
+    metric cannot change them (it used to read `value_pretrain/loss_avg` out of the logged dict)."""
     accelerator = Accelerator(cpu=True)
+    rollout = SimpleNamespace(
+        values=torch.tensor([[0.0, 1.0, 5.0], [2.0, 2.0, 0.0]]),
+        response_mask=torch.tensor([[True, True, False], [True, True, False]]),
+    )
+    returns = torch.tensor([[0.0, 1.0, -9.0], [2.0, 3.0, 7.0]])  # masked positions must not count
+    fit = critic_fit(accelerator, rollout, returns, UpdateResult(stats={"loss/value": 0.25}))
+    assert fit.loss == 0.25
+    # Var(returns − values) = Var([0, 0, 0, 1]) and Var(returns) = Var([0, 1, 2, 3]) over the valid tokens.
+    expected = 1 - torch.tensor([0.0, 0.0, 0.0, 1.0]).var() / torch.tensor([0.0, 1.0, 2.0, 3.0]).var()
+    assert math.isclose(fit.explained_variance, float(expected), rel_tol=1e-6)
+    skipped = critic_fit(accelerator, rollout, returns, None)  # an update that did not train
+    assert math.isnan(skipped.loss) and skipped.explained_variance == fit.explained_variance
+    # The logged names for value pretraining are still the ones docs/trainer.md gives.
     logged = update_metrics(accelerator, {"loss/value": 0.25, "diagnostics/nonfinite_steps": 0.0}, train_policy=False)
-    assert f"{PRETRAIN_METRIC_NAMES['loss/value']}_avg" in logged
-    logged["value_pretrain/explained_variance"] = 0.5  # rollout_metrics' name for `value/explained_variance`
-    assert critic_fit(logged) == CriticFit(loss=0.25, explained_variance=0.5)
-    assert math.isnan(critic_fit({}).loss)
+    assert logged[f"{PRETRAIN_METRIC_NAMES['loss/value']}_avg"] == fit.loss
 
 
 # ----------------------------------------------------------------------------------------------- shared pieces

@@ -42,13 +42,20 @@ PRETRAIN_METRIC_NAMES = {
 }
 
 
-def critic_fit(metrics: dict[str, float]) -> CriticFit:
-    """The critic's fit in a value-pretraining update's metrics (the names [`rollout_metrics`] and
-    [`update_metrics`] give them in that phase), as the phase's stop rule takes it."""
-    return CriticFit(
-        loss=metrics.get(f"{PRETRAIN_METRIC_NAMES['loss/value']}_avg", math.nan),
-        explained_variance=metrics.get("value_pretrain/explained_variance", math.nan),
-    )
+def critic_fit(
+    accelerator: Accelerator, rollout: Rollout, returns: torch.Tensor, result: UpdateResult | None
+) -> CriticFit:
+    """
+    How well the critic fit an update's targets, over all processes, as the value-pretraining rule takes it: the
+    update's mean value loss (the learner's `loss/value`, averaged over processes as the logged `_avg` is) and the
+    explained variance of the rollout's values against `returns` over the whole batch (as `value/explained_variance`
+    is logged). `result` is `None` for an update that did not train (the loss is then nan).
+    """
+    values, returns_g, mask_g = gather_masked(accelerator, rollout.values, returns, rollout.response_mask.long())
+    loss = math.nan
+    if result is not None and "loss/value" in result.stats:
+        loss = mean_across(accelerator, torch.tensor([result.stats["loss/value"]], device=accelerator.device))
+    return CriticFit(loss=loss, explained_variance=explained_variance(values, returns_g, mask_g.bool()))
 
 
 def gather_masked(accelerator: Accelerator, *tensors: torch.Tensor) -> list[torch.Tensor]:

@@ -28,7 +28,7 @@ from ..checkpoint import hub
 from ..config.batch_plan import plan_batches
 from ..config.ppo import PPOConfig
 from ..learner.optimizers import parameter_groups, role_scheduler
-from ..learner.ppo_learner import PPOLearner
+from ..learner.ppo_learner import PPOLearner, UpdateResult
 from ..models.loading import load_reward_funcs, resolve_stop_token_ids
 from ..models.policy_and_value import PolicyAndValueModel
 from ..parallel.checks import check_distributed_setup
@@ -54,6 +54,17 @@ __all__ = ["PPOTrainer", "RewardFunc"]
 logger = logging.get_logger(__name__)
 
 RewardFunc = str | PreTrainedModel | Callable[..., list[float | None]]
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateRecord:
+    """The last update as the trainer keeps it: its rollout (with the old log-probs it trained on), the raw advantages
+    and returns it computed, and the learner's result (`None` when no sample could be scored and it did not train)."""
+
+    rollout: Rollout
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    result: UpdateResult | None
 
 
 class PPOTrainer(_BaseTrainer):
@@ -163,7 +174,7 @@ class PPOTrainer(_BaseTrainer):
         # No value pretraining in plain PPO; VCPPOTrainer gives the phase a rule.
         self.value_pretraining = ValuePretrainingPhase()
         self.learner: PPOLearner | None = None  # built by `_setup_training`, on the prepared model and optimizer
-        self._last_rollout: tuple[Rollout, torch.Tensor] | None = None  # for the sample printout
+        self.last_update: UpdateRecord | None = None  # for the sample printout and the value-pretraining rule
         self.prompts: PromptStream | None = None  # this process's prompt batches, from `train`
         self._resumed_batches = 0  # where the stream starts: 0, or a checkpoint's count
 
@@ -302,7 +313,8 @@ class PPOTrainer(_BaseTrainer):
                     self.log(dict(metrics))
                     self.control.should_log = False
                 if sample_every and self.state.global_step % sample_every == 0 and self.is_world_process_zero():
-                    print_samples(*self._last_rollout, self.reward_func_names, self.state.global_step)
+                    last = self.last_update
+                    print_samples(last.rollout, last.advantages, self.reward_func_names, self.state.global_step)
                 if self.eval_dataset is not None and self._due(args.eval_steps, args.eval_strategy):
                     self.evaluate()
                 saved = self._due(args.save_steps, args.save_strategy)
@@ -336,23 +348,47 @@ class PPOTrainer(_BaseTrainer):
         more_rows = self.prompts.draw if self.prompts is not None else None  # None: called outside `train`
         rollout, made = self.rollout_maker.make(rows, train_policy, self.state, more_rows)
         advantages, returns = self.compute_advantages(rollout)
-        names, prefix = (self.end_of_thinking_ids, self.reward_func_names), "" if train_policy else "value_pretrain/"
-        batch = (rollout, advantages, returns, *names, prefix, self.critic_lambda() == 1.0)  # λ = 1: Monte-Carlo
-        metrics = rollout_metrics(self.accelerator, self.args, *batch)
+        metrics = rollout_metrics(
+            self.accelerator,
+            self.args,
+            rollout,
+            advantages,
+            returns,
+            end_of_thinking_ids=self.end_of_thinking_ids,
+            reward_func_names=self.reward_func_names,
+            prefix="" if train_policy else "value_pretrain/",
+            returns_are_monte_carlo=self.critic_lambda() == 1.0,
+        )
         if int(self.accelerator.reduce(rollout.response_mask.sum().reshape(1), "sum")) == 0:
             # Every sample was skipped (no reward function applied): an update would train on nothing.
             logger.warning(f"Update {self.state.global_step + 1}: no sample could be scored; skipping the update.")
             metrics["diagnostics/skipped_update"] = 1.0
-            self._last_rollout = (rollout, advantages)
+            self.last_update = UpdateRecord(rollout, advantages, returns, result=None)
             return metrics
-        clip, index = self.value_cliprange(), self.state.global_step + 1
-        result = self.learner.update(rollout, advantages, returns, train_policy, clip, index)
+        result = self.learner.update(
+            rollout,
+            advantages,
+            returns,
+            train_policy=train_policy,
+            value_cliprange=self.value_cliprange(),
+            update_index=self.state.global_step + 1,
+        )
         if result.old_logprobs is not None:  # the on-policy shortcut: the learner's forward gave them
             rollout = dataclasses.replace(rollout, logprobs=result.old_logprobs)
         if train_policy:
             self.sampler.mark_stale()  # the next generation loads the updated weights first (once per update)
-        metrics.update(learner_metrics(self.accelerator, self.args, rollout, made, result, train_policy, metrics))
-        self._last_rollout = (rollout, advantages)
+        metrics.update(
+            learner_metrics(
+                self.accelerator,
+                self.args,
+                rollout,
+                made=made,
+                result=result,
+                train_policy=train_policy,
+                rollout_side=metrics,
+            )
+        )
+        self.last_update = UpdateRecord(rollout, advantages, returns, result)
         return metrics
 
     def _learning_rate(self, role: str) -> float:

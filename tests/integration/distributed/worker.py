@@ -189,7 +189,7 @@ def main(out_dir: str, extra: list[str]) -> None:
         global_step=trainer.state.global_step,
         batch_size=trainer.batches.batch_size,
         batches_consumed=trainer.batches_consumed,
-        last_rollout_rows=int(trainer._last_rollout[0].response_ids.shape[0]),
+        last_rollout_rows=int(trainer.last_update.rollout.response_ids.shape[0]),
     )
     trainer.save_model(os.path.join(out_dir, "model"))
     if args.push_to_hub:  # every rank calls it, as a script would; the main process alone uploads

@@ -72,7 +72,7 @@ class TestPositionBuckets:
         for k in range(8):
             for name in ("advantage_bucket", "value_error_bucket", "mc_explained_variance_bucket"):
                 assert f"diagnostics/{name}_{k}" in log
-        rollout, advantages = trainer._last_rollout
+        rollout, advantages = trainer.last_update.rollout, trainer.last_update.advantages
         expected = position_bucket_means(advantages, rollout.response_mask, 8)
         # The last update's advantages give the last log's advantage buckets (one process: nothing to gather).
         last = [h for h in trainer.state.log_history if "loss/policy_avg" in h][-1]
