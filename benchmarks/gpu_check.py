@@ -285,8 +285,28 @@ def check_long_responses(device: torch.device, smoke: bool, variant: str, attent
     )
     accelerator = Accelerator(cpu=device.type == "cpu")
     optimizer = torch.optim.AdamW(parameter_groups(pair.named_parameters(), set(), args), lr=1e-6)
-    learner = PPOLearner(pair, optimizer, None, accelerator, args, False, sequences)
-    maker = RolloutMaker(args, accelerator, None, None, lambda: pair, None, [], [], torch.ones(0), [0], True)
+    learner = PPOLearner(
+        pair,
+        optimizer,
+        lr_scheduler=None,
+        accelerator=accelerator,
+        args=args,
+        is_deepspeed=False,
+        local_mini_batch_size=sequences,
+    )
+    maker = RolloutMaker(
+        args,
+        accelerator,
+        tokenizer=None,
+        sampler=None,
+        current_model=lambda: pair,
+        ref_model=None,
+        reward_funcs=[],
+        reward_processing_classes=[],
+        reward_weights=torch.ones(0),
+        stop_token_ids=[0],
+        reference_is_initial_policy=True,
+    )
     rollout.kl = torch.zeros(rollout.response_mask.shape, device=device)
     rollout.rewards = token_rewards(rollout.scores, rollout.kl, rollout.response_mask, 0.0)
 

@@ -148,8 +148,28 @@ def run_cell(args: argparse.Namespace) -> dict:
     )
     accelerator = Accelerator(cpu=True)
     optimizer = torch.optim.AdamW(parameter_groups(pair.named_parameters(), set(), config), lr=config.learning_rate)
-    learner = PPOLearner(pair, optimizer, None, accelerator, config, False, SEQUENCES)
-    maker = RolloutMaker(config, accelerator, None, None, lambda: pair, None, [], [], torch.ones(0), [0], True)
+    learner = PPOLearner(
+        pair,
+        optimizer,
+        lr_scheduler=None,
+        accelerator=accelerator,
+        args=config,
+        is_deepspeed=False,
+        local_mini_batch_size=SEQUENCES,
+    )
+    maker = RolloutMaker(
+        config,
+        accelerator,
+        tokenizer=None,
+        sampler=None,
+        current_model=lambda: pair,
+        ref_model=None,
+        reward_funcs=[],
+        reward_processing_classes=[],
+        reward_weights=torch.ones(0),
+        stop_token_ids=[0],
+        reference_is_initial_policy=True,
+    )
     rollout.kl = torch.zeros(rollout.response_mask.shape)
     rollout.rewards = token_rewards(rollout.scores, rollout.kl, rollout.response_mask, 0.0)
     seconds, forwards, update = [], None, None

@@ -107,8 +107,28 @@ def run_update(model, args, rollout, train_policy=True):
 
     optimizer.step = recording_step
     local = args.per_device_train_batch_size * args.gradient_accumulation_steps
-    learner = PPOLearner(model, optimizer, None, accelerator, args, is_deepspeed=False, local_mini_batch_size=local)
-    maker = RolloutMaker(args, accelerator, None, None, lambda: model, None, [], [], torch.ones(0), [0], True)
+    learner = PPOLearner(
+        model,
+        optimizer,
+        lr_scheduler=None,
+        accelerator=accelerator,
+        args=args,
+        is_deepspeed=False,
+        local_mini_batch_size=local,
+    )
+    maker = RolloutMaker(
+        args,
+        accelerator,
+        tokenizer=None,
+        sampler=None,
+        current_model=lambda: model,
+        ref_model=None,
+        reward_funcs=[],
+        reward_processing_classes=[],
+        reward_weights=torch.ones(0),
+        stop_token_ids=[0],
+        reference_is_initial_policy=True,
+    )
     rollout = copy.copy(rollout)
     with torch.no_grad():
         rollout.logprobs, rollout.values = maker.forward(rollout, compute_policy=True)
@@ -254,7 +274,19 @@ def test_budget_rollout_forwards_equal_the_padded_ones(pair, tokenizer, tmp_path
     for budget, padding_free in ((None, False), (18, False), (40, False), (None, True), (40, True)):
         args = config(tmp_path, max_tokens_per_forward=budget, kl_coef=0.1, padding_free=padding_free)
         accelerator = Accelerator(cpu=True)
-        maker = RolloutMaker(args, accelerator, None, None, lambda: pair, reference, [], [], torch.ones(0), [0], False)
+        maker = RolloutMaker(
+            args,
+            accelerator,
+            tokenizer=None,
+            sampler=None,
+            current_model=lambda: pair,
+            ref_model=reference,
+            reward_funcs=[],
+            reward_processing_classes=[],
+            reward_weights=torch.ones(0),
+            stop_token_ids=[0],
+            reference_is_initial_policy=False,
+        )
         plan = maker.forward_plan(rollout)
         logprobs, values = maker.forward(rollout, compute_policy=True, plan=plan)
         outputs[budget, padding_free] = (logprobs, values, maker.reference_logprobs(rollout, plan), len(plan))
@@ -287,11 +319,31 @@ def test_budget_with_lora_equals_the_padded_path(tokenizer, tmp_path, padding_fr
     # The PEFT reference (the base model, adapters disabled) under the forward budget too.
     args = config(tmp_path, max_tokens_per_forward=24, kl_coef=0.1, padding_free=padding_free)
     maker = RolloutMaker(
-        args, Accelerator(cpu=True), None, None, lambda: pair, None, [], [], torch.ones(0), [0], False
+        args,
+        Accelerator(cpu=True),
+        tokenizer=None,
+        sampler=None,
+        current_model=lambda: pair,
+        ref_model=None,
+        reward_funcs=[],
+        reward_processing_classes=[],
+        reward_weights=torch.ones(0),
+        stop_token_ids=[0],
+        reference_is_initial_policy=False,
     )
     padded_args = config(tmp_path, kl_coef=0.1)
     padded_maker = RolloutMaker(
-        padded_args, Accelerator(cpu=True), None, None, lambda: pair, None, [], [], torch.ones(0), [0], False
+        padded_args,
+        Accelerator(cpu=True),
+        tokenizer=None,
+        sampler=None,
+        current_model=lambda: pair,
+        ref_model=None,
+        reward_funcs=[],
+        reward_processing_classes=[],
+        reward_weights=torch.ones(0),
+        stop_token_ids=[0],
+        reference_is_initial_policy=False,
     )
     mask = rollout.response_mask
     torch.testing.assert_close(

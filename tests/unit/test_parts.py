@@ -212,7 +212,13 @@ def make_learner(model, args):
     scheduler = role_scheduler(optimizer, args, ppo_steps=4, pretrain_steps=0)
     local = args.per_device_train_batch_size * args.gradient_accumulation_steps
     learner = PPOLearner(
-        model, optimizer, scheduler, accelerator, args, is_deepspeed=False, local_mini_batch_size=local
+        model,
+        optimizer,
+        lr_scheduler=scheduler,
+        accelerator=accelerator,
+        args=args,
+        is_deepspeed=False,
+        local_mini_batch_size=local,
     )
     learner.start_policy_schedule(planned_pretrain_steps=0)  # the policy's clock starts at its first PPO update
     return learner
@@ -292,7 +298,17 @@ def test_rollout_maker_makes_a_scored_rollout_from_rows(parts, tokenizer, tmp_pa
         return [1.0 if i % 2 else None for i in range(len(completions))]  # None: the sample is skipped
 
     maker = RolloutMaker(
-        args, accelerator, tokenizer, sampler, lambda: parts, None, [reward], [None], torch.ones(1), stop, True
+        args,
+        accelerator,
+        tokenizer=tokenizer,
+        sampler=sampler,
+        current_model=lambda: parts,
+        ref_model=None,
+        reward_funcs=[reward],
+        reward_processing_classes=[None],
+        reward_weights=torch.ones(1),
+        stop_token_ids=stop,
+        reference_is_initial_policy=True,
     )
     generated = []
     original = sampler.generate

@@ -48,7 +48,9 @@ def parameter_groups(
     return groups
 
 
-def role_scheduler(optimizer: torch.optim.Optimizer, args: PPOConfig, ppo_steps: int, pretrain_steps: int) -> RoleLR:
+def role_scheduler(
+    optimizer: torch.optim.Optimizer, args: PPOConfig, *, ppo_steps: int, pretrain_steps: int
+) -> RoleLR:
     """
     `lr_scheduler_type` with one clock per model ([`~learner.schedules.RoleLR`]): the policy's schedule spans the `ppo_steps`
     optimizer steps and starts at the first of them; the critic's spans value pretraining and PPO.

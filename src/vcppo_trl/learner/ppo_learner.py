@@ -64,6 +64,7 @@ class PPOLearner:
         self,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
+        *,
         lr_scheduler,
         accelerator: Accelerator,
         args: PPOConfig,

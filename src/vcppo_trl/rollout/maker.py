@@ -97,6 +97,7 @@ class RolloutMaker:
         self,
         args: PPOConfig,
         accelerator: Accelerator,
+        *,
         tokenizer: PreTrainedTokenizerBase,
         sampler,
         current_model: Callable[[], torch.nn.Module],

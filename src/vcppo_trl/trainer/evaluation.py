@@ -19,6 +19,7 @@ from ..rollout.maker import RolloutMaker
 def evaluation_metrics(
     maker: RolloutMaker,
     dataset: Dataset,
+    *,
     args: PPOConfig,
     accelerator: Accelerator,
     trainer_state=None,

@@ -132,7 +132,13 @@ class PPOTrainer(_BaseTrainer):
         setup.check_dataset(eval_dataset, "eval_dataset", required=False)
 
         policy, critic, reference, tokenizer = setup.build_models(
-            model, value_model, ref_model, processing_class, args, peft_config, value_peft_config
+            model,
+            args,
+            value_model=value_model,
+            ref_model=ref_model,
+            processing_class=processing_class,
+            peft_config=peft_config,
+            value_peft_config=value_peft_config,
         )
         self.stop_token_ids = resolve_stop_token_ids(args, tokenizer)
         self.end_of_thinking_ids = marker_token_ids(tokenizer, args.end_of_thinking_marker)
@@ -178,13 +184,21 @@ class PPOTrainer(_BaseTrainer):
         self.prompts: PromptStream | None = None  # this process's prompt batches, from `train`
         self._resumed_batches = 0  # where the stream starts: 0, or a checkpoint's count
 
-        # The rollout maker's inputs: the prepared model (once `train` has prepared it) and, to skip a KL that is exactly
-        # 0 while the policy is frozen, whether the reference is the initial policy.
-        models = (policy, lambda: self.model_wrapped, self.ref_model, ref_model is None and not is_peft_model(policy))
-        rewards = (self.reward_funcs, reward_processing_classes)
-        datasets = [self.train_dataset, self.eval_dataset]
-        sampling = (args, self.accelerator, tokenizer, self.stop_token_ids)
-        self.rollout_maker = setup.build_rollout_maker(*sampling, *models, *rewards, datasets)
+        # The rollout maker forwards the prepared model (once `train` has prepared it) and, to skip a KL that is exactly
+        # 0 while the policy is frozen, knows whether the reference is the initial policy.
+        self.rollout_maker = setup.build_rollout_maker(
+            args,
+            self.accelerator,
+            tokenizer=tokenizer,
+            stop_token_ids=self.stop_token_ids,
+            policy=policy,
+            current_model=lambda: self.model_wrapped,
+            ref_model=self.ref_model,
+            reference_is_initial_policy=ref_model is None and not is_peft_model(policy),
+            reward_funcs=self.reward_funcs,
+            reward_processing_classes=reward_processing_classes,
+            datasets=[self.train_dataset, self.eval_dataset],
+        )
 
     @property
     def sampler(self):
@@ -267,8 +281,14 @@ class PPOTrainer(_BaseTrainer):
                 RNG states, the update counter, the position in the data, and the value-pretraining phase.
         """
         args = self.args
-        setting = (args, self.accelerator, self.is_deepspeed_enabled, self.batches, len(self.train_dataset))
-        resume = trainer_saving.resolve_checkpoint(resume_from_checkpoint, *setting)
+        resume = trainer_saving.resolve_checkpoint(
+            resume_from_checkpoint,
+            args,
+            accelerator=self.accelerator,
+            is_deepspeed=self.is_deepspeed_enabled,
+            batches=self.batches,
+            train_rows=len(self.train_dataset),
+        )
         if resume is not None and not self.is_deepspeed_enabled:
             trainer_saving.load_checkpoint_weights(self.model, resume.path)
         self._setup_training()
@@ -414,8 +434,12 @@ class PPOTrainer(_BaseTrainer):
         """`lr_scheduler_type` with one clock per model (see [`~learner.optimizers.role_scheduler`])."""
         if self.lr_scheduler is None:
             per_update = self.optimizer_steps_per_update()
-            steps = (self.num_ppo_updates * per_update, self.num_value_pretrain_updates() * per_update)
-            self.lr_scheduler = role_scheduler(optimizer or self.optimizer, self.args, *steps)
+            self.lr_scheduler = role_scheduler(
+                optimizer or self.optimizer,
+                self.args,
+                ppo_steps=self.num_ppo_updates * per_update,
+                pretrain_steps=self.num_value_pretrain_updates() * per_update,
+            )
         return self.lr_scheduler
 
     def _setup_training(self) -> None:
@@ -427,8 +451,15 @@ class PPOTrainer(_BaseTrainer):
         self.model_wrapped, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
         if self.is_deepspeed_enabled:
             self.deepspeed = self.model_wrapped
-        parts = (self.model_wrapped, self.optimizer, self.lr_scheduler, self.accelerator, args)
-        self.learner = PPOLearner(*parts, self.is_deepspeed_enabled, self.batches.local_mini_batch_size)
+        self.learner = PPOLearner(
+            self.model_wrapped,
+            self.optimizer,
+            lr_scheduler=self.lr_scheduler,
+            accelerator=self.accelerator,
+            args=args,
+            is_deepspeed=self.is_deepspeed_enabled,
+            local_mini_batch_size=self.batches.local_mini_batch_size,
+        )
         stateful = [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]
         self.state = setup.new_trainer_state(args, stateful, self.num_training_updates(), self.batches.batch_size)
         self.state.is_local_process_zero = self.is_local_process_zero()
@@ -444,10 +475,16 @@ class PPOTrainer(_BaseTrainer):
         trainer_saving.restore_state(self.state, self.callback_handler.callbacks, resume.path, saved)
         self.learner.nonfinite_steps_in_a_row = saved["nonfinite_steps_in_a_row"]
         self._resumed_batches = saved.get("batches_consumed", self.state.global_step)
-        self.value_pretraining.restore(*saved_phase(saved))
+        active, ended_after = saved_phase(saved)
+        self.value_pretraining.restore(active=active, ended_after=ended_after)
         self.state.max_steps = self.num_training_updates()  # this run's PPO budget (total_episodes may have changed)
-        step, seed = self.state.global_step, self.args.seed
-        trainer_saving.load_rng_state_elastic(self._load_rng_state, resume, self.accelerator, seed, step)
+        trainer_saving.load_rng_state_elastic(
+            self._load_rng_state,
+            resume,
+            accelerator=self.accelerator,
+            seed=self.args.seed,
+            global_step=self.state.global_step,
+        )
         logger.warning(f"Resumed from {resume.path} at update {self.state.global_step} of {self.state.max_steps}.")
 
     def _sampler_failed(self, err: SamplerError) -> SamplerError:
@@ -468,8 +505,14 @@ class PPOTrainer(_BaseTrainer):
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError("No evaluation dataset: pass `eval_dataset` to the trainer or to `evaluate`.")
-        setting = (self.args, self.accelerator, self.state, metric_key_prefix)
-        metrics = evaluation_metrics(self.rollout_maker, dataset, *setting)
+        metrics = evaluation_metrics(
+            self.rollout_maker,
+            dataset,
+            args=self.args,
+            accelerator=self.accelerator,
+            trainer_state=self.state,
+            metric_key_prefix=metric_key_prefix,
+        )
         self.log(dict(metrics))
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
         return metrics
@@ -485,18 +528,32 @@ class PPOTrainer(_BaseTrainer):
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         """Save the policy (or its adapter) and tokenizer in `output_dir`, the critic in `output_dir/value_model`."""
-        models = (*self.unwrapped_policy_and_critic(), self.processing_class, self.args)
-        output_dir = output_dir if output_dir is not None else self.args.output_dir
-        trainer_saving.save_models(*models, output_dir, state_dict, self._write_cards)
+        policy, critic = self.unwrapped_policy_and_critic()
+        trainer_saving.save_models(
+            policy,
+            critic,
+            tokenizer=self.processing_class,
+            args=self.args,
+            output_dir=output_dir if output_dir is not None else self.args.output_dir,
+            state_dict=state_dict,
+            write_cards=self._write_cards,
+        )
 
     def _write_cards(self, folder: str, tags: list[str] | None = None) -> None:
         hub.write_cards(self, folder, dataset_name=getattr(self, "model_card_dataset_name", None), tags=tags)
 
     def _save_checkpoint(self, model, trial=None) -> None:
         """Write `checkpoint-<step>` atomically (see [`~trainer.saving.write_checkpoint`])."""
-        run = (self.state, self.batches, self.args, len(self.train_dataset), self.value_pretraining)
-        progress = (self.learner.nonfinite_steps_in_a_row, self.callback_handler.callbacks)
-        resume_state = trainer_saving.training_state(*run, *progress, self.batches_consumed)
+        resume_state = trainer_saving.training_state(
+            self.state,
+            batches=self.batches,
+            args=self.args,
+            train_rows=len(self.train_dataset),
+            phase=self.value_pretraining,
+            nonfinite_steps_in_a_row=self.learner.nonfinite_steps_in_a_row,
+            callbacks=self.callback_handler.callbacks,
+            batches_consumed=self.batches_consumed,
+        )
         trainer_saving.write_checkpoint(self, self._get_output_dir(trial=trial), resume_state)
 
     def create_model_card(

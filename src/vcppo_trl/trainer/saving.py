@@ -64,6 +64,7 @@ RESTORED_STATE_FIELDS = (
 def save_models(
     policy: PreTrainedModel,
     critic: PreTrainedModel,
+    *,
     tokenizer: PreTrainedTokenizerBase,
     args: PPOConfig,
     output_dir: str,
@@ -142,6 +143,7 @@ def push_checkpoint(args: PPOConfig, step: int, checkpoint_folder: str) -> None:
 
 def training_state(
     state: TrainerState,
+    *,
     batches: BatchPlan,
     args: PPOConfig,
     train_rows: int,
@@ -242,6 +244,7 @@ class ResumePoint:
 def resolve_checkpoint(
     resume_from_checkpoint: str | bool | None,
     args: PPOConfig,
+    *,
     accelerator: Accelerator,
     is_deepspeed: bool,
     batches: BatchPlan,
@@ -379,7 +382,12 @@ def restore_state(state: TrainerState, callbacks: list, checkpoint: str, saved: 
 
 
 def load_rng_state_elastic(
-    load_rng_state: Callable[[str], None], resume: ResumePoint, accelerator: Accelerator, seed: int, global_step: int
+    load_rng_state: Callable[[str], None],
+    resume: ResumePoint,
+    *,
+    accelerator: Accelerator,
+    seed: int,
+    global_step: int,
 ) -> None:
     """
     The RNG states of this process. With as many processes as the saved run, process `r` takes the state saved by

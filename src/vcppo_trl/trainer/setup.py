@@ -67,10 +67,11 @@ def prepare_process(args: PPOConfig) -> None:
 
 def build_models(
     model: str | PreTrainedModel,
+    args: PPOConfig,
+    *,
     value_model: str | PreTrainedModel | None,
     ref_model: PreTrainedModel | None,
     processing_class: PreTrainedTokenizerBase | None,
-    args: PPOConfig,
     peft_config: PeftConfig | None,
     value_peft_config: PeftConfig | dict | None,
 ) -> tuple[PreTrainedModel, PreTrainedModel, PreTrainedModel | None, PreTrainedTokenizerBase]:
@@ -167,9 +168,10 @@ def prepare_datasets(
 
 def build_sampler(
     args: PPOConfig,
+    accelerator: Accelerator,
+    *,
     policy: torch.nn.Module,
     current_model: Callable[[], torch.nn.Module],
-    accelerator: Accelerator,
     tokenizer: PreTrainedTokenizerBase,
     stop_token_ids: list[int],
     datasets: list,
@@ -267,6 +269,7 @@ def warn_about_generation_config(policy: PreTrainedModel, args: PPOConfig) -> No
 def build_rollout_maker(
     args: PPOConfig,
     accelerator: Accelerator,
+    *,
     tokenizer: PreTrainedTokenizerBase,
     stop_token_ids: list[int],
     policy: PreTrainedModel,
@@ -278,19 +281,27 @@ def build_rollout_maker(
     datasets: list,
 ) -> RolloutMaker:
     """The [`~rollout.maker.RolloutMaker`] with its sampler ([`build_sampler`]) and the reward weights."""
-    sampler = build_sampler(args, policy, current_model, accelerator, tokenizer, stop_token_ids, datasets)
+    sampler = build_sampler(
+        args,
+        accelerator,
+        policy=policy,
+        current_model=current_model,
+        tokenizer=tokenizer,
+        stop_token_ids=stop_token_ids,
+        datasets=datasets,
+    )
     return RolloutMaker(
         args,
         accelerator,
-        tokenizer,
-        sampler,
-        current_model,
-        ref_model,
-        reward_funcs,
-        reward_processing_classes,
-        reward_weights(args, len(reward_funcs)),
-        stop_token_ids,
-        reference_is_initial_policy,
+        tokenizer=tokenizer,
+        sampler=sampler,
+        current_model=current_model,
+        ref_model=ref_model,
+        reward_funcs=reward_funcs,
+        reward_processing_classes=reward_processing_classes,
+        reward_weights=reward_weights(args, len(reward_funcs)),
+        stop_token_ids=stop_token_ids,
+        reference_is_initial_policy=reference_is_initial_policy,
     )
 
 
