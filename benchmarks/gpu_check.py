@@ -14,7 +14,7 @@ figures in docs/benchmarks.md. Rows:
    critic with random weights (no download), SDPA attention, 4,096-token responses after 256 prompt tokens,
    activation checkpointing; tokens/s of the update and peak GPU memory (smoke: a 2-layer, hidden-32 model, 32 tokens).
 3. `logprob-*`: extra peak memory of the response log-probs at 16,384 tokens x a 151,936-token vocabulary (Qwen2.5's),
-   chunked (`vcppo_trl.logprobs.response_logprobs`) against full logits, without and with backward (smoke: 64 x 1,000).
+   chunked (`vcppo_trl.models.logprobs.response_logprobs`) against full logits, without and with backward (smoke: 64 x 1,000).
    The full-logit rows hold 16,384 x 151,936 logits in bf16 and fp32 (9.3 GiB for one fp32 copy), so by arithmetic
    they need tens of GiB; on a small GPU they are expected to print FAILED (out of memory), which is itself a result.
 5. `rollout`: benchmarks/rollout.py on the device: HF `generate` against vLLM colocate, both through the trainer's

@@ -4,7 +4,7 @@
     .venv-vllm/bin/python benchmarks/rollout.py --smoke    # tiny sizes, the same code paths
                                                            # (tests/integration/test_vllm.py)
 
-Both sides are `vcppo_trl.generation` samplers, the objects `RolloutMaker.generate` calls: `HFSampler` (`model.generate`
+Both sides are `vcppo_trl.sampling` samplers, the objects `RolloutMaker.generate` calls: `HFSampler` (`model.generate`
 on the joint policy-and-critic module, eval mode, blank generation defaults, then the stop-token cut) and
 `VLLMColocateSampler` (an in-process engine started from the config with dummy weights, the weights loaded by a sync,
 then `LLM.generate` and the same cut). Same random Llama (head size 64, vocabulary 32,000, ~46M parameters, fp32), same

@@ -61,7 +61,7 @@ def test_timeout_works_in_a_worker_process():
     code = textwrap.dedent(
         """
         import time
-        from vcppo_trl.reward_calls import call_reward_function
+        from vcppo_trl.rewards.calls import call_reward_function
 
         def reward(completions, **kw):
             if completions == ["hang"] or "hang" in completions and len(completions) > 1:

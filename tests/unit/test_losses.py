@@ -1,4 +1,4 @@
-"""Tests for `vcppo_trl.losses`: clipped PPO policy/value losses and KL estimators."""
+"""Tests for `vcppo_trl.algo.losses`: clipped PPO policy/value losses and KL estimators."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for `vcppo_trl.ppo_loss`: one micro-batch's loss against the losses of `vcppo_trl.losses` by hand."""
+"""Tests for `vcppo_trl.algo.objective`: one micro-batch's loss against the losses of `vcppo_trl.algo.losses` by hand."""
 
 from __future__ import annotations
 

@@ -119,8 +119,11 @@ def training_facts(trainer: Trainer, pretrain_steps: int | None = None) -> dict[
             else args.lam_actor
         )
         facts["λ_critic (value targets)"] = args.lam_critic
-        if pretrain_steps is None:
-            pretrain_steps = trainer.value_pretraining.ended_after  # None until the phase has ended
+        phase = getattr(
+            trainer, "value_pretraining", None
+        )  # VCPPOTrainer's; a PPOTrainer given a VCPPOConfig has none
+        if pretrain_steps is None and phase is not None:
+            pretrain_steps = phase.ended_after  # None until the phase has ended
         if args.value_model_path is not None:
             facts["value pretraining"] = f"critic loaded from {args.value_model_path} (pretrained before this run)"
         elif pretrain_steps is not None:

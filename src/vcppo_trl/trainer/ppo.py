@@ -1,8 +1,9 @@
 """PPOTrainer on current TRL: the loop, and the parts it holds (see `training_update`): the rollout maker
-(`rollout/maker.py`), `compute_advantages` (the seam subclasses change), the learner (`learner/ppo_learner.py`), the
-metrics (`trainer/metrics.py`) and the value-pretraining phase (`trainer/value_pretraining.py`). Construction uses
-`trainer/setup.py`; saving and resuming `trainer/saving.py`, through thin overrides of transformers' hooks at the end of
-this file."""
+(`rollout/maker.py`), `compute_advantages` (the seam subclasses change), the learner (`learner/ppo_learner.py`) and the
+metrics (`trainer/metrics.py`). A subclass adds a phase through the seams `trains_policy`, `critic_only_updates`,
+`num_training_updates`, `phase_state` and the `before_training`/`after_update` hooks (VC-PPO's value pretraining:
+`trainer/vcppo.py`). Construction uses `trainer/setup.py`; saving and resuming `trainer/saving.py`, through thin
+overrides of transformers' hooks at the end of this file."""
 
 from __future__ import annotations
 
@@ -43,7 +44,6 @@ from .evaluation import evaluation_metrics
 from .metrics import learner_metrics, print_samples, rollout_metrics
 from .preemption import SignalWatcher, agreed_signal, interruption
 from .prompts import PromptStream
-from .value_pretraining import ValuePretrainingPhase, saved_phase
 
 if is_peft_available():
     from peft import PeftConfig
@@ -177,8 +177,6 @@ class PPOTrainer(_BaseTrainer):
         if main:
             setup.warn_about_generation_config(policy, args)
         self.latest_metrics: dict[str, float] = {}
-        # No value pretraining in plain PPO; VCPPOTrainer gives the phase a rule.
-        self.value_pretraining = ValuePretrainingPhase()
         self.learner: PPOLearner | None = None  # built by `_setup_training`, on the prepared model and optimizer
         self.last_update: UpdateRecord | None = None  # for the sample printout and the value-pretraining rule
         self.prompts: PromptStream | None = None  # this process's prompt batches, from `train`
@@ -214,9 +212,26 @@ class PPOTrainer(_BaseTrainer):
     def optimizer_steps_per_update(self) -> int:
         return self.args.num_ppo_epochs * self.args.num_mini_batches
 
-    def num_value_pretrain_updates(self) -> int:
-        """Value-pretraining updates planned for this run (at most; 0 for plain PPO)."""
-        return self.value_pretraining.planned_updates
+    def trains_policy(self) -> bool:
+        """Whether the next update trains the policy (always in PPO; not in [`VCPPOTrainer`]'s value pretraining).
+        An update that does not leaves the policy out of the optimizer's step and logs its learning rate as 0."""
+        return True
+
+    def critic_only_updates(self) -> int:
+        """Updates planned before the policy's first, in which only the critic trains (0 in PPO; VC-PPO's value
+        pretraining): the policy's learning-rate clock starts after them, the critic's spans them."""
+        return 0
+
+    def num_training_updates(self) -> int:
+        """Rollout batches of this run (`state.max_steps`): the PPO updates, and in a subclass its phase's."""
+        return self.num_ppo_updates
+
+    def phase_state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of a subclass's phases, in `vcppo_state.json` (nothing in PPO)."""
+        return {}
+
+    def restore_phase_state(self, saved: dict[str, Any]) -> None:
+        """Restore a subclass's phases from a checkpoint's training state, after the callbacks' states."""
 
     def compute_advantages(self, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
         """The seam where a subclass changes how advantages are made: `(advantages, returns)`, both `[B, T]`, raw (not
@@ -231,31 +246,6 @@ class PPOTrainer(_BaseTrainer):
     def value_cliprange(self) -> float | None:
         """Clip range of the value loss for the current update (`None`: no clipping); subclasses vary it by phase."""
         return self.args.cliprange_value
-
-    # ---------------------------------------------------- value-pretraining phase
-
-    @property
-    def in_value_pretraining(self) -> bool:
-        """Whether updates train the critic alone, on rollouts of the frozen policy (the policy's lr reads 0)."""
-        return self.value_pretraining.active
-
-    def num_training_updates(self) -> int:
-        """Rollout batches of this run (`state.max_steps`): the PPO updates plus the value-pretraining ones, planned until
-        the phase ends, run after (unused pretraining updates are not given to PPO)."""
-        return self.num_ppo_updates + self.value_pretraining.updates_in_run()
-
-    def begin_value_pretraining(self) -> None:
-        """Freeze the policy from the next update on (training starts it; resuming inside the phase finds it begun)."""
-        self.value_pretraining.begin()
-
-    def end_value_pretraining(self, reason: str | None = None) -> None:
-        """End value pretraining: PPO starts at the next update, from a fresh optimizer state for the policy, and the
-        run shrinks by the unused pretraining updates."""
-        updates = self.value_pretraining.end(reason)
-        self.state.max_steps = self.num_training_updates()
-        if self.learner is not None:
-            self.learner.reset_policy_optimizer_state()
-        self.log({"value_pretrain/steps": float(updates)})
 
     def before_training(self) -> None:
         """Called when training starts or resumes, before the callbacks' `on_train_begin`; [`VCPPOTrainer`] begins
@@ -361,9 +351,9 @@ class PPOTrainer(_BaseTrainer):
     def training_update(self, rows: list[dict[str, Any]]) -> dict[str, float]:
         """One rollout and the PPO epochs on it; returns the update's metrics."""
         self._update_start = time.time()
-        train_policy = not self.in_value_pretraining
+        train_policy = self.trains_policy()
         if train_policy:
-            planned = self.num_value_pretrain_updates() * self.optimizer_steps_per_update()
+            planned = self.critic_only_updates() * self.optimizer_steps_per_update()
             self.learner.start_policy_schedule(planned)
         more_rows = self.prompts.draw if self.prompts is not None else None  # None: called outside `train`
         rollout, made = self.rollout_maker.make(rows, train_policy, self.state, more_rows)
@@ -413,7 +403,7 @@ class PPOTrainer(_BaseTrainer):
 
     def _learning_rate(self, role: str) -> float:
         """Current learning rate of the policy or the critic (0 for the policy while it is frozen)."""
-        if role == "policy" and self.in_value_pretraining:
+        if role == "policy" and not self.trains_policy():
             return 0.0
         return self.learner.learning_rate(role)
 
@@ -438,7 +428,7 @@ class PPOTrainer(_BaseTrainer):
                 optimizer or self.optimizer,
                 self.args,
                 ppo_steps=self.num_ppo_updates * per_update,
-                pretrain_steps=self.num_value_pretrain_updates() * per_update,
+                pretrain_steps=self.critic_only_updates() * per_update,
             )
         return self.lr_scheduler
 
@@ -475,8 +465,7 @@ class PPOTrainer(_BaseTrainer):
         trainer_saving.restore_state(self.state, self.callback_handler.callbacks, resume.path, saved)
         self.learner.nonfinite_steps_in_a_row = saved["nonfinite_steps_in_a_row"]
         self._resumed_batches = saved.get("batches_consumed", self.state.global_step)
-        active, ended_after = saved_phase(saved)
-        self.value_pretraining.restore(active=active, ended_after=ended_after)
+        self.restore_phase_state(saved)
         self.state.max_steps = self.num_training_updates()  # this run's PPO budget (total_episodes may have changed)
         trainer_saving.load_rng_state_elastic(
             self._load_rng_state,
@@ -549,7 +538,7 @@ class PPOTrainer(_BaseTrainer):
             batches=self.batches,
             args=self.args,
             train_rows=len(self.train_dataset),
-            phase=self.value_pretraining,
+            phase_state=self.phase_state(),
             nonfinite_steps_in_a_row=self.learner.nonfinite_steps_in_a_row,
             callbacks=self.callback_handler.callbacks,
             batches_consumed=self.batches_consumed,

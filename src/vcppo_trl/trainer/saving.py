@@ -43,7 +43,6 @@ from ..learner.optimizers import split_by_role
 from ..models.value_model import save_value_model as write_value_model
 from ..parallel.collectives import gathered_state_dict
 from .console import no_nested_progress_bars
-from .value_pretraining import ValuePretrainingPhase
 
 logger = logging.get_logger(__name__)
 
@@ -147,13 +146,15 @@ def training_state(
     batches: BatchPlan,
     args: PPOConfig,
     train_rows: int,
-    phase: ValuePretrainingPhase,
+    phase_state: dict[str, Any],
     nonfinite_steps_in_a_row: int,
     callbacks: list,
     batches_consumed: int | None = None,
 ) -> dict[str, Any]:
     """What a checkpoint needs beyond weights, optimizer and RNG to resume exactly (`vcppo_state.json`).
-    `batches_consumed`: prompt batches drawn so far (default one per update; more under dynamic sampling)."""
+    `phase_state`: the trainer's phases as [`~trainer.ppo.PPOTrainer.phase_state`] gives them (VC-PPO's value
+    pretraining); `batches_consumed`: prompt batches drawn so far (default one per update; more under dynamic
+    sampling)."""
     return {
         "global_step": state.global_step,
         "batches_consumed": state.global_step if batches_consumed is None else batches_consumed,
@@ -162,11 +163,9 @@ def training_state(
         "num_processes": batches.world_size,
         "train_rows": train_rows,
         "num_ppo_updates": batches.num_ppo_updates,
-        "value_pretraining": phase.active,
-        "value_pretrain_updates": phase.ended_after,
         "nonfinite_steps_in_a_row": nonfinite_steps_in_a_row,
         "callbacks": {type(cb).__name__: cb.state_dict() for cb in callbacks if hasattr(cb, "state_dict")},
-    }
+    } | phase_state
 
 
 def write_checkpoint(trainer, run_dir: str, resume_state: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ from ..config.vcppo import VCPPOConfig
 from ..rollout.types import Rollout
 from .metrics import critic_fit
 from .ppo import PPOTrainer
-from .value_pretraining import VALUE_PRETRAINED_DIRNAME, ValuePretrainCallback
+from .value_pretraining import VALUE_PRETRAINED_DIRNAME, ValuePretrainCallback, ValuePretrainingPhase, saved_phase
 
 logger = logging.get_logger(__name__)
 
@@ -51,6 +51,8 @@ class VCPPOTrainer(PPOTrainer):
             value_model = args.value_model_path
         super().__init__(model, reward_funcs, args=args, value_model=value_model, **kwargs)
         self.value_pretrain_callback = self._bind_value_pretrain_callback()
+        # The phase belongs to the trainer; the callback configures it (without one: a phase that never runs).
+        self.value_pretraining = ValuePretrainingPhase()
         if self.value_pretrain_callback is not None:
             self.value_pretraining = self.value_pretrain_callback.phase
             ddp = self.accelerator.num_processes > 1 and not self.is_deepspeed_enabled
@@ -82,6 +84,53 @@ class VCPPOTrainer(PPOTrainer):
         if callback is not None:
             callback.bind(self)
         return callback
+
+    # ---------------------------------------------------- the value-pretraining phase
+
+    @property
+    def in_value_pretraining(self) -> bool:
+        """Whether updates train the critic alone, on rollouts of the frozen policy (the policy's lr reads 0)."""
+        return self.value_pretraining.active
+
+    def num_value_pretrain_updates(self) -> int:
+        """Value-pretraining updates planned for this run (at most; 0 when the phase does not run)."""
+        return self.value_pretraining.planned_updates
+
+    def trains_policy(self) -> bool:
+        return not self.in_value_pretraining
+
+    def critic_only_updates(self) -> int:
+        return self.num_value_pretrain_updates()
+
+    def num_training_updates(self) -> int:
+        """Rollout batches of this run (`state.max_steps`): the PPO updates plus the value-pretraining ones, planned until
+        the phase ends, run after (unused pretraining updates are not given to PPO)."""
+        return self.num_ppo_updates + self.value_pretraining.updates_in_run()
+
+    def begin_value_pretraining(self) -> None:
+        """Freeze the policy from the next update on (training starts it; resuming inside the phase finds it begun)."""
+        self.value_pretraining.begin()
+
+    def end_value_pretraining(self, reason: str | None = None) -> None:
+        """End value pretraining: PPO starts at the next update, from a fresh optimizer state for the policy, and the
+        run shrinks by the unused pretraining updates."""
+        updates = self.value_pretraining.end(reason)
+        self.state.max_steps = self.num_training_updates()
+        if self.learner is not None:
+            self.learner.reset_policy_optimizer_state()
+        self.log({"value_pretrain/steps": float(updates)})
+
+    def phase_state(self) -> dict:
+        """Whether the phase is running and the updates it ran once ended (its rule's progress is the callback's
+        entry of the checkpoint)."""
+        return {
+            "value_pretraining": self.value_pretraining.active,
+            "value_pretrain_updates": self.value_pretraining.ended_after,
+        }
+
+    def restore_phase_state(self, saved: dict) -> None:
+        active, ended_after = saved_phase(saved)
+        self.value_pretraining.restore(active=active, ended_after=ended_after)
 
     def before_training(self) -> None:
         """Begin value pretraining unless it has ended (a resumed run may find it begun, or done)."""
