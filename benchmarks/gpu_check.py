@@ -240,8 +240,10 @@ def check_long_responses(device: torch.device, smoke: bool, variant: str, attent
     from vcppo_trl.algo.micro_batches import ForwardWork, plan_forwards
     from vcppo_trl.learner.optimizers import parameter_groups
     from vcppo_trl.learner.ppo_learner import PPOLearner
+    from vcppo_trl.learner.settings import LearnerSettings
     from vcppo_trl.models.policy_and_value import PolicyAndValueModel
     from vcppo_trl.rollout.maker import RolloutMaker
+    from vcppo_trl.rollout.settings import RolloutSettings
     from vcppo_trl.rollout.shaping import token_rewards
 
     config = dict(SMOKE_MODEL) if smoke else dict(QWEN25_05B)
@@ -290,12 +292,12 @@ def check_long_responses(device: torch.device, smoke: bool, variant: str, attent
         optimizer,
         lr_scheduler=None,
         accelerator=accelerator,
-        args=args,
+        settings=LearnerSettings.from_args(args),
         is_deepspeed=False,
         local_mini_batch_size=sequences,
     )
     maker = RolloutMaker(
-        args,
+        RolloutSettings.from_args(args),
         accelerator,
         tokenizer=None,
         sampler=None,

@@ -119,7 +119,9 @@ def run_cell(args: argparse.Namespace) -> dict:
     from vcppo_trl.algo.micro_batches import ForwardWork
     from vcppo_trl.learner.optimizers import parameter_groups
     from vcppo_trl.learner.ppo_learner import PPOLearner
+    from vcppo_trl.learner.settings import LearnerSettings
     from vcppo_trl.rollout.maker import RolloutMaker
+    from vcppo_trl.rollout.settings import RolloutSettings
     from vcppo_trl.rollout.shaping import token_rewards
 
     torch.set_num_threads(args.threads)
@@ -153,12 +155,12 @@ def run_cell(args: argparse.Namespace) -> dict:
         optimizer,
         lr_scheduler=None,
         accelerator=accelerator,
-        args=config,
+        settings=LearnerSettings.from_args(config),
         is_deepspeed=False,
         local_mini_batch_size=SEQUENCES,
     )
     maker = RolloutMaker(
-        config,
+        RolloutSettings.from_args(config),
         accelerator,
         tokenizer=None,
         sampler=None,

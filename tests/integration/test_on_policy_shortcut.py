@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vcppo_trl import PPOConfig, PPOTrainer
-from vcppo_trl.rollout.maker import old_logprobs_from_training_forward
+from vcppo_trl.rollout.settings import old_logprobs_from_training_forward
 
 
 def _rows(trainer):

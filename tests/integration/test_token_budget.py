@@ -16,9 +16,11 @@ from trl.trainer.utils import disable_dropout_in_model
 from vcppo_trl import PPOConfig
 from vcppo_trl.learner.optimizers import parameter_groups
 from vcppo_trl.learner.ppo_learner import PPOLearner
+from vcppo_trl.learner.settings import LearnerSettings
 from vcppo_trl.models.policy_and_value import PolicyAndValueModel
 from vcppo_trl.models.value_model import create_value_model_from_policy
 from vcppo_trl.rollout.maker import RolloutMaker
+from vcppo_trl.rollout.settings import RolloutSettings
 from vcppo_trl.rollout.shaping import token_rewards
 from vcppo_trl.rollout.types import Rollout
 
@@ -112,12 +114,12 @@ def run_update(model, args, rollout, train_policy=True):
         optimizer,
         lr_scheduler=None,
         accelerator=accelerator,
-        args=args,
+        settings=LearnerSettings.from_args(args),
         is_deepspeed=False,
         local_mini_batch_size=local,
     )
     maker = RolloutMaker(
-        args,
+        RolloutSettings.from_args(args),
         accelerator,
         tokenizer=None,
         sampler=None,
@@ -275,7 +277,7 @@ def test_budget_rollout_forwards_equal_the_padded_ones(pair, tokenizer, tmp_path
         args = config(tmp_path, max_tokens_per_forward=budget, kl_coef=0.1, padding_free=padding_free)
         accelerator = Accelerator(cpu=True)
         maker = RolloutMaker(
-            args,
+            RolloutSettings.from_args(args),
             accelerator,
             tokenizer=None,
             sampler=None,
@@ -319,7 +321,7 @@ def test_budget_with_lora_equals_the_padded_path(tokenizer, tmp_path, padding_fr
     # The PEFT reference (the base model, adapters disabled) under the forward budget too.
     args = config(tmp_path, max_tokens_per_forward=24, kl_coef=0.1, padding_free=padding_free)
     maker = RolloutMaker(
-        args,
+        RolloutSettings.from_args(args),
         Accelerator(cpu=True),
         tokenizer=None,
         sampler=None,
@@ -333,7 +335,7 @@ def test_budget_with_lora_equals_the_padded_path(tokenizer, tmp_path, padding_fr
     )
     padded_args = config(tmp_path, kl_coef=0.1)
     padded_maker = RolloutMaker(
-        padded_args,
+        RolloutSettings.from_args(padded_args),
         Accelerator(cpu=True),
         tokenizer=None,
         sampler=None,

@@ -16,9 +16,11 @@ from vcppo_trl import PPOConfig, ValuePretrainCallback
 from vcppo_trl.config.batch_plan import plan_batches
 from vcppo_trl.learner.optimizers import NonFiniteTrainingError, parameter_groups, role_scheduler
 from vcppo_trl.learner.ppo_learner import PPOLearner, UpdateResult
+from vcppo_trl.learner.settings import LearnerSettings
 from vcppo_trl.models.policy_and_value import PolicyAndValueModel
 from vcppo_trl.models.value_model import create_value_model_from_policy
-from vcppo_trl.rollout.maker import GenerationStats, RolloutMaker, old_logprobs_from_training_forward
+from vcppo_trl.rollout.maker import GenerationStats, RolloutMaker
+from vcppo_trl.rollout.settings import RolloutSettings, old_logprobs_from_training_forward
 from vcppo_trl.rollout.shaping import token_rewards
 from vcppo_trl.rollout.types import Rollout
 from vcppo_trl.sampling.hf import HFSampler
@@ -216,7 +218,7 @@ def make_learner(model, args):
         optimizer,
         lr_scheduler=scheduler,
         accelerator=accelerator,
-        args=args,
+        settings=LearnerSettings.from_args(args),
         is_deepspeed=False,
         local_mini_batch_size=local,
     )
@@ -298,7 +300,7 @@ def test_rollout_maker_makes_a_scored_rollout_from_rows(parts, tokenizer, tmp_pa
         return [1.0 if i % 2 else None for i in range(len(completions))]  # None: the sample is skipped
 
     maker = RolloutMaker(
-        args,
+        RolloutSettings.from_args(args),
         accelerator,
         tokenizer=tokenizer,
         sampler=sampler,

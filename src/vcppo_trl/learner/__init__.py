@@ -13,8 +13,10 @@ from .optimizers import (
 )
 from .ppo_learner import PPOLearner, UpdateResult
 from .schedules import RoleLR, schedule_multiplier
+from .settings import LearnerSettings
 
 __all__ = [
+    "LearnerSettings",
     "NonFiniteTrainingError",
     "PPOLearner",
     "RoleLR",

@@ -21,14 +21,15 @@ from transformers.utils import logging
 
 from ..algo.losses import loss_normalizer
 from ..algo.masked import masked_whiten
-from ..algo.micro_batches import ForwardWork, measured, plan_forwards, warn_once_over_budget
-from ..algo.objective import PPOBatch, PPOLossSettings, mean_metrics, ppo_micro_batch_loss
-from ..config.ppo import PPOConfig
-from ..models.packing import TokenBatch, check_packing
-from ..parallel.collectives import max_across_processes, micro_batch_context, whitening_all_reduce
+from ..algo.micro_batches import ForwardWork, measured
+from ..algo.objective import PPOBatch, mean_metrics, ppo_micro_batch_loss
+from ..models.forward_engine import ForwardEngine
+from ..models.packing import TokenBatch
+from ..parallel.collectives import micro_batch_context, whitening_all_reduce
 from ..rollout.types import Rollout
 from .optimizers import NonFiniteTrainingError, reset_optimizer_state
 from .schedules import RoleLR
+from .settings import LearnerSettings
 
 logger = logging.get_logger(__name__)
 
@@ -55,7 +56,7 @@ class PPOLearner:
         optimizer: The prepared optimizer, with parameter groups tagged `role="policy"` / `role="value"`.
         lr_scheduler: The scheduler stepped once per optimizer step (a [`~learner.schedules.RoleLR`] by default), or `None`.
         accelerator: The trainer's accelerator.
-        args: The training configuration.
+        settings ([`~learner.settings.LearnerSettings`]): What it reads of the config.
         is_deepspeed: Whether the model is a DeepSpeed engine (it steps inside the last backward of a mini-batch).
         local_mini_batch_size: Sequences of this process per mini-batch.
     """
@@ -67,7 +68,7 @@ class PPOLearner:
         *,
         lr_scheduler,
         accelerator: Accelerator,
-        args: PPOConfig,
+        settings: LearnerSettings,
         is_deepspeed: bool,
         local_mini_batch_size: int,
     ):
@@ -75,12 +76,11 @@ class PPOLearner:
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.accelerator = accelerator
-        self.args = args
+        self.settings = settings
+        self.forwards = ForwardEngine(settings.forwards, accelerator)
         self.is_deepspeed = is_deepspeed
         self.local_mini_batch_size = local_mini_batch_size
         self.nonfinite_steps_in_a_row = 0
-        self.warned: set[str] = set()
-        self.packing_checked = False
 
     # ------------------------------------------------------------------ update
 
@@ -111,13 +111,13 @@ class PPOLearner:
             value_cliprange: Clip range of the value loss (`None`: no clipping).
             update_index: The update's number from 1, for messages.
         """
-        args = self.args
+        settings = self.settings
         model = self.model
         model.train()
         mask = rollout.response_mask
         policy_mask = self.policy_mask(rollout)
         adv = self.whiten(advantages, policy_mask) if train_policy else advantages
-        settings = PPOLossSettings.from_args(args, value_cliprange)
+        loss_settings = dataclasses.replace(settings.loss, cliprange_value=value_cliprange)
         # On-policy shortcut: the old log-probs are this update's own forward, detached (ratio exactly 1), written
         # into the batch's tensor before each micro-batch's loss reads them.
         fill_old_logprobs = train_policy and rollout.logprobs is None
@@ -126,7 +126,7 @@ class PPOLearner:
             old_logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
         # vLLM sampled the rollout: weight the policy loss by π_train/π_sampler of the sampled tokens (see
         # `losses.sampler_importance_weights`). Under the on-policy shortcut the "old" log-probs are this forward's.
-        correct_sampler = args.vllm_importance_sampling_correction
+        correct_sampler = settings.correct_sampler_mismatch
         batch = PPOBatch(
             mask,
             rollout.values,
@@ -139,33 +139,18 @@ class PPOLearner:
         )
         stats = defaultdict(list)
         importance_weights = None  # filled per micro-batch from the loss's own (old log-probs may come from it)
-        sequence_weights = settings.importance_sampling_mode.startswith("sequence")
+        sequence_weights = loss_settings.importance_sampling_mode.startswith("sequence")
         nonfinite_steps = 0
         world = self.accelerator.num_processes
-        budget, packed = args.max_tokens_per_micro_batch, args.padding_free
         tokens = TokenBatch.of(rollout)
-        if packed:
-            self.check_packing()
+        self.check_packing()
         with measured(ForwardWork(), self.accelerator.device) as work:
-            for _ in range(args.num_ppo_epochs):
+            for _ in range(settings.num_ppo_epochs):
                 order = torch.randperm(mask.shape[0], device=mask.device)
                 mini_batches = list(order.split(self.local_mini_batch_size))
-                plans = plan_forwards(
-                    mini_batches,
-                    tokens.prompt_lengths,
-                    tokens.response_lengths,
-                    budget,
-                    args.per_device_train_batch_size,
-                    tokens.context_length,
-                    mask.shape[1],
-                    max_across_processes(self.accelerator),
-                    packed,
-                )
+                plans = self.forwards.plan(tokens, mini_batches, mask.shape[1])
                 for mb_idx, micro_batches in zip(mini_batches, plans):
-                    if budget is not None:
-                        warn_once_over_budget(
-                            micro_batches, budget, "max_tokens_per_micro_batch", self.warned, logger.warning
-                        )
+                    self.forwards.warn_over_budget(micro_batches)
                     if not train_policy:  # before the backward passes: DeepSpeed steps inside the last one
                         self.set_policy_lr_to_zero()
                     normalizers = self.loss_normalizers(batch.select(mb_idx))
@@ -173,21 +158,20 @@ class PPOLearner:
                     # DeepSpeed also divides by its own gradient_accumulation_steps, whatever our micro-batch count.
                     scale = world * (self.deepspeed_accumulation_steps(len(micro_batches)) if self.is_deepspeed else 1)
                     vf_total = pg_total = lm_total = 0.0
-                    for i, micro in enumerate(micro_batches):
+                    for i, (micro, inputs) in enumerate(self.forwards.micro_batches(tokens, micro_batches, work)):
                         idx, width = micro.indices, micro.response_width
-                        work.add(micro, tokens.real_tokens(micro), packed)
                         # Gradient accumulation over the micro-batches of one minibatch; DDP syncs on the last one only.
                         is_last = i == len(micro_batches) - 1
                         with micro_batch_context(self.accelerator, self.is_deepspeed, model, is_last):
                             logprobs, entropy, vpred = model(
-                                temperature=args.temperature,
+                                temperature=settings.temperature,
                                 compute_policy=train_policy,
-                                **tokens.model_inputs(micro, packed),
+                                **inputs,
                             )
                             if fill_old_logprobs:
                                 old_logprobs[idx, :width] = logprobs.detach().float()
                             out = ppo_micro_batch_loss(
-                                settings, batch.select(idx, width), logprobs, entropy, vpred, *normalizers
+                                loss_settings, batch.select(idx, width), logprobs, entropy, vpred, *normalizers
                             )
                             self.accelerator.backward(out.loss * scale)
                         if out.importance_weights is not None:
@@ -220,18 +204,15 @@ class PPOLearner:
 
     def whiten(self, values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
         """[`~algo.masked.masked_whiten`] with the statistics `advantage_whitening` asks for (all processes, or this one)."""
-        all_reduce = whitening_all_reduce(self.accelerator, self.args.advantage_whitening)
+        all_reduce = whitening_all_reduce(self.accelerator, self.settings.advantage_whitening)
         return masked_whiten(values, mask, shift_mean=shift_mean, all_reduce=all_reduce)
 
     def check_packing(self) -> None:
         """Before the first padding-free forward: refuse a policy or critic that lets packed sequences attend to each
         other ([`~models.packing.check_packing`])."""
-        if not self.packing_checked:
-            wrapper = self.accelerator.unwrap_model(self.model)
-            vocab = wrapper.policy.config.get_text_config().vocab_size
-            check_packing(wrapper.policy, vocab, "policy")
-            check_packing(wrapper.critic, vocab, "critic")
-            self.packing_checked = True
+        wrapper = self.accelerator.unwrap_model(self.model)
+        vocab = wrapper.policy.config.get_text_config().vocab_size
+        self.forwards.check_packing({"policy": wrapper.policy, "critic": wrapper.critic}, vocab)
 
     def deepspeed_accumulation_steps(self, micro_batches: int) -> int:
         """The DeepSpeed engine's `gradient_accumulation_steps` (it divides every backward's loss by it). Without a
@@ -274,16 +255,16 @@ class PPOLearner:
     def policy_mask(self, rollout: Rollout) -> torch.Tensor:
         """The policy loss's tokens: the response mask, less the responses cut at `response_length` without a stop
         token under `mask_truncated_completions` (the critic still learns from them; see docs/vapo.md)."""
-        if not self.args.mask_truncated_completions:
+        if not self.settings.mask_truncated_completions:
             return rollout.response_mask
         return rollout.response_mask & rollout.has_stop.unsqueeze(1)
 
     def positive_mask(self, rollout: Rollout, policy_mask: torch.Tensor) -> torch.Tensor | None:
         """The tokens of the positive-example LM loss: the policy's tokens of responses judged correct by the accuracy
         metric's rule (`raw_scores > accuracy_threshold`); None when the loss is off."""
-        if not self.args.positive_example_lm_coef:
+        if not self.settings.loss.positive_example_lm_coef:
             return None
-        return policy_mask & rollout.is_correct(self.args.accuracy_threshold).unsqueeze(1)
+        return policy_mask & rollout.is_correct(self.settings.accuracy_threshold).unsqueeze(1)
 
     def loss_normalizers(self, batch: PPOBatch) -> torch.Tensor:
         """
@@ -294,13 +275,13 @@ class PPOLearner:
         is normalised by the count of the whole mini-batch (see [`~algo.losses.aggregate_loss`]); the entropy bonus and the
         LM loss are token means over the policy's and the correct responses' tokens.
         """
-        length = self.args.response_length
+        length = self.settings.response_length
         policy_mask = batch.mask if batch.policy_mask is None else batch.policy_mask
         positives = batch.positive_mask
         counts = torch.stack(
             [
-                loss_normalizer(policy_mask, self.args.loss_type, length),
-                loss_normalizer(batch.mask, self.args.value_loss_type, length),
+                loss_normalizer(policy_mask, self.settings.loss.loss_type, length),
+                loss_normalizer(batch.mask, self.settings.loss.value_loss_type, length),
                 policy_mask.sum().float(),
                 (positives.sum() if positives is not None else policy_mask.new_zeros(())).float(),
             ]
@@ -339,9 +320,9 @@ class PPOLearner:
         Under DeepSpeed the engine has already clipped the joint norm of both models (its `gradient_clipping`) inside
         the last backward: only the joint norm is returned.
         """
-        args = self.args
+        settings = self.settings
         # The norms are computed even without clipping (max_norm=inf): they tell a non-finite step.
-        max_norm = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else math.inf
+        max_norm = settings.max_grad_norm if settings.max_grad_norm and settings.max_grad_norm > 0 else math.inf
         if self.is_deepspeed:
             return {"total": self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)}
         self.accelerator.unscale_gradients()
@@ -364,14 +345,14 @@ class PPOLearner:
             self.nonfinite_steps_in_a_row = 0
             return True
         self.nonfinite_steps_in_a_row += 1
-        limit = self.args.max_consecutive_nonfinite_steps
+        limit = self.settings.max_consecutive_nonfinite_steps
         what = "DeepSpeed has already applied it" if self.is_deepspeed else "optimizer step skipped"
         logger.warning(
             f"Non-finite loss or gradient at update {update_index}: {what} "
             f"({self.nonfinite_steps_in_a_row} in a row, limit {limit})."
         )
         if self.nonfinite_steps_in_a_row > limit:
-            last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
+            last = get_last_checkpoint(self.settings.output_dir) if os.path.isdir(self.settings.output_dir) else None
             raise NonFiniteTrainingError(
                 f"{self.nonfinite_steps_in_a_row} optimizer steps in a row had a non-finite loss or gradient (limit "
                 f"max_consecutive_nonfinite_steps={limit}); stopping. "

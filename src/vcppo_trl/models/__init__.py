@@ -3,10 +3,11 @@ load, check, save; LoRA), padding-free packing, and loading what a trainer is bu
 """
 
 from .critic_peft import load_value_adapter, wrap_value_model
+from .forward_engine import ForwardEngine, ForwardSettings
 from .loading import build_critic, load_policy, load_reward_funcs, load_tokenizer, resolve_stop_token_ids
 from .logprobs import full_logits_logprobs, packed_response_logprobs, response_logprobs
 from .packing import PackedRow, PackingError, TokenBatch, check_packing, pack_micro_batch
-from .policy_and_value import PolicyAndValueModel, policy_logprobs, position_ids_from_mask
+from .policy_and_value import PolicyAndValueModel, policy_logprobs, position_ids_from_mask, response_logprobs_of
 from .value_model import (
     as_value_model,
     check_value_model_source,
@@ -17,6 +18,9 @@ from .value_model import (
 )
 
 __all__ = [
+    "ForwardEngine",
+    "ForwardSettings",
+    "response_logprobs_of",
     "PackedRow",
     "PackingError",
     "PolicyAndValueModel",

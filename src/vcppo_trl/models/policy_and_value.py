@@ -66,18 +66,48 @@ class PolicyAndValueModel(nn.Module):
         """
         if packed is not None:
             values = packed_value_forward(self.critic, packed)
-            if not compute_policy:
-                return None, None, values
-            logprobs, entropy = packed_response_logprobs(self.policy, packed, temperature, compute_entropy)
-            return logprobs, entropy, values
-        position_ids = position_ids_from_mask(attention_mask)
-        values = value_forward(self.critic, input_ids, attention_mask, position_ids, context_length)
+            position_ids = None
+        else:
+            position_ids = position_ids_from_mask(attention_mask)
+            values = value_forward(self.critic, input_ids, attention_mask, position_ids, context_length)
         if not compute_policy:
             return None, None, values
-        logprobs, entropy = policy_logprobs(
-            self.policy, input_ids, attention_mask, context_length, temperature, compute_entropy, position_ids
+        logprobs, entropy = response_logprobs_of(
+            self.policy,
+            temperature,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            context_length=context_length,
+            packed=packed,
+            compute_entropy=compute_entropy,
+            position_ids=position_ids,
         )
         return logprobs, entropy, values
+
+
+def response_logprobs_of(
+    policy: nn.Module,
+    temperature: float,
+    *,
+    input_ids: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    context_length: int,
+    packed: PackedRow | None = None,
+    compute_entropy: bool = False,
+    position_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """
+    Log-probabilities (and entropy) of a micro-batch's response tokens under `policy` (the policy, or the reference
+    model), from the forward engine's inputs: one packed row (`packed`), or padded `input_ids` with their mask.
+
+    Returns:
+        `(logprobs, entropy)`: `[b, w]` float32 tensors; `entropy` is `None` unless `compute_entropy`.
+    """
+    if packed is not None:
+        return packed_response_logprobs(policy, packed, temperature, compute_entropy)
+    return policy_logprobs(
+        policy, input_ids, attention_mask, context_length, temperature, compute_entropy, position_ids
+    )
 
 
 def policy_logprobs(

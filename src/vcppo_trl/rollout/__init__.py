@@ -4,6 +4,7 @@ samples, and the shaping of per-token rewards.
 
 from .maker import GenerationStats, RolloutMaker, RolloutStats
 from .scoring import ScoredSamples, concat_scored, decode_completions
+from .settings import RolloutSettings, old_logprobs_from_training_forward
 from .shaping import overlong_penalty, token_rewards
 from .types import Rollout, is_correct
 
@@ -16,6 +17,8 @@ __all__ = [
     "concat_scored",
     "decode_completions",
     "is_correct",
+    "RolloutSettings",
+    "old_logprobs_from_training_forward",
     "overlong_penalty",
     "token_rewards",
 ]

@@ -22,17 +22,17 @@ from trl.data_utils import maybe_apply_chat_template
 
 from ..algo.dynamic_sampling import DynamicSamplingStats, choose_groups, informative_groups
 from ..algo.losses import kl_penalty
-from ..algo.micro_batches import ForwardWork, MicroBatch, measured, plan_forwards, warn_once_over_budget
-from ..config.ppo import PPOConfig
-from ..models.logprobs import packed_response_logprobs
-from ..models.packing import TokenBatch, check_packing
-from ..models.policy_and_value import PolicyAndValueModel, policy_logprobs
+from ..algo.micro_batches import ForwardWork, MicroBatch, measured
+from ..models.forward_engine import ForwardEngine
+from ..models.packing import TokenBatch
+from ..models.policy_and_value import PolicyAndValueModel, response_logprobs_of
 from ..parallel.collectives import max_across_processes, whitening_all_reduce
 from ..rewards.calls import call_reward_function
 from ..rewards.reward_models import reward_model_scores
 from ..sampling.hf import eval_mode
 from ..sampling.seam import Samples
 from .scoring import ScoredSamples, concat_scored, decode_completions
+from .settings import RolloutSettings
 from .shaping import overlong_penalty, token_rewards
 from .types import Rollout, is_correct
 
@@ -57,30 +57,12 @@ class RolloutStats:
     dynamic_sampling: DynamicSamplingStats | None = None  # None unless `dynamic_sampling` ran for this rollout
 
 
-def old_logprobs_from_training_forward(args: PPOConfig) -> bool:
-    """
-    Whether policy updates take their old log-probabilities from the training forward, detached (the on-policy
-    shortcut, `on_policy_shortcut`), instead of a policy forward in the rollout.
-
-    Exact only when the single optimizer step of the update sees the weights that sampled the rollout (one epoch,
-    one mini-batch: its micro-batches all run before the step), no KL term needs the log-probabilities before the
-    update, and dropout does not make the training forward differ from the rollout's eval-mode forward.
-    """
-    return (
-        args.on_policy_shortcut
-        and args.num_ppo_epochs == 1
-        and args.num_mini_batches == 1
-        and args.kl_coef == 0
-        and args.disable_dropout
-    )
-
-
 class RolloutMaker:
     """
     Makes rollouts and scored samples.
 
     Args:
-        args: The training configuration.
+        settings ([`~rollout.settings.RolloutSettings`]): What it reads of the config.
         accelerator: The trainer's accelerator (device, process count, unwrapping).
         tokenizer: The policy's tokenizer.
         sampler: The generation backend ([`~sampling.seam.Sampler`]).
@@ -95,7 +77,7 @@ class RolloutMaker:
 
     def __init__(
         self,
-        args: PPOConfig,
+        settings: RolloutSettings,
         accelerator: Accelerator,
         *,
         tokenizer: PreTrainedTokenizerBase,
@@ -108,8 +90,9 @@ class RolloutMaker:
         stop_token_ids: list[int],
         reference_is_initial_policy: bool,
     ):
-        self.args = args
+        self.settings = settings
         self.accelerator = accelerator
+        self.forwards = ForwardEngine(settings.forwards, accelerator)
         self.tokenizer = tokenizer
         self.sampler = sampler
         self.current_model = current_model
@@ -120,7 +103,6 @@ class RolloutMaker:
         self.stop_token_ids = stop_token_ids
         self.reference_is_initial_policy = reference_is_initial_policy
         self.warned: set[str] = set()
-        self.packing_checked: set[int] = set()
 
     def _unwrapped_model(self) -> PolicyAndValueModel:
         return self.accelerator.unwrap_model(self.current_model())
@@ -137,9 +119,9 @@ class RolloutMaker:
             padding=True,
             padding_side="left",
             add_special_tokens=False,
-            truncation=self.args.max_prompt_length is not None,
+            truncation=self.settings.max_prompt_length is not None,
             truncation_side="left",
-            max_length=self.args.max_prompt_length,
+            max_length=self.settings.max_prompt_length,
         )
         return encoded["input_ids"].to(self.accelerator.device), encoded["attention_mask"].to(self.accelerator.device)
 
@@ -155,7 +137,7 @@ class RolloutMaker:
             [`~sampling.seam.Samples`]: response ids, mask and `has_stop` as in [`~sampling.seam.truncate_at_stop`], the
             sampler's own log-probabilities when it reports them (vLLM), and the generation's wall time.
         """
-        return self.sampler.generate(query_ids, query_mask, greedy, temperature or self.args.temperature)
+        return self.sampler.generate(query_ids, query_mask, greedy, temperature or self.settings.temperature)
 
     def score(
         self,
@@ -187,8 +169,8 @@ class RolloutMaker:
                     func,
                     proc,
                     texts,
-                    self.args.local_rollout_forward_batch_size,
-                    self.args.max_tokens_per_forward,
+                    self.settings.reward_model_batch_size,
+                    self.settings.forwards.max_tokens,
                     max_across_processes(self.accelerator),
                 )
             else:
@@ -198,8 +180,8 @@ class RolloutMaker:
                     completions,
                     completion_ids,
                     extra,
-                    timeout=self.args.reward_timeout,
-                    failure_value=self.args.reward_failure_value,
+                    timeout=self.settings.reward_timeout,
+                    failure_value=self.settings.reward_failure_value,
                     trainer_state=trainer_state,
                 )
                 values = result.values
@@ -256,16 +238,16 @@ class RolloutMaker:
         Returns:
             The rows and scored samples of the batch (as many as `rows`), and what the rounds did.
         """
-        args, k = self.args, self.args.num_generations
+        settings, k = self.settings, self.settings.num_generations
         needed = len(rows) // k
         drawn_rows, parts, informative = [], [], []
-        for round_index in range(args.dynamic_sampling_max_rounds):
+        for round_index in range(settings.dynamic_sampling_max_rounds):
             if round_index:
                 rows = more_rows()
             scored = self.sample_and_score(rows, trainer_state=trainer_state)
             drawn_rows += rows
             parts.append(scored)
-            informative += informative_groups(is_correct(scored.raw_scores, args.accuracy_threshold), k).tolist()
+            informative += informative_groups(is_correct(scored.raw_scores, settings.accuracy_threshold), k).tolist()
             short = int(sum(informative) < needed)
             if self.accelerator.num_processes > 1:
                 short = max_across_processes(self.accelerator)([short])[0]
@@ -275,7 +257,7 @@ class RolloutMaker:
         if filled and "dynamic_sampling_limit" not in self.warned:
             self.warned.add("dynamic_sampling_limit")
             logger.warning(
-                f"Dynamic sampling: {args.dynamic_sampling_max_rounds} generation rounds gave {sum(informative)} of the "
+                f"Dynamic sampling: {settings.dynamic_sampling_max_rounds} generation rounds gave {sum(informative)} of the "
                 f"{needed} groups with both correct and wrong responses; the batch is completed with groups that are "
                 "all right or all wrong (sampling/dynamic_filled_groups counts them). Raise "
                 "dynamic_sampling_max_rounds, or use prompts nearer the policy's level. (Warned once.)"
@@ -310,9 +292,9 @@ class RolloutMaker:
             `(rollout, stats)`: the rollout (`logprobs` is `None` under the on-policy shortcut: the learner's
             forward gives them) and what its generation and forwards took.
         """
-        args = self.args
+        settings = self.settings
         dynamic = None
-        if args.dynamic_sampling and train_policy and more_rows is not None:
+        if settings.dynamic_sampling and train_policy and more_rows is not None:
             rows, scored, dynamic = self.sample_informative_groups(rows, more_rows, trainer_state)
         else:
             scored = self.sample_and_score(rows, trainer_state=trainer_state)
@@ -320,13 +302,17 @@ class RolloutMaker:
         tokens = samples.num_tokens if dynamic is None else dynamic.generated_tokens  # every round's, for the rate
         generation = GenerationStats(samples.seconds, tokens, getattr(self.sampler, "sync_seconds", None))
         scores = raw_scores.nan_to_num(0.0).clone()
-        if args.missing_eos_penalty is not None:
-            scores = scores - args.missing_eos_penalty * (~has_stop).float()
+        if settings.missing_eos_penalty is not None:
+            scores = scores - settings.missing_eos_penalty * (~has_stop).float()
         overlong_penalties = None
-        if args.overlong_buffer_length is not None:  # a reward term of its own: raw_scores stay the correctness
+        if settings.overlong_buffer_length is not None:  # a reward term of its own: raw_scores stay the correctness
             lengths = samples.response_mask.sum(1)
             overlong_penalties = overlong_penalty(
-                lengths, has_stop, args.response_length, args.overlong_buffer_length, args.overlong_penalty_factor
+                lengths,
+                has_stop,
+                settings.response_length,
+                settings.overlong_buffer_length,
+                settings.overlong_penalty_factor,
             )
             scores = scores + torch.where(torch.isnan(raw_scores), 0.0, overlong_penalties)
         # A sample that no reward function could score is dropped from the losses.
@@ -348,20 +334,20 @@ class RolloutMaker:
             sampler_logprobs=samples.logprobs,
             overlong_penalties=overlong_penalties,
         )
-        with_kl = args.kl_coef > 0 and (train_policy or not self.reference_is_initial_policy)
-        needs_old_logprobs = train_policy and not old_logprobs_from_training_forward(args)
+        with_kl = settings.kl_coef > 0 and (train_policy or not self.reference_is_initial_policy)
+        needs_old_logprobs = train_policy and not settings.old_logprobs_from_training_forward
         plan = self.forward_plan(rollout)
         with measured(ForwardWork(), self.accelerator.device) as work:
             rollout.logprobs, rollout.values = self.forward(rollout, needs_old_logprobs or with_kl, plan, work)
             if with_kl:
                 rollout.ref_logprobs = self.reference_logprobs(rollout, plan, work)
         if with_kl:
-            rollout.kl = kl_penalty(rollout.logprobs, rollout.ref_logprobs, args.kl_estimator) * response_mask
+            rollout.kl = kl_penalty(rollout.logprobs, rollout.ref_logprobs, settings.kl_estimator) * response_mask
         else:
             rollout.kl = torch.zeros_like(rollout.values)
-        all_reduce = whitening_all_reduce(self.accelerator, args.advantage_whitening)
+        all_reduce = whitening_all_reduce(self.accelerator, settings.advantage_whitening)
         rollout.rewards = token_rewards(
-            rollout.scores, rollout.kl, response_mask, args.kl_coef, args.whiten_rewards, all_reduce
+            rollout.scores, rollout.kl, response_mask, settings.kl_coef, settings.whiten_rewards, all_reduce
         )
         return rollout, RolloutStats(generation, work, dynamic)
 
@@ -369,25 +355,12 @@ class RolloutMaker:
         """
         The micro-batches of the rollout's no-grad forwards: `local_rollout_forward_batch_size` sequences at full
         width, or by `max_tokens_per_forward` (grouped by length, each cut to its widths or packed, the same count on
-        every process; see [`~algo.micro_batches.plan_forwards`]).
+        every process; see [`~models.forward_engine.ForwardEngine`]).
         """
-        args, tokens = self.args, tokens or TokenBatch.of(rollout)
+        tokens = tokens or TokenBatch.of(rollout)
         rows = torch.arange(rollout.response_ids.shape[0], device=rollout.response_ids.device)
-        (plan,) = plan_forwards(
-            [rows],
-            tokens.prompt_lengths,
-            tokens.response_lengths,
-            args.max_tokens_per_forward,
-            args.local_rollout_forward_batch_size,
-            tokens.context_length,
-            rollout.response_ids.shape[1],
-            max_across_processes(self.accelerator),
-            args.padding_free,
-        )
-        if args.max_tokens_per_forward is not None:
-            warn_once_over_budget(
-                plan, args.max_tokens_per_forward, "max_tokens_per_forward", self.warned, logger.warning
-            )
+        (plan,) = self.forwards.plan(tokens, [rows], rollout.response_ids.shape[1])
+        self.forwards.warn_over_budget(plan)
         return plan
 
     @torch.no_grad()
@@ -401,29 +374,22 @@ class RolloutMaker:
         """Old log-probabilities (`None` unless `compute_policy`) and values of a rollout, `[B, T]` (0 after each
         micro-batch's longest response), micro-batch by micro-batch ([`forward_plan`]), in eval mode (no dropout),
         like generation."""
-        model, packed = self._unwrapped_model(), self.args.padding_free
-        if packed:
-            self.check_packing(model.policy, model.critic)
+        model = self._unwrapped_model()
+        self.check_packing(model.policy, model.critic)
         tokens = TokenBatch.of(rollout)
         plan = self.forward_plan(rollout, tokens) if plan is None else plan
-        shape = rollout.response_ids.shape
-        logprobs = values = None
+
+        def run(inputs: dict) -> tuple[torch.Tensor | None, torch.Tensor]:
+            logprobs, _, values = model(
+                temperature=self.settings.temperature,
+                compute_policy=compute_policy,
+                compute_entropy=False,
+                **inputs,
+            )
+            return logprobs, values
+
         with eval_mode(model):
-            for micro in plan:
-                lp, _, v = model(
-                    temperature=self.args.temperature,
-                    compute_policy=compute_policy,
-                    compute_entropy=False,
-                    **tokens.model_inputs(micro, packed),
-                )
-                if values is None:
-                    values = v.new_zeros(shape)
-                    logprobs = lp.new_zeros(shape) if compute_policy else None
-                values[micro.indices, : micro.response_width] = v
-                if compute_policy:
-                    logprobs[micro.indices, : micro.response_width] = lp
-                if work is not None:
-                    work.add(micro, tokens.real_tokens(micro), packed)
+            logprobs, values = self.forwards.gather(tokens, plan, run, rollout.response_ids.shape, work)
         return logprobs, values
 
     @torch.no_grad()
@@ -432,34 +398,23 @@ class RolloutMaker:
     ) -> torch.Tensor:
         """Log-probabilities of the response tokens under the reference policy (the base model under PEFT), `[B, T]`
         (0 after each micro-batch's longest response)."""
-        packed, temperature = self.args.padding_free, self.args.temperature
         reference = self.ref_model if self.ref_model is not None else self._unwrapped_model().policy
-        if packed:
-            self.check_packing(reference)
+        self.check_packing(reference)
         tokens = TokenBatch.of(rollout)
         plan = self.forward_plan(rollout, tokens) if plan is None else plan
+
+        def run(inputs: dict) -> tuple[torch.Tensor]:
+            return (response_logprobs_of(reference, self.settings.temperature, **inputs)[0],)
+
         # PEFT without a reference model: the reference is the policy's base model, adapters disabled.
         adapters_off = reference.disable_adapter() if self.ref_model is None else contextlib.nullcontext()
-        out = None
         with adapters_off, eval_mode(reference):
-            for micro in plan:
-                if packed:
-                    lp, _ = packed_response_logprobs(reference, tokens.packed(micro), temperature)
-                else:
-                    ids, mask, context_length = tokens.padded(micro)
-                    lp, _ = policy_logprobs(reference, ids, mask, context_length, temperature)
-                if out is None:
-                    out = lp.new_zeros(rollout.response_ids.shape)
-                out[micro.indices, : micro.response_width] = lp
-                if work is not None:
-                    work.add(micro, tokens.real_tokens(micro), packed)
-        return out
+            (logprobs,) = self.forwards.gather(tokens, plan, run, rollout.response_ids.shape, work)
+        return logprobs
 
     def check_packing(self, *models: torch.nn.Module) -> None:
         """Before the first padding-free forward of each model: refuse one that lets packed sequences attend to each
         other ([`~models.packing.check_packing`])."""
         for model in models:
-            if id(model) not in self.packing_checked:
-                vocab = model.config.get_text_config().vocab_size
-                check_packing(model, vocab, type(model).__name__)
-                self.packing_checked.add(id(model))
+            vocab = model.config.get_text_config().vocab_size
+            self.forwards.check_packing({type(model).__name__: model}, vocab)

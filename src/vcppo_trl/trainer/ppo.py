@@ -30,6 +30,7 @@ from ..config.batch_plan import plan_batches
 from ..config.ppo import PPOConfig
 from ..learner.optimizers import parameter_groups, role_scheduler
 from ..learner.ppo_learner import PPOLearner, UpdateResult
+from ..learner.settings import LearnerSettings
 from ..models.loading import load_reward_funcs, resolve_stop_token_ids
 from ..models.policy_and_value import PolicyAndValueModel
 from ..parallel.checks import check_distributed_setup
@@ -446,7 +447,7 @@ class PPOTrainer(_BaseTrainer):
             self.optimizer,
             lr_scheduler=self.lr_scheduler,
             accelerator=self.accelerator,
-            args=args,
+            settings=LearnerSettings.from_args(args),
             is_deepspeed=self.is_deepspeed_enabled,
             local_mini_batch_size=self.batches.local_mini_batch_size,
         )

@@ -23,6 +23,7 @@ from ..models.critic_peft import wrap_value_model
 from ..models.loading import build_critic, load_policy, load_tokenizer
 from ..parallel.checks import check_launch_environment
 from ..rollout.maker import RolloutMaker
+from ..rollout.settings import RolloutSettings
 from ..sampling.hf import HFSampler, neutralised_generation_fields
 from ..sampling.vllm_checks import check_vllm_model, require_vllm, server_base_url, vllm_dtype, vllm_platform_is_cpu
 from ..sampling.vllm_samplers import VLLMColocateSampler, VLLMServerSampler
@@ -291,7 +292,7 @@ def build_rollout_maker(
         datasets=datasets,
     )
     return RolloutMaker(
-        args,
+        RolloutSettings.from_args(args),
         accelerator,
         tokenizer=tokenizer,
         sampler=sampler,

@@ -49,7 +49,7 @@ def main(out_dir: str, loss_type: str, max_tokens: int | None, padding_free: boo
     from vcppo_trl.models.logprobs import full_logits_logprobs
     from vcppo_trl.models.policy_and_value import PolicyAndValueModel, position_ids_from_mask
     from vcppo_trl.models.value_model import create_value_model_from_policy, value_forward
-    from vcppo_trl.rollout.maker import old_logprobs_from_training_forward
+    from vcppo_trl.rollout.settings import old_logprobs_from_training_forward
     from vcppo_trl.rollout.shaping import token_rewards
     from vcppo_trl.toy.model import build_tiny_model
     from vcppo_trl.toy.task import make_splits

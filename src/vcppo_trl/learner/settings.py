@@ -1,0 +1,51 @@
+"""What the learner reads of the config: a frozen view built from it ([`LearnerSettings.from_args`])."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..algo.objective import PPOLossSettings
+from ..config.ppo import PPOConfig
+from ..models.forward_engine import ForwardSettings
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerSettings:
+    """The fields of [`PPOConfig`] the PPO epochs act on (their meanings are the config's)."""
+
+    num_ppo_epochs: int
+    # The micro-batch objective; its `cliprange_value` is the current update's (the trainer's `value_cliprange`).
+    loss: PPOLossSettings
+    temperature: float
+    response_length: int
+    advantage_whitening: str
+    accuracy_threshold: float
+    mask_truncated_completions: bool
+    correct_sampler_mismatch: bool  # `vllm_importance_sampling_correction`
+    max_grad_norm: float | None
+    max_consecutive_nonfinite_steps: int | None
+    output_dir: str  # where the error of too many non-finite steps looks for the latest checkpoint
+    # The training forwards: by `max_tokens_per_micro_batch`, else `per_device_train_batch_size` sequences.
+    forwards: ForwardSettings
+
+    @classmethod
+    def from_args(cls, args: PPOConfig) -> LearnerSettings:
+        return cls(
+            num_ppo_epochs=args.num_ppo_epochs,
+            loss=PPOLossSettings.from_args(args, args.cliprange_value),
+            temperature=args.temperature,
+            response_length=args.response_length,
+            advantage_whitening=args.advantage_whitening,
+            accuracy_threshold=args.accuracy_threshold,
+            mask_truncated_completions=args.mask_truncated_completions,
+            correct_sampler_mismatch=args.vllm_importance_sampling_correction,
+            max_grad_norm=args.max_grad_norm,
+            max_consecutive_nonfinite_steps=args.max_consecutive_nonfinite_steps,
+            output_dir=args.output_dir,
+            forwards=ForwardSettings(
+                max_tokens=args.max_tokens_per_micro_batch,
+                budget_field="max_tokens_per_micro_batch",
+                sequences=args.per_device_train_batch_size,
+                padding_free=args.padding_free,
+            ),
+        )

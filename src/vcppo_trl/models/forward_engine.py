@@ -1,0 +1,129 @@
+"""The forward engine: how the package runs a model over a rollout's sequences, for the rollout's no-grad forwards (the
+policy's old log-probs, the critic's values, the reference's log-probs) and for the learner's training forwards.
+
+Four steps, one implementation: **plan** the micro-batches by tokens (or by a fixed number of sequences at full
+width; the same count on every process, see [`~algo.micro_batches.plan_forwards`]), **pad or pack** each one (its
+own widths, or one padding-free row), **run** the model on it, and **gather** the `[b, w]` outputs back into `[B, T]`
+tensors. The learner runs its own loss between the forward and the backward, so it takes the plan and the inputs and
+runs the micro-batches itself; the rollout maker takes all four.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+
+import torch
+from accelerate import Accelerator
+from transformers.utils import logging
+
+from ..algo.micro_batches import ForwardWork, MicroBatch, plan_forwards, warn_once_over_budget
+from ..parallel.collectives import max_across_processes
+from .packing import TokenBatch, check_packing
+
+logger = logging.get_logger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardSettings:
+    """
+    How one part's forwards are cut: by a token budget (`max_tokens`, and the config field that sets it, named in its
+    warning), else `sequences` at a time over the whole padded width; padded or packed (`padding_free`).
+    """
+
+    max_tokens: int | None
+    budget_field: str
+    sequences: int
+    padding_free: bool
+
+
+class ForwardEngine:
+    """
+    Plans, pads or packs, runs and gathers one part's forwards (see the module docstring).
+
+    Args:
+        settings ([`ForwardSettings`]): How the forwards are cut.
+        accelerator (`Accelerator`): For the micro-batch count every process must share (ZeRO-3 runs every forward
+            as a collective).
+    """
+
+    def __init__(self, settings: ForwardSettings, accelerator: Accelerator):
+        self.settings = settings
+        self.accelerator = accelerator
+        self.warned: set[str] = set()
+        self.packing_checked: set[int] = set()
+
+    def plan(self, tokens: TokenBatch, groups: list[torch.Tensor], response_width: int) -> list[list[MicroBatch]]:
+        """The micro-batches of each group of rows (the PPO epochs' mini-batches, or all rows of the rollout)."""
+        settings = self.settings
+        plans = plan_forwards(
+            groups,
+            tokens.prompt_lengths,
+            tokens.response_lengths,
+            settings.max_tokens,
+            settings.sequences,
+            tokens.context_length,
+            response_width,
+            max_across_processes(self.accelerator),
+            settings.padding_free,
+        )
+        return plans
+
+    def warn_over_budget(self, plan: list[MicroBatch]) -> None:
+        """Warn once when a sequence longer than the budget runs alone in its micro-batch."""
+        if self.settings.max_tokens is not None:
+            settings = self.settings
+            warn_once_over_budget(plan, settings.max_tokens, settings.budget_field, self.warned, logger.warning)
+
+    def check_packing(self, models: dict[str, torch.nn.Module], vocab_size: int) -> None:
+        """Before a model's first padding-free forward: refuse one that lets packed sequences attend to each other
+        ([`~models.packing.check_packing`]); `models` maps the names its error gives to the models. A no-op when
+        padded."""
+        if not self.settings.padding_free:
+            return
+        for name, model in models.items():
+            if id(model) not in self.packing_checked:
+                check_packing(model, vocab_size, name)
+                self.packing_checked.add(id(model))
+
+    def inputs(self, tokens: TokenBatch, micro_batch: MicroBatch) -> dict:
+        """The micro-batch padded to its own widths or packed into one row: the keyword arguments of
+        [`~models.policy_and_value.PolicyAndValueModel.forward`] and [`~models.policy_and_value.response_logprobs_of`]."""
+        return tokens.model_inputs(micro_batch, self.settings.padding_free)
+
+    def count(self, work: ForwardWork | None, tokens: TokenBatch, micro_batch: MicroBatch) -> None:
+        """Count one forward's tokens into `work` (computed ones: its padded size, or its real tokens packed)."""
+        if work is not None:
+            work.add(micro_batch, tokens.real_tokens(micro_batch), self.settings.padding_free)
+
+    def gather(
+        self,
+        tokens: TokenBatch,
+        plan: list[MicroBatch],
+        run: Callable[[dict], tuple[torch.Tensor | None, ...]],
+        shape: torch.Size,
+        work: ForwardWork | None = None,
+    ) -> tuple[torch.Tensor | None, ...]:
+        """
+        Run `run(inputs)` on every micro-batch of `plan` and gather its `[b, w]` outputs into `shape` (`[B, T]`)
+        tensors, zero after each micro-batch's longest response; an output `run` gives as `None` stays `None`.
+        """
+        gathered: list[torch.Tensor | None] | None = None
+        for micro in plan:
+            outputs = run(self.inputs(tokens, micro))
+            if gathered is None:
+                gathered = [None if out is None else out.new_zeros(shape) for out in outputs]
+            for full, out in zip(gathered, outputs):
+                if out is not None:
+                    full[micro.indices, : micro.response_width] = out
+            self.count(work, tokens, micro)
+        return tuple(gathered) if gathered is not None else ()
+
+    def micro_batches(
+        self, tokens: TokenBatch, plan: list[MicroBatch], work: ForwardWork | None = None
+    ) -> Iterator[tuple[MicroBatch, dict]]:
+        """Each micro-batch of `plan` with its model inputs, counted into `work`: for a caller that runs the forward
+        itself (the learner: its loss and backward come between micro-batches)."""
+        for micro in plan:
+            self.count(work, tokens, micro)
+            yield micro, self.inputs(tokens, micro)
