@@ -22,9 +22,9 @@ def _spy_rollout_policy_forwards(trainer):
     calls = []
     original = trainer.rollout_maker.forward
 
-    def spy(rollout, compute_policy, *args):
+    def spy(rollout, compute_policy, **kwargs):
         calls.append(compute_policy)
-        return original(rollout, compute_policy, *args)
+        return original(rollout, compute_policy, **kwargs)
 
     trainer.rollout_maker.forward = spy
     return calls

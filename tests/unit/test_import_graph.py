@@ -289,3 +289,58 @@ def test_files_stay_readable_and_the_trainer_mixes_in_nothing_of_the_package():
     assert long == {}
     mixed_in = [c.__module__ for c in inspect.getmro(PPOTrainer)[1:] if c.__module__.startswith("vcppo_trl")]
     assert mixed_in == []
+
+
+def _package_callables() -> dict[str, bool]:
+    """Functions, methods and classes the package defines -> whether one of that name takes `*args`."""
+    found: dict[str, bool] = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            for node in ast.walk(ast.parse(open(os.path.join(folder, name)).read())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    variadic = (
+                        isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.args.vararg is not None
+                    )
+                    found[node.name] = found.get(node.name, False) or variadic
+    return found
+
+
+def positional_calls(source: str, callables: dict[str, bool], limit: int = 3) -> list[str]:
+    """Calls to the package's own callables that pass more than `limit` positional arguments or splat a tuple."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        if name not in callables or callables[name]:
+            continue
+        if len(node.args) > limit or any(isinstance(arg, ast.Starred) for arg in node.args):
+            found.append(f"line {node.lineno}: {name}(...) with {len(node.args)} positional arguments")
+    return found
+
+
+def test_calls_past_three_arguments_use_keywords():
+    """A reader should not count positions: the package's calls to its own functions pass at most three positional
+    arguments and never splat a tuple into positions (functions that take `*args` aside)."""
+    callables = _package_callables()
+    found = []
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                found += [
+                    f"{os.path.relpath(path, PACKAGE)} {c}" for c in positional_calls(open(path).read(), callables)
+                ]
+    assert not found, "\n".join(found)
+
+
+def test_the_keyword_check_finds_positions_and_splats():
+    callables = {"plan": False, "gather": True}
+    source = "plan(a, b, c, d)\nplan(a, *rest)\nplan(a, b, c, d=d)\ngather(x, a, b, c, d)\nprint(a, b, c, d)\n"
+    assert positional_calls(source, callables) == [
+        "line 1: plan(...) with 4 positional arguments",
+        "line 2: plan(...) with 2 positional arguments",
+    ]

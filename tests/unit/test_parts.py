@@ -24,7 +24,7 @@ from vcppo_trl.rollout.settings import RolloutSettings, old_logprobs_from_traini
 from vcppo_trl.rollout.shaping import token_rewards
 from vcppo_trl.rollout.types import Rollout
 from vcppo_trl.sampling.hf import HFSampler
-from vcppo_trl.trainer.metrics import PRETRAIN_METRIC_NAMES, critic_fit, update_metrics
+from vcppo_trl.trainer.metrics import PRETRAIN_METRIC_NAMES, UpdateRecord, critic_fit, update_metrics
 from vcppo_trl.trainer.prompts import prompt_batches
 from vcppo_trl.trainer.value_pretraining import CriticFit, ValuePretrainingPhase, ValuePretrainRule
 
@@ -135,12 +135,16 @@ def test_critic_fit_is_built_from_the_update_not_from_metric_names():
         response_mask=torch.tensor([[True, True, False], [True, True, False]]),
     )
     returns = torch.tensor([[0.0, 1.0, -9.0], [2.0, 3.0, 7.0]])  # masked positions must not count
-    fit = critic_fit(accelerator, rollout, returns, UpdateResult(stats={"loss/value": 0.25}))
+    fit = critic_fit(
+        accelerator, UpdateRecord(rollout, None, returns, result=UpdateResult(stats={"loss/value": 0.25}))
+    )
     assert fit.loss == 0.25
     # Var(returns − values) = Var([0, 0, 0, 1]) and Var(returns) = Var([0, 1, 2, 3]) over the valid tokens.
     expected = 1 - torch.tensor([0.0, 0.0, 0.0, 1.0]).var() / torch.tensor([0.0, 1.0, 2.0, 3.0]).var()
     assert math.isclose(fit.explained_variance, float(expected), rel_tol=1e-6)
-    skipped = critic_fit(accelerator, rollout, returns, None)  # an update that did not train
+    skipped = critic_fit(
+        accelerator, UpdateRecord(rollout, None, returns, result=None)
+    )  # an update that did not train
     assert math.isnan(skipped.loss) and skipped.explained_variance == fit.explained_variance
     # The logged names for value pretraining are still the ones docs/trainer.md gives.
     logged = update_metrics(accelerator, {"loss/value": 0.25, "diagnostics/nonfinite_steps": 0.0}, train_policy=False)

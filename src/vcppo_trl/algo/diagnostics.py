@@ -133,7 +133,9 @@ def stop_advantage_gap(
     before_stop = torch.where(stops.unsqueeze(1) >= 0, positions < stops.unsqueeze(1), torch.ones_like(is_stop))
     is_continue = valid & before_stop
 
-    buckets = absolute_position_buckets(length, num_buckets, max_length or length, device).expand(batch_size, length)
+    buckets = absolute_position_buckets(length, num_buckets, max_length or length, device=device).expand(
+        batch_size, length
+    )
     values = advantages.double()
 
     def sums_and_counts(selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -139,7 +139,10 @@ def dual_lambda_gae(
 
     device = rewards.device
     decay = torch.cat(
-        [_decay_per_row(gamma, lam_actor, batch_size, device), _decay_per_row(gamma, lam_critic, batch_size, device)]
+        [
+            _decay_per_row(gamma, lam_actor, batch_size, device=device),
+            _decay_per_row(gamma, lam_critic, batch_size, device=device),
+        ]
     )
     both = reverse_discounted_cumsum(torch.cat([deltas, deltas]), decay)
     mask = valid.float()
@@ -161,4 +164,4 @@ def gae(
     Returns:
         `tuple[torch.Tensor, torch.Tensor]`: `(advantages, returns)`, both `[B, T]`, zero outside the mask.
     """
-    return dual_lambda_gae(rewards, values, response_mask, gamma, lam_actor=lam, lam_critic=lam)
+    return dual_lambda_gae(rewards, values, response_mask, gamma=gamma, lam_actor=lam, lam_critic=lam)

@@ -180,7 +180,7 @@ def clipped_policy_loss(
         per_token = torch.where(advantages < 0, torch.minimum(per_token, -advantages * dual_clip_c), per_token)
     if importance_weights is not None:
         per_token = per_token * importance_weights
-    loss = aggregate_loss(per_token, mask, loss_type, normalizer, max_length)
+    loss = aggregate_loss(per_token, mask, loss_type, normalizer=normalizer, max_length=max_length)
     with torch.no_grad():
         clipfrac = masked_mean((clipped > unclipped).float(), mask)
         approxkl = 0.5 * masked_mean(log_ratio**2, mask)
@@ -190,7 +190,15 @@ def clipped_policy_loss(
         clipfrac_dual = None
         if dual_clip_c is not None:
             clipfrac_dual = masked_mean(((ratio > dual_clip_c) & (advantages < 0)).float(), mask)
-    return PolicyLossOutput(loss, clipfrac, approxkl, mean_ratio, clipfrac_low, clipfrac_high, clipfrac_dual)
+    return PolicyLossOutput(
+        loss,
+        clipfrac,
+        approxkl,
+        ratio=mean_ratio,
+        clipfrac_low=clipfrac_low,
+        clipfrac_high=clipfrac_high,
+        clipfrac_dual=clipfrac_dual,
+    )
 
 
 def token_mean_term(per_token: torch.Tensor, mask: torch.Tensor, normalizer: torch.Tensor | float) -> torch.Tensor:
@@ -243,7 +251,7 @@ def clipped_value_loss(
         per_token = torch.maximum(loss_unclipped, loss_clipped)
         with torch.no_grad():
             clipfrac = masked_mean((loss_clipped > loss_unclipped).float(), mask)
-    loss = 0.5 * aggregate_loss(per_token, mask, loss_type, normalizer, max_length)
+    loss = 0.5 * aggregate_loss(per_token, mask, loss_type, normalizer=normalizer, max_length=max_length)
     return ValueLossOutput(loss=loss, clipfrac=clipfrac)
 
 

@@ -119,7 +119,7 @@ def plan_micro_batches(
             return sum(prompt[i] + response[i] for i in group)
         return padded_cost([prompt[i] for i in group], [response[i] for i in group])
 
-    fewest = _groups_under(prompt, response, order, max_tokens, packed)
+    fewest = _groups_under(prompt, response, order, cap=max_tokens, packed=packed)
     if count is None:
         count = len(fewest)
     if not len(fewest) <= count <= size:
@@ -131,11 +131,11 @@ def plan_micro_batches(
     low, high = 1, max_tokens
     while low < high:
         middle = (low + high) // 2
-        if len(_groups_under(prompt, response, order, middle, packed)) <= count:
+        if len(_groups_under(prompt, response, order, cap=middle, packed=packed)) <= count:
             high = middle
         else:
             low = middle + 1
-    groups = _groups_under(prompt, response, order, high, packed)
+    groups = _groups_under(prompt, response, order, cap=high, packed=packed)
     # Too few groups (the cap allows fewer): split the costliest group that has two rows or more, until `count`.
     while len(groups) < count:
         at = max((g for g in range(len(groups)) if len(groups[g]) > 1), key=lambda g: cost(groups[g]))
@@ -168,7 +168,7 @@ def split_by_tokens(
     """[`plan_micro_batches`] over the rows `indices` of a batch (lengths are the whole batch's); the micro-batches
     hold batch row indices, on the device of `indices`."""
     rows = indices.cpu()
-    plan = plan_micro_batches(prompt_lengths[rows], response_lengths[rows], max_tokens, count, packed)
+    plan = plan_micro_batches(prompt_lengths[rows], response_lengths[rows], max_tokens, count=count, packed=packed)
     return [dataclasses.replace(mb, indices=indices[mb.indices.to(indices.device)]) for mb in plan]
 
 
@@ -252,11 +252,12 @@ def plan_forwards(
             for group in groups
         ]
     counts = [
-        micro_batch_count(prompt_lengths[g.cpu()], response_lengths[g.cpu()], max_tokens, packed) for g in groups
+        micro_batch_count(prompt_lengths[g.cpu()], response_lengths[g.cpu()], max_tokens, packed=packed)
+        for g in groups
     ]
     if max_across is not None:
         counts = max_across(counts)
     return [
-        split_by_tokens(group, prompt_lengths, response_lengths, max_tokens, count, packed)
+        split_by_tokens(group, prompt_lengths, response_lengths, max_tokens=max_tokens, count=count, packed=packed)
         for group, count in zip(groups, counts)
     ]

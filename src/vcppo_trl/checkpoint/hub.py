@@ -176,8 +176,8 @@ def push_trainer(
     write_cards(trainer, args.output_dir, dataset_name=dataset_name, tags=tags)
     push = {"token": token, "private": private, "revision": revision, "commit_message": commit_message}
     commands = [
-        upload_command(policy_id, policy_dir, POLICY_IGNORE_PATTERNS, revision, private),
-        upload_command(value_id, value_dir, None, revision, private),
+        upload_command(policy_id, policy_dir, POLICY_IGNORE_PATTERNS, revision=revision, private=private),
+        upload_command(value_id, value_dir, None, revision=revision, private=private),
     ]
     try:
         policy_commit = push_folder(
@@ -205,7 +205,12 @@ def push_pretrained_critic(trainer: Trainer, folder: str, steps: int) -> CommitI
     args = trainer.args
     repo_id = pretrained_value_repo_id(args)
     write_card(
-        trainer, "pretrained-critic", folder, repo_id, companion_repo=policy_repo_id(args), pretrain_steps=steps
+        trainer,
+        "pretrained-critic",
+        folder,
+        repo_id=repo_id,
+        companion_repo=policy_repo_id(args),
+        pretrain_steps=steps,
     )
     try:
         commit = push_folder(
@@ -236,9 +241,17 @@ def write_cards(
     """The cards of a saved run: the policy's in `output_dir`, the critic's in `output_dir/value_model`."""
     args = trainer.args
     policy_id, value_id = policy_repo_id(args), value_repo_id(args)
-    write_card(trainer, "policy", output_dir, policy_id, companion_repo=value_id, dataset_name=dataset_name, tags=tags)
+    write_card(
+        trainer, "policy", output_dir, repo_id=policy_id, companion_repo=value_id, dataset_name=dataset_name, tags=tags
+    )
     value_dir = os.path.join(output_dir, VALUE_MODEL_DIRNAME)
     if os.path.isdir(value_dir):
         write_card(
-            trainer, "critic", value_dir, value_id, companion_repo=policy_id, dataset_name=dataset_name, tags=tags
+            trainer,
+            "critic",
+            value_dir,
+            repo_id=value_id,
+            companion_repo=policy_id,
+            dataset_name=dataset_name,
+            tags=tags,
         )

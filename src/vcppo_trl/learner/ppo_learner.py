@@ -131,9 +131,9 @@ class PPOLearner:
             mask,
             rollout.values,
             returns,
-            adv,
-            old_logprobs,
-            rollout.sampler_logprobs if correct_sampler else None,
+            advantages=adv,
+            old_logprobs=old_logprobs,
+            sampler_logprobs=rollout.sampler_logprobs if correct_sampler else None,
             policy_mask=None if policy_mask is mask else policy_mask,
             positive_mask=self.positive_mask(rollout, policy_mask),
         )
@@ -153,7 +153,9 @@ class PPOLearner:
                     self.forwards.warn_over_budget(micro_batches)
                     if not train_policy:  # before the backward passes: DeepSpeed steps inside the last one
                         self.set_policy_lr_to_zero()
-                    normalizers = self.loss_normalizers(batch.select(mb_idx))
+                    policy_normalizer, value_normalizer, policy_tokens, positive_tokens = self.loss_normalizers(
+                        batch.select(mb_idx)
+                    )
                     # DDP and DeepSpeed average gradients over processes (× world undoes it: the normaliser is global);
                     # DeepSpeed also divides by its own gradient_accumulation_steps, whatever our micro-batch count.
                     scale = world * (self.deepspeed_accumulation_steps(len(micro_batches)) if self.is_deepspeed else 1)
@@ -162,7 +164,7 @@ class PPOLearner:
                         idx, width = micro.indices, micro.response_width
                         # Gradient accumulation over the micro-batches of one minibatch; DDP syncs on the last one only.
                         is_last = i == len(micro_batches) - 1
-                        with micro_batch_context(self.accelerator, self.is_deepspeed, model, is_last):
+                        with micro_batch_context(self.accelerator, self.is_deepspeed, model, is_last=is_last):
                             logprobs, entropy, vpred = model(
                                 temperature=settings.temperature,
                                 compute_policy=train_policy,
@@ -171,7 +173,15 @@ class PPOLearner:
                             if fill_old_logprobs:
                                 old_logprobs[idx, :width] = logprobs.detach().float()
                             out = ppo_micro_batch_loss(
-                                loss_settings, batch.select(idx, width), logprobs, entropy, vpred, *normalizers
+                                loss_settings,
+                                batch.select(idx, width),
+                                logprobs,
+                                entropy=entropy,
+                                vpred=vpred,
+                                policy_normalizer=policy_normalizer,
+                                value_normalizer=value_normalizer,
+                                policy_tokens=policy_tokens,
+                                positive_tokens=positive_tokens,
                             )
                             self.accelerator.backward(out.loss * scale)
                         if out.importance_weights is not None:
@@ -200,7 +210,7 @@ class PPOLearner:
                         for name, value in grad_norms.items():
                             stats[name].append(value)
         metrics = mean_metrics(stats) | {"diagnostics/nonfinite_steps": float(nonfinite_steps)}
-        return UpdateResult(metrics, old_logprobs if fill_old_logprobs else None, importance_weights, work)
+        return UpdateResult(metrics, old_logprobs if fill_old_logprobs else None, importance_weights, work=work)
 
     def whiten(self, values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
         """[`~algo.masked.masked_whiten`] with the statistics `advantage_whitening` asks for (all processes, or this one)."""

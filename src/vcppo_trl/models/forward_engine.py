@@ -60,12 +60,12 @@ class ForwardEngine:
             groups,
             tokens.prompt_lengths,
             tokens.response_lengths,
-            settings.max_tokens,
-            settings.sequences,
-            tokens.context_length,
-            response_width,
-            max_across_processes(self.accelerator),
-            settings.padding_free,
+            max_tokens=settings.max_tokens,
+            rows_per_micro_batch=settings.sequences,
+            context_length=tokens.context_length,
+            response_length=response_width,
+            max_across=max_across_processes(self.accelerator),
+            packed=settings.padding_free,
         )
         return plans
 
@@ -73,7 +73,9 @@ class ForwardEngine:
         """Warn once when a sequence longer than the budget runs alone in its micro-batch."""
         if self.settings.max_tokens is not None:
             settings = self.settings
-            warn_once_over_budget(plan, settings.max_tokens, settings.budget_field, self.warned, logger.warning)
+            warn_once_over_budget(
+                plan, settings.max_tokens, settings.budget_field, warned=self.warned, warn=logger.warning
+            )
 
     def check_packing(self, models: dict[str, torch.nn.Module], vocab_size: int) -> None:
         """Before a model's first padding-free forward: refuse one that lets packed sequences attend to each other

@@ -153,13 +153,21 @@ def response_logprobs(
     parts = causal_lm_parts(policy)
     if parts is None:
         return full_logits_logprobs(
-            policy, input_ids, attention_mask, position_ids, context_length, temperature, compute_entropy
+            policy,
+            input_ids,
+            attention_mask,
+            position_ids=position_ids,
+            context_length=context_length,
+            temperature=temperature,
+            compute_entropy=compute_entropy,
         )
     output = parts.backbone(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
     )
     hidden = output.last_hidden_state[:, context_length - 1 : -1]
-    return chunked_token_logprobs(hidden, parts, input_ids[:, context_length:], temperature, compute_entropy)
+    return chunked_token_logprobs(
+        hidden, parts, input_ids[:, context_length:], temperature=temperature, compute_entropy=compute_entropy
+    )
 
 
 def packed_response_logprobs(
@@ -181,4 +189,6 @@ def packed_response_logprobs(
         return logprobs, (entropy_from_logits(logits) if compute_entropy else None)
     output = parts.backbone(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
     hidden = output.last_hidden_state[0][packed.predicting]
-    return chunked_token_logprobs(hidden, parts, packed.targets, temperature, compute_entropy)
+    return chunked_token_logprobs(
+        hidden, parts, packed.targets, temperature=temperature, compute_entropy=compute_entropy
+    )

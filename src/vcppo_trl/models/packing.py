@@ -97,7 +97,7 @@ def check_packing(model: torch.nn.Module, vocab_size: int, name: str) -> None:
     try:
         alone = _outputs(model, second.unsqueeze(0).to(device), torch.arange(7, device=device).unsqueeze(0))[0].float()
         packed = _outputs(model, row, positions)[0, 5:].float()
-        seeing = _outputs(model, row, positions, torch.ones_like(row))[0, 5:].float()
+        seeing = _outputs(model, row, positions, attention_mask=torch.ones_like(row))[0, 5:].float()
     finally:
         model.train(was_training)
     apart, together = float((packed - alone).abs().max()), float((seeing - alone).abs().max())
@@ -141,7 +141,11 @@ class TokenBatch:
 
     def packed(self, micro_batch: MicroBatch) -> PackedRow:
         return pack_micro_batch(
-            self.query_ids, self.response_ids, self.prompt_lengths, self.response_lengths, micro_batch
+            self.query_ids,
+            self.response_ids,
+            self.prompt_lengths,
+            response_lengths=self.response_lengths,
+            micro_batch=micro_batch,
         )
 
     def padded(self, micro_batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -69,7 +69,9 @@ class PolicyAndValueModel(nn.Module):
             position_ids = None
         else:
             position_ids = position_ids_from_mask(attention_mask)
-            values = value_forward(self.critic, input_ids, attention_mask, position_ids, context_length)
+            values = value_forward(
+                self.critic, input_ids, attention_mask, position_ids=position_ids, context_length=context_length
+            )
         if not compute_policy:
             return None, None, values
         logprobs, entropy = response_logprobs_of(
@@ -104,9 +106,15 @@ def response_logprobs_of(
         `(logprobs, entropy)`: `[b, w]` float32 tensors; `entropy` is `None` unless `compute_entropy`.
     """
     if packed is not None:
-        return packed_response_logprobs(policy, packed, temperature, compute_entropy)
+        return packed_response_logprobs(policy, packed, temperature, compute_entropy=compute_entropy)
     return policy_logprobs(
-        policy, input_ids, attention_mask, context_length, temperature, compute_entropy, position_ids
+        policy,
+        input_ids,
+        attention_mask,
+        context_length=context_length,
+        temperature=temperature,
+        compute_entropy=compute_entropy,
+        position_ids=position_ids,
     )
 
 
@@ -132,5 +140,11 @@ def policy_logprobs(
     if position_ids is None:
         position_ids = position_ids_from_mask(attention_mask)
     return response_logprobs(
-        policy, input_ids, attention_mask, position_ids, context_length, temperature, compute_entropy
+        policy,
+        input_ids,
+        attention_mask,
+        position_ids=position_ids,
+        context_length=context_length,
+        temperature=temperature,
+        compute_entropy=compute_entropy,
     )

@@ -202,4 +202,4 @@ def _collect(outcomes: list[tuple[str, Any]], failure_value: float) -> RewardCal
             errors.append("timed out" if status == "timeout" else payload)
         values.append(failure_value)
         failed.append(True)
-    return RewardCallResult(values, sum(failed), errors, failed)
+    return RewardCallResult(values, sum(failed), errors, failed=failed)

@@ -38,7 +38,16 @@ def reward_model_scores(
     else:
         lengths = torch.tensor([len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]])
     rows = torch.arange(len(texts))
-    (plan,) = plan_forwards([rows], lengths, torch.zeros_like(lengths), max_tokens, batch_size, 0, 0, max_across)
+    (plan,) = plan_forwards(
+        [rows],
+        lengths,
+        torch.zeros_like(lengths),
+        max_tokens=max_tokens,
+        rows_per_micro_batch=batch_size,
+        context_length=0,
+        response_length=0,
+        max_across=max_across,
+    )
     scores = [0.0] * len(texts)
     for micro in plan:
         chunk = micro.indices.tolist()

@@ -137,7 +137,9 @@ class RolloutMaker:
             [`~sampling.seam.Samples`]: response ids, mask and `has_stop` as in [`~sampling.seam.truncate_at_stop`], the
             sampler's own log-probabilities when it reports them (vLLM), and the generation's wall time.
         """
-        return self.sampler.generate(query_ids, query_mask, greedy, temperature or self.settings.temperature)
+        return self.sampler.generate(
+            query_ids, query_mask, greedy, temperature=temperature or self.settings.temperature
+        )
 
     def score(
         self,
@@ -169,17 +171,17 @@ class RolloutMaker:
                     func,
                     proc,
                     texts,
-                    self.settings.reward_model_batch_size,
-                    self.settings.forwards.max_tokens,
-                    max_across_processes(self.accelerator),
+                    batch_size=self.settings.reward_model_batch_size,
+                    max_tokens=self.settings.forwards.max_tokens,
+                    max_across=max_across_processes(self.accelerator),
                 )
             else:
                 result = call_reward_function(
                     func,
                     prompts,
                     completions,
-                    completion_ids,
-                    extra,
+                    completion_ids=completion_ids,
+                    extra_columns=extra,
                     timeout=self.settings.reward_timeout,
                     failure_value=self.settings.reward_failure_value,
                     trainer_state=trainer_state,
@@ -209,16 +211,33 @@ class RolloutMaker:
         query_ids, query_mask = self.tokenize_prompts(prompt_texts)
         samples = self.generate(query_ids, query_mask, greedy=greedy, temperature=temperature)
         completions, texts, completion_ids = decode_completions(
-            rows, samples.response_ids, samples.response_mask, self.stop_token_ids, self.tokenizer
+            rows,
+            samples.response_ids,
+            samples.response_mask,
+            stop_token_ids=self.stop_token_ids,
+            tokenizer=self.tokenizer,
         )
         rewards_per_func, reward_failed = self.score(
-            rows, prompt_texts, completions, texts, completion_ids, trainer_state
+            rows,
+            prompt_texts,
+            completions,
+            completion_texts=texts,
+            completion_ids=completion_ids,
+            trainer_state=trainer_state,
         )
         weights = self.reward_weights.to(rewards_per_func.device)
         raw_scores = (rewards_per_func.nan_to_num(0.0) * weights).sum(dim=1)
         all_none = torch.isnan(rewards_per_func).all(dim=1)
         raw_scores = torch.where(all_none, torch.full_like(raw_scores, float("nan")), raw_scores)
-        return ScoredSamples(query_ids, query_mask, samples, completions, rewards_per_func, reward_failed, raw_scores)
+        return ScoredSamples(
+            query_ids,
+            query_mask,
+            samples,
+            completions=completions,
+            rewards_per_func=rewards_per_func,
+            reward_failed=reward_failed,
+            raw_scores=raw_scores,
+        )
 
     # ----------------------------------------------------------- the rollout
 
@@ -265,7 +284,9 @@ class RolloutMaker:
         idx = [g * k + j for g in groups for j in range(k)]
         scored = concat_scored(parts, self.tokenizer.pad_token_id).select(idx)
         tokens = sum(part.samples.num_tokens for part in parts)
-        stats = DynamicSamplingStats(len(parts), len(informative), sum(informative), filled, tokens)
+        stats = DynamicSamplingStats(
+            len(parts), len(informative), sum(informative), filled_groups=filled, generated_tokens=tokens
+        )
         return [drawn_rows[i] for i in idx], scored, stats
 
     def make(
@@ -311,8 +332,8 @@ class RolloutMaker:
                 lengths,
                 has_stop,
                 settings.response_length,
-                settings.overlong_buffer_length,
-                settings.overlong_penalty_factor,
+                buffer_length=settings.overlong_buffer_length,
+                factor=settings.overlong_penalty_factor,
             )
             scores = scores + torch.where(torch.isnan(raw_scores), 0.0, overlong_penalties)
         # A sample that no reward function could score is dropped from the losses.
@@ -338,7 +359,9 @@ class RolloutMaker:
         needs_old_logprobs = train_policy and not settings.old_logprobs_from_training_forward
         plan = self.forward_plan(rollout)
         with measured(ForwardWork(), self.accelerator.device) as work:
-            rollout.logprobs, rollout.values = self.forward(rollout, needs_old_logprobs or with_kl, plan, work)
+            rollout.logprobs, rollout.values = self.forward(
+                rollout, needs_old_logprobs or with_kl, plan=plan, work=work
+            )
             if with_kl:
                 rollout.ref_logprobs = self.reference_logprobs(rollout, plan, work)
         if with_kl:
@@ -347,7 +370,12 @@ class RolloutMaker:
             rollout.kl = torch.zeros_like(rollout.values)
         all_reduce = whitening_all_reduce(self.accelerator, settings.advantage_whitening)
         rollout.rewards = token_rewards(
-            rollout.scores, rollout.kl, response_mask, settings.kl_coef, settings.whiten_rewards, all_reduce
+            rollout.scores,
+            rollout.kl,
+            response_mask,
+            kl_coef=settings.kl_coef,
+            whiten=settings.whiten_rewards,
+            all_reduce=all_reduce,
         )
         return rollout, RolloutStats(generation, work, dynamic)
 
@@ -389,7 +417,7 @@ class RolloutMaker:
             return logprobs, values
 
         with eval_mode(model):
-            logprobs, values = self.forwards.gather(tokens, plan, run, rollout.response_ids.shape, work)
+            logprobs, values = self.forwards.gather(tokens, plan, run, shape=rollout.response_ids.shape, work=work)
         return logprobs, values
 
     @torch.no_grad()
@@ -409,7 +437,7 @@ class RolloutMaker:
         # PEFT without a reference model: the reference is the policy's base model, adapters disabled.
         adapters_off = reference.disable_adapter() if self.ref_model is None else contextlib.nullcontext()
         with adapters_off, eval_mode(reference):
-            (logprobs,) = self.forwards.gather(tokens, plan, run, rollout.response_ids.shape, work)
+            (logprobs,) = self.forwards.gather(tokens, plan, run, shape=rollout.response_ids.shape, work=work)
         return logprobs
 
     def check_packing(self, *models: torch.nn.Module) -> None:

@@ -36,13 +36,13 @@ class ScoredSamples:
                 samples.response_ids[rows],
                 samples.response_mask[rows],
                 samples.has_stop[rows],
-                None if samples.logprobs is None else samples.logprobs[rows],
-                samples.seconds,
+                logprobs=None if samples.logprobs is None else samples.logprobs[rows],
+                seconds=samples.seconds,
             ),
-            [self.completions[i] for i in idx],
-            self.rewards_per_func[rows],
-            self.reward_failed[rows],
-            self.raw_scores[rows],
+            completions=[self.completions[i] for i in idx],
+            rewards_per_func=self.rewards_per_func[rows],
+            reward_failed=self.reward_failed[rows],
+            raw_scores=self.raw_scores[rows],
         )
 
 
@@ -67,17 +67,17 @@ def concat_scored(parts: list[ScoredSamples], pad_token_id: int) -> ScoredSample
         torch.cat([right(p.samples.response_ids, pad_token_id) for p in parts]),
         torch.cat([right(p.samples.response_mask, False) for p in parts]),
         torch.cat([p.samples.has_stop for p in parts]),
-        None if any(lp is None for lp in logprobs) else torch.cat([right(lp, 0.0) for lp in logprobs]),
-        sum(p.samples.seconds for p in parts),
+        logprobs=None if any(lp is None for lp in logprobs) else torch.cat([right(lp, 0.0) for lp in logprobs]),
+        seconds=sum(p.samples.seconds for p in parts),
     )
     return ScoredSamples(
         torch.cat([left(p.query_ids, pad_token_id) for p in parts]),
         torch.cat([left(p.query_mask, 0) for p in parts]),
         samples,
-        [c for p in parts for c in p.completions],
-        torch.cat([p.rewards_per_func for p in parts]),
-        torch.cat([p.reward_failed for p in parts]),
-        torch.cat([p.raw_scores for p in parts]),
+        completions=[c for p in parts for c in p.completions],
+        rewards_per_func=torch.cat([p.rewards_per_func for p in parts]),
+        reward_failed=torch.cat([p.reward_failed for p in parts]),
+        raw_scores=torch.cat([p.raw_scores for p in parts]),
     )
 
 

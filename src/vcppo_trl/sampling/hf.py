@@ -85,7 +85,8 @@ class HFSampler:
         width = max(p.shape[1] for p in pieces)
         pad = self.tokenizer.pad_token_id
         responses = torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=pad) for p in pieces])
-        samples = Samples(*truncate_at_stop(responses, self.stop_token_ids, pad))
+        response_ids, response_mask, has_stop = truncate_at_stop(responses, self.stop_token_ids, pad)
+        samples = Samples(response_ids, response_mask, has_stop)
         samples.seconds = time.perf_counter() - start
         return samples
 

@@ -90,7 +90,7 @@ def samples_from_token_lists(
             if row:
                 padded[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
         sampler_logprobs = padded.to(device) * mask
-    return Samples(responses, mask, has_stop, sampler_logprobs)
+    return Samples(responses, mask, has_stop, logprobs=sampler_logprobs)
 
 
 def unpadded_prompts(query_ids: torch.Tensor, query_mask: torch.Tensor) -> list[list[int]]:

@@ -224,7 +224,7 @@ class VLLMColocateSampler(_VLLMSamplerBase):
         completions = [list(o.outputs[0].token_ids) for o in outputs]
         logprobs = [_sampled_logprobs(o.outputs[0]) for o in outputs]
         samples = samples_from_token_lists(
-            completions, logprobs, self.stop_token_ids, self.tokenizer.pad_token_id, self.device
+            completions, logprobs, self.stop_token_ids, pad_token_id=self.tokenizer.pad_token_id, device=self.device
         )
         samples.seconds = time.perf_counter() - start
         return samples
@@ -428,7 +428,11 @@ class VLLMServerSampler(_VLLMSamplerBase):
         first = self.accelerator.process_index * len(prompts)
         mine = slice(first, first + len(prompts))
         samples = samples_from_token_lists(
-            completions[mine], logprobs[mine], self.stop_token_ids, self.tokenizer.pad_token_id, self.device
+            completions[mine],
+            logprobs[mine],
+            self.stop_token_ids,
+            pad_token_id=self.tokenizer.pad_token_id,
+            device=self.device,
         )
         samples.seconds = time.perf_counter() - start
         return samples

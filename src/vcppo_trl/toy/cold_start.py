@@ -221,7 +221,7 @@ def cold_start_sft(
             else:
                 logger.warning("Cold start: too few examples to hold some out, ignoring `target_accuracy`.")
         if eval_dataset is not None:
-            callbacks.append(TargetAccuracyCallback(tokenizer, eval_dataset, target_accuracy, eval_steps))
+            callbacks.append(TargetAccuracyCallback(tokenizer, eval_dataset, target_accuracy, eval_steps=eval_steps))
     target = next((cb for cb in callbacks if isinstance(cb, TargetAccuracyCallback)), None)
     train_dataset = train_dataset.select_columns(["prompt", "completion"])
     config_kwargs: dict[str, Any] = {

@@ -209,7 +209,9 @@ def sampled_accuracy(
     solutions = [s for s in dataset["solution"] for _ in range(num_samples)]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        responses = sample_responses(model, tokenizer, prompts, max_new_tokens, batch_size, temperature)
+        responses = sample_responses(
+            model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size, temperature=temperature
+        )
     texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
     correct = [is_correct(t, s) for t, s in zip(texts, solutions)]
     per_prompt = [correct[i : i + num_samples] for i in range(0, len(correct), num_samples)]

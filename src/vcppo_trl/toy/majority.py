@@ -272,7 +272,7 @@ def make_majority_dataset(
         rows.append(
             {
                 "prompt": prompt,
-                "completion": format_solution(bits, stop_line, tally, encoding),
+                "completion": format_solution(bits, stop_line, tally, encoding=encoding),
                 "solution": f"\\boxed{{{answer}}}",
                 "difficulty": num_bits,
                 "stop_line": stop_line,

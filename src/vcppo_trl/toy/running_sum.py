@@ -212,7 +212,7 @@ def make_running_sum_dataset(
         rows.append(
             {
                 "prompt": prompt,
-                "completion": format_solution(digits, stop_line, modulus, tally),
+                "completion": format_solution(digits, stop_line, modulus, tally=tally),
                 "solution": f"\\boxed{{{answer}}}",
                 "difficulty": n,
                 "stop_line": stop_line,

@@ -275,7 +275,7 @@ def make_arithmetic_dataset(
         seen.add(prompt)
         # Drawn only when needed, so that short_fraction=0 leaves the generator's sequence (and old datasets) as is.
         short = short_fraction > 0 and rng.random() < short_fraction
-        rows.append(_example(a, b, difficulty, short))
+        rows.append(_example(a, b, difficulty, short=short))
     return Dataset.from_list(rows)
 
 

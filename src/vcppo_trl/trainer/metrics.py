@@ -6,6 +6,7 @@ the trainer file keeps the training loop.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -42,16 +43,28 @@ PRETRAIN_METRIC_NAMES = {
 }
 
 
-def critic_fit(
-    accelerator: Accelerator, rollout: Rollout, returns: torch.Tensor, result: UpdateResult | None
-) -> CriticFit:
+@dataclasses.dataclass(frozen=True)
+class UpdateRecord:
+    """The last update as the trainer keeps it: its rollout (with the old log-probs it trained on), the raw advantages
+    and returns it computed, and the learner's result (`None` when no sample could be scored and it did not train)."""
+
+    rollout: Rollout
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    result: UpdateResult | None
+
+
+def critic_fit(accelerator: Accelerator, update: UpdateRecord) -> CriticFit:
     """
     How well the critic fit an update's targets, over all processes, as the value-pretraining rule takes it: the
     update's mean value loss (the learner's `loss/value`, averaged over processes as the logged `_avg` is) and the
     explained variance of the rollout's values against `returns` over the whole batch (as `value/explained_variance`
-    is logged). `result` is `None` for an update that did not train (the loss is then nan).
+    is logged). An update that did not train (`update.result` is `None`) has a nan loss.
     """
-    values, returns_g, mask_g = gather_masked(accelerator, rollout.values, returns, rollout.response_mask.long())
+    rollout, result = update.rollout, update.result
+    values, returns_g, mask_g = gather_masked(
+        accelerator, rollout.values, update.returns, rollout.response_mask.long()
+    )
     loss = math.nan
     if result is not None and "loss/value" in result.stats:
         loss = mean_across(accelerator, torch.tensor([result.stats["loss/value"]], device=accelerator.device))
@@ -145,10 +158,10 @@ def rollout_metrics(
     metrics["objective/rlhf_reward"] = metrics["objective/scores"] + metrics["objective/non_score_reward"]
     # The critic-bias signature that shortens responses: advantage of stopping to think minus continuing, by
     # absolute position (see vcppo_trl.diagnostics).
-    stops = stop_positions(rollout.response_ids, mask, end_of_thinking_ids, rollout.has_stop)
+    stops = stop_positions(rollout.response_ids, mask, end_of_thinking_ids, has_stop=rollout.has_stop)
     num_stop_buckets = args.position_buckets or 8
     stop_gap = stop_advantage_gap(
-        advantages_g, mask_g, accelerator.gather(stops), num_stop_buckets, args.response_length
+        advantages_g, mask_g, accelerator.gather(stops), num_buckets=num_stop_buckets, max_length=args.response_length
     )
     metrics["diagnostics/stop_advantage_gap"] = stop_gap.gap
     if args.position_buckets > 0:
@@ -167,8 +180,8 @@ def rollout_metrics(
             mc_returns = returns_g
         else:
             rewards_g = gather_masked(accelerator, rollout.rewards)[0]
-            mc_returns = dual_lambda_gae(rewards_g, values, mask_g, args.gamma, 1.0, 1.0)[1]
-        for k, ev in enumerate(position_bucket_explained_variance(values, mc_returns, mask_g, num)):
+            mc_returns = dual_lambda_gae(rewards_g, values, mask_g, gamma=args.gamma, lam_actor=1.0, lam_critic=1.0)[1]
+        for k, ev in enumerate(position_bucket_explained_variance(values, mc_returns, mask_g, num_buckets=num)):
             metrics[f"diagnostics/mc_explained_variance_bucket_{k}"] = ev
     for i, name in enumerate(reward_func_names):
         metrics[f"rewards/{name}/mean"] = mean_across(accelerator, rollout.rewards_per_func[:, i])
@@ -218,9 +231,9 @@ def sampling_metrics(
             rollout.logprobs,
             rollout.sampler_logprobs,
             mask,
-            args.vllm_importance_sampling_mode,
-            args.vllm_importance_sampling_clip_min,
-            args.vllm_importance_sampling_clip_max,
+            mode=args.vllm_importance_sampling_mode,
+            clip_min=args.vllm_importance_sampling_clip_min,
+            clip_max=args.vllm_importance_sampling_clip_max,
         )
     flat = weights.flatten()[mask.any(1)] if weights.shape[1] == 1 else weights[mask]
     mean, low, high = reduce_stats(accelerator, flat)
@@ -258,7 +271,9 @@ def learner_metrics(
     """The metrics of an update after its PPO epochs: the sampler's ([`sampling_metrics`]), the epochs'
     ([`update_metrics`]), the forwards' work ([`work_metrics`]) and TRL's old names ([`trl_metric_names`]).
     `rollout.logprobs` must be the update's old log-probabilities; `rollout_side` the metrics logged before."""
-    metrics = sampling_metrics(accelerator, args, rollout, made.generation, result.importance_weights)
+    metrics = sampling_metrics(
+        accelerator, args, rollout, generation=made.generation, importance_weights=result.importance_weights
+    )
     metrics.update(update_metrics(accelerator, result.stats, train_policy))
     metrics.update(work_metrics(accelerator, made.forwards, result.work))
     if made.dynamic_sampling is not None:

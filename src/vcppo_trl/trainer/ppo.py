@@ -29,7 +29,7 @@ from ..checkpoint import hub
 from ..config.batch_plan import plan_batches
 from ..config.ppo import PPOConfig
 from ..learner.optimizers import parameter_groups, role_scheduler
-from ..learner.ppo_learner import PPOLearner, UpdateResult
+from ..learner.ppo_learner import PPOLearner
 from ..learner.settings import LearnerSettings
 from ..models.loading import load_reward_funcs, resolve_stop_token_ids
 from ..models.policy_and_value import PolicyAndValueModel
@@ -42,7 +42,7 @@ from . import setup
 from .cadence import is_due
 from .console import CompactPrinterCallback, RolloutProgressCallback
 from .evaluation import evaluation_metrics
-from .metrics import learner_metrics, print_samples, rollout_metrics
+from .metrics import UpdateRecord, learner_metrics, print_samples, rollout_metrics
 from .preemption import SignalWatcher, agreed_signal, interruption
 from .prompts import PromptStream
 
@@ -55,17 +55,6 @@ __all__ = ["PPOTrainer", "RewardFunc"]
 logger = logging.get_logger(__name__)
 
 RewardFunc = str | PreTrainedModel | Callable[..., list[float | None]]
-
-
-@dataclasses.dataclass(frozen=True)
-class UpdateRecord:
-    """The last update as the trainer keeps it: its rollout (with the old log-probs it trained on), the raw advantages
-    and returns it computed, and the learner's result (`None` when no sample could be scored and it did not train)."""
-
-    rollout: Rollout
-    advantages: torch.Tensor
-    returns: torch.Tensor
-    result: UpdateResult | None
 
 
 class PPOTrainer(_BaseTrainer):
@@ -146,7 +135,7 @@ class PPOTrainer(_BaseTrainer):
         reward_funcs, reward_processing_classes = load_reward_funcs(reward_funcs, reward_processing_classes, args)
         self.reward_func_names = [reward_func_name(f) for f in reward_funcs]
         train_dataset, eval_dataset, self.data_reports = setup.prepare_datasets(
-            train_dataset, eval_dataset, tokenizer, args, reward_funcs
+            train_dataset, eval_dataset, tokenizer, args=args, reward_funcs=reward_funcs
         )
 
         # DDP: value-only updates leave the policy out of the graph. With `ddp_find_unused_parameters=None`,
@@ -161,7 +150,7 @@ class PPOTrainer(_BaseTrainer):
             callbacks=callbacks,
             optimizers=optimizers,
         )
-        check_distributed_setup(self.accelerator, args, self.is_fsdp_enabled, self.is_deepspeed_enabled)
+        check_distributed_setup(self.accelerator, args, self.is_fsdp_enabled, is_deepspeed=self.is_deepspeed_enabled)
         if self.accelerator.num_processes > 1:
             # With one seed every rank would sample the same tokens (correlated rollouts); the prompt order does not
             # depend on this RNG (see `data.prompt_batches`), so offsetting it per rank keeps the ranks' prompts disjoint.
@@ -237,7 +226,9 @@ class PPOTrainer(_BaseTrainer):
     def compute_advantages(self, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
         """The seam where a subclass changes how advantages are made: `(advantages, returns)`, both `[B, T]`, raw (not
         whitened) advantages for the policy and the critic's targets. [`PPOTrainer`] uses single-λ GAE with `lam`."""
-        return gae(rollout.rewards, rollout.values, rollout.response_mask, self.args.gamma, self.critic_lambda())
+        return gae(
+            rollout.rewards, rollout.values, rollout.response_mask, gamma=self.args.gamma, lam=self.critic_lambda()
+        )
 
     def critic_lambda(self) -> float:
         """The λ of the critic's targets that [`compute_advantages`] gives in the current update (the metrics reuse
@@ -259,7 +250,7 @@ class PPOTrainer(_BaseTrainer):
     # ------------------------------------------------------------------- loop
 
     def _due(self, interval: float | int, strategy) -> bool:
-        return is_due(interval, strategy, self.state.global_step, self.state.max_steps)
+        return is_due(interval, strategy, self.state.global_step, max_steps=self.state.max_steps)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
         """
@@ -287,7 +278,14 @@ class PPOTrainer(_BaseTrainer):
         if resume is not None:
             self._restore_training_state(resume)
         rank, start = self.accelerator.process_index, self.batches_consumed
-        self.prompts = PromptStream(self.train_dataset, self.batches, rank, args.seed, args.num_generations, start)
+        self.prompts = PromptStream(
+            self.train_dataset,
+            self.batches,
+            rank,
+            seed=args.seed,
+            num_generations=args.num_generations,
+            consumed=start,
+        )
         self.sampler.mark_stale()  # the sampler starts from the weights training starts from (resumed ones included)
         self.before_training()
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
@@ -325,7 +323,7 @@ class PPOTrainer(_BaseTrainer):
                     self.control.should_log = False
                 if sample_every and self.state.global_step % sample_every == 0 and self.is_world_process_zero():
                     last = self.last_update
-                    print_samples(last.rollout, last.advantages, self.reward_func_names, self.state.global_step)
+                    print_samples(last.rollout, last.advantages, self.reward_func_names, step=self.state.global_step)
                 if self.eval_dataset is not None and self._due(args.eval_steps, args.eval_strategy):
                     self.evaluate()
                 saved = self._due(args.save_steps, args.save_strategy)
@@ -357,14 +355,14 @@ class PPOTrainer(_BaseTrainer):
             planned = self.critic_only_updates() * self.optimizer_steps_per_update()
             self.learner.start_policy_schedule(planned)
         more_rows = self.prompts.draw if self.prompts is not None else None  # None: called outside `train`
-        rollout, made = self.rollout_maker.make(rows, train_policy, self.state, more_rows)
+        rollout, made = self.rollout_maker.make(rows, train_policy, self.state, more_rows=more_rows)
         advantages, returns = self.compute_advantages(rollout)
         metrics = rollout_metrics(
             self.accelerator,
             self.args,
             rollout,
-            advantages,
-            returns,
+            advantages=advantages,
+            returns=returns,
             end_of_thinking_ids=self.end_of_thinking_ids,
             reward_func_names=self.reward_func_names,
             prefix="" if train_policy else "value_pretrain/",
@@ -399,7 +397,7 @@ class PPOTrainer(_BaseTrainer):
                 rollout_side=metrics,
             )
         )
-        self.last_update = UpdateRecord(rollout, advantages, returns, result)
+        self.last_update = UpdateRecord(rollout, advantages, returns, result=result)
         return metrics
 
     def _learning_rate(self, role: str) -> float:
@@ -452,7 +450,9 @@ class PPOTrainer(_BaseTrainer):
             local_mini_batch_size=self.batches.local_mini_batch_size,
         )
         stateful = [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]
-        self.state = setup.new_trainer_state(args, stateful, self.num_training_updates(), self.batches.batch_size)
+        self.state = setup.new_trainer_state(
+            args, stateful, self.num_training_updates(), batch_size=self.batches.batch_size
+        )
         self.state.is_local_process_zero = self.is_local_process_zero()
         self.state.is_world_process_zero = self.is_world_process_zero()
         self.control = TrainerControl()
@@ -463,7 +463,7 @@ class PPOTrainer(_BaseTrainer):
             trainer_saving.load_engine_states(self.model_wrapped, resume)
         self._load_optimizer_and_scheduler(resume.path)  # under DeepSpeed: the scheduler only
         saved = resume.saved
-        trainer_saving.restore_state(self.state, self.callback_handler.callbacks, resume.path, saved)
+        trainer_saving.restore_state(self.state, self.callback_handler.callbacks, resume.path, saved=saved)
         self.learner.nonfinite_steps_in_a_row = saved["nonfinite_steps_in_a_row"]
         self._resumed_batches = saved.get("batches_consumed", self.state.global_step)
         self.restore_phase_state(saved)
@@ -480,7 +480,9 @@ class PPOTrainer(_BaseTrainer):
     def _sampler_failed(self, err: SamplerError) -> SamplerError:
         """The error to stop with when the sampler fails mid-run (see [`~trainer.saving.sampler_failure_note`])."""
         step, save = self.state.global_step, lambda: self._save_checkpoint(self.model, trial=None)
-        note = trainer_saving.sampler_failure_note(self.args, step, self.accelerator.num_processes, save)
+        note = trainer_saving.sampler_failure_note(
+            self.args, step, self.accelerator.num_processes, save_checkpoint=save
+        )
         return SamplerError(f"Sampling failed at update {step + 1}: {err} {note}")
 
     # -------------------------------------------- evaluation, saving, the Hub
@@ -514,7 +516,9 @@ class PPOTrainer(_BaseTrainer):
     def save_value_model(self, output_dir: str, state_dict: dict | None = None) -> None:
         """Save the critic as a standard token-classification checkpoint (with the tokenizer). Call on every rank."""
         _, critic = self.unwrapped_policy_and_critic()
-        trainer_saving.save_critic(critic, self.processing_class, self.args, output_dir, state_dict)
+        trainer_saving.save_critic(
+            critic, self.processing_class, self.args, output_dir=output_dir, state_dict=state_dict
+        )
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         """Save the policy (or its adapter) and tokenizer in `output_dir`, the critic in `output_dir/value_model`."""

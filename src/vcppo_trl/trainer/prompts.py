@@ -171,7 +171,7 @@ def prepare_prompt_dataset(
                 else:
                     truncated += 1
     kept_indices = [i for i, k in enumerate(keep) if k]
-    report = DataReport(len(dataset), len(kept_indices), dropped, truncated)
+    report = DataReport(len(dataset), len(kept_indices), dropped, truncated_prompts=truncated)
     if not kept_indices:
         raise ValueError(f"`{name}`: no usable rows are left ({report.summary()}).")
     if len(kept_indices) < len(dataset):
@@ -211,7 +211,9 @@ class PromptStream:
 
     def __init__(self, dataset: Dataset, batches, rank: int, seed: int, num_generations: int, consumed: int = 0):
         self.consumed = consumed
-        self._batches = prompt_batches(dataset, batches, rank, seed, num_generations, consumed)
+        self._batches = prompt_batches(
+            dataset, batches, rank, seed=seed, num_generations=num_generations, start=consumed
+        )
 
     def draw(self) -> list[dict[str, Any]]:
         """The next batch of prompt rows (each `num_generations` times in a row)."""

@@ -86,7 +86,9 @@ def save_models(
         os.makedirs(output_dir, exist_ok=True)
         policy.save_pretrained(output_dir, state_dict=policy_sd)
         tokenizer.save_pretrained(output_dir)
-        save_critic(critic, tokenizer, args, os.path.join(output_dir, VALUE_MODEL_DIRNAME), state_dict=critic_sd)
+        save_critic(
+            critic, tokenizer, args, output_dir=os.path.join(output_dir, VALUE_MODEL_DIRNAME), state_dict=critic_sd
+        )
         torch.save(args, os.path.join(output_dir, "training_args.bin"))
         write_cards(output_dir)
 
@@ -306,7 +308,7 @@ def resolve_checkpoint(
             f"{checkpoint} was saved with {saved['train_rows']} training rows, this run has "
             f"{train_rows}: the data order after resuming differs from an uninterrupted run."
         )
-    return ResumePoint(checkpoint, saved, saved_world, universal)
+    return ResumePoint(checkpoint, saved, saved_world, universal=universal)
 
 
 def prepare_universal_checkpoint(checkpoint: str, saved_world: int, accelerator: Accelerator) -> str:

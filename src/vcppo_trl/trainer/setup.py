@@ -80,8 +80,8 @@ def build_models(
     built and readied as the config asks (see [`prepare_models`], [`reference_model`])."""
     policy = load_policy(model, args)
     tokenizer = load_tokenizer(processing_class, policy)
-    critic = build_critic(value_model, policy, tokenizer, args)
-    policy, critic = prepare_models(policy, critic, args, peft_config, value_peft_config)
+    critic = build_critic(value_model, policy, tokenizer, args=args)
+    policy, critic = prepare_models(policy, critic, args, peft_config=peft_config, value_peft_config=value_peft_config)
     return policy, critic, reference_model(policy, ref_model, args), tokenizer
 
 
@@ -158,7 +158,12 @@ def prepare_datasets(
         if dataset is not None:
             required = reward_function_columns(reward_funcs, dataset.column_names)
             dataset, report = prepare_prompt_dataset(
-                dataset, f"{name}_dataset", tokenizer, required, args.max_prompt_length, args.overlong_prompt
+                dataset,
+                f"{name}_dataset",
+                tokenizer,
+                required_columns=required,
+                max_prompt_length=args.max_prompt_length,
+                overlong_prompt=args.overlong_prompt,
             )
             reports[name] = report
             if report.kept < report.num_rows or report.truncated_prompts:
@@ -190,10 +195,10 @@ def build_sampler(
             current_model,
             accelerator,
             tokenizer,
-            stop_token_ids,
-            args.response_length,
-            args.local_rollout_forward_batch_size,
-            args.ds3_gather_for_generation,
+            stop_token_ids=stop_token_ids,
+            response_length=args.response_length,
+            chunk_size=args.local_rollout_forward_batch_size,
+            gather_deepspeed3_params=args.ds3_gather_for_generation,
         )
     require_vllm()
     from trl.distributed import DistributedBackend
@@ -204,15 +209,21 @@ def build_sampler(
     def current_policy():
         return accelerator.unwrap_model(current_model()).policy
 
-    common = (current_policy, gather, accelerator, tokenizer, stop_token_ids)
+    common = dict(
+        gather=gather,
+        accelerator=accelerator,
+        tokenizer=tokenizer,
+        stop_token_ids=stop_token_ids,
+        response_length=args.response_length,
+    )
     longest_prompt = args.max_prompt_length
     if longest_prompt is None:
         longest_prompt = max(max(prompt_token_lengths(d["prompt"], tokenizer)) for d in datasets if d is not None)
     needed_length = longest_prompt + args.response_length
     if args.vllm_mode == "server":
         sampler = VLLMServerSampler(
-            *common,
-            args.response_length,
+            current_policy,
+            **common,
             base_url=server_base_url(args),
             timeout=args.vllm_server_timeout,
             group_port=args.vllm_group_port,
@@ -226,11 +237,11 @@ def build_sampler(
         if args.max_prompt_length is not None
         else config.max_position_embeddings
     )
-    check_vllm_model(config, max_model_length, needed_length, vllm_platform_is_cpu())
+    check_vllm_model(config, max_model_length, needed_length, on_cpu=vllm_platform_is_cpu())
     dtype = vllm_dtype(args, policy)
     sampler = VLLMColocateSampler(
-        *common,
-        args.response_length,
+        current_policy,
+        **common,
         dtype=dtype,
         max_model_length=max_model_length,
         gpu_memory_utilization=args.vllm_gpu_memory_utilization,

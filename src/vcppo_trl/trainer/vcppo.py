@@ -149,8 +149,7 @@ class VCPPOTrainer(PPOTrainer):
         phase = self.value_pretraining
         if not phase.active:
             return
-        last = self.last_update
-        reason = phase.record(critic_fit(self.accelerator, last.rollout, last.returns, last.result))
+        reason = phase.record(critic_fit(self.accelerator, self.last_update))
         if phase.save_now():
             self._save_pretrained_critic(f"{VALUE_PRETRAINED_DIRNAME}-step-{phase.updates}")
         if reason is None:
