@@ -220,6 +220,8 @@ class PPOLearner:
     def check_packing(self) -> None:
         """Before the first padding-free forward: refuse a policy or critic that lets packed sequences attend to each
         other ([`~models.packing.check_packing`])."""
+        if not self.settings.forwards.padding_free:
+            return
         wrapper = self.accelerator.unwrap_model(self.model)
         vocab = wrapper.policy.config.get_text_config().vocab_size
         self.forwards.check_packing({"policy": wrapper.policy, "critic": wrapper.critic}, vocab)

@@ -442,7 +442,12 @@ class RolloutMaker:
 
     def check_packing(self, *models: torch.nn.Module) -> None:
         """Before the first padding-free forward of each model: refuse one that lets packed sequences attend to each
-        other ([`~models.packing.check_packing`])."""
+        other ([`~models.packing.check_packing`]). Padded forwards need no check."""
+        if not self.settings.forwards.padding_free:
+            return
         for model in models:
-            vocab = model.config.get_text_config().vocab_size
+            config = model.config
+            if not hasattr(config, "get_text_config"):  # a DeepSpeed engine (ZeRO-3 reference): the model is inside
+                config = model.module.config
+            vocab = config.get_text_config().vocab_size
             self.forwards.check_packing({type(model).__name__: model}, vocab)

@@ -221,6 +221,29 @@ def test_zero3_reference_and_reward_models(tmp_path):
     assert r0["policy_hash"] == r1["policy_hash"]
 
 
+def test_zero3_padding_free_forwards_with_a_reference_model(tmp_path):
+    """Padding-free forwards under ZeRO-3 with kl_coef > 0: the packing check reads the vocabulary of a reference that
+    is a DeepSpeed engine (its own `config` is DeepSpeed's), and the KL is that of the padded run's reference."""
+    pytest.importorskip("deepspeed")
+    launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file"]
+    launch += [os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml"), "--main_process_port", "0"]
+    runs = {}
+    for padding_free in (True, False):
+        overrides = {"ddp_backend": "gloo", "kl_coef": 0.05, "padding_free": padding_free}
+        out = tmp_path / f"padding_free_{padding_free}"
+        runs[padding_free] = _launch(out, launch, worker_args=[json.dumps(overrides)])
+    packed, padded = runs[True][0], runs[False][0]
+    assert packed["global_step"] == padded["global_step"] == 3
+    kl = [
+        (a["objective/kl"], b["objective/kl"])
+        for a, b in zip(packed["metrics"], padded["metrics"])
+        if "loss/policy_avg" in a
+    ]
+    assert len(kl) == 2 and kl[1][0] != 0.0
+    for packed_kl, padded_kl in kl:
+        assert packed_kl == pytest.approx(padded_kl, rel=1e-3, abs=1e-5)
+
+
 def test_zero3_bf16_with_a_policy_built_before_the_trainer(tmp_path):
     """
     bf16 under ZeRO-3 with a policy created before the trainer (not partitioned): the critic is built unpartitioned
