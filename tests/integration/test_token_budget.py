@@ -96,6 +96,23 @@ def config(tmp_path, **overrides):
     return PPOConfig(**kwargs)
 
 
+def forward_maker(args, model, accelerator=None, ref_model=None, reference_is_initial_policy=True):
+    """A rollout maker for its no-grad forwards only (no sampler, tokenizer or reward functions)."""
+    return RolloutMaker(
+        RolloutSettings.from_args(args),
+        accelerator or Accelerator(cpu=True),
+        tokenizer=None,
+        sampler=None,
+        current_model=lambda: model,
+        ref_model=ref_model,
+        reward_funcs=[],
+        reward_processing_classes=[],
+        reward_weights=torch.ones(0),
+        stop_token_ids=[0],
+        reference_is_initial_policy=reference_is_initial_policy,
+    )
+
+
 def run_update(model, args, rollout, train_policy=True):
     """One update with plain SGD from a fixed RNG state; returns its result and the gradient of every optimizer step."""
     accelerator = Accelerator(cpu=True)
@@ -118,19 +135,7 @@ def run_update(model, args, rollout, train_policy=True):
         is_deepspeed=False,
         local_mini_batch_size=local,
     )
-    maker = RolloutMaker(
-        RolloutSettings.from_args(args),
-        accelerator,
-        tokenizer=None,
-        sampler=None,
-        current_model=lambda: model,
-        ref_model=None,
-        reward_funcs=[],
-        reward_processing_classes=[],
-        reward_weights=torch.ones(0),
-        stop_token_ids=[0],
-        reference_is_initial_policy=True,
-    )
+    maker = forward_maker(args, model, accelerator=accelerator, reference_is_initial_policy=True)
     rollout = copy.copy(rollout)
     with torch.no_grad():
         rollout.logprobs, rollout.values = maker.forward(rollout, compute_policy=True)
@@ -276,18 +281,8 @@ def test_budget_rollout_forwards_equal_the_padded_ones(pair, tokenizer, tmp_path
     for budget, padding_free in ((None, False), (18, False), (40, False), (None, True), (40, True)):
         args = config(tmp_path, max_tokens_per_forward=budget, kl_coef=0.1, padding_free=padding_free)
         accelerator = Accelerator(cpu=True)
-        maker = RolloutMaker(
-            RolloutSettings.from_args(args),
-            accelerator,
-            tokenizer=None,
-            sampler=None,
-            current_model=lambda: pair,
-            ref_model=reference,
-            reward_funcs=[],
-            reward_processing_classes=[],
-            reward_weights=torch.ones(0),
-            stop_token_ids=[0],
-            reference_is_initial_policy=False,
+        maker = forward_maker(
+            args, pair, accelerator=accelerator, ref_model=reference, reference_is_initial_policy=False
         )
         plan = maker.forward_plan(rollout)
         logprobs, values = maker.forward(rollout, compute_policy=True, plan=plan)
@@ -320,33 +315,9 @@ def test_budget_with_lora_equals_the_padded_path(tokenizer, tmp_path, padding_fr
     assert any("lora" in name for name in padded[1][0])  # the adapters got gradients
     # The PEFT reference (the base model, adapters disabled) under the forward budget too.
     args = config(tmp_path, max_tokens_per_forward=24, kl_coef=0.1, padding_free=padding_free)
-    maker = RolloutMaker(
-        RolloutSettings.from_args(args),
-        Accelerator(cpu=True),
-        tokenizer=None,
-        sampler=None,
-        current_model=lambda: pair,
-        ref_model=None,
-        reward_funcs=[],
-        reward_processing_classes=[],
-        reward_weights=torch.ones(0),
-        stop_token_ids=[0],
-        reference_is_initial_policy=False,
-    )
+    maker = forward_maker(args, pair, reference_is_initial_policy=False)
     padded_args = config(tmp_path, kl_coef=0.1)
-    padded_maker = RolloutMaker(
-        RolloutSettings.from_args(padded_args),
-        Accelerator(cpu=True),
-        tokenizer=None,
-        sampler=None,
-        current_model=lambda: pair,
-        ref_model=None,
-        reward_funcs=[],
-        reward_processing_classes=[],
-        reward_weights=torch.ones(0),
-        stop_token_ids=[0],
-        reference_is_initial_policy=False,
-    )
+    padded_maker = forward_maker(padded_args, pair, reference_is_initial_policy=False)
     mask = rollout.response_mask
     torch.testing.assert_close(
         maker.reference_logprobs(rollout)[mask], padded_maker.reference_logprobs(rollout)[mask], rtol=1e-5, atol=1e-6
