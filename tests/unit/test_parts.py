@@ -378,9 +378,9 @@ def test_plan_batches_refuses_what_cannot_be_split(tmp_path):
 
 def test_metrics_reuse_lambda_one_returns_as_the_monte_carlo_returns(tokenizer, tmp_path):
     from vcppo_trl.algo.gae import dual_lambda_gae
-    from vcppo_trl.trainer.metrics import rollout_metrics
+    from vcppo_trl.trainer.metrics import MetricSettings, rollout_metrics
 
-    args = config(tmp_path, position_buckets=4)
+    args = MetricSettings.from_args(config(tmp_path, position_buckets=4))
     rollout = synthetic_rollout(tokenizer)
     advantages, returns = dual_lambda_gae(rollout.rewards, rollout.values, rollout.response_mask, 1.0, 0.95, 1.0)
     accelerator = Accelerator(cpu=True)
@@ -407,3 +407,24 @@ def test_learner_returns_the_sampler_weights_its_loss_used(parts, tokenizer, tmp
     # Without the correction the loss computes none (the metrics then compute them themselves).
     plain = make_learner(parts, config(tmp_path, vllm_importance_sampling_correction=False))
     assert plain.update(rollout, rollout.rewards.clone(), returns).importance_weights is None
+
+
+def test_sampler_settings_carry_the_mixed_precision_that_vllm_is_told(tmp_path):
+    from vcppo_trl.sampling import SamplerSettings, vllm_dtype
+
+    policy = torch.nn.Linear(2, 2).to(torch.float64)
+    plain = SamplerSettings.from_args(config(tmp_path, vllm_server_host="h", vllm_server_port=9))
+    assert plain.mixed_precision is None and vllm_dtype(plain.mixed_precision, policy) == "float64"
+    assert plain.server_base_url == "http://h:9"
+    assert plain.chunk_size == config(tmp_path).local_rollout_forward_batch_size
+    bf16 = SamplerSettings.from_args(config(tmp_path, bf16=True))
+    assert vllm_dtype(bf16.mixed_precision, policy) == "bfloat16"
+
+
+def test_evaluation_settings_generate_at_least_one_prompt_per_chunk(tmp_path):
+    from vcppo_trl.trainer.evaluation import EvaluationSettings
+
+    args = config(tmp_path, local_rollout_forward_batch_size=4, eval_num_generations=8, eval_temperature=0.7)
+    settings = EvaluationSettings.from_args(args)
+    assert (settings.prompts_per_chunk, settings.num_generations, settings.temperature) == (1, 8, 0.7)
+    assert EvaluationSettings.from_args(config(tmp_path, local_rollout_forward_batch_size=4)).prompts_per_chunk == 4

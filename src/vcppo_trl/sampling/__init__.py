@@ -4,6 +4,7 @@ the checks a vLLM engine needs before it starts.
 
 from .hf import HFSampler, eval_mode, neutralised_generation_fields
 from .seam import Sampler, SamplerError, Samples, truncate_at_stop
+from .settings import SamplerSettings
 from .vllm_checks import check_vllm_model, require_vllm, server_base_url, vllm_dtype, vllm_platform_is_cpu
 from .vllm_samplers import VLLMColocateSampler, VLLMServerSampler
 
@@ -11,6 +12,7 @@ __all__ = [
     "HFSampler",
     "Sampler",
     "SamplerError",
+    "SamplerSettings",
     "Samples",
     "VLLMColocateSampler",
     "VLLMServerSampler",

@@ -31,12 +31,11 @@ def require_vllm() -> None:
         raise ImportError(f"`use_vllm=True` needs vLLM, which is not installed: {VLLM_INSTALL_HINT}.") from err
 
 
-def vllm_dtype(args, policy: torch.nn.Module) -> str:
-    """The training dtype, passed to vLLM explicitly: bf16/fp16 under mixed precision, else the weights' dtype."""
-    if getattr(args, "bf16", False):
-        return "bfloat16"
-    if getattr(args, "fp16", False):
-        return "float16"
+def vllm_dtype(mixed_precision: str | None, policy: torch.nn.Module) -> str:
+    """The training dtype, passed to vLLM explicitly: `mixed_precision` ("bfloat16", "float16") when training runs
+    under it, else the weights' dtype."""
+    if mixed_precision is not None:
+        return mixed_precision
     dtype = next(policy.parameters()).dtype
     return str(dtype).removeprefix("torch.")
 

@@ -1,7 +1,7 @@
 """The metrics [`PPOTrainer`] logs per update: the rollout's, the sampler's, the PPO epochs' and TRL's old names.
 
-Pure functions of the update's tensors, the accelerator (every metric is over all processes) and the config, so that
-the trainer file keeps the training loop.
+Pure functions of the update's tensors, the accelerator (every metric is over all processes) and the fields of the
+config they read ([`MetricSettings`]), so that the trainer file keeps the training loop.
 """
 
 from __future__ import annotations
@@ -41,6 +41,34 @@ PRETRAIN_METRIC_NAMES = {
     "val/clipfrac": "value_pretrain/clipfrac",
     "val/vpred": "value_pretrain/vpred",
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricSettings:
+    """The fields of [`PPOConfig`] the update's metrics read (their meanings are the config's)."""
+
+    accuracy_threshold: float
+    kl_coef: float
+    gamma: float
+    response_length: int
+    position_buckets: int
+    # How the sampler-mismatch weights are computed when the loss did not compute them.
+    importance_sampling_mode: str
+    importance_sampling_clip_min: float | None
+    importance_sampling_clip_max: float | None
+
+    @classmethod
+    def from_args(cls, args: PPOConfig) -> MetricSettings:
+        return cls(
+            accuracy_threshold=args.accuracy_threshold,
+            kl_coef=args.kl_coef,
+            gamma=args.gamma,
+            response_length=args.response_length,
+            position_buckets=args.position_buckets,
+            importance_sampling_mode=args.vllm_importance_sampling_mode,
+            importance_sampling_clip_min=args.vllm_importance_sampling_clip_min,
+            importance_sampling_clip_max=args.vllm_importance_sampling_clip_max,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +138,7 @@ def _mean_or_nan(x: torch.Tensor) -> float:
 
 def rollout_metrics(
     accelerator: Accelerator,
-    args: PPOConfig,
+    settings: MetricSettings,
     rollout: Rollout,
     advantages: torch.Tensor,
     returns: torch.Tensor,
@@ -136,13 +164,13 @@ def rollout_metrics(
     valid = ~torch.isnan(raw)
     lengths = accelerator.gather(rollout.response_mask.sum(1).float())[valid]
     kl_per_sample = (kl_g * mask_g).sum(1)[valid]
-    correct = is_correct(raw[valid], args.accuracy_threshold).float()
+    correct = is_correct(raw[valid], settings.accuracy_threshold).float()
 
     nan = torch.full_like(rollout.scores, float("nan"))
     metrics = {
         "objective/scores": mean_across(accelerator, torch.where(scored, rollout.scores, nan)),
         "objective/kl": _mean_or_nan(kl_per_sample),
-        "objective/non_score_reward": _mean_or_nan(-args.kl_coef * kl_per_sample),
+        "objective/non_score_reward": _mean_or_nan(-settings.kl_coef * kl_per_sample),
         "value/explained_variance": explained_variance(values, returns_g, mask_g),
         "value/mean": float(masked_mean(values, mask_g)),
         "value/returns_mean": float(masked_mean(returns_g, mask_g)),
@@ -159,17 +187,21 @@ def rollout_metrics(
     # The critic-bias signature that shortens responses: advantage of stopping to think minus continuing, by
     # absolute position (see vcppo_trl.diagnostics).
     stops = stop_positions(rollout.response_ids, mask, end_of_thinking_ids, has_stop=rollout.has_stop)
-    num_stop_buckets = args.position_buckets or 8
+    num_stop_buckets = settings.position_buckets or 8
     stop_gap = stop_advantage_gap(
-        advantages_g, mask_g, accelerator.gather(stops), num_buckets=num_stop_buckets, max_length=args.response_length
+        advantages_g,
+        mask_g,
+        accelerator.gather(stops),
+        num_buckets=num_stop_buckets,
+        max_length=settings.response_length,
     )
     metrics["diagnostics/stop_advantage_gap"] = stop_gap.gap
-    if args.position_buckets > 0:
+    if settings.position_buckets > 0:
         for k in range(num_stop_buckets):
             metrics[f"diagnostics/stop_advantage_gap_bucket_{k}"] = float(stop_gap.bucket_gaps[k])
-    if args.position_buckets > 0:
+    if settings.position_buckets > 0:
         # The paper's Figure 2 per update: advantage and value error by relative position in the response.
-        num = args.position_buckets
+        num = settings.position_buckets
         adv_buckets = position_bucket_means(advantages_g, mask_g, num)
         err_buckets = position_bucket_means(values - returns_g, mask_g, num)
         for k in range(num):
@@ -180,7 +212,9 @@ def rollout_metrics(
             mc_returns = returns_g
         else:
             rewards_g = gather_masked(accelerator, rollout.rewards)[0]
-            mc_returns = dual_lambda_gae(rewards_g, values, mask_g, gamma=args.gamma, lam_actor=1.0, lam_critic=1.0)[1]
+            mc_returns = dual_lambda_gae(
+                rewards_g, values, mask_g, gamma=settings.gamma, lam_actor=1.0, lam_critic=1.0
+            )[1]
         for k, ev in enumerate(position_bucket_explained_variance(values, mc_returns, mask_g, num_buckets=num)):
             metrics[f"diagnostics/mc_explained_variance_bucket_{k}"] = ev
     for i, name in enumerate(reward_func_names):
@@ -198,7 +232,7 @@ def rollout_metrics(
 
 def sampling_metrics(
     accelerator: Accelerator,
-    args: PPOConfig,
+    settings: MetricSettings,
     rollout: Rollout,
     generation: GenerationStats,
     importance_weights: torch.Tensor | None = None,
@@ -231,9 +265,9 @@ def sampling_metrics(
             rollout.logprobs,
             rollout.sampler_logprobs,
             mask,
-            mode=args.vllm_importance_sampling_mode,
-            clip_min=args.vllm_importance_sampling_clip_min,
-            clip_max=args.vllm_importance_sampling_clip_max,
+            mode=settings.importance_sampling_mode,
+            clip_min=settings.importance_sampling_clip_min,
+            clip_max=settings.importance_sampling_clip_max,
         )
     flat = weights.flatten()[mask.any(1)] if weights.shape[1] == 1 else weights[mask]
     mean, low, high = reduce_stats(accelerator, flat)
@@ -261,7 +295,7 @@ def update_metrics(accelerator: Accelerator, update_stats: dict[str, float], tra
 
 def learner_metrics(
     accelerator: Accelerator,
-    args: PPOConfig,
+    settings: MetricSettings,
     rollout: Rollout,
     made: RolloutStats,
     result: UpdateResult,
@@ -272,7 +306,7 @@ def learner_metrics(
     ([`update_metrics`]), the forwards' work ([`work_metrics`]) and TRL's old names ([`trl_metric_names`]).
     `rollout.logprobs` must be the update's old log-probabilities; `rollout_side` the metrics logged before."""
     metrics = sampling_metrics(
-        accelerator, args, rollout, generation=made.generation, importance_weights=result.importance_weights
+        accelerator, settings, rollout, generation=made.generation, importance_weights=result.importance_weights
     )
     metrics.update(update_metrics(accelerator, result.stats, train_policy))
     metrics.update(work_metrics(accelerator, made.forwards, result.work))

@@ -41,8 +41,8 @@ from . import saving as trainer_saving
 from . import setup
 from .cadence import is_due
 from .console import CompactPrinterCallback, RolloutProgressCallback
-from .evaluation import evaluation_metrics
-from .metrics import UpdateRecord, learner_metrics, print_samples, rollout_metrics
+from .evaluation import EvaluationSettings, evaluation_metrics
+from .metrics import MetricSettings, UpdateRecord, learner_metrics, print_samples, rollout_metrics
 from .preemption import SignalWatcher, agreed_signal, interruption
 from .prompts import PromptStream
 
@@ -357,9 +357,10 @@ class PPOTrainer(_BaseTrainer):
         more_rows = self.prompts.draw if self.prompts is not None else None  # None: called outside `train`
         rollout, made = self.rollout_maker.make(rows, train_policy, self.state, more_rows=more_rows)
         advantages, returns = self.compute_advantages(rollout)
+        metric_settings = MetricSettings.from_args(self.args)
         metrics = rollout_metrics(
             self.accelerator,
-            self.args,
+            metric_settings,
             rollout,
             advantages=advantages,
             returns=returns,
@@ -389,7 +390,7 @@ class PPOTrainer(_BaseTrainer):
         metrics.update(
             learner_metrics(
                 self.accelerator,
-                self.args,
+                metric_settings,
                 rollout,
                 made=made,
                 result=result,
@@ -500,7 +501,7 @@ class PPOTrainer(_BaseTrainer):
         metrics = evaluation_metrics(
             self.rollout_maker,
             dataset,
-            args=self.args,
+            settings=EvaluationSettings.from_args(self.args),
             accelerator=self.accelerator,
             trainer_state=self.state,
             metric_key_prefix=metric_key_prefix,

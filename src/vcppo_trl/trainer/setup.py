@@ -25,7 +25,8 @@ from ..parallel.checks import check_launch_environment
 from ..rollout.maker import RolloutMaker
 from ..rollout.settings import RolloutSettings
 from ..sampling.hf import HFSampler, neutralised_generation_fields
-from ..sampling.vllm_checks import check_vllm_model, require_vllm, server_base_url, vllm_dtype, vllm_platform_is_cpu
+from ..sampling.settings import SamplerSettings
+from ..sampling.vllm_checks import check_vllm_model, require_vllm, vllm_dtype, vllm_platform_is_cpu
 from ..sampling.vllm_samplers import VLLMColocateSampler, VLLMServerSampler
 from .console import quiet_replica
 from .prompts import DataReport, prepare_prompt_dataset, prompt_token_lengths, reward_function_columns
@@ -173,7 +174,7 @@ def prepare_datasets(
 
 
 def build_sampler(
-    args: PPOConfig,
+    settings: SamplerSettings,
     accelerator: Accelerator,
     *,
     policy: torch.nn.Module,
@@ -190,15 +191,15 @@ def build_sampler(
         current_model: Returns the current (prepared) [`~models.policy_and_value.PolicyAndValueModel`] at each generation.
         datasets: The prompt datasets, to size vLLM's context when `max_prompt_length` is not set.
     """
-    if not args.use_vllm:
+    if not settings.use_vllm:
         return HFSampler(
             current_model,
             accelerator,
             tokenizer,
             stop_token_ids=stop_token_ids,
-            response_length=args.response_length,
-            chunk_size=args.local_rollout_forward_batch_size,
-            gather_deepspeed3_params=args.ds3_gather_for_generation,
+            response_length=settings.response_length,
+            chunk_size=settings.chunk_size,
+            gather_deepspeed3_params=settings.gather_deepspeed3_params,
         )
     require_vllm()
     from trl.distributed import DistributedBackend
@@ -214,41 +215,41 @@ def build_sampler(
         accelerator=accelerator,
         tokenizer=tokenizer,
         stop_token_ids=stop_token_ids,
-        response_length=args.response_length,
+        response_length=settings.response_length,
     )
-    longest_prompt = args.max_prompt_length
+    longest_prompt = settings.max_prompt_length
     if longest_prompt is None:
         longest_prompt = max(max(prompt_token_lengths(d["prompt"], tokenizer)) for d in datasets if d is not None)
-    needed_length = longest_prompt + args.response_length
-    if args.vllm_mode == "server":
+    needed_length = longest_prompt + settings.response_length
+    if settings.vllm_mode == "server":
         sampler = VLLMServerSampler(
             current_policy,
             **common,
-            base_url=server_base_url(args),
-            timeout=args.vllm_server_timeout,
-            group_port=args.vllm_group_port,
+            base_url=settings.server_base_url,
+            timeout=settings.server_timeout,
+            group_port=settings.group_port,
             needed_length=needed_length,
         )
         logger.warning(f"Rollouts are sampled by the vLLM server at {sampler.base_url}.")
         return sampler
     config = (policy.get_base_model() if is_peft_model(policy) else policy).config
-    max_model_length = args.vllm_max_model_length or (
-        args.max_prompt_length + args.response_length
-        if args.max_prompt_length is not None
+    max_model_length = settings.max_model_length or (
+        settings.max_prompt_length + settings.response_length
+        if settings.max_prompt_length is not None
         else config.max_position_embeddings
     )
     check_vllm_model(config, max_model_length, needed_length, on_cpu=vllm_platform_is_cpu())
-    dtype = vllm_dtype(args, policy)
+    dtype = vllm_dtype(settings.mixed_precision, policy)
     sampler = VLLMColocateSampler(
         current_policy,
         **common,
         dtype=dtype,
         max_model_length=max_model_length,
-        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-        tensor_parallel_size=args.vllm_tensor_parallel_size,
-        enable_sleep_mode=args.vllm_enable_sleep_mode,
-        model_impl=args.vllm_model_impl,
-        seed=args.seed,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        tensor_parallel_size=settings.tensor_parallel_size,
+        enable_sleep_mode=settings.enable_sleep_mode,
+        model_impl=settings.model_impl,
+        seed=settings.seed,
         copy_weights=backend.is_zero3,
     )
     started = f"engine started in {sampler.start_seconds:.0f} s" if sampler.start_seconds else "engine reused"
@@ -294,7 +295,7 @@ def build_rollout_maker(
 ) -> RolloutMaker:
     """The [`~rollout.maker.RolloutMaker`] with its sampler ([`build_sampler`]) and the reward weights."""
     sampler = build_sampler(
-        args,
+        SamplerSettings.from_args(args),
         accelerator,
         policy=policy,
         current_model=current_model,
