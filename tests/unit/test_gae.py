@@ -500,3 +500,58 @@ def test_explained_variance_kept_when_outcomes_differ():
     gen = torch.Generator().manual_seed(1)
     small = 0.001 * torch.randn(16, 20, generator=gen)
     assert math.isfinite(explained_variance(small, small * 2, mask, min_relative_std=1e-4))
+
+
+# ------------------------------------------------------------------------------------------------ window bootstrap
+
+
+def _reference_bootstrapped(rewards, values, bootstrap, gamma, lam):
+    """A^λ of ONE cut sequence: the value after its last token is `bootstrap` instead of 0 (extended GAE)."""
+    n = len(rewards)
+    advantages, running = [0.0] * n, 0.0
+    for t in reversed(range(n)):
+        next_value = values[t + 1] if t + 1 < n else bootstrap
+        running = rewards[t] + gamma * next_value - values[t] + gamma * lam * running
+        advantages[t] = running
+    return advantages
+
+
+@pytest.mark.parametrize("gamma,lam_actor,lam_critic", [(1.0, 0.95, 1.0), (0.99, 0.9, 0.97), (1.0, 0.0, 1.0)])
+def test_bootstrap_values_replace_the_terminal_zero_after_a_cut(gamma, lam_actor, lam_critic):
+    lengths, length = [5, 1, 0, 7, 3], 7
+    rewards, values, mask = _random_batch(11, lengths, length, sparse_rewards=True)
+    bootstrap = torch.tensor([0.7, -0.3, 5.0, 0.0, 1.5])
+    adv, ret = dual_lambda_gae(rewards, values, mask, gamma, lam_actor, lam_critic, bootstrap_values=bootstrap)
+    for b, n in enumerate(lengths):
+        r, v = rewards[b, :n].double().tolist(), values[b, :n].double().tolist()
+        expected_adv = _reference_bootstrapped(r, v, float(bootstrap[b]), gamma, lam_actor)
+        expected_ret = [
+            a + x for a, x in zip(_reference_bootstrapped(r, v, float(bootstrap[b]), gamma, lam_critic), v)
+        ]
+        torch.testing.assert_close(
+            adv[b, :n].double(), torch.tensor(expected_adv, dtype=torch.float64), atol=1e-5, rtol=0
+        )
+        torch.testing.assert_close(
+            ret[b, :n].double(), torch.tensor(expected_ret, dtype=torch.float64), atol=1e-5, rtol=0
+        )
+    assert not adv[~mask].any() and not ret[~mask].any()
+
+
+def test_zero_bootstrap_is_the_terminal_state_bit_for_bit():
+    rewards, values, mask = _random_batch(3, [4, 6, 2], 6)
+    plain = dual_lambda_gae(rewards, values, mask, 1.0, 0.95, 1.0)
+    zero = dual_lambda_gae(rewards, values, mask, 1.0, 0.95, 1.0, bootstrap_values=torch.zeros(3))
+    assert all(torch.equal(a, b) for a, b in zip(plain, zero))
+    with pytest.raises(ValueError, match=r"bootstrap_values must have shape \[B\] = \[3\]"):
+        dual_lambda_gae(rewards, values, mask, 1.0, 0.95, 1.0, bootstrap_values=torch.zeros(2))
+
+
+def test_last_valid_values_is_t_ppo_stand_in_for_the_value_after_the_cut():
+    from vcppo_trl.algo.gae import last_valid_values
+
+    values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 9.0, 9.0], [9.0, 9.0, 9.0]])
+    mask = _right_padded_mask([3, 1, 0], 3)
+    assert last_valid_values(values, mask).tolist() == [3.0, 4.0, 0.0]
+    # γ = 1, no reward in the window: the last token's δ is V(s_{l−1}) − V(s_{l−1}) = 0.
+    adv, _ = dual_lambda_gae(torch.zeros(3, 3), values, mask, 1.0, 0.95, 1.0, last_valid_values(values, mask))
+    assert adv[0, 2] == 0 and adv[1, 0] == 0

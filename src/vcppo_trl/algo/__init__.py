@@ -13,7 +13,7 @@ from .diagnostics import (
     stop_positions,
 )
 from .dynamic_sampling import DynamicSamplingStats, choose_groups, informative_groups
-from .gae import dual_lambda_gae, gae, reverse_discounted_cumsum
+from .gae import dual_lambda_gae, gae, last_valid_values, reverse_discounted_cumsum
 from .losses import (
     IMPORTANCE_SAMPLING_MODES,
     KL_ESTIMATORS,
@@ -62,6 +62,7 @@ __all__ = [
     "dual_lambda_gae",
     "explained_variance",
     "gae",
+    "last_valid_values",
     "informative_groups",
     "kl_penalty",
     "loss_normalizer",

@@ -4,7 +4,8 @@ Conventions shared by every function here (the package contract for `dual_lambda
 
 - Tensors are `[B, T]`: `B` sequences, `T` response tokens, right-padded.
 - `values[:, t]` is V(s_t), the critic's estimate before response token `t` is produced.
-- The state after the last valid token is terminal: it bootstraps with 0.
+- The state after the last valid token is terminal: it bootstraps with 0, unless `bootstrap_values` gives the value
+  of the state after a response cut before it finished (a generation window's cut: see [`dual_lambda_gae`]).
 - `response_mask` is bool or 0/1, valid tokens first, then padding.
 """
 
@@ -94,6 +95,7 @@ def dual_lambda_gae(
     gamma: float,
     lam_actor: LambdaLike,
     lam_critic: LambdaLike,
+    bootstrap_values: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""
     Generalised advantage estimation with separate λ for the policy and the critic (VC-PPO, "decoupled GAE").
@@ -116,6 +118,10 @@ def dual_lambda_gae(
             GAE λ for the policy's advantages, in [0, 1]; a tensor gives one λ per sequence.
         lam_critic (`float` or `torch.Tensor` of shape `[B]`):
             GAE λ for the critic's targets, in [0, 1].
+        bootstrap_values (`torch.Tensor` of shape `[B]`, *optional*):
+            V after each row's last valid token, for responses cut before they finished (T-PPO's extended GAE over a
+            generation window): δ of the last token becomes r + γ·bootstrap − V. 0 for a finished row (terminal).
+            `None`: every row is finished.
 
     Returns:
         `tuple[torch.Tensor, torch.Tensor]`: `(advantages, returns)`, both `[B, T]` float32, zero outside the mask.
@@ -135,6 +141,8 @@ def dual_lambda_gae(
     rewards = torch.where(valid, rewards.float(), 0.0)
     values = torch.where(valid, values.float(), 0.0)
     next_values = torch.nn.functional.pad(values[:, 1:], (0, 1))  # 0 after the last valid token (right padding)
+    if bootstrap_values is not None:
+        next_values = next_values + _at_last_valid(valid, bootstrap_values.float())
     deltas = rewards + gamma * next_values - values  # already 0 on padding
 
     device = rewards.device
@@ -151,17 +159,47 @@ def dual_lambda_gae(
     return advantages, returns
 
 
+def _at_last_valid(valid: torch.Tensor, per_row: torch.Tensor) -> torch.Tensor:
+    """`[B, T]`: `per_row[i]` at row i's last valid token, 0 elsewhere (and in rows with no valid token)."""
+    if per_row.shape != (valid.shape[0],):
+        raise ValueError(f"bootstrap_values must have shape [B] = [{valid.shape[0]}], got {tuple(per_row.shape)}.")
+    lengths = valid.sum(1)
+    last = (lengths - 1).clamp(min=0)
+    out = torch.zeros(valid.shape, dtype=per_row.dtype, device=valid.device)
+    out[torch.arange(valid.shape[0], device=valid.device), last] = torch.where(lengths > 0, per_row, 0.0)
+    return out
+
+
+def last_valid_values(values: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """`[B]`: each row's value at its last valid token, V(s_{l−1}) (0 for an empty row): T-PPO's stand-in for the value
+    after a window's cut, `window_bootstrap="last_value"`."""
+    valid = response_mask.bool()
+    lengths = valid.sum(1)
+    last = (lengths - 1).clamp(min=0)
+    picked = values.float()[torch.arange(values.shape[0], device=values.device), last]
+    return torch.where(lengths > 0, picked, 0.0)
+
+
 def gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
     response_mask: torch.Tensor,
     gamma: float,
     lam: float,
+    bootstrap_values: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """
-    Standard single-λ GAE: [`dual_lambda_gae`] with `lam_actor == lam_critic == lam`.
+    Standard single-λ GAE: [`dual_lambda_gae`] with `lam_actor == lam_critic == lam` (and its `bootstrap_values`).
 
     Returns:
         `tuple[torch.Tensor, torch.Tensor]`: `(advantages, returns)`, both `[B, T]`, zero outside the mask.
     """
-    return dual_lambda_gae(rewards, values, response_mask, gamma=gamma, lam_actor=lam, lam_critic=lam)
+    return dual_lambda_gae(
+        rewards,
+        values,
+        response_mask,
+        gamma=gamma,
+        lam_actor=lam,
+        lam_critic=lam,
+        bootstrap_values=bootstrap_values,
+    )
