@@ -120,6 +120,14 @@ class PPOConfig(_BaseConfig):
             `max_tokens_per_micro_batch` when that is set (no-grad forwards keep no activations, so a larger budget
             often fits), else `local_rollout_forward_batch_size` sequences at full width.
         response_length (`int`, defaults to `53`): Maximum number of generated tokens per response.
+        generation_window (`int`, *optional*): Tokens decoded per response per update (T-PPO's window). Each process
+            keeps a pool of in-flight responses (its rollout batch), refilled with fresh prompts as responses finish;
+            every update continues each one by at most this many tokens from its token ids. The policy trains on the
+            window's tokens (advantages bootstrapped at the cut with the critic's value), the critic on the responses
+            that finished. `None` (default): whole responses every update. See docs/rollout_windows.md.
+        window_bootstrap (`"value"` or `"last_value"`, defaults to `"value"`): The value after a window's cut:
+            the critic's value of the state after the last token (exact), or the last value computed before it
+            (T-PPO's rule, for reproduction).
         stop_token (`"eos"`, *optional*): `"eos"` stops responses at the tokenizer's EOS token. Mutually exclusive with
             `stop_token_id`. When neither is set, the tokenizer's EOS token is used as the stop token.
         stop_token_id (`int`, *optional*): Token id that ends a response.
@@ -387,6 +395,17 @@ class PPOConfig(_BaseConfig):
         },
     )
     response_length: int = field(default=53, metadata={"help": "Maximum number of generated tokens per response."})
+    generation_window: int | None = field(
+        default=None,
+        metadata={
+            "help": "Tokens decoded per response per update; responses continue over updates from a pool "
+            "(docs/rollout_windows.md). None: whole responses every update."
+        },
+    )
+    window_bootstrap: str = field(
+        default="value",
+        metadata={"help": "Value after a window's cut: 'value' (the critic's, exact) or 'last_value' (T-PPO's rule)."},
+    )
     stop_token: StopToken | None = field(
         default=None,
         metadata={"help": "'eos' stops responses at the tokenizer's EOS. Mutually exclusive with stop_token_id."},
@@ -628,6 +647,25 @@ class PPOConfig(_BaseConfig):
                     "(overlong_penalty_factor). Set only one of them."
                 )
 
+    def _check_generation_window(self) -> None:
+        _require_choice("window_bootstrap", self.window_bootstrap, ("value", "last_value"))
+        if self.generation_window is None:
+            return
+        if self.generation_window < 1:
+            raise ValueError(f"`generation_window` must be at least 1 token (or None), got {self.generation_window}.")
+        refused = {
+            "kl_coef > 0": self.kl_coef > 0,
+            "dynamic_sampling": self.dynamic_sampling,
+            "use_vllm": self.use_vllm,
+        }
+        for name, present in refused.items():
+            if present:
+                raise ValueError(
+                    f"`generation_window` does not support {name} yet: a window trains part of a response before its "
+                    "score exists (see docs/rollout_windows.md for what runs with windows). Set generation_window=None "
+                    f"or drop {name}."
+                )
+
     def __post_init__(self):
         self.bf16 = resolve_bf16(self.bf16, self.fp16, self.use_cpu)
         super().__post_init__()
@@ -712,6 +750,7 @@ class PPOConfig(_BaseConfig):
                 )
         if self.max_tokens_per_forward is None:
             self.max_tokens_per_forward = self.max_tokens_per_micro_batch
+        self._check_generation_window()
         if self.train_sampling_strategy != "random":
             raise ValueError(
                 f"`train_sampling_strategy={self.train_sampling_strategy!r}` is not supported: PPOTrainer draws prompts "

@@ -115,6 +115,7 @@ class PPOLearner:
         model = self.model
         model.train()
         mask = rollout.response_mask
+        value_mask = rollout.value_mask  # the response mask, less unfinished responses of a generation window
         policy_mask = self.policy_mask(rollout)
         adv = self.whiten(advantages, policy_mask) if train_policy else advantages
         loss_settings = dataclasses.replace(settings.loss, cliprange_value=value_cliprange)
@@ -128,13 +129,13 @@ class PPOLearner:
         # `losses.sampler_importance_weights`). Under the on-policy shortcut the "old" log-probs are this forward's.
         correct_sampler = settings.correct_sampler_mismatch
         batch = PPOBatch(
-            mask,
+            value_mask,
             rollout.values,
             returns,
             advantages=adv,
             old_logprobs=old_logprobs,
             sampler_logprobs=rollout.sampler_logprobs if correct_sampler else None,
-            policy_mask=None if policy_mask is mask else policy_mask,
+            policy_mask=None if policy_mask is value_mask else policy_mask,
             positive_mask=self.positive_mask(rollout, policy_mask),
         )
         stats = defaultdict(list)
@@ -151,11 +152,16 @@ class PPOLearner:
                 plans = self.forwards.plan(tokens, mini_batches, mask.shape[1])
                 for mb_idx, micro_batches in zip(mini_batches, plans):
                     self.forwards.warn_over_budget(micro_batches)
-                    if not train_policy:  # before the backward passes: DeepSpeed steps inside the last one
-                        self.set_policy_lr_to_zero()
                     policy_normalizer, value_normalizer, policy_tokens, positive_tokens = self.loss_normalizers(
                         batch.select(mb_idx)
                     )
+                    # Before the backward passes (DeepSpeed steps inside the last one); the scheduler's next step
+                    # restores the rates. A mini-batch with no finished response (generation windows) has no
+                    # critic target: the critic takes no step (lr 0 leaves AdamW's parameters exactly unchanged).
+                    if not train_policy:
+                        self.set_lr_to_zero("policy")
+                    if value_normalizer == 0:
+                        self.set_lr_to_zero("value")
                     # DDP and DeepSpeed average gradients over processes (× world undoes it: the normaliser is global);
                     # DeepSpeed also divides by its own gradient_accumulation_steps, whatever our micro-batch count.
                     scale = world * (self.deepspeed_accumulation_steps(len(micro_batches)) if self.is_deepspeed else 1)
@@ -234,9 +240,10 @@ class PPOLearner:
 
     # --------------------------------------------------------- learning rates
 
-    def set_policy_lr_to_zero(self) -> None:
+    def set_lr_to_zero(self, role: str) -> None:
+        """Hold the `"policy"` or `"value"` parameter groups for the next optimizer step."""
         for group in self.optimizer.param_groups:
-            if group.get("role") == "policy":
+            if group.get("role") == role:
                 group["lr"] = 0.0
 
     def learning_rate(self, role: str) -> float:
@@ -265,11 +272,17 @@ class PPOLearner:
     # -------------------------------------------------------------------- step
 
     def policy_mask(self, rollout: Rollout) -> torch.Tensor:
-        """The policy loss's tokens: the response mask, less the responses cut at `response_length` without a stop
-        token under `mask_truncated_completions` (the critic still learns from them; see docs/vapo.md)."""
-        if not self.settings.mask_truncated_completions:
-            return rollout.response_mask
-        return rollout.response_mask & rollout.has_stop.unsqueeze(1)
+        """The policy loss's tokens: the response mask (a generation window's tokens only), less the responses cut at
+        `response_length` without a stop token under `mask_truncated_completions` (the critic still learns from them;
+        see docs/vapo.md)."""
+        if rollout.window_mask is None:
+            if not self.settings.mask_truncated_completions:
+                return rollout.response_mask
+            return rollout.response_mask & rollout.has_stop.unsqueeze(1)
+        mask = rollout.window_mask
+        if self.settings.mask_truncated_completions:  # only a finished response is truncated; a cut one goes on
+            mask = mask & ~(rollout.finished & ~rollout.has_stop).unsqueeze(1)
+        return mask
 
     def positive_mask(self, rollout: Rollout, policy_mask: torch.Tensor) -> torch.Tensor | None:
         """The tokens of the positive-example LM loss: the policy's tokens of responses judged correct by the accuracy

@@ -35,6 +35,7 @@ from .scoring import ScoredSamples, concat_scored, decode_completions
 from .settings import RolloutSettings
 from .shaping import overlong_penalty, token_rewards
 from .types import Rollout, is_correct
+from .windows import WindowStep
 
 logger = logging.get_logger(__name__)
 
@@ -55,6 +56,7 @@ class RolloutStats:
     generation: GenerationStats
     forwards: ForwardWork  # values, old and reference log-probs (reward models not counted)
     dynamic_sampling: DynamicSamplingStats | None = None  # None unless `dynamic_sampling` ran for this rollout
+    window: WindowStep | None = None  # None unless the rollout is a generation window's
 
 
 class RolloutMaker:
@@ -225,10 +227,6 @@ class RolloutMaker:
             completion_ids=completion_ids,
             trainer_state=trainer_state,
         )
-        weights = self.reward_weights.to(rewards_per_func.device)
-        raw_scores = (rewards_per_func.nan_to_num(0.0) * weights).sum(dim=1)
-        all_none = torch.isnan(rewards_per_func).all(dim=1)
-        raw_scores = torch.where(all_none, torch.full_like(raw_scores, float("nan")), raw_scores)
         return ScoredSamples(
             query_ids,
             query_mask,
@@ -236,7 +234,7 @@ class RolloutMaker:
             completions=completions,
             rewards_per_func=rewards_per_func,
             reward_failed=reward_failed,
-            raw_scores=raw_scores,
+            raw_scores=self.weighted_scores(rewards_per_func),
         )
 
     # ----------------------------------------------------------- the rollout
@@ -319,12 +317,31 @@ class RolloutMaker:
             rows, scored, dynamic = self.sample_informative_groups(rows, more_rows, trainer_state)
         else:
             scored = self.sample_and_score(rows, trainer_state=trainer_state)
-        samples, raw_scores, has_stop = scored.samples, scored.raw_scores, scored.samples.has_stop
+        samples = scored.samples
         tokens = samples.num_tokens if dynamic is None else dynamic.generated_tokens  # every round's, for the rate
         generation = GenerationStats(samples.seconds, tokens, getattr(self.sampler, "sync_seconds", None))
+        rollout, work = self.complete(rows, scored, train_policy)
+        return rollout, RolloutStats(generation, work, dynamic)
+
+    def complete(
+        self,
+        rows: list[dict[str, Any]],
+        scored: ScoredSamples,
+        train_policy: bool,
+        window: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[Rollout, ForwardWork]:
+        """
+        The rollout of scored samples: penalties, masks, the no-grad forwards (old log-probabilities, values,
+        reference log-probabilities), the KL penalty and the per-token rewards. `window`: `(window_mask, finished)`
+        of a generation window; penalties and rewards then act on finished responses only.
+        """
+        settings = self.settings
+        samples, raw_scores, has_stop = scored.samples, scored.raw_scores, scored.samples.has_stop
+        finished = None if window is None else window[1]
+        done = torch.ones_like(has_stop) if finished is None else finished
         scores = raw_scores.nan_to_num(0.0).clone()
         if settings.missing_eos_penalty is not None:
-            scores = scores - settings.missing_eos_penalty * (~has_stop).float()
+            scores = scores - settings.missing_eos_penalty * (~has_stop & done).float()
         overlong_penalties = None
         if settings.overlong_buffer_length is not None:  # a reward term of its own: raw_scores stay the correctness
             lengths = samples.response_mask.sum(1)
@@ -335,9 +352,11 @@ class RolloutMaker:
                 buffer_length=settings.overlong_buffer_length,
                 factor=settings.overlong_penalty_factor,
             )
+            if finished is not None:
+                overlong_penalties = torch.where(finished, overlong_penalties, 0.0)
             scores = scores + torch.where(torch.isnan(raw_scores), 0.0, overlong_penalties)
-        # A sample that no reward function could score is dropped from the losses.
-        response_mask = samples.response_mask & ~torch.isnan(raw_scores).unsqueeze(1)
+        # A finished sample that no reward function could score is dropped from the losses.
+        response_mask = samples.response_mask & ~(torch.isnan(raw_scores) & done).unsqueeze(1)
 
         rollout = Rollout(
             prompts=[row["prompt"] for row in rows],
@@ -355,13 +374,23 @@ class RolloutMaker:
             sampler_logprobs=samples.logprobs,
             overlong_penalties=overlong_penalties,
         )
+        if window is not None:
+            rollout.window_mask, rollout.finished = window[0] & response_mask, finished
         with_kl = settings.kl_coef > 0 and (train_policy or not self.reference_is_initial_policy)
         needs_old_logprobs = train_policy and not settings.old_logprobs_from_training_forward
-        plan = self.forward_plan(rollout)
         with measured(ForwardWork(), self.accelerator.device) as work:
-            rollout.logprobs, rollout.values = self.forward(
-                rollout, needs_old_logprobs or with_kl, plan=plan, work=work
-            )
+            if finished is None or bool(finished.all()):  # every response finished: nothing to bootstrap
+                plan = self.forward_plan(rollout)
+                rollout.logprobs, rollout.values = self.forward(
+                    rollout, needs_old_logprobs or with_kl, plan=plan, work=work
+                )
+                if finished is not None:
+                    rollout.bootstrap_values = torch.zeros_like(rollout.scores)
+            else:
+                plan = None
+                rollout.logprobs, rollout.values, rollout.bootstrap_values = self.forward_with_bootstrap(
+                    rollout, needs_old_logprobs or with_kl, work=work
+                )
             if with_kl:
                 rollout.ref_logprobs = self.reference_logprobs(rollout, plan, work)
         if with_kl:
@@ -372,12 +401,84 @@ class RolloutMaker:
         rollout.rewards = token_rewards(
             rollout.scores,
             rollout.kl,
-            response_mask,
+            rollout.value_mask,  # the score sits on a finished response's last token
             kl_coef=settings.kl_coef,
             whiten=settings.whiten_rewards,
             all_reduce=all_reduce,
         )
-        return rollout, RolloutStats(generation, work, dynamic)
+        return rollout, work
+
+    @torch.no_grad()
+    def forward_with_bootstrap(
+        self, rollout: Rollout, compute_policy: bool, work: ForwardWork | None = None
+    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """
+        [`forward`] of a window's rollout, with the critic's value after the last token of each unfinished response:
+        those rows get one more (pad) token, whose value column is the critic's output at the last real token,
+        V(s_cut), exactly (causal attention: the extra token changes no earlier output). Returns the `[B, T]` old
+        log-probabilities (or `None`) and values, and the `[B]` bootstrap values (0 for finished rows).
+        """
+        unfinished = ~rollout.finished
+        lengths = rollout.response_mask.sum(1)
+        pad = self.tokenizer.pad_token_id
+        ids = torch.nn.functional.pad(rollout.response_ids, (0, 1), value=pad)
+        mask = torch.nn.functional.pad(rollout.response_mask, (0, 1), value=False)
+        rows = torch.arange(ids.shape[0], device=ids.device)
+        mask[rows, lengths] = mask[rows, lengths] | unfinished
+        extended = dataclasses.replace(rollout, response_ids=ids, response_mask=mask)
+        logprobs, values = self.forward(extended, compute_policy, work=work)
+        bootstrap = torch.where(unfinished, values[rows, lengths].float(), 0.0)
+        width = rollout.response_ids.shape[1]
+        return (None if logprobs is None else logprobs[:, :width]), values[:, :width], bootstrap
+
+    def score_samples(
+        self,
+        rows: list[dict[str, Any]],
+        query_ids: torch.Tensor,
+        query_mask: torch.Tensor,
+        samples: Samples,
+        which: torch.Tensor,
+        trainer_state=None,
+    ) -> ScoredSamples:
+        """Decode every sample and score those in `which` (`[B]` bool); the others get nan rewards and scores."""
+        completions, texts, completion_ids = decode_completions(
+            rows,
+            samples.response_ids,
+            samples.response_mask,
+            stop_token_ids=self.stop_token_ids,
+            tokenizer=self.tokenizer,
+        )
+        device = self.accelerator.device
+        rewards_per_func = torch.full((len(rows), len(self.reward_funcs)), float("nan"), device=device)
+        reward_failed = torch.zeros(len(rows), dtype=torch.bool, device=device)
+        chosen = which.nonzero().flatten().tolist()
+        if chosen:
+            prompt_texts = self.prompt_texts([rows[i] for i in chosen])
+            rewards, failed = self.score(
+                [rows[i] for i in chosen],
+                prompt_texts,
+                [completions[i] for i in chosen],
+                completion_texts=[texts[i] for i in chosen],
+                completion_ids=[completion_ids[i] for i in chosen],
+                trainer_state=trainer_state,
+            )
+            rewards_per_func[chosen], reward_failed[chosen] = rewards, failed
+        return ScoredSamples(
+            query_ids,
+            query_mask,
+            samples,
+            completions=completions,
+            rewards_per_func=rewards_per_func,
+            reward_failed=reward_failed,
+            raw_scores=self.weighted_scores(rewards_per_func),
+        )
+
+    def weighted_scores(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
+        """`[B]` weighted sum of the functions' rewards, nan where none applied."""
+        weights = self.reward_weights.to(rewards_per_func.device)
+        raw_scores = (rewards_per_func.nan_to_num(0.0) * weights).sum(dim=1)
+        all_none = torch.isnan(rewards_per_func).all(dim=1)
+        return torch.where(all_none, torch.full_like(raw_scores, float("nan")), raw_scores)
 
     def forward_plan(self, rollout: Rollout, tokens: TokenBatch | None = None) -> list[MicroBatch]:
         """

@@ -37,6 +37,10 @@ class Rollout:
     sampler_logprobs: torch.Tensor | None = None  # [B, T] the sampler's own log-probs (vLLM), 0 outside the mask
     # [B] ≤ 0: the overlong shaping term included in `scores` ([`overlong_penalty`]); None when shaping is off
     overlong_penalties: torch.Tensor | None = None
+    # Generation windows (`generation_window`, see `rollout/windows.py`); all None when every response is whole.
+    window_mask: torch.Tensor | None = None  # [B, T] bool: the tokens sampled in this update (the policy's)
+    finished: torch.Tensor | None = None  # [B] bool: finished in this update (stop token, or `response_length`)
+    bootstrap_values: torch.Tensor | None = None  # [B] V after the last token of an unfinished response, else 0
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -49,6 +53,20 @@ class Rollout:
     @property
     def context_length(self) -> int:
         return self.query_ids.shape[1]
+
+    @property
+    def finished_rows(self) -> torch.Tensor:
+        """`[B]` bool: the responses that finished in this update (all of them without generation windows)."""
+        if self.finished is None:
+            return torch.ones_like(self.has_stop)
+        return self.finished
+
+    @property
+    def value_mask(self) -> torch.Tensor:
+        """`[B, T]` bool: the critic's tokens, those of finished responses (its targets need their score)."""
+        if self.finished is None:
+            return self.response_mask
+        return self.response_mask & self.finished.unsqueeze(1)
 
     def is_correct(self, accuracy_threshold: float) -> torch.Tensor:
         """`[B]` bool: [`is_correct`] of the raw scores (the accuracy metric's rule)."""

@@ -3,7 +3,7 @@ the checks a vLLM engine needs before it starts.
 """
 
 from .hf import HFSampler, eval_mode, neutralised_generation_fields
-from .seam import Sampler, SamplerError, Samples, truncate_at_stop
+from .seam import Sampler, SamplerError, Samples, truncate_at_stop, unpadded_prompts
 from .settings import SamplerSettings
 from .vllm_checks import check_vllm_model, require_vllm, server_base_url, vllm_dtype, vllm_platform_is_cpu
 from .vllm_samplers import VLLMColocateSampler, VLLMServerSampler
@@ -22,6 +22,7 @@ __all__ = [
     "require_vllm",
     "server_base_url",
     "truncate_at_stop",
+    "unpadded_prompts",
     "vllm_dtype",
     "vllm_platform_is_cpu",
 ]

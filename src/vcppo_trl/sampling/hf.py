@@ -53,10 +53,12 @@ class HFSampler:
         self.gather_deepspeed3_params = gather_deepspeed3_params
         self.start_seconds = 0.0
 
-    def generation_config(self, greedy: bool, temperature: float) -> GenerationConfig:
+    def generation_config(
+        self, greedy: bool, temperature: float, max_new_tokens: int | None = None
+    ) -> GenerationConfig:
         """Temperature only: the sampling distribution is the one the training forward computes log-probs under."""
         return GenerationConfig(
-            max_new_tokens=self.response_length,
+            max_new_tokens=self.response_length if max_new_tokens is None else max_new_tokens,
             do_sample=not greedy,
             temperature=None if greedy else temperature,
             top_k=None if greedy else 0,
@@ -67,11 +69,18 @@ class HFSampler:
         )
 
     @torch.no_grad()
-    def generate(self, query_ids: torch.Tensor, query_mask: torch.Tensor, greedy: bool, temperature: float) -> Samples:
+    def generate(
+        self,
+        query_ids: torch.Tensor,
+        query_mask: torch.Tensor,
+        greedy: bool,
+        temperature: float,
+        max_new_tokens: int | None = None,
+    ) -> Samples:
         from trl.models import unwrap_model_for_generation
 
         start = time.perf_counter()
-        config = self.generation_config(greedy, temperature)
+        config = self.generation_config(greedy, temperature, max_new_tokens)
         pieces = []
         with unwrap_model_for_generation(
             self.model_provider(), self.accelerator, gather_deepspeed3_params=self.gather_deepspeed3_params

@@ -4,7 +4,8 @@ A sampler turns left-padded prompts into responses cut at the stop token, exactl
 cuts them, so the trainer's rollout and evaluation do not care which one sampled. Every sampler samples at the given
 temperature with no other logits processing (no top-k/top-p, repetition penalty or model defaults), stops at the
 trainer's stop tokens only (the model's own EOS does not stop a response unless it is one of them) and generates at
-most `response_length` tokens.
+most `response_length` tokens, or `max_new_tokens` when the caller gives it (a generation window: the "prompts" are
+then prompts with the response so far, as token ids, and the samples are the window's new tokens).
 
 - [`~sampling.hf.HFSampler`]: `model.generate` on the training model (ZeRO-3 parameters gathered for generation).
 - [`~sampling.vllm_samplers.VLLMColocateSampler`] and [`~sampling.vllm_samplers.VLLMServerSampler`]: vLLM in each training process, or
@@ -51,7 +52,12 @@ class Sampler(Protocol):
     start_seconds: float
 
     def generate(
-        self, query_ids: torch.Tensor, query_mask: torch.Tensor, greedy: bool, temperature: float
+        self,
+        query_ids: torch.Tensor,
+        query_mask: torch.Tensor,
+        greedy: bool,
+        temperature: float,
+        max_new_tokens: int | None = None,
     ) -> Samples: ...
 
     def mark_stale(self) -> None:

@@ -74,10 +74,11 @@ class _VLLMSamplerBase(abc.ABC):
         self.sync_seconds = 0.0
         self.num_syncs = 0
 
-    def sampling_kwargs(self, greedy: bool, temperature: float) -> dict[str, Any]:
+    def sampling_kwargs(self, greedy: bool, temperature: float, max_new_tokens: int | None = None) -> dict[str, Any]:
         """
         vLLM `SamplingParams` equal in meaning to the HF path: temperature only, our stop tokens only (`ignore_eos`
-        keeps the model's EOS from stopping a response when it is not one of them), at most `response_length` tokens,
+        keeps the model's EOS from stopping a response when it is not one of them), at most `max_new_tokens` tokens
+        (`response_length` when not given),
         and the log-probability of each sampled token. No per-request seed: one seed shared by a batch would give
         identical samples for the repeated prompts of `num_generations`; the engine's random stream is seeded once
         from `args.seed` (and the process index) instead.
@@ -89,7 +90,7 @@ class _VLLMSamplerBase(abc.ABC):
             "top_k": 0,
             "min_p": 0.0,
             "repetition_penalty": 1.0,
-            "max_tokens": self.response_length,
+            "max_tokens": self.response_length if max_new_tokens is None else max_new_tokens,
             "stop_token_ids": self.stop_token_ids,
             "ignore_eos": True,
             "logprobs": 0,
@@ -205,14 +206,21 @@ class VLLMColocateSampler(_VLLMSamplerBase):
         self.llm.reset_prefix_cache()
 
     @torch.no_grad()
-    def generate(self, query_ids: torch.Tensor, query_mask: torch.Tensor, greedy: bool, temperature: float) -> Samples:
+    def generate(
+        self,
+        query_ids: torch.Tensor,
+        query_mask: torch.Tensor,
+        greedy: bool,
+        temperature: float,
+        max_new_tokens: int | None = None,
+    ) -> Samples:
         from vllm import SamplingParams
 
         if self.stale:
             self.sync_weights()
         start = time.perf_counter()
         prompts = [{"prompt_token_ids": ids} for ids in unpadded_prompts(query_ids, query_mask)]
-        params = SamplingParams(**self.sampling_kwargs(greedy, temperature), detokenize=False)
+        params = SamplingParams(**self.sampling_kwargs(greedy, temperature, max_new_tokens), detokenize=False)
         try:
             if self.enable_sleep_mode:
                 self.llm.wake_up(tags=["kv_cache"])
@@ -402,7 +410,14 @@ class VLLMServerSampler(_VLLMSamplerBase):
                 pass
 
     @torch.no_grad()
-    def generate(self, query_ids: torch.Tensor, query_mask: torch.Tensor, greedy: bool, temperature: float) -> Samples:
+    def generate(
+        self,
+        query_ids: torch.Tensor,
+        query_mask: torch.Tensor,
+        greedy: bool,
+        temperature: float,
+        max_new_tokens: int | None = None,
+    ) -> Samples:
         from accelerate.utils import broadcast_object_list, gather_object
 
         if self.stale:
@@ -412,7 +427,7 @@ class VLLMServerSampler(_VLLMSamplerBase):
         all_prompts = gather_object(prompts) if self.accelerator.num_processes > 1 else prompts
         payload = [None]
         if self.client is not None:
-            kwargs = self.sampling_kwargs(greedy, temperature)
+            kwargs = self.sampling_kwargs(greedy, temperature, max_new_tokens)
             kwargs.pop("n")
             generation_kwargs = {k: kwargs.pop(k) for k in ("stop_token_ids", "ignore_eos")}
             try:

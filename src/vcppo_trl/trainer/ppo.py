@@ -36,6 +36,8 @@ from ..models.policy_and_value import PolicyAndValueModel
 from ..parallel.checks import check_distributed_setup
 from ..rewards.reward_models import reward_func_name
 from ..rollout.types import Rollout
+from ..rollout.windowed import gae_bootstrap, make_window
+from ..rollout.windows import ResponsePool
 from ..sampling.seam import SamplerError
 from . import saving as trainer_saving
 from . import setup
@@ -171,6 +173,7 @@ class PPOTrainer(_BaseTrainer):
         self.last_update: UpdateRecord | None = None  # for the sample printout and the value-pretraining rule
         self.prompts: PromptStream | None = None  # this process's prompt batches, from `train`
         self._resumed_batches = 0  # where the stream starts: 0, or a checkpoint's count
+        self.response_pool: ResponsePool | None = None  # in-flight responses under `generation_window`, from `train`
 
         # The rollout maker forwards the prepared model (once `train` has prepared it) and, to skip a KL that is exactly
         # 0 while the policy is frozen, knows whether the reference is the initial policy.
@@ -227,7 +230,12 @@ class PPOTrainer(_BaseTrainer):
         """The seam where a subclass changes how advantages are made: `(advantages, returns)`, both `[B, T]`, raw (not
         whitened) advantages for the policy and the critic's targets. [`PPOTrainer`] uses single-λ GAE with `lam`."""
         return gae(
-            rollout.rewards, rollout.values, rollout.response_mask, gamma=self.args.gamma, lam=self.critic_lambda()
+            rollout.rewards,
+            rollout.values,
+            rollout.response_mask,
+            gamma=self.args.gamma,
+            lam=self.critic_lambda(),
+            bootstrap_values=gae_bootstrap(rollout, self.args.window_bootstrap),
         )
 
     def critic_lambda(self) -> float:
@@ -275,8 +283,9 @@ class PPOTrainer(_BaseTrainer):
             trainer_saving.load_checkpoint_weights(self.model, resume.path)
         self._setup_training()
         self.prompts, self._resumed_batches = None, 0  # a fresh state draws from the first batch
-        if resume is not None:
-            self._restore_training_state(resume)
+        self.response_pool = ResponsePool.from_args(args, self.batches.local_batch_size)  # None without windows
+        if resume is not None:  # optimizer, scheduler, state, callbacks, phase, pool, RNG
+            self._resumed_batches = trainer_saving.restore_training_state(self, resume)
         rank, start = self.accelerator.process_index, self.batches_consumed
         self.prompts = PromptStream(
             self.train_dataset,
@@ -304,7 +313,8 @@ class PPOTrainer(_BaseTrainer):
             while self.state.global_step < self.state.max_steps:
                 self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
                 try:
-                    metrics = self.training_update(self.prompts.draw())
+                    rows = self.prompts.draw() if self.response_pool is None else None  # a pool draws its own
+                    metrics = self.training_update(rows)
                 except SamplerError as err:
                     raise self._sampler_failed(err) from err
                 self.state.global_step += 1
@@ -347,15 +357,25 @@ class PPOTrainer(_BaseTrainer):
         """Prompt batches drawn so far: one per update, more under dynamic sampling (saved in checkpoints)."""
         return self.prompts.consumed if self.prompts is not None else self._resumed_batches
 
-    def training_update(self, rows: list[dict[str, Any]]) -> dict[str, float]:
-        """One rollout and the PPO epochs on it; returns the update's metrics."""
+    def training_update(self, rows: list[dict[str, Any]] | None) -> dict[str, float]:
+        """One rollout and the PPO epochs on it; returns the update's metrics. Under `generation_window` the rollout
+        is the pool's next window, refilled from the prompt stream (`rows` is then `None`)."""
         self._update_start = time.time()
         train_policy = self.trains_policy()
         if train_policy:
             planned = self.critic_only_updates() * self.optimizer_steps_per_update()
             self.learner.start_policy_schedule(planned)
         more_rows = self.prompts.draw if self.prompts is not None else None  # None: called outside `train`
-        rollout, made = self.rollout_maker.make(rows, train_policy, self.state, more_rows=more_rows)
+        if self.response_pool is not None:
+            rollout, made = make_window(
+                self.rollout_maker,
+                self.response_pool,
+                draw=self.prompts.draw,
+                train_policy=train_policy,
+                trainer_state=self.state,
+            )
+        else:
+            rollout, made = self.rollout_maker.make(rows, train_policy, self.state, more_rows=more_rows)
         advantages, returns = self.compute_advantages(rollout)
         metric_settings = MetricSettings.from_args(self.args)
         metrics = rollout_metrics(
@@ -458,26 +478,6 @@ class PPOTrainer(_BaseTrainer):
         self.state.is_world_process_zero = self.is_world_process_zero()
         self.control = TrainerControl()
 
-    def _restore_training_state(self, resume: trainer_saving.ResumePoint) -> None:
-        """Optimizer, scheduler, trainer state, callbacks' state, the phase, and last the RNG states."""
-        if self.is_deepspeed_enabled:
-            trainer_saving.load_engine_states(self.model_wrapped, resume)
-        self._load_optimizer_and_scheduler(resume.path)  # under DeepSpeed: the scheduler only
-        saved = resume.saved
-        trainer_saving.restore_state(self.state, self.callback_handler.callbacks, resume.path, saved=saved)
-        self.learner.nonfinite_steps_in_a_row = saved["nonfinite_steps_in_a_row"]
-        self._resumed_batches = saved.get("batches_consumed", self.state.global_step)
-        self.restore_phase_state(saved)
-        self.state.max_steps = self.num_training_updates()  # this run's PPO budget (total_episodes may have changed)
-        trainer_saving.load_rng_state_elastic(
-            self._load_rng_state,
-            resume,
-            accelerator=self.accelerator,
-            seed=self.args.seed,
-            global_step=self.state.global_step,
-        )
-        logger.warning(f"Resumed from {resume.path} at update {self.state.global_step} of {self.state.max_steps}.")
-
     def _sampler_failed(self, err: SamplerError) -> SamplerError:
         """The error to stop with when the sampler fails mid-run (see [`~trainer.saving.sampler_failure_note`])."""
         step, save = self.state.global_step, lambda: self._save_checkpoint(self.model, trial=None)
@@ -549,7 +549,8 @@ class PPOTrainer(_BaseTrainer):
             callbacks=self.callback_handler.callbacks,
             batches_consumed=self.batches_consumed,
         )
-        trainer_saving.write_checkpoint(self, self._get_output_dir(trial=trial), resume_state)
+        pool = self.response_pool.state_dict() if self.response_pool is not None else None
+        trainer_saving.write_checkpoint(self, self._get_output_dir(trial=trial), resume_state, rollout_pool=pool)
 
     def create_model_card(
         self,

@@ -42,6 +42,7 @@ from ..config.ppo import PPOConfig
 from ..learner.optimizers import split_by_role
 from ..models.value_model import save_value_model as write_value_model
 from ..parallel.collectives import gathered_state_dict
+from ..rollout.windows import ResponsePool
 from .console import no_nested_progress_bars
 
 logger = logging.get_logger(__name__)
@@ -120,7 +121,14 @@ def push_checkpoint(args: PPOConfig, step: int, checkpoint_folder: str) -> None:
     push = {"token": args.hub_token, "private": args.hub_private_repo, "revision": args.hub_revision}
     message = f"Training in progress, step {step}"
     # Training state stays local: optimizer, scheduler, RNG, trainer and resume state, DeepSpeed's own states.
-    training_state = ["optimizer.*", "scheduler.*", "rng_state*", "trainer_state*", "vcppo_state.json"]
+    training_state = [
+        "optimizer.*",
+        "scheduler.*",
+        "rng_state*",
+        "trainer_state*",
+        "vcppo_state.json",
+        "rollout_pool*",
+    ]
     training_state += ["global_step*", "latest", "zero_to_fp32.py"]
     ignore = hub.POLICY_IGNORE_PATTERNS + training_state
     value_dir = os.path.join(checkpoint_folder, VALUE_MODEL_DIRNAME)
@@ -170,13 +178,62 @@ def training_state(
     } | phase_state
 
 
-def write_checkpoint(trainer, run_dir: str, resume_state: dict[str, Any]) -> str:
+def rollout_pool_file(checkpoint: str, rank: int) -> str:
+    """Where process `rank` keeps its in-flight responses (`generation_window`) in a checkpoint."""
+    return os.path.join(checkpoint, f"rollout_pool_{rank}.pt")
+
+
+def restore_training_state(trainer, resume: ResumePoint) -> int:
+    """
+    Everything of a checkpoint but the weights, into a trainer set up for training (`_setup_training` ran): the
+    optimizer and scheduler (under DeepSpeed its engine's states), the trainer state and callbacks' states, the
+    learner's non-finite count, the subclass's phase, the generation window's pool, and last the RNG states. Returns
+    the prompt batches the run had drawn (where its prompt stream continues).
+    """
+    if trainer.is_deepspeed_enabled:
+        load_engine_states(trainer.model_wrapped, resume)
+    trainer._load_optimizer_and_scheduler(resume.path)  # under DeepSpeed: the scheduler only
+    saved, state, accelerator = resume.saved, trainer.state, trainer.accelerator
+    restore_state(state, trainer.callback_handler.callbacks, resume.path, saved=saved)
+    trainer.learner.nonfinite_steps_in_a_row = saved["nonfinite_steps_in_a_row"]
+    trainer.restore_phase_state(saved)
+    load_rollout_pool(trainer.response_pool, resume.path, rank=accelerator.process_index)
+    state.max_steps = trainer.num_training_updates()  # this run's PPO budget (total_episodes may have changed)
+    load_rng_state_elastic(
+        trainer._load_rng_state, resume, accelerator=accelerator, seed=trainer.args.seed, global_step=state.global_step
+    )
+    logger.warning(f"Resumed from {resume.path} at update {state.global_step} of {state.max_steps}.")
+    return saved.get("batches_consumed", state.global_step)
+
+
+def load_rollout_pool(pool: ResponsePool | None, checkpoint: str, rank: int) -> None:
+    """Restore this process's in-flight responses of a `generation_window` run, so that it continues them. None saved:
+    the pool starts empty; saved but this run has no window (`pool` is None): they are dropped, and their prompts are
+    not drawn again. Both say so."""
+    path = rollout_pool_file(checkpoint, rank)
+    if pool is None:
+        if os.path.exists(path):
+            logger.warning(
+                f"{checkpoint} holds in-flight responses of a generation_window run; this run has no window, so they "
+                "are dropped."
+            )
+        return
+    if not os.path.exists(path):
+        logger.warning(f"{checkpoint} holds no in-flight responses: the generation window's pool starts empty.")
+        return
+    pool.load_state_dict(torch.load(path, weights_only=False))  # this package's own file: rows are Python objects
+
+
+def write_checkpoint(
+    trainer, run_dir: str, resume_state: dict[str, Any], rollout_pool: dict[str, Any] | None = None
+) -> str:
     """
     Write `checkpoint-<step>` atomically: everything goes to `tmp-checkpoint-<step>` first (after a free-space check),
     which is renamed once complete; then old checkpoints are rotated (`save_total_limit`). Call on every process.
 
     `trainer` gives transformers' writers (`save_model`, `_save_optimizer_and_scheduler`, `_save_rng_state`) and is
-    only read; `resume_state` is [`training_state`]'s. Returns the checkpoint's path.
+    only read; `resume_state` is [`training_state`]'s; `rollout_pool` this process's in-flight responses
+    ([`~rollout.windows.ResponsePool.state_dict`]), written by every process. Returns the checkpoint's path.
     """
     args, accelerator = trainer.args, trainer.accelerator
     name = f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}"
@@ -191,6 +248,10 @@ def write_checkpoint(trainer, run_dir: str, resume_state: dict[str, Any]) -> str
         if not args.save_only_model:
             trainer._save_optimizer_and_scheduler(temp_dir)
             trainer._save_rng_state(temp_dir)
+        if rollout_pool is not None:
+            os.makedirs(temp_dir, exist_ok=True)
+            torch.save(rollout_pool, rollout_pool_file(temp_dir, accelerator.process_index))
+            accelerator.wait_for_everyone()  # every process's pool is in before the marker below
         if args.should_save:
             trainer.state.save_to_json(os.path.join(temp_dir, "trainer_state.json"))
             write_training_state(temp_dir, resume_state)  # written last: marks a whole checkpoint

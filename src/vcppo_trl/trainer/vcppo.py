@@ -18,6 +18,7 @@ from ..algo.gae import dual_lambda_gae
 from ..checkpoint import hub
 from ..config.vcppo import VCPPOConfig
 from ..rollout.types import Rollout
+from ..rollout.windowed import gae_bootstrap
 from .metrics import critic_fit
 from .ppo import PPOTrainer
 from .value_pretraining import VALUE_PRETRAINED_DIRNAME, ValuePretrainCallback, ValuePretrainingPhase, saved_phase
@@ -199,4 +200,5 @@ class VCPPOTrainer(PPOTrainer):
             gamma=self.args.gamma,
             lam_actor=self.actor_lambda(rollout.response_mask),
             lam_critic=self.critic_lambda(),
+            bootstrap_values=gae_bootstrap(rollout, self.args.window_bootstrap),
         )

@@ -1,0 +1,87 @@
+"""One update's rollout under generation windows: the pool ([`~rollout.windows.ResponsePool`]) extended by one window
+with the rollout maker's sampler, scored where responses finished, and completed by the maker like any rollout."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..algo.gae import last_valid_values
+from ..sampling.seam import Samples, unpadded_prompts
+from .maker import GenerationStats, RolloutMaker, RolloutStats
+from .types import Rollout
+from .windows import ResponsePool, left_pad, right_pad
+
+
+def make_window(
+    maker: RolloutMaker,
+    pool: ResponsePool,
+    *,
+    draw: Callable[[], list[dict[str, Any]]],
+    train_policy: bool = True,
+    trainer_state=None,
+) -> tuple[Rollout, RolloutStats]:
+    """
+    One generation window (`generation_window`): refill the pool's free slots with the next prompts (`draw` gives the
+    stream's next batch), extend every in-flight response by at most the window from its token ids, score the
+    responses that finished, and make the rollout of the whole pool: `window_mask` marks this window's tokens (the
+    policy's), `finished` the responses with a score (the critic's), `bootstrap_values` the critic's value after the
+    last token of the others. The finished responses then leave the pool.
+
+    With a window as long as `response_length` every response starts and finishes in one update, and the rollout is
+    the one [`~rollout.maker.RolloutMaker.make`] makes from the same prompts, bit for bit.
+    """
+    device = maker.accelerator.device
+    pad = maker.tokenizer.pad_token_id
+    pool.refill(draw, lambda rows: prompt_ids(maker, rows))
+    context_ids, context_mask = pool.contexts(pad, device)
+    samples = maker.sampler.generate(
+        context_ids, context_mask, False, temperature=maker.settings.temperature, max_new_tokens=pool.budget()
+    )
+    step = pool.advance(samples)
+    slots = pool.slots
+    query_ids, query_mask = left_pad([slot.prompt_ids for slot in slots], pad, device)
+    responses = right_pad([slot.response_ids for slot in slots], pad_value=pad, dtype=torch.long, device=device)
+    lengths = torch.tensor([len(slot.response_ids) for slot in slots], device=device)
+    positions = torch.arange(responses.shape[1], device=device).unsqueeze(0)
+    response_mask = positions < lengths.unsqueeze(1)
+    sampler_logprobs = None
+    if samples.logprobs is not None:
+        sampler_logprobs = right_pad(
+            [slot.sampler_logprobs for slot in slots], pad_value=0.0, dtype=torch.float32, device=device
+        )
+        sampler_logprobs = sampler_logprobs * response_mask
+    has_stop = torch.tensor(step.has_stop, device=device)
+    whole = Samples(responses, response_mask, has_stop, logprobs=sampler_logprobs)
+    finished = torch.tensor(step.finished, device=device)
+    rows = [slot.row for slot in slots]
+    scored = maker.score_samples(
+        rows, query_ids, query_mask, samples=whole, which=finished, trainer_state=trainer_state
+    )
+    window_mask = response_mask & (positions >= torch.tensor(step.starts, device=device).unsqueeze(1))
+    rollout, work = maker.complete(rows, scored, train_policy, window=(window_mask, finished))
+    pool.release(step.finished)
+    generation = GenerationStats(samples.seconds, step.new_tokens, getattr(maker.sampler, "sync_seconds", None))
+    return rollout, RolloutStats(generation, work, window=step)
+
+
+def prompt_ids(maker: RolloutMaker, rows: list[dict[str, Any]]) -> list[list[int]]:
+    """Prompt ids of rows as the rollout tokenises them (chat template, `max_prompt_length`), unpadded."""
+    query_ids, query_mask = maker.tokenize_prompts(maker.prompt_texts(rows))
+    return unpadded_prompts(query_ids, query_mask)
+
+
+def gae_bootstrap(rollout: Rollout, rule: str) -> torch.Tensor | None:
+    """
+    The value after each response's last token that GAE bootstraps from (`None`: no window, every response is
+    terminal): the critic's value of the state after a window's cut (`rule="value"`, exact: the rollout's forward
+    computed it), or the last value computed before the cut (`"last_value"`, T-PPO's rule V(s_l) := V(s_{l−1}));
+    0 for the responses that finished.
+    """
+    if rollout.bootstrap_values is None:
+        return None
+    if rule == "last_value":
+        return torch.where(rollout.finished, 0.0, last_valid_values(rollout.values, rollout.response_mask))
+    return rollout.bootstrap_values

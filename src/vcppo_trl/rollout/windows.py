@@ -1,0 +1,163 @@
+"""Generation windows (`generation_window`): a pool of in-flight responses that each update extends by at most W
+tokens, so an update no longer waits for its longest response (T-PPO, arXiv 2506.15050: successive batching and
+extended GAE over a window).
+
+[`ResponsePool`] holds one process's responses between updates as token ids (never decoded and re-encoded): each
+update refills the slots of responses that finished with fresh prompts, continues every response from its prompt
+and the tokens sampled so far, and reports which ones finished (at a stop token, or at `response_length`; a window's
+cut is neither). The rollout maker turns the pool into a [`~rollout.types.Rollout`] whose `window_mask` marks the
+tokens this update sampled (the policy's) and whose `finished` rows carry a score (the critic's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..config.ppo import PPOConfig
+from ..sampling.seam import Samples
+
+
+@dataclasses.dataclass
+class InFlight:
+    """One response of the pool: its dataset row, prompt ids (templated, tokenised, truncated) and what is sampled."""
+
+    row: dict[str, Any]
+    prompt_ids: list[int]
+    response_ids: list[int] = dataclasses.field(default_factory=list)
+    sampler_logprobs: list[float] = dataclasses.field(default_factory=list)  # empty when the sampler gives none
+    windows: int = 0  # updates that sampled part of it
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowStep:
+    """What one window did to the pool: each slot's tokens before it, and whether the slot's response finished."""
+
+    starts: list[int]  # response tokens each slot had before this window
+    finished: list[bool]
+    has_stop: list[bool]
+    new_tokens: int  # tokens sampled in this window (within the budgets)
+    prefilled_tokens: int  # response tokens sampled earlier and prefilled again as context
+
+
+class ResponsePool:
+    """
+    One process's in-flight responses (a fixed number of slots: the local rollout batch).
+
+    Args:
+        size: Slots (responses per update).
+        window: Tokens decoded per response per update (`generation_window`).
+        response_length: A response finishes at this many tokens if no stop token came first.
+    """
+
+    def __init__(self, size: int, window: int, response_length: int):
+        if window < 1:
+            raise ValueError(f"generation_window must be at least 1, got {window}.")
+        self.size = size
+        self.window = window
+        self.response_length = response_length
+        self.slots: list[InFlight] = []
+        self.pending: list[dict[str, Any]] = []  # rows drawn from the prompt stream, not started yet
+
+    @classmethod
+    def from_args(cls, args: PPOConfig, local_batch_size: int) -> ResponsePool | None:
+        """An empty pool of `local_batch_size` slots for `args.generation_window` (`None` without a window)."""
+        if args.generation_window is None:
+            return None
+        return cls(local_batch_size, window=args.generation_window, response_length=args.response_length)
+
+    def refill(
+        self,
+        draw: Callable[[], list[dict[str, Any]]],
+        tokenize: Callable[[list[dict[str, Any]]], list[list[int]]],
+    ) -> int:
+        """Fill the empty slots with the next rows (drawing whole batches from `draw` as needed, the rest kept for the
+        next refill) and their prompt ids (`tokenize`); returns the number of slots filled."""
+        needed = self.size - len(self.slots)
+        while len(self.pending) < needed:
+            self.pending.extend(draw())
+        rows, self.pending = self.pending[:needed], self.pending[needed:]
+        if rows:
+            self.slots.extend(InFlight(row, ids) for row, ids in zip(rows, tokenize(rows)))
+        return len(rows)
+
+    def budget(self) -> int:
+        """New tokens this window decodes: the window, or less when every response is nearer its end."""
+        return min(self.window, max(self.response_length - len(s.response_ids) for s in self.slots))
+
+    def contexts(self, pad_token_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each slot's prompt and response so far, left-padded, as the sampler's "prompts" `(ids, mask)`."""
+        sequences = [s.prompt_ids + s.response_ids for s in self.slots]
+        return left_pad(sequences, pad_token_id, device)
+
+    def advance(self, samples: Samples) -> WindowStep:
+        """Append each slot's new tokens (cut at its remaining budget) and tell which responses finished."""
+        starts, finished, has_stop = [], [], []
+        new_tokens = prefilled = 0
+        lengths = samples.response_mask.sum(1).tolist()
+        stops = samples.has_stop.tolist()
+        ids = samples.response_ids.tolist()
+        logprobs = samples.logprobs.tolist() if samples.logprobs is not None else None
+        for i, slot in enumerate(self.slots):
+            start = len(slot.response_ids)
+            room = self.response_length - start
+            take = min(int(lengths[i]), room)
+            stopped = bool(stops[i]) and int(lengths[i]) <= room  # a stop past the budget was never sampled
+            slot.response_ids.extend(ids[i][:take])
+            if logprobs is not None:
+                slot.sampler_logprobs.extend(logprobs[i][:take])
+            slot.windows += 1
+            starts.append(start)
+            finished.append(stopped or start + take >= self.response_length)
+            has_stop.append(stopped)
+            new_tokens += take
+            prefilled += start
+        return WindowStep(starts, finished, has_stop, new_tokens=new_tokens, prefilled_tokens=prefilled)
+
+    def release(self, finished: list[bool]) -> None:
+        """Drop the responses that finished (they were trained on); their slots refill at the next update."""
+        self.slots = [slot for slot, done in zip(self.slots, finished) if not done]
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "window": self.window,
+            "slots": [dataclasses.asdict(slot) for slot in self.slots],
+            "pending": list(self.pending),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.slots = [InFlight(**slot) for slot in state["slots"]]
+        self.pending = list(state["pending"])
+
+    def ages(self) -> list[int]:
+        """Windows each in-flight response has been sampled over so far."""
+        return [slot.windows for slot in self.slots]
+
+
+def left_pad(sequences: list[list[int]], pad_token_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists left-padded into `(ids, mask)` `[B, max(len)]` (at least one column)."""
+    width = max([len(s) for s in sequences] + [1])
+    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, seq in enumerate(sequences):
+        if seq:
+            ids[i, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+            mask[i, width - len(seq) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def right_pad(
+    sequences: list[list[int]] | list[list[float]], pad_value: float, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """Lists right-padded into `[B, max(len)]` (at least one column)."""
+    width = max([len(s) for s in sequences] + [1])
+    out = torch.full((len(sequences), width), pad_value, dtype=dtype)
+    for i, seq in enumerate(sequences):
+        if seq:
+            out[i, : len(seq)] = torch.tensor(seq, dtype=dtype)
+    return out.to(device)
