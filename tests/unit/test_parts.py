@@ -130,9 +130,9 @@ def test_critic_fit_is_built_from_the_update_not_from_metric_names():
     """The stop rule's inputs come from the rollout, its returns and the learner's typed result: renaming a logged
     metric cannot change them (it used to read `value_pretrain/loss_avg` out of the logged dict)."""
     accelerator = Accelerator(cpu=True)
+    mask = torch.tensor([[True, True, False], [True, True, False]])
     rollout = SimpleNamespace(
-        values=torch.tensor([[0.0, 1.0, 5.0], [2.0, 2.0, 0.0]]),
-        response_mask=torch.tensor([[True, True, False], [True, True, False]]),
+        values=torch.tensor([[0.0, 1.0, 5.0], [2.0, 2.0, 0.0]]), response_mask=mask, value_mask=mask, finished=None
     )
     returns = torch.tensor([[0.0, 1.0, -9.0], [2.0, 3.0, 7.0]])  # masked positions must not count
     fit = critic_fit(

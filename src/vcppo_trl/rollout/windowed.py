@@ -3,6 +3,7 @@ with the rollout maker's sampler, scored where responses finished, and completed
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -62,7 +63,7 @@ def make_window(
     )
     window_mask = response_mask & (positions >= torch.tensor(step.starts, device=device).unsqueeze(1))
     rollout, work = maker.complete(rows, scored, train_policy, window=(window_mask, finished))
-    pool.release(step.finished)
+    step = dataclasses.replace(step, in_flight=pool.release(step.finished))
     generation = GenerationStats(samples.seconds, step.new_tokens, getattr(maker.sampler, "sync_seconds", None))
     return rollout, RolloutStats(generation, work, window=step)
 

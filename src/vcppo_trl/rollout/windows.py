@@ -39,8 +39,10 @@ class WindowStep:
     starts: list[int]  # response tokens each slot had before this window
     finished: list[bool]
     has_stop: list[bool]
+    windows: list[int]  # windows each slot's response has been sampled over, this one included
     new_tokens: int  # tokens sampled in this window (within the budgets)
     prefilled_tokens: int  # response tokens sampled earlier and prefilled again as context
+    in_flight: int = 0  # responses left in the pool once the finished ones left it
 
 
 class ResponsePool:
@@ -115,11 +117,20 @@ class ResponsePool:
             has_stop.append(stopped)
             new_tokens += take
             prefilled += start
-        return WindowStep(starts, finished, has_stop, new_tokens=new_tokens, prefilled_tokens=prefilled)
+        return WindowStep(
+            starts,
+            finished,
+            has_stop,
+            windows=[slot.windows for slot in self.slots],
+            new_tokens=new_tokens,
+            prefilled_tokens=prefilled,
+        )
 
-    def release(self, finished: list[bool]) -> None:
-        """Drop the responses that finished (they were trained on); their slots refill at the next update."""
+    def release(self, finished: list[bool]) -> int:
+        """Drop the responses that finished (they were trained on); their slots refill at the next update. Returns the
+        responses left in flight."""
         self.slots = [slot for slot, done in zip(self.slots, finished) if not done]
+        return len(self.slots)
 
     # ------------------------------------------------------------------ checkpoints
 

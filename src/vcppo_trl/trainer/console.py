@@ -21,6 +21,7 @@ _UPDATE_FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward", ("objective/scores",)),
     ("acc", ("diagnostics/accuracy",)),
     ("len", ("diagnostics/response_length_mean",)),
+    ("done", ("rollout/finished_responses",)),  # generation windows: responses that finished in the update
     ("ev", ("value/explained_variance", "value_pretrain/explained_variance")),
     ("kl", ("objective/kl",)),
     ("pg_loss", ("loss/policy_avg",)),

@@ -31,6 +31,7 @@ from ..config.ppo import PPOConfig
 from ..learner.ppo_learner import UpdateResult
 from ..rollout.maker import GenerationStats, RolloutStats
 from ..rollout.types import Rollout, is_correct
+from ..rollout.windows import WindowStep
 from .value_pretraining import CriticFit
 
 logger = logging.get_logger(__name__)
@@ -87,13 +88,15 @@ def critic_fit(accelerator: Accelerator, update: UpdateRecord) -> CriticFit:
     How well the critic fit an update's targets, over all processes, as the value-pretraining rule takes it: the
     update's mean value loss (the learner's `loss/value`, averaged over processes as the logged `_avg` is) and the
     explained variance of the rollout's values against `returns` over the whole batch (as `value/explained_variance`
-    is logged). An update that did not train (`update.result` is `None`) has a nan loss.
+    is logged: the critic's tokens, those of finished responses under generation windows). An update that did not
+    train (`update.result` is `None`), or whose critic had no finished response to learn from, has a nan loss and a
+    nan explained variance: the rule records no progress from it.
     """
     rollout, result = update.rollout, update.result
-    values, returns_g, mask_g = gather_masked(
-        accelerator, rollout.values, update.returns, rollout.response_mask.long()
-    )
+    values, returns_g, mask_g = gather_masked(accelerator, rollout.values, update.returns, rollout.value_mask.long())
     loss = math.nan
+    if rollout.finished is not None and not int(accelerator.reduce(rollout.finished.sum().reshape(1), "sum")):
+        return CriticFit(loss=loss, explained_variance=math.nan)
     if result is not None and "loss/value" in result.stats:
         loss = mean_across(accelerator, torch.tensor([result.stats["loss/value"]], device=accelerator.device))
     return CriticFit(loss=loss, explained_variance=explained_variance(values, returns_g, mask_g.bool()))
@@ -153,15 +156,17 @@ def rollout_metrics(
     per-position explained variance against Monte-Carlo returns uses them instead of computing them again).
     """
     mask = rollout.response_mask
-    values, returns_g, advantages_g, mask_g, kl_g = gather_masked(
-        accelerator, rollout.values, returns, advantages, mask.long(), rollout.kl
+    values, returns_g, advantages_g, mask_g, kl_g, value_mask_g = gather_masked(
+        accelerator, rollout.values, returns, advantages, mask.long(), rollout.kl, rollout.value_mask.long()
     )
-    mask_g = mask_g.bool()
+    mask_g, value_mask_g = mask_g.bool(), value_mask_g.bool()  # value_mask: finished responses (windows)
     # Per-sample metrics count scored samples only: a skipped sample (no reward function applied) has no score,
-    # and its response mask is empty.
+    # and its response mask is empty. Under generation windows an unfinished response has no score either, and is
+    # not skipped.
     scored = ~torch.isnan(rollout.raw_scores)
     raw = accelerator.gather(rollout.raw_scores)
     valid = ~torch.isnan(raw)
+    finished_g = accelerator.gather(rollout.finished_rows)
     lengths = accelerator.gather(rollout.response_mask.sum(1).float())[valid]
     kl_per_sample = (kl_g * mask_g).sum(1)[valid]
     correct = is_correct(raw[valid], settings.accuracy_threshold).float()
@@ -171,16 +176,16 @@ def rollout_metrics(
         "objective/scores": mean_across(accelerator, torch.where(scored, rollout.scores, nan)),
         "objective/kl": _mean_or_nan(kl_per_sample),
         "objective/non_score_reward": _mean_or_nan(-settings.kl_coef * kl_per_sample),
-        "value/explained_variance": explained_variance(values, returns_g, mask_g),
-        "value/mean": float(masked_mean(values, mask_g)),
-        "value/returns_mean": float(masked_mean(returns_g, mask_g)),
+        "value/explained_variance": explained_variance(values, returns_g, value_mask_g),
+        "value/mean": float(masked_mean(values, value_mask_g)),
+        "value/returns_mean": float(masked_mean(returns_g, value_mask_g)),
         "diagnostics/response_length_mean": _mean_or_nan(lengths),
         "diagnostics/response_length_min": float(lengths.min()) if lengths.numel() else float("nan"),
         "diagnostics/response_length_max": float(lengths.max()) if lengths.numel() else float("nan"),
         "diagnostics/accuracy": _mean_or_nan(correct),
         "diagnostics/advantage_position_corr": position_correlation(advantages_g, mask_g),
         "diagnostics/stop_rate": mean_across(accelerator, torch.where(scored, rollout.has_stop.float(), nan)),
-        "diagnostics/skipped_samples": float((~valid).sum()),
+        "diagnostics/skipped_samples": float((~valid & finished_g).sum()),
         "reward/verifier_failures": float(accelerator.gather(rollout.reward_failed.float()).sum()),
     }
     metrics["objective/rlhf_reward"] = metrics["objective/scores"] + metrics["objective/non_score_reward"]
@@ -203,7 +208,7 @@ def rollout_metrics(
         # The paper's Figure 2 per update: advantage and value error by relative position in the response.
         num = settings.position_buckets
         adv_buckets = position_bucket_means(advantages_g, mask_g, num)
-        err_buckets = position_bucket_means(values - returns_g, mask_g, num)
+        err_buckets = position_bucket_means(values - returns_g, value_mask_g, num)
         for k in range(num):
             metrics[f"diagnostics/advantage_bucket_{k}"] = float(adv_buckets[k])
             metrics[f"diagnostics/value_error_bucket_{k}"] = float(err_buckets[k])
@@ -225,8 +230,52 @@ def rollout_metrics(
         metrics["reward/overlong_fraction"] = mean_across(
             accelerator, torch.where(scored, (penalties < 0).float(), nan)
         )
+    if rollout.finished is not None and not bool(finished_g.any()):
+        # No response finished in this window: no score, length or critic fit to report (left out, not nan).
+        metrics = {k: v for k, v in metrics.items() if not k.startswith(PER_FINISHED_RESPONSE_METRICS)}
     if prefix:
         metrics = {f"{prefix}{k.split('/', 1)[-1]}" if k.startswith("value/") else k: v for k, v in metrics.items()}
+    return metrics
+
+
+# Metrics of finished responses, which a generation window that finished none leaves out.
+PER_FINISHED_RESPONSE_METRICS = (
+    "objective/",
+    "value/",
+    "diagnostics/response_length",
+    "diagnostics/accuracy",
+    "diagnostics/stop_rate",
+    "diagnostics/value_error_bucket",
+    "diagnostics/mc_explained_variance_bucket",
+    "rewards/",
+    "reward/overlong",
+)
+
+
+def window_metrics(accelerator: Accelerator, step: WindowStep) -> dict[str, float]:
+    """
+    A generation window over all processes: `rollout/finished_responses` (responses that finished and were
+    scored), `rollout/window_tokens` (tokens sampled, the policy's), `rollout/prefilled_tokens` (earlier tokens of
+    continued responses, run again as context), `rollout/in_flight` (responses carried to the next update) and
+    `rollout/windows_per_finished_mean` (policy versions that sampled a finished response).
+    """
+    finished_windows = [w for w, done in zip(step.windows, step.finished) if done]
+    counts = torch.tensor(
+        [sum(step.finished), step.new_tokens, step.prefilled_tokens, step.in_flight, sum(finished_windows)],
+        dtype=torch.float64,
+        device=accelerator.device,
+    )
+    if accelerator.num_processes > 1:
+        counts = accelerator.reduce(counts, "sum")
+    finished, new, prefilled, in_flight, windows = counts.tolist()
+    metrics = {
+        "rollout/finished_responses": finished,
+        "rollout/window_tokens": new,
+        "rollout/prefilled_tokens": prefilled,
+        "rollout/in_flight": in_flight,
+    }
+    if finished:
+        metrics["rollout/windows_per_finished_mean"] = windows / finished
     return metrics
 
 
@@ -312,6 +361,8 @@ def learner_metrics(
     metrics.update(work_metrics(accelerator, made.forwards, result.work))
     if made.dynamic_sampling is not None:
         metrics.update(dynamic_sampling_metrics(accelerator, made.dynamic_sampling))
+    if made.window is not None:
+        metrics.update(window_metrics(accelerator, made.window))
     metrics.update(trl_metric_names(accelerator, rollout, rollout_side | metrics))
     return metrics
 
