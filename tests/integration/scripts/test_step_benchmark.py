@@ -91,3 +91,24 @@ def test_token_budget_benchmark_smoke_prints_every_variant():
     assert variants == ["padded", "budget", "packed"] * 2
     packed = [line.split() for line in out.splitlines() if line.strip().startswith("packed")]
     assert all(float(row[3]) == 1.0 and float(row[4]) == 1.0 for row in packed)  # no padding computed
+
+
+def test_windows_benchmark_smoke_prints_every_side_and_stops_at_the_drawn_lengths():
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import step_setup
+    import torch
+    from windows import DrawnLengthStop
+
+    prompt = list(range(step_setup.PROMPT_LENGTH))
+    stop = DrawnLengthStop({tuple(prompt): 3}, response_length=8)
+    eos = step_setup.EOS_ID
+    # Left-padded (pad = EOS), 3 tokens generated so far (over earlier windows): the stop is forced now, not before.
+    scores = stop(torch.tensor([[eos, eos, *prompt, 5, 6, 7], [eos, eos, *prompt, 5, 6, 7]]), torch.zeros(2, 100))
+    assert all(int(row.argmax()) == eos and int(row.isinf().sum()) == 99 for row in scores)
+    early = stop(torch.tensor([[eos, eos, eos, *prompt, 5, 6]]), torch.zeros(1, 100))
+    assert bool(early[0, eos].isinf()) and int(early[0].isinf().sum()) == 1
+    out = _run_benchmark("windows.py", "--smoke")
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("whole", "window", "grpo"))}
+    assert set(rows) == {"whole", "window-T/2", "window-T/4", "grpo"}, out
+    assert float(rows["whole"][7]) == 1.0 and float(rows["grpo"][8]) == 1.0
+    assert float(rows["window-T/4"][4]) < 8  # responses cut by the window stay in flight
