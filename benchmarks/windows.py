@@ -11,6 +11,8 @@ really ends. `step_setup`'s tiny policy, batch 8 (8 prompts, one sample each), K
 optimizer step per update, the on-policy shortcut. Sides, in this process, rotated per repeat:
 - `whole`: `VCPPOTrainer`, whole responses every update (`generation_window=None`);
 - `window-T/2`, `window-T/4`: the same with `generation_window` = T/2, T/4 (the pool fills during the warm-up);
+- `whole-budget`, `win-T/4-budget`: `whole` and `window-T/4` with `step_lengths.py`'s token budget
+  (`max_tokens_per_micro_batch` = 2 × (prompt + T): two full-length sequences per forward, the short ones grouped);
 - `grpo`: TRL's `GRPOTrainer` step (`step_grpo.py` in a fresh process, its lengths cut after sampling: GRPO decodes
   to the longest response either way), 2 prompts × 4 samples; its finished responses per second are 8 per step.
 Printed per side (medians over repeats): finished responses per second of update time, generation seconds per update,
@@ -82,7 +84,9 @@ class Collect(TrainerCallback):
         self.metrics.append(dict(metrics or {}))
 
 
-def run_ours(response_length: int, window: int | None, updates: int, warmup: int, seed: int = 0) -> dict:
+def run_ours(
+    response_length: int, window: int | None, updates: int, warmup: int, budget: bool = False, seed: int = 0
+) -> dict:
     from datasets import Dataset
 
     from vcppo_trl import VCPPOConfig, VCPPOTrainer
@@ -110,6 +114,8 @@ def run_ours(response_length: int, window: int | None, updates: int, warmup: int
             total_episodes=BATCH * (warmup + updates),
             response_length=response_length,
             generation_window=window,
+            # The token budget of step_lengths.py: two full-length sequences per forward, the short ones grouped.
+            max_tokens_per_micro_batch=2 * (step_setup.PROMPT_LENGTH + response_length) if budget else None,
             temperature=0.7,
             learning_rate=1e-5,
             kl_coef=0.0,
@@ -189,7 +195,13 @@ def main() -> None:
         args.length, args.repeats, args.updates, args.warmup = 32, 1, 2, 1
     torch.set_num_threads(args.threads)
     length = args.length
-    sides = {"whole": None, "window-T/2": length // 2, "window-T/4": length // 4}
+    sides = {  # name -> (generation_window, token budget)
+        "whole": (None, False),
+        "window-T/2": (length // 2, False),
+        "window-T/4": (length // 4, False),
+        "whole-budget": (None, True),
+        "win-T/4-budget": (length // 4, True),
+    }
     print(
         f"Long-tailed lengths up to T={length}, stop applied while sampling, batch {BATCH}, {args.repeats} repeat(s) × "
         f"{args.updates} timed update(s) after {args.warmup} warm-up per side, torch threads {args.threads}; medians.",
@@ -202,7 +214,8 @@ def main() -> None:
             if side == "grpo":  # TRL's GRPO in a fresh process (in this one for the smoke run)
                 runs[side].append(run_grpo(length, args.updates, args.warmup, args.threads, smoke=args.smoke))
             else:
-                runs[side].append(run_ours(length, sides[side], args.updates, args.warmup))
+                window, budget = sides[side]
+                runs[side].append(run_ours(length, window, args.updates, args.warmup, budget=budget))
         print(f"  done: repeat {repeat + 1}/{args.repeats}", flush=True)
     median = {side: {k: statistics.median(r[k] for r in rs) for k in rs[0] if rs[0][k] is not None}
               for side, rs in runs.items() if rs}  # fmt: skip
@@ -214,7 +227,7 @@ def main() -> None:
     for side, m in median.items():
         vs_grpo = f"{m['finished_per_s'] / grpo:8.2f}" if grpo else f"{'-':>8}"
         print(
-            f"{side:<12} {m['finished_per_s']:10.2f} {m['generation_s']:9.3f} {m['update_s']:7.3f} "
+            f"{side:<14} {m['finished_per_s']:10.2f} {m['generation_s']:9.3f} {m['update_s']:7.3f} "
             f"{m.get('finished_per_update', BATCH):8.1f} {m.get('policy_tokens', float('nan')):8.0f} "
             f"{m.get('critic_tokens', float('nan')):8.0f} "
             f"{m['finished_per_s'] / whole:8.2f} {vs_grpo}"

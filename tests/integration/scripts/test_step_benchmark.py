@@ -108,7 +108,7 @@ def test_windows_benchmark_smoke_prints_every_side_and_stops_at_the_drawn_length
     early = stop(torch.tensor([[eos, eos, eos, *prompt, 5, 6]]), torch.zeros(1, 100))
     assert bool(early[0, eos].isinf()) and int(early[0].isinf().sum()) == 1
     out = _run_benchmark("windows.py", "--smoke")
-    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("whole", "window", "grpo"))}
-    assert set(rows) == {"whole", "window-T/2", "window-T/4", "grpo"}, out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("whole", "win", "grpo"))}
+    assert set(rows) == {"whole", "window-T/2", "window-T/4", "whole-budget", "win-T/4-budget", "grpo"}, out
     assert float(rows["whole"][7]) == 1.0 and float(rows["grpo"][8]) == 1.0
     assert float(rows["window-T/4"][4]) < 8  # responses cut by the window stay in flight
