@@ -203,6 +203,39 @@ def test_padding_free_forwards_and_token_budgets_on_vllm_rollouts(vllm_trainer):
     assert all(row["perf/rollout_forward_padding_fraction"] == 0.0 for row in updates)
 
 
+def test_generation_windows_continue_vllm_responses_with_the_samplers_logprobs(vllm_trainer, monkeypatch):
+    """vLLM continues each response from its token ids window by window; the sampler's log-probs of a window's tokens
+    match the training forward's (its weights sampled them), and the correction covers those tokens only."""
+    from vcppo_trl.learner.ppo_learner import PPOLearner
+
+    seen = []
+    update = PPOLearner.update
+
+    def spy(self, rollout, advantages, returns, **kwargs):
+        seen.append(rollout)
+        return update(self, rollout, advantages, returns, **kwargs)
+
+    monkeypatch.setattr(PPOLearner, "update", spy)
+    trainer = vllm_trainer(
+        value_pretrain_steps=1,
+        total_episodes=64,
+        generation_window=4,
+        vllm_importance_sampling_correction=True,
+        vllm_importance_sampling_mode="sequence_mask",
+    )
+    trainer.train()
+    ppo_rows = [row for row in trainer.state.log_history if "sampling/sampling_logp_difference/max" in row]
+    assert len(ppo_rows) == trainer.state.global_step - 1  # every PPO update (value pretraining has no policy loss)
+    assert all(row["sampling/sampling_logp_difference/max"] < LOGPROB_TOLERANCE for row in ppo_rows)
+    assert all(abs(row["sampling/importance_sampling_ratio/mean"] - 1) < 1e-3 for row in ppo_rows)
+    assert any(row["rollout/in_flight"] > 0 for row in ppo_rows)
+    for rollout in seen:
+        assert bool((rollout.window_mask.sum(1) <= 4).all())
+        # Every token sampled so far has the sampler's log-prob (windows of earlier updates included).
+        assert bool((rollout.sampler_logprobs[rollout.response_mask] < 0).all())
+        assert not rollout.sampler_logprobs[~rollout.response_mask].any()
+
+
 def test_every_vapo_option_trains_on_vllm_rollouts(vllm_trainer):
     from .test_trainer import VAPO_OPTIONS, check_vapo_run
 

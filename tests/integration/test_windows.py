@@ -193,7 +193,6 @@ def test_a_resumed_windowed_run_continues_its_pool_exactly(tokenizer, toy_splits
     [
         (dict(kl_coef=0.1), "kl_coef > 0"),
         (dict(dynamic_sampling=True, num_generations=2), "dynamic_sampling"),
-        (dict(use_vllm=True), "use_vllm"),
         (dict(generation_window=0), "at least 1 token"),
         (dict(window_bootstrap="zero"), "window_bootstrap"),
     ],

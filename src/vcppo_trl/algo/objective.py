@@ -79,6 +79,9 @@ class PPOBatch:
     policy_mask: torch.Tensor | None = None
     # Tokens of the positive-example LM loss (the policy's tokens of responses judged correct); None: no such loss.
     positive_mask: torch.Tensor | None = None
+    # Tokens the sampler correction covers when they differ from `mask`: a generation window's, sampled by this
+    # update's weights (a `sequence_*` weight is the product over them); None: `mask`.
+    sampler_mask: torch.Tensor | None = None
 
     def select(self, idx: torch.Tensor, width: int | None = None) -> PPOBatch:
         """The rows `idx`, and only the first `width` response columns (a micro-batch cut to its longest response:
@@ -170,7 +173,7 @@ def ppo_micro_batch_loss(
         importance_weights = sampler_importance_weights(
             batch.old_logprobs,
             batch.sampler_logprobs,
-            mask,
+            mask if batch.sampler_mask is None else batch.sampler_mask,
             mode=settings.importance_sampling_mode,
             clip_min=settings.importance_sampling_clip_min,
             clip_max=settings.importance_sampling_clip_max,

@@ -656,7 +656,6 @@ class PPOConfig(_BaseConfig):
         refused = {
             "kl_coef > 0": self.kl_coef > 0,
             "dynamic_sampling": self.dynamic_sampling,
-            "use_vllm": self.use_vllm,
         }
         for name, present in refused.items():
             if present:

@@ -137,6 +137,7 @@ class PPOLearner:
             sampler_logprobs=rollout.sampler_logprobs if correct_sampler else None,
             policy_mask=None if policy_mask is value_mask else policy_mask,
             positive_mask=self.positive_mask(rollout, policy_mask),
+            sampler_mask=None if rollout.window_mask is None else policy_mask,
         )
         stats = defaultdict(list)
         importance_weights = None  # filled per micro-batch from the loss's own (old log-probs may come from it)

@@ -302,7 +302,8 @@ def sampling_metrics(
         metrics["time/weight_sync_s"] = float(sync_seconds)
     if rollout.sampler_logprobs is None or rollout.logprobs is None:
         return metrics
-    mask = rollout.response_mask
+    # A generation window's tokens: earlier windows were sampled by earlier weights (and corrected when trained).
+    mask = rollout.response_mask if rollout.window_mask is None else rollout.window_mask
     delta = (rollout.logprobs - rollout.sampler_logprobs).abs()[mask]
     mean, _, high = reduce_stats(accelerator, delta)
     if not math.isnan(mean):
