@@ -73,14 +73,15 @@ def full_length_samplers():
     from vcppo_trl.sampling.vllm_samplers import VLLMColocateSampler
 
     class FullLengthHF(HFSampler):
-        def generation_config(self, greedy, temperature):
-            config = super().generation_config(greedy, temperature)
-            config.min_new_tokens = self.response_length
+        def generation_config(self, greedy, temperature, max_new_tokens=None):
+            config = super().generation_config(greedy, temperature, max_new_tokens)
+            config.min_new_tokens = config.max_new_tokens
             return config
 
     class FullLengthVLLM(VLLMColocateSampler):
-        def sampling_kwargs(self, greedy, temperature):
-            return {**super().sampling_kwargs(greedy, temperature), "min_tokens": self.response_length}
+        def sampling_kwargs(self, greedy, temperature, max_new_tokens=None):
+            kwargs = super().sampling_kwargs(greedy, temperature, max_new_tokens)
+            return {**kwargs, "min_tokens": kwargs["max_tokens"]}
 
     return FullLengthHF, FullLengthVLLM
 
