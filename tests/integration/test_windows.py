@@ -229,3 +229,14 @@ def test_an_update_that_finished_no_response_moves_the_policy_and_not_the_critic
     assert not all(torch.equal(a, b) for a, b in zip(trainer.model.policy.parameters(), policy))
     fit = critic_fit(Accelerator(cpu=True), UpdateRecord(rollout, advantages, returns, result=result))
     assert fit.loss != fit.loss and fit.explained_variance != fit.explained_variance  # nan: the rule learns nothing
+
+
+def test_a_pool_saved_by_another_number_of_processes_is_refused(tmp_path):
+    from vcppo_trl.trainer.saving import load_rollout_pool, rollout_pool_file
+
+    pool = ResponsePool(2, window=4, response_length=8)
+    for rank in (0, 1):
+        torch.save(pool.state_dict(), rollout_pool_file(str(tmp_path), rank))
+    with pytest.raises(ValueError, match="in-flight responses of 2 processes, and this run has 1"):
+        load_rollout_pool(pool, str(tmp_path), rank=0, world=1)
+    load_rollout_pool(pool, str(tmp_path), rank=1, world=2)

@@ -30,14 +30,7 @@ def check_launch_environment() -> None:
 
 
 def check_distributed_setup(accelerator: Accelerator, args, is_fsdp: bool, is_deepspeed: bool) -> None:
-    """Refuse FSDP (not supported yet) and generation windows on several processes, and check a DeepSpeed launch
-    ([`check_deepspeed_setup`])."""
-    if getattr(args, "generation_window", None) is not None and accelerator.num_processes > 1:
-        raise ValueError(
-            "`generation_window` runs on one process for now: with several, every process must generate in every "
-            "update and the pools' checkpoints are per process, which is not tested yet. Launch one process or set "
-            "generation_window=None."
-        )
+    """Refuse FSDP (not supported yet) and check a DeepSpeed launch ([`check_deepspeed_setup`])."""
     if is_fsdp:
         raise ValueError(
             "FSDP is not supported by this version of vcppo-trl yet: launch with DeepSpeed ZeRO-3 "

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..algo.gae import last_valid_values
+from ..parallel.collectives import max_across_processes
 from ..sampling.seam import Samples, unpadded_prompts
 from .maker import GenerationStats, RolloutMaker, RolloutStats
 from .types import Rollout
@@ -38,8 +39,12 @@ def make_window(
     pad = maker.tokenizer.pad_token_id
     pool.refill(draw, lambda rows: prompt_ids(maker, rows))
     context_ids, context_mask = pool.contexts(pad, device)
+    # One budget on every process: generation is collective under ZeRO-3 (sharded weights, or one gather per call).
+    budget, max_across = pool.budget(), max_across_processes(maker.accelerator)
+    if max_across is not None:
+        budget = max_across([budget])[0]
     samples = maker.sampler.generate(
-        context_ids, context_mask, False, temperature=maker.settings.temperature, max_new_tokens=pool.budget()
+        context_ids, context_mask, False, temperature=maker.settings.temperature, max_new_tokens=budget
     )
     step = pool.advance(samples)
     slots = pool.slots

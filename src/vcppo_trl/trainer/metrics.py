@@ -166,7 +166,7 @@ def rollout_metrics(
     scored = ~torch.isnan(rollout.raw_scores)
     raw = accelerator.gather(rollout.raw_scores)
     valid = ~torch.isnan(raw)
-    finished_g = accelerator.gather(rollout.finished_rows)
+    finished_g = accelerator.gather(rollout.finished_rows.long()).bool()
     lengths = accelerator.gather(rollout.response_mask.sum(1).float())[valid]
     kl_per_sample = (kl_g * mask_g).sum(1)[valid]
     correct = is_correct(raw[valid], settings.accuracy_threshold).float()

@@ -549,7 +549,9 @@ class PPOTrainer(_BaseTrainer):
             callbacks=self.callback_handler.callbacks,
             batches_consumed=self.batches_consumed,
         )
-        pool = self.response_pool.state_dict() if self.response_pool is not None else None
+        pool = None
+        if self.response_pool is not None:  # with this process's own prompt-stream position
+            pool = self.response_pool.state_dict() | {"batches_consumed": self.batches_consumed}
         trainer_saving.write_checkpoint(self, self._get_output_dir(trial=trial), resume_state, rollout_pool=pool)
 
     def create_model_card(

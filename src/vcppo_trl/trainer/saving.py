@@ -197,19 +197,24 @@ def restore_training_state(trainer, resume: ResumePoint) -> int:
     restore_state(state, trainer.callback_handler.callbacks, resume.path, saved=saved)
     trainer.learner.nonfinite_steps_in_a_row = saved["nonfinite_steps_in_a_row"]
     trainer.restore_phase_state(saved)
-    load_rollout_pool(trainer.response_pool, resume.path, rank=accelerator.process_index)
+    pool_batches = load_rollout_pool(
+        trainer.response_pool, resume.path, rank=accelerator.process_index, world=accelerator.num_processes
+    )
     state.max_steps = trainer.num_training_updates()  # this run's PPO budget (total_episodes may have changed)
     load_rng_state_elastic(
         trainer._load_rng_state, resume, accelerator=accelerator, seed=trainer.args.seed, global_step=state.global_step
     )
     logger.warning(f"Resumed from {resume.path} at update {state.global_step} of {state.max_steps}.")
+    if pool_batches is not None:  # a windowed run: each process drew as many batches as its own pool needed
+        return pool_batches
     return saved.get("batches_consumed", state.global_step)
 
 
-def load_rollout_pool(pool: ResponsePool | None, checkpoint: str, rank: int) -> None:
-    """Restore this process's in-flight responses of a `generation_window` run, so that it continues them. None saved:
-    the pool starts empty; saved but this run has no window (`pool` is None): they are dropped, and their prompts are
-    not drawn again. Both say so."""
+def load_rollout_pool(pool: ResponsePool | None, checkpoint: str, rank: int, world: int = 1) -> int | None:
+    """Restore this process's in-flight responses of a `generation_window` run, so that it continues them, and return
+    the prompt batches this process had drawn (its pool refills at its own pace, so the count differs per process;
+    `None` when no pool is restored). None saved: the pool starts empty; saved but this run has no window (`pool` is
+    None): they are dropped, and their prompts are not drawn again. Both say so."""
     path = rollout_pool_file(checkpoint, rank)
     if pool is None:
         if os.path.exists(path):
@@ -217,11 +222,20 @@ def load_rollout_pool(pool: ResponsePool | None, checkpoint: str, rank: int) -> 
                 f"{checkpoint} holds in-flight responses of a generation_window run; this run has no window, so they "
                 "are dropped."
             )
-        return
+        return None
+    saved_ranks = len([name for name in os.listdir(checkpoint) if name.startswith("rollout_pool_")])
+    if saved_ranks and saved_ranks != world:
+        raise ValueError(
+            f"{checkpoint} holds the generation window's in-flight responses of {saved_ranks} processes, and this run "
+            f"has {world}: each process continues its own responses, so resume it on {saved_ranks} processes (or "
+            "delete the rollout_pool_*.pt files to start the pool empty, dropping those responses)."
+        )
     if not os.path.exists(path):
         logger.warning(f"{checkpoint} holds no in-flight responses: the generation window's pool starts empty.")
-        return
-    pool.load_state_dict(torch.load(path, weights_only=False))  # this package's own file: rows are Python objects
+        return None
+    state = torch.load(path, weights_only=False)  # this package's own file: rows are Python objects
+    pool.load_state_dict(state)
+    return state.get("batches_consumed")
 
 
 def write_checkpoint(
