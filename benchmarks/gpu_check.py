@@ -1,6 +1,7 @@
 """One command for a machine with a GPU: does the package run there, how fast, in how much memory. Prints one table.
 
     python benchmarks/gpu_check.py               # needs CUDA; under 2 minutes on one H200 without the rollout row
+                                                 # (at ea2077e; the windows row adds an estimated 2-4 minutes)
     python benchmarks/gpu_check.py --cpu-smoke   # the same code paths on CPU at tiny sizes
                                                  # (tests/integration/scripts/test_gpu_check.py)
 
@@ -26,6 +27,12 @@ figures in docs/benchmarks.md. Rows:
    sequence per micro-batch), with a token budget, and padding-free under sdpa and under flex attention; real tokens/s,
    MFU with attention FLOPs counted, peak memory (smoke: the tiny model, 4 responses up to 48 tokens; the flex row
    says "not run" on CPU, where torch's flex attention has no backward).
+7. `windows`: generation windows (`generation_window`, docs/rollout_windows.md) through `VCPPOTrainer` on the
+   Qwen2.5-0.5B shape with random weights in bf16, benchmarks/windows.py's setting (its long-tailed lengths with the
+   stop applied while sampling, batch 8, KL 0, the on-policy shortcut) with its token budget: whole responses against
+   a window of T/4 in one run; finished responses per second, generation seconds per update, update seconds and peak
+   GPU memory of each, the window's as ratios to the whole side's. T = 2,048 (`--windows-length`), not 16,384: see
+   `check_generation_windows` (smoke: the tiny model, T = 32, windows T/2 and T/4).
 4. `zero3-1proc`: tests/integration/distributed/worker.py (1 value-pretraining + 4 VC-PPO updates of the tiny toy
    model) under DeepSpeed ZeRO-3 with one process, through `accelerate launch` (smoke: configs/accelerate/zero3_cpu.yaml
    over gloo).
@@ -41,6 +48,7 @@ import dataclasses
 import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -390,6 +398,151 @@ def check_logprob_memory(device: torch.device, smoke: bool, method: str, train: 
     }
 
 
+WINDOWS_LENGTH = 2048  # the `windows` row's T on the GPU (--windows-length); why not 16,384: check_generation_windows
+
+
+def run_windows_side(
+    config_kwargs: dict, device: torch.device, response_length: int, window: int | None, warmup: int, updates: int
+) -> dict:
+    """
+    One side of the `windows` row: `VCPPOTrainer` on `config_kwargs`' shape (random weights in bf16, the critic built
+    from the policy) for `warmup + updates` updates with `generation_window=window`, in benchmarks/windows.py's setting
+    (its prompts, tokenizer, reward and `DrawnLengthStop`, batch 8, KL 0, the on-policy shortcut) with the token budget
+    of its `*-budget` sides, activation checkpointing. Over the timed updates: finished responses per second, medians
+    of generation and update seconds, peak GPU memory of the whole run (weights and AdamW states included).
+    """
+    import windows  # benchmarks/windows.py
+    from datasets import Dataset
+    from step_ours import first_letter_reward
+    from step_setup import EOS_ID, PROMPT_LENGTH, build_tokenizer, prompt_ids, prompt_texts
+    from transformers import LogitsProcessorList, Qwen2Config, Qwen2ForCausalLM
+
+    from vcppo_trl import VCPPOConfig, VCPPOTrainer
+
+    batch, seed = windows.BATCH, 0
+    baseline = peak_reset(device)
+    config_kwargs = dict(config_kwargs, max_position_embeddings=PROMPT_LENGTH + response_length + 8)
+    config = Qwen2Config(
+        **config_kwargs, attn_implementation="sdpa", bos_token_id=None, eos_token_id=None, pad_token_id=None
+    )
+    torch.manual_seed(seed)
+    with torch.device(device):
+        policy = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    policy.generation_config.pad_token_id = EOS_ID
+    num_prompts = batch * (warmup + updates) * 2  # windows draw fresh prompts only as responses finish
+    ids = prompt_ids(num_prompts, seed)
+    stop = windows.DrawnLengthStop(windows.drawn_lengths(ids, response_length, seed), response_length)
+
+    def tokenizer_ids_only(input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores[:, EOS_ID + 1 :] = float("-inf")  # the model has Qwen's vocabulary, the tokenizer ids 0..EOS_ID
+        return scores
+
+    processors = LogitsProcessorList([tokenizer_ids_only, stop])
+    original = policy.generate
+    policy.generate = lambda *args, **kwargs: original(*args, logits_processor=processors, **kwargs)
+    budget = 2 * (PROMPT_LENGTH + response_length)  # windows.py's: two full-length sequences per forward
+    with tempfile.TemporaryDirectory() as output_dir:
+        args = VCPPOConfig(
+            output_dir=output_dir,
+            per_device_train_batch_size=batch,
+            gradient_accumulation_steps=1,
+            num_mini_batches=1,
+            num_ppo_epochs=1,
+            local_rollout_forward_batch_size=batch,
+            total_episodes=batch * (warmup + updates),
+            response_length=response_length,
+            generation_window=window,
+            max_tokens_per_micro_batch=budget,
+            max_tokens_per_forward=budget,
+            temperature=0.7,
+            learning_rate=1e-6,
+            kl_coef=0.0,
+            lam_actor=0.95,
+            lam_critic=1.0,
+            value_pretrain_steps=0,
+            on_policy_shortcut=True,
+            num_sample_generations=0,
+            bf16=False,  # the weights are bf16 themselves, as in the other rows
+            activation_checkpointing=True,
+            logging_steps=1,
+            report_to="none",
+            save_strategy="no",
+            disable_tqdm=True,
+            use_cpu=device.type == "cpu",
+            seed=seed,
+        )
+        collect = windows.Collect()
+        trainer = VCPPOTrainer(
+            model=policy,
+            reward_funcs=first_letter_reward,
+            args=args,
+            train_dataset=Dataset.from_dict({"prompt": prompt_texts(num_prompts, seed)}),
+            processing_class=build_tokenizer(),
+            callbacks=[collect],
+        )
+        trainer.log = lambda *a, **k: None
+        collect.marks = [time.perf_counter()]
+        trainer.train()
+        sync(device)
+    peak = peak_gib(device, baseline)
+    seconds = [b - a for a, b in zip(collect.marks, collect.marks[1:])][warmup:]
+    timed = collect.metrics[warmup:]
+    if len(timed) != updates:
+        raise RuntimeError(f"{len(collect.metrics)} updates ran, {warmup + updates} expected")
+    finished = [m.get("rollout/finished_responses", float(batch)) for m in timed]
+    return {
+        "finished_per_s": sum(finished) / sum(seconds),
+        "generation_s": statistics.median(m["time/generation_s"] for m in timed),
+        "update_s": statistics.median(seconds),
+        "finished_per_update": statistics.median(finished),
+        "peak_gib": peak,
+    }
+
+
+def check_generation_windows(device: torch.device, smoke: bool, response_length: int = WINDOWS_LENGTH) -> dict:
+    """
+    Generation windows against whole responses in one run, each side a fresh trainer (`run_windows_side`): 8
+    responses per update (one pool of 8 with windows), 3 timed updates after ceil(T / W) warm-up ones (the pool has
+    turned over once: its first responses at the cap have finished; whole responses: one). Printed: the whole side's
+    finished responses per second, generation seconds per update, update seconds and peak memory, then each window's,
+    with its ratio to the whole side's (no timing is asserted anywhere).
+
+    Sizes. What costs here is sequential decoding: each update of the whole side decodes T steps (every batch of 8
+    draws one response at the cap), a window side W per update, whatever the batch, and HF `generate` on a
+    24-layer model takes on the order of 10-20 ms per step on a GPU (launch-bound at batch 8). At T = 16,384 one
+    whole-response update alone is ~3-5 minutes and the row (whole: 4 x T steps, T/4: 7 x T/4) ~15-30, past what the
+    whole check may take (a few minutes) and a lent machine's 10-minute command. At the default T = 2,048 the row
+    decodes ~11,800 steps (~2-4 minutes); generation dominates the update there as at 16,384 (the learner's share,
+    8 responses of mean ~T/4 under a token budget, is ~1 s against tens of seconds of decoding), so the ratios read
+    the same trade. `--windows-length 16384` runs it at the full length where the time is there. T/2 is left out on the
+    GPU (another 5 x T/2 steps); the smoke run has it. Smoke: the tiny model, T = 32, 2 timed updates.
+    """
+    config, updates = (SMOKE_MODEL, 2) if smoke else (QWEN25_05B, 3)
+    length = 32 if smoke else response_length
+    window_sizes = {"T/2": max(1, length // 2), "T/4": max(1, length // 4)} if smoke else {"T/4": max(1, length // 4)}
+    whole = run_windows_side(config, device, length, None, 1, updates)
+    sides = {
+        name: run_windows_side(config, device, length, w, -(-length // w), updates) for name, w in window_sizes.items()
+    }
+
+    def peak(r: dict, ratio: bool = False) -> str:
+        if r["peak_gib"] is None:
+            return ""
+        return f", peak {r['peak_gib']:.1f} GiB" + (f" ({r['peak_gib'] / whole['peak_gib']:.2f}x)" if ratio else "")
+
+    parts = [
+        f"whole {whole['finished_per_s']:.3g} done/s, gen {whole['generation_s']:.3g} s/upd, "
+        f"upd {whole['update_s']:.3g} s{peak(whole)}"
+    ]
+    for name, r in sides.items():
+        parts.append(
+            f"{name} {r['finished_per_s'] / whole['finished_per_s']:.2f}x done/s, "
+            f"gen {r['generation_s'] / whole['generation_s']:.2f}x, upd {r['update_s'] / whole['update_s']:.2f}x"
+            f"{peak(r, True)}, {r['finished_per_update']:.1f} done/upd"
+        )
+    return {"size": f"8 resp ≤{length}, {updates} upd", "result": "; ".join(parts)}
+
+
 def check_zero3_one_process(device: torch.device, smoke: bool) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE"))}
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(REPO, "src"), os.environ.get("PYTHONPATH", "")])
@@ -438,7 +591,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-smoke", action="store_true", help="run every row on CPU at tiny sizes")
     parser.add_argument(
-        "--skip", nargs="*", default=[], help="row names to skip (gae, update, logprob, long, zero3, rollout)"
+        "--skip", nargs="*", default=[], help="row names to skip (gae, update, logprob, long, windows, zero3, rollout)"
+    )
+    parser.add_argument(
+        "--windows-length",
+        type=int,
+        default=WINDOWS_LENGTH,
+        help=f"response length T of the windows row on the GPU (default {WINDOWS_LENGTH}; the smoke run uses 32)",
     )
     args = parser.parse_args(argv)
     if args.cpu_smoke:
@@ -461,6 +620,7 @@ def main(argv: list[str] | None = None) -> int:
         ("long-budget", lambda: check_long_responses(device, smoke, "budget", "sdpa")),
         ("long-packed-sdpa", lambda: check_long_responses(device, smoke, "packed", "sdpa")),
         ("long-packed-flex", lambda: check_long_responses(device, smoke, "packed", "flex_attention")),
+        ("windows", lambda: check_generation_windows(device, smoke, args.windows_length)),
         ("zero3-1proc", lambda: check_zero3_one_process(device, smoke)),
         ("rollout", lambda: check_rollout(device, smoke)),
     ]

@@ -29,7 +29,7 @@ def test_cpu_smoke_runs_every_row():
     rows = {line.split()[0]: line for line in lines[start + 1 :] if line.strip()}
     expected = ["gae", "update", "logprob-chunked", "logprob-full", "logprob-chunked-bwd", "logprob-full-bwd"]
     long = ["long-padded", "long-budget", "long-packed-sdpa", "long-packed-flex"]
-    assert list(rows) == expected + long + ["zero3-1proc", "rollout"]
+    assert list(rows) == expected + long + ["windows", "zero3-1proc", "rollout"]
     assert not any("FAILED" in row for row in rows.values())
     # The rollout row needs vLLM: here it says why it did not run (tests/integration/test_vllm.py runs it where vLLM
     # is installed).
@@ -45,6 +45,11 @@ def test_cpu_smoke_runs_every_row():
     # Long responses: the trainer's parts padded, with a budget and packed; flex attention is a GPU row.
     assert "real tok/s" in rows["long-padded"] and "1.00 real" in rows["long-packed-sdpa"]
     assert "not run: torch's flex attention has no CPU backward" in rows["long-packed-flex"]
+    # Generation windows through the trainer: whole responses, then windows of T/2 and T/4 as ratios to them (no
+    # GPU memory on CPU).
+    windows = rows["windows"]
+    assert "whole " in windows and "done/s" in windows and "peak" not in windows
+    assert "; T/2 " in windows and "; T/4 " in windows and windows.count("done/upd") == 2
 
 
 def test_without_a_gpu_it_says_so_and_fails():
