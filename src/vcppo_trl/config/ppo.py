@@ -125,6 +125,15 @@ class PPOConfig(_BaseConfig):
             every update continues each one by at most this many tokens from its token ids. The policy trains on the
             window's tokens (advantages bootstrapped at the cut with the critic's value), the critic on the responses
             that finished. `None` (default): whole responses every update. See docs/rollout_windows.md.
+        max_staleness (`int`, defaults to `0`): Generations a rollout worker runs ahead of training (TRL AsyncGRPO's
+            name for the bound). `0`: none, each update samples its own batch first (as without it). `1`: one-step-off
+            overlap: a worker process samples update k+1's batch with the weights before update k while update k
+            trains; `s`: `s` batches ahead, each trained at most `s` policy updates after the weights that sampled it.
+            Values, old and reference log-probs are computed by the trainer when a batch is consumed, and the
+            sampler's log-probs weight the policy loss (`vllm_importance_sampling_*`). HF sampler, one process. See
+            docs/rollout_windows.md.
+        rollout_worker_threads (`int`, defaults to `1`): Torch threads of the rollout worker process
+            (`max_staleness` > 0); on a CPU host, the cores left beside the trainer's.
         window_bootstrap (`"value"` or `"last_value"`, defaults to `"value"`): The value after a window's cut:
             the critic's value of the state after the last token (exact), or the last value computed before it
             (T-PPO's rule, for reproduction).
@@ -402,6 +411,16 @@ class PPOConfig(_BaseConfig):
             "(docs/rollout_windows.md). None: whole responses every update."
         },
     )
+    max_staleness: int = field(
+        default=0,
+        metadata={
+            "help": "Generations a rollout worker process runs ahead of training: 0 none, 1 one-step-off overlap "
+            "(docs/rollout_windows.md)."
+        },
+    )
+    rollout_worker_threads: int = field(
+        default=1, metadata={"help": "Torch threads of the rollout worker process (max_staleness > 0)."}
+    )
     window_bootstrap: str = field(
         default="value",
         metadata={"help": "Value after a window's cut: 'value' (the critic's, exact) or 'last_value' (T-PPO's rule)."},
@@ -665,6 +684,23 @@ class PPOConfig(_BaseConfig):
                     f"or drop {name}."
                 )
 
+    def _check_max_staleness(self) -> None:
+        if self.max_staleness < 0:
+            raise ValueError(f"`max_staleness` must be 0 (no overlap) or more, got {self.max_staleness}.")
+        if self.max_staleness == 0:
+            return
+        refused = {
+            "use_vllm": self.use_vllm,  # a vLLM server is the GPU host's worker; not built yet
+            "generation_window": self.generation_window is not None,
+            "dynamic_sampling": self.dynamic_sampling,  # its extra rounds would sample on the trainer's weights
+        }
+        for name, present in refused.items():
+            if present:
+                raise ValueError(
+                    f"`max_staleness` > 0 does not support {name} yet: the rollout worker samples whole batches with "
+                    f"the HF sampler (see docs/rollout_windows.md). Set max_staleness=0 or drop {name}."
+                )
+
     def __post_init__(self):
         self.bf16 = resolve_bf16(self.bf16, self.fp16, self.use_cpu)
         super().__post_init__()
@@ -750,6 +786,7 @@ class PPOConfig(_BaseConfig):
         if self.max_tokens_per_forward is None:
             self.max_tokens_per_forward = self.max_tokens_per_micro_batch
         self._check_generation_window()
+        self._check_max_staleness()
         if self.train_sampling_strategy != "random":
             raise ValueError(
                 f"`train_sampling_strategy={self.train_sampling_strategy!r}` is not supported: PPOTrainer draws prompts "

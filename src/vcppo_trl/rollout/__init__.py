@@ -1,18 +1,24 @@
 """The rollout stage: dataset rows in, a typed [`Rollout`] out (the maker), with its stats types, the scored
-samples, the shaping of per-token rewards, and generation windows (the pool of in-flight responses).
+samples, the shaping of per-token rewards, generation windows (the pool of in-flight responses), and the queue of
+generations a rollout worker runs ahead of training (`max_staleness`).
 """
 
 from .maker import GenerationStats, RolloutMaker, RolloutStats
+from .overlap import OverlappedRollouts, overlapped_rollouts, request_seed
 from .scoring import ScoredSamples, concat_scored, decode_completions
 from .settings import RolloutSettings, old_logprobs_from_training_forward
 from .shaping import overlong_penalty, token_rewards
-from .types import Rollout, is_correct
+from .types import OverlapStats, Rollout, is_correct
 from .windowed import gae_bootstrap, make_window
 from .windows import InFlight, ResponsePool, WindowStep
 
 __all__ = [
     "GenerationStats",
     "InFlight",
+    "OverlapStats",
+    "OverlappedRollouts",
+    "overlapped_rollouts",
+    "request_seed",
     "ResponsePool",
     "WindowStep",
     "gae_bootstrap",

@@ -34,7 +34,7 @@ from ..sampling.seam import Samples
 from .scoring import ScoredSamples, concat_scored, decode_completions
 from .settings import RolloutSettings
 from .shaping import overlong_penalty, token_rewards
-from .types import Rollout, is_correct
+from .types import OverlapStats, Rollout, is_correct
 from .windows import WindowStep
 
 logger = logging.get_logger(__name__)
@@ -57,6 +57,7 @@ class RolloutStats:
     forwards: ForwardWork  # values, old and reference log-probs (reward models not counted)
     dynamic_sampling: DynamicSamplingStats | None = None  # None unless `dynamic_sampling` ran for this rollout
     window: WindowStep | None = None  # None unless the rollout is a generation window's
+    overlap: OverlapStats | None = None  # None unless a rollout worker sampled ahead (`max_staleness`)
 
 
 class RolloutMaker:

@@ -3,6 +3,7 @@ and the learner and metrics consume, and the correctness of a score."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,3 +78,14 @@ def is_correct(raw_scores: torch.Tensor, accuracy_threshold: float) -> torch.Ten
     """Whether each response counts as correct: its reward before penalties and shaping exceeds the threshold (False
     where it was not scored, nan). The rule of `diagnostics/accuracy`, `eval/accuracy` and the positive-example LM loss."""
     return raw_scores > accuracy_threshold  # nan compares False
+
+
+@dataclasses.dataclass(frozen=True)
+class OverlapStats:
+    """What one overlapped rollout measured (this process)."""
+
+    staleness: int  # policy updates between the weights that sampled the batch and those that train it
+    wait_seconds: float  # the trainer idle, waiting for the samples
+    sampler_idle_seconds: float  # the worker idle, waiting for work, before it sampled this batch
+    push_seconds: float  # the last weight push (copy into shared memory)
+    in_flight: int  # generations queued beyond this one

@@ -142,6 +142,11 @@ class ResponsePool:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "slots" not in state:
+            raise ValueError(
+                "This checkpoint's rollouts in flight are a rollout worker's (max_staleness > 0), and this run has a "
+                "generation window: resume it with its own settings."
+            )
         self.slots = [InFlight(**slot) for slot in state["slots"]]
         self.pending = list(state["pending"])
 

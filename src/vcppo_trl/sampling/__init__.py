@@ -1,15 +1,19 @@
 """The sampling seam: one interface (`generate(...) -> Samples`) for HF `generate` and vLLM (colocate, server), and
-the checks a vLLM engine needs before it starts.
+the checks a vLLM engine needs before it starts, and the rollout worker process that samples ahead of training.
 """
 
-from .hf import HFSampler, eval_mode, neutralised_generation_fields
+from .hf import HFSampler, eval_mode, neutralised_generation_fields, sample_with_policy
 from .seam import Sampler, SamplerError, Samples, truncate_at_stop, unpadded_prompts
 from .settings import SamplerSettings
 from .vllm_checks import check_vllm_model, require_vllm, server_base_url, vllm_dtype, vllm_platform_is_cpu
 from .vllm_samplers import VLLMColocateSampler, VLLMServerSampler
+from .worker import Generated, RolloutWorker
 
 __all__ = [
+    "Generated",
     "HFSampler",
+    "RolloutWorker",
+    "sample_with_policy",
     "Sampler",
     "SamplerError",
     "SamplerSettings",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -81,21 +82,17 @@ class HFSampler:
 
         start = time.perf_counter()
         config = self.generation_config(greedy, temperature, max_new_tokens)
-        pieces = []
         with unwrap_model_for_generation(
             self.model_provider(), self.accelerator, gather_deepspeed3_params=self.gather_deepspeed3_params
         ) as unwrapped:
-            policy = unwrapped.policy
-            with eval_mode(policy), clean_generation_defaults(policy):
-                for first in range(0, query_ids.shape[0], self.chunk_size):
-                    ids, mask = query_ids[first : first + self.chunk_size], query_mask[first : first + self.chunk_size]
-                    out = policy.generate(input_ids=ids, attention_mask=mask, generation_config=config)
-                    pieces.append(out[:, ids.shape[1] :])
-        width = max(p.shape[1] for p in pieces)
-        pad = self.tokenizer.pad_token_id
-        responses = torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=pad) for p in pieces])
-        response_ids, response_mask, has_stop = truncate_at_stop(responses, self.stop_token_ids, pad)
-        samples = Samples(response_ids, response_mask, has_stop)
+            samples = sample_with_policy(
+                unwrapped.policy,
+                query_ids,
+                query_mask,
+                config=config,
+                chunk_size=self.chunk_size,
+                stop_token_ids=self.stop_token_ids,
+            )
         samples.seconds = time.perf_counter() - start
         return samples
 
@@ -104,6 +101,51 @@ class HFSampler:
 
     def close(self) -> None:
         pass
+
+
+@torch.no_grad()
+def sample_with_policy(
+    policy: torch.nn.Module,
+    query_ids: torch.Tensor,
+    query_mask: torch.Tensor,
+    *,
+    config: GenerationConfig,
+    chunk_size: int,
+    stop_token_ids: list[int],
+    with_logprobs: bool = False,
+) -> Samples:
+    """
+    `policy.generate` over left-padded prompts in chunks of `chunk_size`, in eval mode and with the policy's own
+    generation defaults set aside, cut at the stop tokens ([`~sampling.seam.truncate_at_stop`]).
+
+    `with_logprobs`: also return the sampler's log-probability of each sampled token under the distribution it sampled
+    from (the scores `generate` samples from, i.e. the logits at `config.temperature`), float32 and 0 outside the mask:
+    the behaviour policy's log-probs that an importance weight divides by. Off, the samples carry none (as before).
+    """
+    pad = config.pad_token_id
+    pieces, logprob_pieces = [], []
+    scored_config = copy.deepcopy(config)  # the same sampling, with the scores it sampled from
+    scored_config.output_scores, scored_config.return_dict_in_generate = True, True
+    with eval_mode(policy), clean_generation_defaults(policy):
+        for first in range(0, query_ids.shape[0], chunk_size):
+            ids, mask = query_ids[first : first + chunk_size], query_mask[first : first + chunk_size]
+            if not with_logprobs:
+                out = policy.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+                pieces.append(out[:, ids.shape[1] :])
+                continue
+            out = policy.generate(input_ids=ids, attention_mask=mask, generation_config=scored_config)
+            new = out.sequences[:, ids.shape[1] :]
+            scores = torch.stack(out.scores, dim=1).float()  # [b, t, V]: what each step sampled from
+            logprob_pieces.append(torch.log_softmax(scores, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1))
+            pieces.append(new)
+    width = max(p.shape[1] for p in pieces)
+    responses = torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=pad) for p in pieces])
+    response_ids, response_mask, has_stop = truncate_at_stop(responses, stop_token_ids, pad)
+    logprobs = None
+    if with_logprobs:
+        logprobs = torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in logprob_pieces])
+        logprobs = (logprobs * response_mask).nan_to_num(0.0)  # -inf of a forced pad after the stop: outside the mask
+    return Samples(response_ids, response_mask, has_stop, logprobs=logprobs)
 
 
 @contextlib.contextmanager

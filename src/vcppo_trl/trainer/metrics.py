@@ -30,7 +30,7 @@ from ..algo.micro_batches import ForwardWork
 from ..config.ppo import PPOConfig
 from ..learner.ppo_learner import UpdateResult
 from ..rollout.maker import GenerationStats, RolloutStats
-from ..rollout.types import Rollout, is_correct
+from ..rollout.types import OverlapStats, Rollout, is_correct
 from ..rollout.windows import WindowStep
 from .value_pretraining import CriticFit
 
@@ -279,6 +279,30 @@ def window_metrics(accelerator: Accelerator, step: WindowStep) -> dict[str, floa
     return metrics
 
 
+def overlap_metrics(accelerator: Accelerator, overlap: OverlapStats) -> dict[str, float]:
+    """
+    A rollout that a worker sampled ahead (`max_staleness`): `sampling/staleness_max` (policy updates between the
+    weights that sampled the batch and those that train it, the most over processes), `time/sampler_wait_s` (the
+    trainer idle, waiting for the samples), `time/sampler_idle_s` (the worker idle before it sampled them),
+    `time/weight_push_s` (the last weight push) and `rollout/prefetched` (generations queued beyond this one).
+    """
+    values = torch.tensor(
+        [overlap.staleness, overlap.wait_seconds, overlap.sampler_idle_seconds, overlap.push_seconds],
+        dtype=torch.float64,
+        device=accelerator.device,
+    )
+    if accelerator.num_processes > 1:
+        values = accelerator.reduce(values, "max")
+    staleness, wait, idle, push = values.tolist()
+    return {
+        "sampling/staleness_max": staleness,
+        "time/sampler_wait_s": wait,
+        "time/sampler_idle_s": idle,
+        "time/weight_push_s": push,
+        "rollout/prefetched": float(overlap.in_flight),
+    }
+
+
 def sampling_metrics(
     accelerator: Accelerator,
     settings: MetricSettings,
@@ -325,6 +349,10 @@ def sampling_metrics(
         metrics["sampling/importance_sampling_ratio/min"] = low
         metrics["sampling/importance_sampling_ratio/mean"] = mean
         metrics["sampling/importance_sampling_ratio/max"] = high
+    if settings.importance_sampling_mode.endswith("_mask"):  # the share of tokens (or sequences) the bounds dropped
+        masked, _, _ = reduce_stats(accelerator, (flat == 0).float())
+        if not math.isnan(masked):
+            metrics["sampling/importance_sampling_masked_fraction"] = masked
     return metrics
 
 
@@ -364,6 +392,8 @@ def learner_metrics(
         metrics.update(dynamic_sampling_metrics(accelerator, made.dynamic_sampling))
     if made.window is not None:
         metrics.update(window_metrics(accelerator, made.window))
+    if made.overlap is not None:
+        metrics.update(overlap_metrics(accelerator, made.overlap))
     metrics.update(trl_metric_names(accelerator, rollout, rollout_side | metrics))
     return metrics
 

@@ -7,6 +7,7 @@ overrides of transformers' hooks at the end of this file."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -35,6 +36,7 @@ from ..models.loading import load_reward_funcs, resolve_stop_token_ids
 from ..models.policy_and_value import PolicyAndValueModel
 from ..parallel.checks import check_distributed_setup
 from ..rewards.reward_models import reward_func_name
+from ..rollout.overlap import OverlappedRollouts, overlapped_rollouts
 from ..rollout.types import Rollout
 from ..rollout.windowed import gae_bootstrap, make_window
 from ..rollout.windows import ResponsePool
@@ -174,6 +176,7 @@ class PPOTrainer(_BaseTrainer):
         self.prompts: PromptStream | None = None  # this process's prompt batches, from `train`
         self._resumed_batches = 0  # where the stream starts: 0, or a checkpoint's count
         self.response_pool: ResponsePool | None = None  # in-flight responses under `generation_window`, from `train`
+        self.rollout_overlap: OverlappedRollouts | None = None  # a rollout worker's queue (`max_staleness`)
 
         # The rollout maker forwards the prepared model (once `train` has prepared it) and, to skip a KL that is exactly
         # 0 while the policy is frozen, knows whether the reference is the initial policy.
@@ -284,6 +287,9 @@ class PPOTrainer(_BaseTrainer):
         self._setup_training()
         self.prompts, self._resumed_batches = None, 0  # a fresh state draws from the first batch
         self.response_pool = ResponsePool.from_args(args, self.batches.local_batch_size)  # None without windows
+        self.rollout_overlap = overlapped_rollouts(
+            args, self.rollout_maker, lambda: self.unwrapped_policy_and_critic()[0]
+        )
         if resume is not None:  # optimizer, scheduler, state, callbacks, phase, pool, RNG
             self._resumed_batches = trainer_saving.restore_training_state(self, resume)
         rank, start = self.accelerator.process_index, self.batches_consumed
@@ -309,11 +315,14 @@ class PPOTrainer(_BaseTrainer):
         start_time = time.time()
         samples = args.num_sample_generations
         sample_every = max(1, self.state.max_steps // samples) if samples > 0 else 0
-        with SignalWatcher() as signals:
+        with SignalWatcher() as signals, contextlib.ExitStack() as stack:
+            if self.rollout_overlap is not None:  # the worker process stops with training, however it ends
+                stack.callback(self.rollout_overlap.close)
             while self.state.global_step < self.state.max_steps:
                 self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
                 try:
-                    rows = self.prompts.draw() if self.response_pool is None else None  # a pool draws its own
+                    queued = self.response_pool or self.rollout_overlap  # a pool or a worker's queue draws its own
+                    rows = self.prompts.draw() if queued is None else None
                     metrics = self.training_update(rows)
                 except SamplerError as err:
                     raise self._sampler_failed(err) from err
@@ -374,6 +383,8 @@ class PPOTrainer(_BaseTrainer):
                 train_policy=train_policy,
                 trainer_state=self.state,
             )
+        elif self.rollout_overlap is not None:
+            rollout, made = self.rollout_overlap.make(self.prompts.draw, train_policy, trainer_state=self.state)
         else:
             rollout, made = self.rollout_maker.make(rows, train_policy, self.state, more_rows=more_rows)
         advantages, returns = self.compute_advantages(rollout)
@@ -407,6 +418,8 @@ class PPOTrainer(_BaseTrainer):
             rollout = dataclasses.replace(rollout, logprobs=result.old_logprobs)
         if train_policy:
             self.sampler.mark_stale()  # the next generation loads the updated weights first (once per update)
+            if self.rollout_overlap is not None:
+                self.rollout_overlap.push_weights()
         metrics.update(
             learner_metrics(
                 self.accelerator,
@@ -538,21 +551,8 @@ class PPOTrainer(_BaseTrainer):
         hub.write_cards(self, folder, dataset_name=getattr(self, "model_card_dataset_name", None), tags=tags)
 
     def _save_checkpoint(self, model, trial=None) -> None:
-        """Write `checkpoint-<step>` atomically (see [`~trainer.saving.write_checkpoint`])."""
-        resume_state = trainer_saving.training_state(
-            self.state,
-            batches=self.batches,
-            args=self.args,
-            train_rows=len(self.train_dataset),
-            phase_state=self.phase_state(),
-            nonfinite_steps_in_a_row=self.learner.nonfinite_steps_in_a_row,
-            callbacks=self.callback_handler.callbacks,
-            batches_consumed=self.batches_consumed,
-        )
-        pool = None
-        if self.response_pool is not None:  # with this process's own prompt-stream position
-            pool = self.response_pool.state_dict() | {"batches_consumed": self.batches_consumed}
-        trainer_saving.write_checkpoint(self, self._get_output_dir(trial=trial), resume_state, rollout_pool=pool)
+        """Write `checkpoint-<step>` atomically (see [`~trainer.saving.save_trainer_checkpoint`])."""
+        trainer_saving.save_trainer_checkpoint(self, self._get_output_dir(trial=trial))
 
     def create_model_card(
         self,

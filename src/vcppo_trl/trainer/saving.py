@@ -42,6 +42,7 @@ from ..config.ppo import PPOConfig
 from ..learner.optimizers import split_by_role
 from ..models.value_model import save_value_model as write_value_model
 from ..parallel.collectives import gathered_state_dict
+from ..rollout.overlap import OverlappedRollouts
 from ..rollout.windows import ResponsePool
 from .console import no_nested_progress_bars
 
@@ -198,7 +199,10 @@ def restore_training_state(trainer, resume: ResumePoint) -> int:
     trainer.learner.nonfinite_steps_in_a_row = saved["nonfinite_steps_in_a_row"]
     trainer.restore_phase_state(saved)
     pool_batches = load_rollout_pool(
-        trainer.response_pool, resume.path, rank=accelerator.process_index, world=accelerator.num_processes
+        trainer.response_pool or trainer.rollout_overlap,
+        resume.path,
+        rank=accelerator.process_index,
+        world=accelerator.num_processes,
     )
     state.max_steps = trainer.num_training_updates()  # this run's PPO budget (total_episodes may have changed)
     load_rng_state_elastic(
@@ -210,32 +214,54 @@ def restore_training_state(trainer, resume: ResumePoint) -> int:
     return saved.get("batches_consumed", state.global_step)
 
 
-def load_rollout_pool(pool: ResponsePool | None, checkpoint: str, rank: int, world: int = 1) -> int | None:
-    """Restore this process's in-flight responses of a `generation_window` run, so that it continues them, and return
-    the prompt batches this process had drawn (its pool refills at its own pace, so the count differs per process;
-    `None` when no pool is restored). None saved: the pool starts empty; saved but this run has no window (`pool` is
-    None): they are dropped, and their prompts are not drawn again. Both say so."""
+def load_rollout_pool(
+    pool: ResponsePool | OverlappedRollouts | None, checkpoint: str, rank: int, world: int = 1
+) -> int | None:
+    """Restore this process's rollouts in flight: the in-flight responses of a `generation_window` run, or the
+    generations a rollout worker ran ahead (`max_staleness`), so that the run continues them; return the prompt
+    batches this process had drawn (a pool refills at its own pace, so the count differs per process; `None` when
+    nothing is restored). None saved: the pool starts empty; saved but this run has neither (`pool` is None): they
+    are dropped, and their prompts are not drawn again. Both say so."""
     path = rollout_pool_file(checkpoint, rank)
     if pool is None:
         if os.path.exists(path):
             logger.warning(
-                f"{checkpoint} holds in-flight responses of a generation_window run; this run has no window, so they "
-                "are dropped."
+                f"{checkpoint} holds rollouts in flight (generation_window or max_staleness); this run has neither, so "
+                "they are dropped."
             )
         return None
     saved_ranks = len([name for name in os.listdir(checkpoint) if name.startswith("rollout_pool_")])
     if saved_ranks and saved_ranks != world:
         raise ValueError(
-            f"{checkpoint} holds the generation window's in-flight responses of {saved_ranks} processes, and this run "
+            f"{checkpoint} holds the rollouts in flight of {saved_ranks} processes, and this run "
             f"has {world}: each process continues its own responses, so resume it on {saved_ranks} processes (or "
             "delete the rollout_pool_*.pt files to start the pool empty, dropping those responses)."
         )
     if not os.path.exists(path):
-        logger.warning(f"{checkpoint} holds no in-flight responses: the generation window's pool starts empty.")
+        logger.warning(f"{checkpoint} holds no rollouts in flight: the pool (or the worker's queue) starts empty.")
         return None
     state = torch.load(path, weights_only=False)  # this package's own file: rows are Python objects
     pool.load_state_dict(state)
     return state.get("batches_consumed")
+
+
+def save_trainer_checkpoint(trainer, run_dir: str) -> str:
+    """The trainer's `checkpoint-<step>` in `run_dir` ([`write_checkpoint`]): its resume state, and this process's
+    rollouts in flight (a generation window's pool, or the generations a rollout worker ran ahead) with its own
+    prompt-stream position."""
+    resume_state = training_state(
+        trainer.state,
+        batches=trainer.batches,
+        args=trainer.args,
+        train_rows=len(trainer.train_dataset),
+        phase_state=trainer.phase_state(),
+        nonfinite_steps_in_a_row=trainer.learner.nonfinite_steps_in_a_row,
+        callbacks=trainer.callback_handler.callbacks,
+        batches_consumed=trainer.batches_consumed,
+    )
+    in_flight = trainer.response_pool or trainer.rollout_overlap
+    pool = None if in_flight is None else in_flight.state_dict() | {"batches_consumed": trainer.batches_consumed}
+    return write_checkpoint(trainer, run_dir, resume_state, rollout_pool=pool)
 
 
 def write_checkpoint(

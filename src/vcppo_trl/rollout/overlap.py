@@ -1,0 +1,191 @@
+"""One-step-off and bounded-staleness rollouts (`max_staleness` ≥ 1): generation in a worker process runs ahead of
+training, so the sampler works while the learner does.
+
+At each update the trainer keeps `max_staleness` generations queued beyond the one it trains: it submits the next
+prompts (sampled from the weights the worker has, those of the previous update), takes the samples of this update's
+prompts, scores them, and makes the rollout with its current weights: values, old and reference log-probabilities are
+computed when a batch is consumed (the proximal policy is the trainer's), while the sampler's own log-probabilities
+are kept as the behaviour policy of the importance weight π_train / π_sampler (the `vllm_importance_sampling_*`
+correction, which covers staleness too). After the policy's update the new weights are pushed to the worker. A batch
+is trained at most `max_staleness` policy updates after the weights that sampled it (`sampling/staleness_max`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..sampling.seam import Samples
+from ..sampling.worker import Generated, RolloutWorker
+from .maker import GenerationStats, RolloutMaker, RolloutStats
+from .types import OverlapStats, Rollout
+
+
+@dataclasses.dataclass
+class Prefetched:
+    """One submitted generation: its prompts as rows and tokens, and its request (or its samples, once received)."""
+
+    rows: list[dict[str, Any]]
+    query_ids: torch.Tensor
+    query_mask: torch.Tensor
+    request: int
+    generated: Generated | None = None
+
+
+def request_seed(seed: int, request: int) -> int:
+    """The seed of generation `request`: a function of the run's seed and the request's number only."""
+    return (seed * 1_000_003 + request * 7_919 + 1) % (2**63 - 1)
+
+
+def overlapped_rollouts(args, maker: RolloutMaker, policy: Callable[[], torch.nn.Module]) -> OverlappedRollouts | None:
+    """The overlap of `args.max_staleness` (`None` at 0): a rollout worker started on a copy of the policy. One
+    process without DeepSpeed, HF sampler (the config refuses vLLM)."""
+    if args.max_staleness == 0:
+        return None
+    accelerator = maker.accelerator
+    if accelerator.num_processes > 1 or accelerator.distributed_type.name == "DEEPSPEED":
+        raise ValueError(
+            "`max_staleness` > 0 runs on one process without DeepSpeed for now (one rollout worker beside one "
+            "trainer). Launch one process or set max_staleness=0."
+        )
+    worker = RolloutWorker(
+        policy(),
+        stop_token_ids=maker.stop_token_ids,
+        chunk_size=maker.sampler.chunk_size,
+        device=accelerator.device,
+        num_threads=args.rollout_worker_threads,
+    )
+    config = maker.sampler.generation_config(False, args.temperature)
+    return OverlappedRollouts(
+        maker, worker, policy, max_staleness=args.max_staleness, generation_config=config, seed=args.seed
+    )
+
+
+class OverlappedRollouts:
+    """
+    The queue of generations ahead of training, and the rollouts made from them.
+
+    Args:
+        maker: The trainer's rollout maker (tokenising, scoring and the no-grad forwards).
+        worker: The rollout worker that samples.
+        policy: Returns the trainer's policy (unwrapped), whose weights are pushed to the worker.
+        max_staleness: Generations queued beyond the one being trained.
+        generation_config: The HF generation config of training rollouts.
+        seed: The run's seed (each request's seed derives from it and the request's number).
+    """
+
+    def __init__(
+        self,
+        maker: RolloutMaker,
+        worker: RolloutWorker,
+        policy: Callable[[], torch.nn.Module],
+        *,
+        max_staleness: int,
+        generation_config,
+        seed: int,
+    ):
+        self.maker = maker
+        self.worker = worker
+        self.policy = policy
+        self.max_staleness = max_staleness
+        self.generation_config = generation_config
+        self.seed = seed
+        self.queue: collections.deque[Prefetched] = collections.deque()
+
+    def fill(self, draw: Callable[[], list[dict[str, Any]]]) -> None:
+        """Submit generations until this update's and `max_staleness` more are queued."""
+        while len(self.queue) < self.max_staleness + 1:
+            rows = draw()
+            query_ids, query_mask = self.maker.tokenize_prompts(self.maker.prompt_texts(rows))
+            request = self.worker.submitted
+            self.worker.submit(query_ids, query_mask, self.generation_config, seed=request_seed(self.seed, request))
+            self.queue.append(Prefetched(rows, query_ids, query_mask=query_mask, request=request))
+
+    def make(
+        self, draw: Callable[[], list[dict[str, Any]]], train_policy: bool, trainer_state=None
+    ) -> tuple[Rollout, RolloutStats]:
+        """This update's rollout: submit the generations ahead, take this one's samples, score them and complete the
+        rollout with the trainer's current weights."""
+        self.fill(draw)
+        batch = self.queue.popleft()
+        start = time.perf_counter()
+        generated = batch.generated if batch.generated is not None else self.worker.result(batch.request)
+        wait = time.perf_counter() - start
+        samples = generated.samples
+        which = torch.ones(len(batch.rows), dtype=torch.bool, device=samples.response_ids.device)
+        scored = self.maker.score_samples(
+            batch.rows, batch.query_ids, batch.query_mask, samples=samples, which=which, trainer_state=trainer_state
+        )
+        rollout, work = self.maker.complete(batch.rows, scored, train_policy)
+        generation = GenerationStats(generated.seconds, samples.num_tokens, None)
+        overlap = OverlapStats(
+            staleness=self.worker.version - generated.version,
+            wait_seconds=wait,
+            sampler_idle_seconds=generated.idle_seconds,
+            push_seconds=self.worker.push_seconds,
+            in_flight=len(self.queue),
+        )
+        return rollout, RolloutStats(generation, work, overlap=overlap)
+
+    def push_weights(self) -> None:
+        """The policy changed: generations submitted from now on sample from its new weights."""
+        self.worker.push_weights(self.policy())
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """The queued generations, waited for (their samples saved, so a resumed run trains them as this one would),
+        and the worker's counters (requests submitted: the seeds go on from there; weights pushed)."""
+        batches = []
+        for batch in self.queue:
+            if batch.generated is None:
+                batch.generated = self.worker.result(batch.request)
+            samples = batch.generated.samples
+            batches.append(
+                {
+                    "rows": batch.rows,
+                    "query_ids": batch.query_ids.cpu(),
+                    "query_mask": batch.query_mask.cpu(),
+                    "request": batch.request,
+                    "samples": [t.cpu() for t in (samples.response_ids, samples.response_mask, samples.has_stop)]
+                    + [samples.logprobs.cpu()],
+                    "version": batch.generated.version,
+                    "seconds": batch.generated.seconds,
+                }
+            )
+        return {"batches": batches, **self.worker.state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the queue and the worker's counters; the worker gets the policy's weights (the checkpoint's) under
+        the saved version."""
+        if "batches" not in state:
+            raise ValueError(
+                "This checkpoint's rollouts in flight are a generation window's pool, and this run overlaps "
+                "generation (max_staleness > 0): resume it with its own settings."
+            )
+        device = self.maker.accelerator.device
+        self.worker.submitted = state["submitted"]
+        self.worker.version = state["version"] - 1
+        self.worker.push_weights(self.policy())  # the weights the worker had at the save: the checkpoint's
+        self.queue.clear()
+        for batch in state["batches"]:
+            ids, mask, has_stop, logprobs = (t.to(device) for t in batch["samples"])
+            samples = Samples(ids, mask, has_stop, logprobs=logprobs, seconds=batch["seconds"])
+            generated = Generated(samples, batch["version"], seconds=batch["seconds"])
+            self.queue.append(
+                Prefetched(
+                    batch["rows"],
+                    batch["query_ids"].to(device),
+                    query_mask=batch["query_mask"].to(device),
+                    request=batch["request"],
+                    generated=generated,
+                )
+            )
+
+    def close(self) -> None:
+        self.worker.close()

@@ -1,0 +1,139 @@
+"""One-step-off and bounded-staleness overlap (`max_staleness`): the rollout worker process, training with it, its
+resume, and what it refuses (one process, HF sampler)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vcppo_trl.sampling.seam import SamplerError
+
+from ..conftest import length_reward, step_logs
+
+
+def fresh_trainer(tokenizer, toy_splits, tiny_config, **overrides):
+    from vcppo_trl import VCPPOTrainer
+    from vcppo_trl.toy.model import build_tiny_model
+
+    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    return VCPPOTrainer(
+        model=policy,
+        reward_funcs=length_reward,
+        args=tiny_config(**overrides),
+        train_dataset=toy_splits["train"],
+        processing_class=tokenizer,
+    )
+
+
+def weights(trainer) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in trainer.model.parameters()]
+
+
+def prompts(tokenizer, n=4):
+    texts = [f"{i}+{i + 1}=" for i in range(n)]
+    batch = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left")
+    return batch["input_ids"], batch["attention_mask"]
+
+
+def test_the_worker_samples_what_the_in_process_sampler_samples_with_the_same_seed(tokenizer, tiny_policy):
+    from transformers import GenerationConfig
+
+    from vcppo_trl.sampling.hf import sample_with_policy
+    from vcppo_trl.sampling.worker import RolloutWorker
+
+    config = GenerationConfig(
+        max_new_tokens=12, do_sample=True, temperature=0.7, top_k=0, top_p=1.0, pad_token_id=tokenizer.pad_token_id
+    )
+    stop = [tokenizer.eos_token_id]
+    ids, mask = prompts(tokenizer)
+    worker = RolloutWorker(tiny_policy, stop_token_ids=stop, chunk_size=2, device=torch.device("cpu"))
+    try:
+        first = worker.submit(ids, mask, config, seed=123)
+        generated = worker.result(first)
+    finally:
+        worker.close()
+    assert not worker.process.is_alive()
+    torch.manual_seed(123)
+    local = sample_with_policy(
+        tiny_policy, ids, mask, config=config, chunk_size=2, stop_token_ids=stop, with_logprobs=True
+    )
+    assert generated.version == 0
+    assert torch.equal(generated.samples.response_ids, local.response_ids)
+    assert torch.equal(generated.samples.response_mask, local.response_mask)
+    assert torch.equal(generated.samples.logprobs, local.logprobs)
+    # The sampler's log-probs are the policy's at the sampling temperature (what the importance weight divides by).
+    full = torch.cat([ids, local.response_ids], dim=1)
+    attention = torch.cat([mask, local.response_mask.long()], dim=1)
+    with torch.no_grad():
+        logits = tiny_policy(input_ids=full, attention_mask=attention).logits[:, ids.shape[1] - 1 : -1] / 0.7
+    expected = torch.log_softmax(logits.float(), -1).gather(-1, local.response_ids.unsqueeze(-1)).squeeze(-1)
+    valid = local.response_mask
+    torch.testing.assert_close(local.logprobs[valid], expected[valid], atol=1e-5, rtol=1e-5)
+
+
+def test_a_dead_worker_stops_training_with_a_sampler_error(tokenizer, tiny_policy):
+    from transformers import GenerationConfig
+
+    from vcppo_trl.sampling.worker import RolloutWorker
+
+    worker = RolloutWorker(
+        tiny_policy, stop_token_ids=[tokenizer.eos_token_id], chunk_size=2, device=torch.device("cpu")
+    )
+    worker.process.kill()
+    worker.process.join()
+    ids, mask = prompts(tokenizer)
+    request = worker.submit(ids, mask, GenerationConfig(max_new_tokens=4, pad_token_id=0), seed=0)
+    with pytest.raises(SamplerError, match="rollout worker process died"):
+        worker.result(request)
+    worker.close()
+
+
+def test_one_step_off_training_trains_each_batch_one_update_after_the_weights_that_sampled_it(
+    tokenizer, toy_splits, tiny_config
+):
+    runs = []
+    for _ in range(2):
+        trainer = fresh_trainer(
+            tokenizer, toy_splits, tiny_config, max_staleness=1, value_pretrain_steps=1, total_episodes=64
+        )
+        trainer.train()
+        assert not trainer.rollout_overlap.worker.process.is_alive()  # stopped with training
+        runs.append((step_logs(trainer), weights(trainer)))
+    logs = runs[0][0]
+    # Update 1 (value pretraining: the policy does not move) and 2 were sampled by the initial weights; from update 3
+    # on each batch was sampled by the weights before the previous update.
+    assert [logs[s]["sampling/staleness_max"] for s in sorted(logs)] == [0.0, 0.0, 1.0, 1.0, 1.0]
+    assert logs[2]["sampling/sampling_logp_difference/max"] < 1e-5  # same weights: the sampler's log-probs are exact
+    assert logs[3]["sampling/sampling_logp_difference/max"] > 1e-3  # one update apart: the weights moved
+    assert all("sampling/importance_sampling_ratio/mean" in logs[s] for s in (2, 3, 4, 5))
+    # Reproducible: each generation's seed is its request's, whatever the timing.
+    assert runs[0][0] == runs[1][0]
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
+
+
+def test_a_resumed_overlapped_run_equals_the_uninterrupted_one(tokenizer, toy_splits, tiny_config, tmp_path):
+    overrides = dict(max_staleness=1, value_pretrain_steps=1, total_episodes=64, output_dir=str(tmp_path / "run"))
+    whole = fresh_trainer(tokenizer, toy_splits, tiny_config, save_strategy="steps", save_steps=3, **overrides)
+    whole.train()
+    checkpoint = tmp_path / "run" / "checkpoint-3"
+    saved = torch.load(checkpoint / "rollout_pool_0.pt", weights_only=False)
+    assert len(saved["batches"]) == 1 and saved["version"] == 2  # the batch generated ahead, and the pushes so far
+    resumed = fresh_trainer(tokenizer, toy_splits, tiny_config, **overrides)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    after = {s: e for s, e in step_logs(resumed).items() if s > 3}
+    assert after == {s: e for s, e in step_logs(whole).items() if s > 3} and len(after) == 2
+    assert all(torch.equal(a, b) for a, b in zip(weights(resumed), weights(whole)))
+
+
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (dict(max_staleness=-1), "must be 0"),
+        (dict(max_staleness=1, generation_window=4), "generation_window"),
+        (dict(max_staleness=1, dynamic_sampling=True, num_generations=2), "dynamic_sampling"),
+        (dict(max_staleness=1, use_vllm=True), "use_vllm"),
+    ],
+)
+def test_what_overlap_does_not_support_yet_is_refused_with_the_reason(tiny_config, overrides, match):
+    with pytest.raises(ValueError, match=match):
+        tiny_config(**overrides)
