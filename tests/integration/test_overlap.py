@@ -137,3 +137,23 @@ def test_a_resumed_overlapped_run_equals_the_uninterrupted_one(tokenizer, toy_sp
 def test_what_overlap_does_not_support_yet_is_refused_with_the_reason(tiny_config, overrides, match):
     with pytest.raises(ValueError, match=match):
         tiny_config(**overrides)
+
+
+def test_a_worker_that_dies_mid_run_stops_training_with_a_checkpoint_of_the_last_update(
+    tokenizer, toy_splits, tiny_config, tmp_path
+):
+    from transformers import TrainerCallback
+
+    class KillWorker(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                trainer.rollout_overlap.worker.process.kill()
+
+    trainer = fresh_trainer(
+        tokenizer, toy_splits, tiny_config, max_staleness=1, total_episodes=64, output_dir=str(tmp_path / "run")
+    )
+    trainer.add_callback(KillWorker())
+    with pytest.raises(SamplerError, match="Sampling failed at update"):
+        trainer.train()
+    assert (tmp_path / "run" / "checkpoint-2" / "vcppo_state.json").is_file()
+    assert not trainer.rollout_overlap.worker.process.is_alive()

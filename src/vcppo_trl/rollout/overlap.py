@@ -19,11 +19,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from transformers.utils import logging
 
-from ..sampling.seam import Samples
+from ..sampling.seam import SamplerError, Samples
 from ..sampling.worker import Generated, RolloutWorker
 from .maker import GenerationStats, RolloutMaker, RolloutStats
 from .types import OverlapStats, Rollout
+
+logger = logging.get_logger(__name__)
 
 
 @dataclasses.dataclass
@@ -144,7 +147,14 @@ class OverlappedRollouts:
         batches = []
         for batch in self.queue:
             if batch.generated is None:
-                batch.generated = self.worker.result(batch.request)
+                try:
+                    batch.generated = self.worker.result(batch.request)
+                except SamplerError:  # saving after the worker failed: what it did not return is not saved
+                    logger.warning(
+                        f"The rollout worker failed: {len(self.queue) - len(batches)} generations queued ahead are not "
+                        "saved; a resumed run skips their prompts."
+                    )
+                    break
             samples = batch.generated.samples
             batches.append(
                 {

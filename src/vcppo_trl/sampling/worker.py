@@ -195,6 +195,11 @@ class RolloutWorker:
         while request not in self.ready:
             try:
                 message = self.results.get(timeout=POLL_SECONDS)
+            except (ConnectionError, EOFError, OSError) as err:  # the worker died while handing tensors over
+                raise SamplerError(
+                    f"The rollout worker process died (exit code {self.process.exitcode}) while it returned "
+                    f"generation {request} ({type(err).__name__})."
+                ) from err
             except queue.Empty:
                 if not self.process.is_alive():
                     raise SamplerError(
