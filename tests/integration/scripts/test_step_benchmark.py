@@ -112,3 +112,14 @@ def test_windows_benchmark_smoke_prints_every_side_and_stops_at_the_drawn_length
     assert set(rows) == {"whole", "window-T/2", "window-T/4", "whole-budget", "win-T/4-budget", "grpo"}, out
     assert float(rows["whole"][7]) == 1.0 and float(rows["grpo"][8]) == 1.0
     assert float(rows["window-T/4"][4]) < 8  # responses cut by the window stay in flight
+
+
+def test_overlap_benchmark_smoke():
+    """benchmarks/overlap.py's code paths at T = 16: both sides run, the overlap's batches are one update stale, and the
+    printed speed-up and bounds are consistent with the printed seconds. No timing is asserted."""
+    out = _run_benchmark("overlap.py", "--smoke")
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("sync ", "overlap "))}
+    assert set(rows) == {"sync", "overlap"}, out
+    assert rows["sync"][6] == "0" and rows["overlap"][6] == "1"
+    assert _printed_ratio_matches(out.split("overlap / sync): ")[1].split()[0], rows["sync"][1], rows["overlap"][1])
+    assert "bound (G + T) / max(G, T + S)" in out and "bound with G the worker's generation" in out
