@@ -157,3 +157,36 @@ def test_a_worker_that_dies_mid_run_stops_training_with_a_checkpoint_of_the_last
         trainer.train()
     assert (tmp_path / "run" / "checkpoint-2" / "vcppo_state.json").is_file()
     assert not trainer.rollout_overlap.worker.process.is_alive()
+
+
+def test_a_pushed_lora_policy_samples_in_the_worker_as_it_does_here(tokenizer, tiny_policy):
+    """The worker holds the adapted policy, and a push carries the adapter's new weights: after a push, what the worker
+    samples with a seed equals what the trainer's policy samples in-process with that seed."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import GenerationConfig
+
+    from vcppo_trl.rollout.overlap import policy_state_dict
+    from vcppo_trl.sampling.hf import sample_with_policy
+    from vcppo_trl.sampling.worker import RolloutWorker
+
+    policy = get_peft_model(tiny_policy, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    config = GenerationConfig(
+        max_new_tokens=12, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=tokenizer.pad_token_id
+    )
+    stop = [tokenizer.eos_token_id]
+    ids, mask = prompts(tokenizer)
+    worker = RolloutWorker(policy, stop_token_ids=stop, chunk_size=4, device=torch.device("cpu"))
+    try:
+        with torch.no_grad():
+            for name, param in policy.named_parameters():
+                if "lora_B" in name:
+                    param.add_(0.5)  # the adapter moves (B starts at 0)
+        worker.push_weights(policy_state_dict(policy))
+        generated = worker.result(worker.submit(ids, mask, config, seed=7))
+    finally:
+        worker.close()
+    torch.manual_seed(7)
+    local = sample_with_policy(policy, ids, mask, config=config, chunk_size=4, stop_token_ids=stop, with_logprobs=True)
+    assert torch.equal(generated.samples.response_ids, local.response_ids)
+    assert torch.equal(generated.samples.logprobs, local.logprobs)
+    assert generated.version == 1

@@ -130,8 +130,8 @@ class PPOConfig(_BaseConfig):
             overlap: a worker process samples update k+1's batch with the weights before update k while update k
             trains; `s`: `s` batches ahead, each trained at most `s` policy updates after the weights that sampled it.
             Values, old and reference log-probs are computed by the trainer when a batch is consumed, and the
-            sampler's log-probs weight the policy loss (`vllm_importance_sampling_*`). HF sampler, one process. See
-            docs/rollout_windows.md.
+            sampler's log-probs weight the policy loss (`vllm_importance_sampling_*`). HF sampler; one worker per
+            process (DDP and ZeRO-3 too). See docs/rollout_windows.md.
         rollout_worker_threads (`int`, defaults to `1`): Torch threads of the rollout worker process
             (`max_staleness` > 0); on a CPU host, the cores left beside the trainer's.
         window_bootstrap (`"value"` or `"last_value"`, defaults to `"value"`): The value after a window's cut:

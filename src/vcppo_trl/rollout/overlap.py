@@ -19,8 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from accelerate.utils import is_peft_model
 from transformers.utils import logging
 
+from ..parallel.collectives import gathered_state_dict
 from ..sampling.seam import SamplerError, Samples
 from ..sampling.worker import Generated, RolloutWorker
 from .maker import GenerationStats, RolloutMaker, RolloutStats
@@ -40,24 +42,21 @@ class Prefetched:
     generated: Generated | None = None
 
 
-def request_seed(seed: int, request: int) -> int:
-    """The seed of generation `request`: a function of the run's seed and the request's number only."""
-    return (seed * 1_000_003 + request * 7_919 + 1) % (2**63 - 1)
+def request_seed(seed: int, request: int, rank: int = 0) -> int:
+    """The seed of generation `request` of process `rank`: a function of the run's seed, the request's number and the
+    process only (never of timing)."""
+    return (seed * 1_000_003 + request * 7_919 + rank * 104_729 + 1) % (2**63 - 1)
 
 
 def overlapped_rollouts(args, maker: RolloutMaker, policy: Callable[[], torch.nn.Module]) -> OverlappedRollouts | None:
-    """The overlap of `args.max_staleness` (`None` at 0): a rollout worker started on a copy of the policy. One
-    process without DeepSpeed, HF sampler (the config refuses vLLM)."""
+    """The overlap of `args.max_staleness` (`None` at 0): a rollout worker started on a copy of the whole policy, one
+    per training process (each samples its own prompts; under ZeRO-3 the copy and every push gather the shards). HF
+    sampler (the config refuses vLLM)."""
     if args.max_staleness == 0:
         return None
     accelerator = maker.accelerator
-    if accelerator.num_processes > 1 or accelerator.distributed_type.name == "DEEPSPEED":
-        raise ValueError(
-            "`max_staleness` > 0 runs on one process without DeepSpeed for now (one rollout worker beside one "
-            "trainer). Launch one process or set max_staleness=0."
-        )
     worker = RolloutWorker(
-        policy(),
+        whole_policy(policy()),
         stop_token_ids=maker.stop_token_ids,
         chunk_size=maker.sampler.chunk_size,
         device=accelerator.device,
@@ -65,8 +64,36 @@ def overlapped_rollouts(args, maker: RolloutMaker, policy: Callable[[], torch.nn
     )
     config = maker.sampler.generation_config(False, args.temperature)
     return OverlappedRollouts(
-        maker, worker, policy, max_staleness=args.max_staleness, generation_config=config, seed=args.seed
+        maker,
+        worker,
+        policy,
+        max_staleness=args.max_staleness,
+        generation_config=config,
+        seed=args.seed,
+        rank=accelerator.process_index,
     )
+
+
+def whole_policy(policy: torch.nn.Module) -> torch.nn.Module:
+    """The policy with all its weights: itself, or under ZeRO-3 (partitioned parameters) a new model of its class and
+    config holding the gathered weights (every process must call it: the gathering is a collective)."""
+    full = gathered_state_dict(policy)
+    if full is None:
+        return policy
+    if is_peft_model(policy):
+        raise ValueError(
+            "`max_staleness` > 0 with a PEFT policy under ZeRO-3 is not supported yet (the worker would need the "
+            "adapter merged from gathered shards). Use DDP, drop the adapter, or set max_staleness=0."
+        )
+    copy = type(policy)(policy.config)  # a plain model: not partitioned (no zero.Init around the constructor)
+    copy.load_state_dict(full)
+    return copy
+
+
+def policy_state_dict(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The policy's full state dict (gathered under ZeRO-3: a collective, every process calls it)."""
+    full = gathered_state_dict(policy)
+    return policy.state_dict() if full is None else full
 
 
 class OverlappedRollouts:
@@ -79,7 +106,8 @@ class OverlappedRollouts:
         policy: Returns the trainer's policy (unwrapped), whose weights are pushed to the worker.
         max_staleness: Generations queued beyond the one being trained.
         generation_config: The HF generation config of training rollouts.
-        seed: The run's seed (each request's seed derives from it and the request's number).
+        seed: The run's seed (each request's seed derives from it, the request's number and the process).
+        rank: This process's index.
     """
 
     def __init__(
@@ -91,6 +119,7 @@ class OverlappedRollouts:
         max_staleness: int,
         generation_config,
         seed: int,
+        rank: int = 0,
     ):
         self.maker = maker
         self.worker = worker
@@ -98,6 +127,7 @@ class OverlappedRollouts:
         self.max_staleness = max_staleness
         self.generation_config = generation_config
         self.seed = seed
+        self.rank = rank
         self.queue: collections.deque[Prefetched] = collections.deque()
 
     def fill(self, draw: Callable[[], list[dict[str, Any]]]) -> None:
@@ -106,7 +136,9 @@ class OverlappedRollouts:
             rows = draw()
             query_ids, query_mask = self.maker.tokenize_prompts(self.maker.prompt_texts(rows))
             request = self.worker.submitted
-            self.worker.submit(query_ids, query_mask, self.generation_config, seed=request_seed(self.seed, request))
+            self.worker.submit(
+                query_ids, query_mask, self.generation_config, seed=request_seed(self.seed, request, self.rank)
+            )
             self.queue.append(Prefetched(rows, query_ids, query_mask=query_mask, request=request))
 
     def make(
@@ -137,7 +169,7 @@ class OverlappedRollouts:
 
     def push_weights(self) -> None:
         """The policy changed: generations submitted from now on sample from its new weights."""
-        self.worker.push_weights(self.policy())
+        self.worker.push_weights(policy_state_dict(self.policy()))
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -181,7 +213,9 @@ class OverlappedRollouts:
         device = self.maker.accelerator.device
         self.worker.submitted = state["submitted"]
         self.worker.version = state["version"] - 1
-        self.worker.push_weights(self.policy())  # the weights the worker had at the save: the checkpoint's
+        self.worker.push_weights(
+            policy_state_dict(self.policy())
+        )  # the weights the worker had at the save: the checkpoint's
         self.queue.clear()
         for batch in state["batches"]:
             ids, mask, has_stop, logprobs = (t.to(device) for t in batch["samples"])

@@ -182,11 +182,12 @@ class RolloutWorker:
         self.requests.put(("generate", payload))
         return request
 
-    def push_weights(self, policy: torch.nn.Module) -> None:
-        """Send the policy's current weights; generations submitted from now on sample from them."""
+    def push_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Send the policy's current weights (its full state dict); generations submitted from now on sample from
+        them."""
         start = time.perf_counter()
         self.version += 1
-        state = {k: v.detach().to("cpu", copy=True) for k, v in policy.state_dict().items()}
+        state = {k: v.detach().to("cpu", copy=True) for k, v in state_dict.items()}
         self.requests.put(("weights", {"state_dict": state, "version": self.version}))
         self.push_seconds = time.perf_counter() - start
 

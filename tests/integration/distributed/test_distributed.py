@@ -472,3 +472,49 @@ def test_generation_windows_resume_on_two_ranks_equals_the_uninterrupted_run(tmp
         assert json.dumps(trained(resumed[rank])) == json.dumps(trained(full[rank])[2:])  # NaN-safe equality
         assert resumed[rank]["policy_hash"] == full[rank]["policy_hash"]
         assert resumed[rank]["critic_hash"] == full[rank]["critic_hash"]
+
+
+def test_overlap_on_two_ranks_equals_its_resumed_run(tmp_path):
+    """`max_staleness=1` under DDP: each rank has its own rollout worker and samples its own prompts; the ranks end with
+    the same weights; each batch after the first PPO update is one update stale; a run resumed from a checkpoint (with
+    each rank's queued batch) ends where the uninterrupted run ends, bit for bit."""
+    full_dir, resumed_dir = tmp_path / "full", tmp_path / "resumed"
+    full_dir.mkdir()
+    resumed_dir.mkdir()
+    overlap = {"max_staleness": 1, "total_episodes": 48}
+    full = _launch(
+        full_dir, TORCHRUN, CPU, worker_args=[json.dumps(overlap | {"save_strategy": "steps", "save_steps": 1})]
+    )
+    r0, r1 = full
+    assert r0["global_step"] == r1["global_step"] == 4
+    assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])
+    assert [m["sampling/staleness_max"] for m in r0["metrics"]] == [0.0, 0.0, 1.0, 1.0]
+    assert r0["seen"] != r1["seen"]  # each rank its own prompts
+    checkpoint = full_dir / "run" / "checkpoint-2"
+    resumed = _launch(
+        resumed_dir, TORCHRUN, CPU, worker_args=[json.dumps(overlap | {"resume_from_checkpoint": str(checkpoint)})]
+    )
+
+    def trained(rank):
+        return [{k: v for k, v in m.items() if not k.startswith("time/")} for m in rank["metrics"]]
+
+    for rank in (0, 1):
+        assert resumed[rank]["global_step"] == 4
+        assert json.dumps(trained(resumed[rank])) == json.dumps(trained(full[rank])[2:])
+        assert resumed[rank]["policy_hash"] == full[rank]["policy_hash"]
+        assert resumed[rank]["critic_hash"] == full[rank]["critic_hash"]
+
+
+def test_overlap_under_zero3_gathers_the_policy_for_its_workers(tmp_path):
+    """`max_staleness=1` under ZeRO-3: each rank's worker starts from, and is pushed, the gathered policy (a collective
+    on every rank); the ranks end with the same weights and the batches are one update stale after the first."""
+    pytest.importorskip("deepspeed")
+    config = os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml")
+    launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file", config, "--main_process_port", "0"]
+    overrides = {"max_staleness": 1, "total_episodes": 48, "ddp_backend": "gloo"}
+    r0, r1 = _launch(tmp_path, launch, worker_args=[json.dumps(overrides)])
+    assert r0["global_step"] == r1["global_step"] == 4
+    assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])
+    assert [m["sampling/staleness_max"] for m in r0["metrics"]] == [0.0, 0.0, 1.0, 1.0]
+    # The worker sampled from the weights the trainer had: at staleness 0 its log-probs match the training forward's.
+    assert r0["metrics"][1]["sampling/sampling_logp_difference/max"] < 1e-4
