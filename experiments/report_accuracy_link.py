@@ -91,9 +91,20 @@ def accuracy_link_table(rows: list[dict[str, Any]], cold_start: dict | None, col
     return intro + header + "\n".join(lines) + "\n"
 
 
-def comparison_table(rows: list[dict[str, Any]], pairs: Sequence[tuple[str, str]]) -> str:
-    """Each pair's difference of end values (first − second) with its 95 % Welch interval, greedy and sampled
-    accuracy and length; "differs" when the interval excludes 0."""
+# The comparison table's columns: (row key, header, digits).
+COMPARED = (
+    ("acc", "accuracy, greedy", 3),
+    ("acc_sampled", "accuracy, sampled", 3),
+    ("len", "length, greedy", 1),
+    ("len_sampled", "length, sampled", 1),
+)
+
+
+def comparison_table(
+    rows: list[dict[str, Any]], pairs: Sequence[tuple[str, str]], columns: Sequence[tuple[str, str, int]] = COMPARED
+) -> str:
+    """Each pair's difference of end values (first − second) with its 95 % Welch interval, by default greedy and
+    sampled accuracy and length (`columns`: other per-seed row values); "differs" when the interval excludes 0."""
     by_name = {r["name"]: r for r in rows}
     lines = []
     for first, second in pairs:
@@ -101,7 +112,7 @@ def comparison_table(rows: list[dict[str, Any]], pairs: Sequence[tuple[str, str]
             continue
         a, b = by_name[first], by_name[second]
         cells = []
-        for column, digits in (("acc", 3), ("acc_sampled", 3), ("len", 1), ("len_sampled", 1)):
+        for column, _, digits in columns:
             diff, lo, hi = welch_interval(a[column], b[column])
             if math.isnan(lo):
                 cells.append("–")
@@ -112,8 +123,11 @@ def comparison_table(rows: list[dict[str, Any]], pairs: Sequence[tuple[str, str]
     if not lines:
         return ""
     header = (
-        "| end values, first − second | accuracy, greedy | accuracy, sampled | length, greedy | length, sampled |\n"
-        "| --- | --- | --- | --- | --- |\n"
+        "| end values, first − second | "
+        + " | ".join(title for _, title, _ in columns)
+        + " |\n| --- |"
+        + " --- |" * len(columns)
+        + "\n"
     )
     return header + "\n".join(lines) + "\n"
 

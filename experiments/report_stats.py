@@ -11,8 +11,17 @@ from collections.abc import Sequence
 
 NUM_BUCKETS = 8
 WINDOW = 5  # updates averaged for "start" and "end" of training
-# Two-sided 95 % Student-t quantiles by degrees of freedom.
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+# Two-sided 95 % Student-t quantiles by degrees of freedom (1.96 above 30).
+_T95 = {
+    **{1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228},
+    **{11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086},
+    **{21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045, 30: 2.042},
+}
+
+
+def t95(df: float) -> float:
+    """The two-sided 95 % t quantile at `df` degrees of freedom, rounded down (a conservative quantile)."""
+    return _T95.get(max(int(df), 1), 1.96)
 
 
 def mean_ci(values: Sequence[float]) -> tuple[float, float]:
@@ -24,7 +33,7 @@ def mean_ci(values: Sequence[float]) -> tuple[float, float]:
     if len(xs) < 2:
         return mean, math.nan
     sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
-    return mean, _T95.get(len(xs) - 1, 1.96) * sd / math.sqrt(len(xs))
+    return mean, t95(len(xs) - 1) * sd / math.sqrt(len(xs))
 
 
 def fmt(values: Sequence[float], digits: int = 3) -> str:
@@ -161,7 +170,7 @@ def welch_interval(a: Sequence[float], b: Sequence[float]) -> tuple[float, float
     if vx + vy == 0:
         return diff, diff, diff
     df = (vx + vy) ** 2 / (vx**2 / (len(xs) - 1) + vy**2 / (len(ys) - 1))
-    half = _T95.get(max(int(df), 1), 1.96) * math.sqrt(vx + vy)
+    half = t95(df) * math.sqrt(vx + vy)
     return diff, diff - half, diff + half
 
 

@@ -6,6 +6,8 @@
     python experiments/reproduce.py --task majority  # the stop-anytime task (results/majority/, .cache/majority/)
     python experiments/reproduce.py --seeds 3 4 5    # other seeds than the budget's (a rerun with unused seeds)
     python experiments/reproduce.py --task count-mod-5   # the accuracy-link toy: VC-PPO, VAPO, GRPO (results/count_mod_5/)
+    python experiments/reproduce.py --task count-mod-5 --grid windows  # VC-PPO with windows L/4 and max_staleness 1
+                                                 # (results/windows_overlap/count_mod_5/; --task majority likewise)
 
 Everything is cached and resumable: the cold start, the reward model and (when a variant to run starts from it) the
 controlled-bias critic are built once under `experiments/.cache/`, and every run writes
@@ -22,7 +24,7 @@ variants start instead from a *controlled-bias* critic: the reward model's value
 of each response (`vcppo_trl.toy.reward_model.position_ramp`). They are labelled as such everywhere.
 
 This file is the command line. Each task's budget, variants and task assets are in `task_addition.py`,
-`task_majority.py` and `task_running_sum.py`, the cached assets are built by `toy_assets.py`, the runs made by `runner.py`.
+`task_majority.py` and `task_running_sum.py` (the windows/overlap grid of two of them in `task_windows.py`), the cached assets are built by `toy_assets.py`, the runs made by `runner.py`.
 """
 
 from __future__ import annotations
@@ -60,6 +62,14 @@ from task_running_sum import (
     COUNT_MOD_5_BUDGET,
     COUNT_MOD_5_SMOKE_BUDGET,
 )
+from task_windows import (
+    WINDOWS_BUDGETS,
+    WINDOWS_CONTRAST,
+    WINDOWS_GRIDS,
+    WINDOWS_MAIN,
+    WINDOWS_PAIRS,
+    WINDOWS_PREDICTION,
+)
 from toy_assets import build_assets
 
 # `--task`: (budget, smoke budget, results sub-directory); the first toy keeps the top-level directories.
@@ -74,6 +84,9 @@ TASK_VARIANTS = {
     "count-mod-5": ACCURACY_LINK_MAIN,
 }
 ACCURACY_LINK_TASKS = ("count-mod-5",)
+# `--grid`: the task's own table ("main"), or the windows/overlap grid (task_windows.py) in this sub-directory of the
+# results directory (each task's sub-directory inside it; the task's cache is shared with its own table).
+GRID_DIRS = {"main": "", "windows": "windows_overlap"}
 
 
 def needs_controlled_bias_critic(variants) -> bool:
@@ -81,9 +94,9 @@ def needs_controlled_bias_critic(variants) -> bool:
     return any(v.critic == "controlled_bias" for v in variants)
 
 
-def report_command(task: str, results_root: str, seeds, default_seeds) -> str:
+def report_command(task: str, results_root: str, seeds, default_seeds, grid: str = "main") -> str:
     """The command line that rebuilds this table's report from its saved runs (named in its header)."""
-    command = f"python experiments/reproduce.py --task {task} --report"
+    command = f"python experiments/reproduce.py --task {task}{'' if grid == 'main' else f' --grid {grid}'} --report"
     if os.path.abspath(results_root) != os.path.abspath(DEFAULT_RESULTS):
         repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         inside = os.path.abspath(results_root).startswith(repo + os.sep)
@@ -103,6 +116,14 @@ def main(argv: list[str] | None = None) -> int:
         "accuracy-link task (an answer before the end of the reasoning is right by chance only), with VC-PPO, VAPO "
         "and GRPO. The other tasks' results and cache go to a sub-directory of --results-dir and --cache-dir "
         "('majority', 'count_mod_5').",
+    )
+    parser.add_argument(
+        "--grid",
+        choices=sorted(GRID_DIRS),
+        default="main",
+        help="main: the task's own table. windows: VC-PPO with generation windows of L/4 and with max_staleness 1 "
+        "against VC-PPO, and PPO under a window against PPO, at equal finished responses (count-mod-5 and majority; "
+        "results/windows_overlap/plan.md), into the 'windows_overlap' sub-directory of --results-dir.",
     )
     parser.add_argument("--full", action="store_true", help="Also run the sweeps (λ_actor, pretraining, λ_critic).")
     parser.add_argument("--report", action="store_true", help="Only rebuild the table and plots from saved runs.")
@@ -131,6 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     import report
 
     full_budget, smoke_budget, subdir = TASKS[args.task]
+    windows = args.grid == "windows"
+    if windows:
+        if args.task not in WINDOWS_BUDGETS:
+            parser.error(f"--grid windows runs on {sorted(WINDOWS_BUDGETS)}, not {args.task}")
+        if args.full or args.pilot:
+            parser.error("--grid windows has no sweeps or knob pilot (time it with --seeds 300 --updates 5)")
+        full_budget, smoke_budget = WINDOWS_BUDGETS[args.task]
     budget = smoke_budget if args.smoke else full_budget
     if args.seeds:
         if len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0:
@@ -140,14 +168,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.updates < 1:
             parser.error(f"--updates must be at least 1, got {args.updates}")
         budget = dataclasses.replace(budget, ppo_updates=args.updates)
-    rebuild_command = report_command(args.task, args.results_dir, budget.seeds, full_budget.seeds)
-    if subdir:
-        args.results_dir = os.path.join(args.results_dir, subdir)
-        args.cache_dir = os.path.join(args.cache_dir, subdir)
+    rebuild_command = report_command(args.task, args.results_dir, budget.seeds, full_budget.seeds, args.grid)
+    if subdir or windows:
+        args.results_dir = os.path.join(args.results_dir, GRID_DIRS[args.grid], subdir)
+        args.cache_dir = os.path.join(args.cache_dir, subdir)  # a grid shares its task's assets
     variants = TASK_VARIANTS[args.task] + (SWEEP_VARIANTS if args.full else ())
     all_variants = MAIN_VARIANTS + SWEEP_VARIANTS + (MAJORITY_GRID + MAJORITY_EXTRA if args.task == "majority" else ())
     if args.task in ACCURACY_LINK_TASKS:
         all_variants = ACCURACY_LINK_GRID
+    if windows:
+        all_variants = WINDOWS_GRIDS[args.task]
+        variants = all_variants[:WINDOWS_MAIN]
     if args.variants:
         known = {v.name: v for v in all_variants}
         unknown = [n for n in args.variants if n not in known]
@@ -177,7 +208,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Assets ready in {time.time() - t0:.0f} s: {args.cache_dir}")
         failures = run_all(variants, budget, assets, args.results_dir, args.workers)
         print(f"All runs finished in {time.time() - t0:.0f} s.")
-    if args.task in ACCURACY_LINK_TASKS:
+    if windows:
+        import report_windows
+
+        report_windows.build_windows_report(
+            args.results_dir,
+            all_variants,
+            budget.seeds,
+            args.cache_dir,
+            WINDOWS_PREDICTION,
+            WINDOWS_PAIRS,
+            args.task,
+            rebuild_command,
+            WINDOWS_CONTRAST,
+        )
+    elif args.task in ACCURACY_LINK_TASKS:
         import report_accuracy_link
 
         report_accuracy_link.build_accuracy_link_report(

@@ -41,10 +41,8 @@ def run_vcppo(
     from vcppo_trl import VAPOConfig, VAPOTrainer, VCPPOConfig, VCPPOTrainer
     from vcppo_trl.rewards.math_verify import math_verify_reward
 
-    pretrain = (
-        getattr(budget, variant.pretrain_field) if variant.pretrain_updates is None else variant.pretrain_updates
-    )
-    pretrain = pretrain if variant.pretrain else 0
+    # Both scaled by the variant's equal-finished-responses factors (1 unless it runs generation windows).
+    pretrain = variant.pretrain_updates_in_run(budget)
     config_class, trainer_class, vapo = VCPPOConfig, VCPPOTrainer, {}
     if variant.trainer == "vapo":
         # VAPOConfig's parts (clip-higher, the positive-example LM loss, value pretraining, λ_critic 1) with the
@@ -65,8 +63,9 @@ def run_vcppo(
         num_mini_batches=budget.num_mini_batches,
         num_ppo_epochs=budget.num_ppo_epochs,
         local_rollout_forward_batch_size=64,
-        total_episodes=budget.ppo_updates * budget.prompts_per_update,
+        total_episodes=variant.ppo_updates(budget) * budget.prompts_per_update,
         response_length=budget.response_length,
+        generation_window=variant.generation_window(budget),
         temperature=1.0,
         kl_coef=0.0,
         lam_actor=variant.lam_actor,
@@ -220,12 +219,52 @@ def run_all(
     if not tasks:
         return failures
     t0 = time.time()
-    ctx = mp.get_context("spawn")
-    with ctx.Pool(processes=workers, maxtasksperchild=1) as pool:
-        for done, (path, error) in enumerate(pool.imap_unordered(_worker, tasks), start=1):
-            status = "failed" if error else "done"
-            print(f"[{done}/{len(tasks)}] {status}: {os.path.relpath(path, results_dir)} ({time.time() - t0:.0f} s)")
-            if error:
-                failures.append((path, error))
-                print(error, file=sys.stderr)
+    for done, (path, error) in enumerate(_run_processes(tasks, workers), start=1):
+        status = "failed" if error else "done"
+        print(f"[{done}/{len(tasks)}] {status}: {os.path.relpath(path, results_dir)} ({time.time() - t0:.0f} s)")
+        if error:
+            failures.append((path, error))
+            print(error, file=sys.stderr)
     return failures
+
+
+def _run_task(task: tuple, result) -> None:
+    result.send(_worker(task))
+    result.close()
+
+
+def _run_processes(tasks: list[tuple], workers: int):
+    """Each task in a fresh spawned process, `workers` at a time, in order; yields `(path, error)` as runs end.
+
+    Not `multiprocessing.Pool`: its workers are daemons, which may not start processes, and a `max_staleness` run
+    starts its rollout worker process (so it occupies two processes while it runs). Nor `ProcessPoolExecutor`'s
+    `max_tasks_per_child`, which can hang on Python 3.11 (cpython#115634)."""
+    from multiprocessing.connection import wait
+
+    ctx = mp.get_context("spawn")
+    pending, running = list(tasks), {}
+    try:
+        while pending or running:
+            while pending and len(running) < workers:
+                task = pending.pop(0)
+                receiver, sender = ctx.Pipe(duplex=False)
+                process = ctx.Process(target=_run_task, args=(task, sender))
+                process.start()
+                sender.close()  # the child holds the only writer: its exit without a result reads as EOF
+                running[receiver] = (process, task)
+            for receiver in wait(list(running)):
+                process, task = running.pop(receiver)
+                try:
+                    path, error = receiver.recv()
+                    died = False
+                except EOFError:  # the process died before it could report (killed, out of memory, a crash)
+                    path, error, died = task[-1], None, True
+                receiver.close()
+                process.join()
+                if died:
+                    error = f"the run's process ended with exit code {process.exitcode} and no result"
+                yield path, error
+    finally:
+        for process, _ in running.values():  # interrupted: stop the runs still going
+            process.terminate()
+            process.join()

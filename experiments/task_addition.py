@@ -11,6 +11,7 @@ override its task hooks (`splits`, `logged_rewards`, `model_size`, `reward_model
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,11 +127,37 @@ class Variant:
     value_lr_ratio: float | None = None  # critic lr = ratio x policy lr; None: the budget's value_learning_rate
     # Config fields set on top of the variant's trainer config (an ablation: e.g. (("cliprange_high", None),)).
     options: tuple[tuple[str, Any], ...] = ()
+    # Generation windows (`generation_window` = the budget's response_length // window_divisor; None: whole responses)
+    # and the run-length factors of the equal-finished-responses rule: a windowed run finishes fewer responses per
+    # update than its batch, so its value-pretraining and policy updates are the budget's times these factors, rounded
+    # up (results/windows_overlap/plan.md §3).
+    window_divisor: int | None = None
+    pretrain_factor: float = 1.0
+    update_factor: float = 1.0
 
     def value_learning_rate(self, budget: Budget) -> float:
         return (
             budget.value_learning_rate if self.value_lr_ratio is None else self.value_lr_ratio * budget.learning_rate
         )
+
+    def generation_window(self, budget: Budget) -> int | None:
+        return None if self.window_divisor is None else max(1, budget.response_length // self.window_divisor)
+
+    def ppo_updates(self, budget: Budget) -> int:
+        """Policy updates of this variant's run: the budget's, times `update_factor` rounded up."""
+        return scaled_updates(budget.ppo_updates, self.update_factor)
+
+    def pretrain_updates_in_run(self, budget: Budget) -> int:
+        """Value-pretraining updates of this variant's run (0 without pretraining), times `pretrain_factor` rounded up."""
+        if not self.pretrain:
+            return 0
+        base = getattr(budget, self.pretrain_field) if self.pretrain_updates is None else self.pretrain_updates
+        return scaled_updates(base, self.pretrain_factor)
+
+
+def scaled_updates(updates: int, factor: float) -> int:
+    """`updates × factor` rounded up (a product within 1e-9 of an integer counts as that integer)."""
+    return max(1, math.ceil(updates * factor - 1e-9)) if updates else 0
 
 
 MAIN_VARIANTS = (
