@@ -129,7 +129,7 @@ def test_a_resumed_overlapped_run_equals_the_uninterrupted_one(tokenizer, toy_sp
     "overrides,match",
     [
         (dict(max_staleness=-1), "must be 0"),
-        (dict(max_staleness=1, generation_window=4), "generation_window"),
+        (dict(max_staleness=2, generation_window=4), "generation_window with max_staleness > 1"),
         (dict(max_staleness=1, dynamic_sampling=True, num_generations=2), "dynamic_sampling"),
         (dict(max_staleness=1, use_vllm=True), "use_vllm"),
     ],
@@ -190,3 +190,29 @@ def test_a_pushed_lora_policy_samples_in_the_worker_as_it_does_here(tokenizer, t
     assert torch.equal(generated.samples.response_ids, local.response_ids)
     assert torch.equal(generated.samples.logprobs, local.logprobs)
     assert generated.version == 1
+
+
+def test_windows_with_one_step_off_overlap_train_each_window_one_update_after_it_was_sampled(
+    tokenizer, toy_splits, tiny_config, tmp_path
+):
+    """`generation_window` with `max_staleness=1`: the worker samples window k+1 (its contexts known once window k's
+    finished responses left the pool) while update k trains; a checkpoint holds the pool and the window sampled
+    ahead, and the resumed run equals the uninterrupted one."""
+    overrides = dict(
+        generation_window=4, max_staleness=1, value_pretrain_steps=1, total_episodes=64, output_dir=str(tmp_path / "r")
+    )
+    whole = fresh_trainer(tokenizer, toy_splits, tiny_config, save_strategy="steps", save_steps=3, **overrides)
+    whole.train()
+    logs = step_logs(whole)
+    assert [logs[s]["sampling/staleness_max"] for s in sorted(logs)] == [0.0, 0.0, 1.0, 1.0, 1.0]
+    assert all(logs[s]["rollout/window_tokens"] > 0 for s in logs)
+    assert any(logs[s]["rollout/in_flight"] > 0 for s in logs)  # responses cut by the window carry over
+    assert logs[2]["sampling/sampling_logp_difference/max"] < 1e-5  # sampled by the weights that train it
+    assert logs[3]["sampling/sampling_logp_difference/max"] > 1e-3  # one update apart
+    saved = torch.load(tmp_path / "r" / "checkpoint-3" / "rollout_pool_0.pt", weights_only=False)
+    assert saved["ahead"] is not None and saved["slots"]  # the pool and the window sampled ahead for update 4
+    resumed = fresh_trainer(tokenizer, toy_splits, tiny_config, **overrides)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "r" / "checkpoint-3"))
+    after = {s: e for s, e in step_logs(resumed).items() if s > 3}
+    assert after == {s: e for s, e in logs.items() if s > 3} and len(after) == 2
+    assert all(torch.equal(a, b) for a, b in zip(weights(resumed), weights(whole)))

@@ -238,5 +238,5 @@ def test_a_pool_saved_by_another_number_of_processes_is_refused(tmp_path):
     for rank in (0, 1):
         torch.save(pool.state_dict(), rollout_pool_file(str(tmp_path), rank))
     with pytest.raises(ValueError, match="rollouts in flight of 2 processes, and this run has 1"):
-        load_rollout_pool(pool, str(tmp_path), rank=0, world=1)
-    load_rollout_pool(pool, str(tmp_path), rank=1, world=2)
+        load_rollout_pool([pool], str(tmp_path), rank=0, world=1)
+    load_rollout_pool([pool], str(tmp_path), rank=1, world=2)

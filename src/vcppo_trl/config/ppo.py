@@ -131,7 +131,8 @@ class PPOConfig(_BaseConfig):
             trains; `s`: `s` batches ahead, each trained at most `s` policy updates after the weights that sampled it.
             Values, old and reference log-probs are computed by the trainer when a batch is consumed, and the
             sampler's log-probs weight the policy loss (`vllm_importance_sampling_*`). HF sampler; one worker per
-            process (DDP and ZeRO-3 too). See docs/rollout_windows.md.
+            process (DDP and ZeRO-3 too). With `generation_window`, 1 at most: the worker samples the pool's next
+            window while the update trains. See docs/rollout_windows.md.
         rollout_worker_threads (`int`, defaults to `1`): Torch threads of the rollout worker process
             (`max_staleness` > 0); on a CPU host, the cores left beside the trainer's.
         window_bootstrap (`"value"` or `"last_value"`, defaults to `"value"`): The value after a window's cut:
@@ -689,16 +690,20 @@ class PPOConfig(_BaseConfig):
             raise ValueError(f"`max_staleness` must be 0 (no overlap) or more, got {self.max_staleness}.")
         if self.max_staleness == 0:
             return
-        refused = {
-            "use_vllm": self.use_vllm,  # a vLLM server is the GPU host's worker; not built yet
-            "generation_window": self.generation_window is not None,
-            "dynamic_sampling": self.dynamic_sampling,  # its extra rounds would sample on the trainer's weights
+        refused = {  # what, and why
+            "use_vllm": (self.use_vllm, "the rollout worker samples with HF generate; a vLLM worker is not built yet"),
+            "dynamic_sampling": (self.dynamic_sampling, "its extra rounds would sample with the trainer's weights"),
+            "generation_window with max_staleness > 1": (
+                self.generation_window is not None and self.max_staleness > 1,
+                "a window's contexts are known only once the previous window is sampled: one window ahead at most "
+                "(max_staleness=1)",
+            ),
         }
-        for name, present in refused.items():
+        for name, (present, why) in refused.items():
             if present:
                 raise ValueError(
-                    f"`max_staleness` > 0 does not support {name} yet: the rollout worker samples whole batches with "
-                    f"the HF sampler (see docs/rollout_windows.md). Set max_staleness=0 or drop {name}."
+                    f"`max_staleness` > 0 does not support {name} yet: {why} (see docs/rollout_windows.md). "
+                    f"Set max_staleness=0 or drop {name}."
                 )
 
     def __post_init__(self):

@@ -4,7 +4,7 @@ generations a rollout worker runs ahead of training (`max_staleness`).
 """
 
 from .maker import GenerationStats, RolloutMaker, RolloutStats
-from .overlap import OverlappedRollouts, overlapped_rollouts, request_seed
+from .overlap import AheadOfTraining, OverlappedRollouts, WindowAhead, overlapped_rollouts, request_seed
 from .scoring import ScoredSamples, concat_scored, decode_completions
 from .settings import RolloutSettings, old_logprobs_from_training_forward
 from .shaping import overlong_penalty, token_rewards
@@ -15,7 +15,9 @@ from .windows import InFlight, ResponsePool, WindowStep
 __all__ = [
     "GenerationStats",
     "InFlight",
+    "AheadOfTraining",
     "OverlapStats",
+    "WindowAhead",
     "OverlappedRollouts",
     "overlapped_rollouts",
     "request_seed",

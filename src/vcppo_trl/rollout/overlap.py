@@ -48,7 +48,9 @@ def request_seed(seed: int, request: int, rank: int = 0) -> int:
     return (seed * 1_000_003 + request * 7_919 + rank * 104_729 + 1) % (2**63 - 1)
 
 
-def overlapped_rollouts(args, maker: RolloutMaker, policy: Callable[[], torch.nn.Module]) -> OverlappedRollouts | None:
+def overlapped_rollouts(
+    args, maker: RolloutMaker, policy: Callable[[], torch.nn.Module]
+) -> OverlappedRollouts | WindowAhead | None:
     """The overlap of `args.max_staleness` (`None` at 0): a rollout worker started on a copy of the whole policy, one
     per training process (each samples its own prompts; under ZeRO-3 the copy and every push gather the shards). HF
     sampler (the config refuses vLLM)."""
@@ -62,6 +64,10 @@ def overlapped_rollouts(args, maker: RolloutMaker, policy: Callable[[], torch.nn
         device=accelerator.device,
         num_threads=args.rollout_worker_threads,
     )
+    if args.generation_window is not None:
+        return WindowAhead(
+            maker, worker, policy, temperature=args.temperature, seed=args.seed, rank=accelerator.process_index
+        )
     config = maker.sampler.generation_config(False, args.temperature)
     return OverlappedRollouts(
         maker,
@@ -96,16 +102,15 @@ def policy_state_dict(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
     return policy.state_dict() if full is None else full
 
 
-class OverlappedRollouts:
+class AheadOfTraining:
     """
-    The queue of generations ahead of training, and the rollouts made from them.
+    What both overlaps share: a rollout worker that samples ahead, the pushes of the trainer's weights to it, the
+    stats of one consumed generation, and the worker's counters in checkpoints.
 
     Args:
         maker: The trainer's rollout maker (tokenising, scoring and the no-grad forwards).
         worker: The rollout worker that samples.
         policy: Returns the trainer's policy (unwrapped), whose weights are pushed to the worker.
-        max_staleness: Generations queued beyond the one being trained.
-        generation_config: The HF generation config of training rollouts.
         seed: The run's seed (each request's seed derives from it, the request's number and the process).
         rank: This process's index.
     """
@@ -116,18 +121,85 @@ class OverlappedRollouts:
         worker: RolloutWorker,
         policy: Callable[[], torch.nn.Module],
         *,
-        max_staleness: int,
-        generation_config,
         seed: int,
         rank: int = 0,
     ):
         self.maker = maker
         self.worker = worker
         self.policy = policy
-        self.max_staleness = max_staleness
-        self.generation_config = generation_config
         self.seed = seed
         self.rank = rank
+
+    def submit(self, query_ids: torch.Tensor, query_mask: torch.Tensor, config) -> int:
+        """Queue one generation with its request's seed; returns the request."""
+        request = self.worker.submitted
+        return self.worker.submit(query_ids, query_mask, config, seed=request_seed(self.seed, request, self.rank))
+
+    def take(self, request: int, generated: Generated | None) -> tuple[Generated, float]:
+        """A request's samples (already received, or waited for now) and the seconds the trainer waited."""
+        start = time.perf_counter()
+        generated = generated if generated is not None else self.worker.result(request)
+        return generated, time.perf_counter() - start
+
+    def stats(self, generated: Generated, wait: float, in_flight: int) -> OverlapStats:
+        return OverlapStats(
+            staleness=self.worker.version - generated.version,
+            wait_seconds=wait,
+            sampler_idle_seconds=generated.idle_seconds,
+            push_seconds=self.worker.push_seconds,
+            in_flight=in_flight,
+        )
+
+    def push_weights(self) -> None:
+        """The policy changed: generations submitted from now on sample from its new weights."""
+        self.worker.push_weights(policy_state_dict(self.policy()))
+
+    def restore_worker(self, state: dict[str, Any]) -> None:
+        """The worker's counters as saved, and the policy's weights (the checkpoint's) under the saved version."""
+        self.worker.submitted = state["submitted"]
+        self.worker.version = state["version"] - 1
+        self.push_weights()
+
+    def received(self, request: int, generated: Generated | None) -> Generated | None:
+        """A generation for a checkpoint, waited for (`None` when the worker failed: it is not saved, and said)."""
+        if generated is not None:
+            return generated
+        try:
+            return self.worker.result(request)
+        except SamplerError:
+            logger.warning("The rollout worker failed: the generations queued ahead of training are not saved.")
+            return None
+
+    @staticmethod
+    def saved_generation(request: int, generated: Generated) -> dict[str, Any]:
+        samples = generated.samples
+        tensors = (samples.response_ids, samples.response_mask, samples.has_stop, samples.logprobs)
+        return {
+            "request": request,
+            "samples": [t.cpu() for t in tensors],
+            "version": generated.version,
+            "seconds": generated.seconds,
+        }
+
+    def loaded_generation(self, saved: dict[str, Any]) -> Generated:
+        ids, mask, has_stop, logprobs = (t.to(self.maker.accelerator.device) for t in saved["samples"])
+        samples = Samples(ids, mask, has_stop, logprobs=logprobs, seconds=saved["seconds"])
+        return Generated(samples, saved["version"], seconds=saved["seconds"])
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+class OverlappedRollouts(AheadOfTraining):
+    """
+    The queue of whole-response generations ahead of training (`max_staleness` of them), and the rollouts made from
+    them. Args as [`AheadOfTraining`]'s, and `max_staleness` and the HF `generation_config` of training rollouts.
+    """
+
+    def __init__(self, maker, worker, policy, *, max_staleness: int, generation_config, seed: int, rank: int = 0):
+        super().__init__(maker, worker, policy, seed=seed, rank=rank)
+        self.max_staleness = max_staleness
+        self.generation_config = generation_config
         self.queue: collections.deque[Prefetched] = collections.deque()
 
     def fill(self, draw: Callable[[], list[dict[str, Any]]]) -> None:
@@ -135,10 +207,7 @@ class OverlappedRollouts:
         while len(self.queue) < self.max_staleness + 1:
             rows = draw()
             query_ids, query_mask = self.maker.tokenize_prompts(self.maker.prompt_texts(rows))
-            request = self.worker.submitted
-            self.worker.submit(
-                query_ids, query_mask, self.generation_config, seed=request_seed(self.seed, request, self.rank)
-            )
+            request = self.submit(query_ids, query_mask, self.generation_config)
             self.queue.append(Prefetched(rows, query_ids, query_mask=query_mask, request=request))
 
     def make(
@@ -148,9 +217,7 @@ class OverlappedRollouts:
         rollout with the trainer's current weights."""
         self.fill(draw)
         batch = self.queue.popleft()
-        start = time.perf_counter()
-        generated = batch.generated if batch.generated is not None else self.worker.result(batch.request)
-        wait = time.perf_counter() - start
+        generated, wait = self.take(batch.request, batch.generated)
         samples = generated.samples
         which = torch.ones(len(batch.rows), dtype=torch.bool, device=samples.response_ids.device)
         scored = self.maker.score_samples(
@@ -158,18 +225,7 @@ class OverlappedRollouts:
         )
         rollout, work = self.maker.complete(batch.rows, scored, train_policy)
         generation = GenerationStats(generated.seconds, samples.num_tokens, None)
-        overlap = OverlapStats(
-            staleness=self.worker.version - generated.version,
-            wait_seconds=wait,
-            sampler_idle_seconds=generated.idle_seconds,
-            push_seconds=self.worker.push_seconds,
-            in_flight=len(self.queue),
-        )
-        return rollout, RolloutStats(generation, work, overlap=overlap)
-
-    def push_weights(self) -> None:
-        """The policy changed: generations submitted from now on sample from its new weights."""
-        self.worker.push_weights(policy_state_dict(self.policy()))
+        return rollout, RolloutStats(generation, work, overlap=self.stats(generated, wait, in_flight=len(self.queue)))
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -178,58 +234,76 @@ class OverlappedRollouts:
         and the worker's counters (requests submitted: the seeds go on from there; weights pushed)."""
         batches = []
         for batch in self.queue:
-            if batch.generated is None:
-                try:
-                    batch.generated = self.worker.result(batch.request)
-                except SamplerError:  # saving after the worker failed: what it did not return is not saved
-                    logger.warning(
-                        f"The rollout worker failed: {len(self.queue) - len(batches)} generations queued ahead are not "
-                        "saved; a resumed run skips their prompts."
-                    )
-                    break
-            samples = batch.generated.samples
-            batches.append(
-                {
-                    "rows": batch.rows,
-                    "query_ids": batch.query_ids.cpu(),
-                    "query_mask": batch.query_mask.cpu(),
-                    "request": batch.request,
-                    "samples": [t.cpu() for t in (samples.response_ids, samples.response_mask, samples.has_stop)]
-                    + [samples.logprobs.cpu()],
-                    "version": batch.generated.version,
-                    "seconds": batch.generated.seconds,
-                }
-            )
+            batch.generated = self.received(batch.request, batch.generated)  # kept: this run trains it later
+            if batch.generated is None:  # a resumed run skips the prompts of what the failed worker did not return
+                break
+            saved = self.saved_generation(batch.request, batch.generated)
+            saved.update(rows=batch.rows, query_ids=batch.query_ids.cpu(), query_mask=batch.query_mask.cpu())
+            batches.append(saved)
         return {"batches": batches, **self.worker.state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the queue and the worker's counters; the worker gets the policy's weights (the checkpoint's) under
-        the saved version."""
+        """Restore the queue and the worker (see [`AheadOfTraining.restore_worker`])."""
         if "batches" not in state:
             raise ValueError(
-                "This checkpoint's rollouts in flight are a generation window's pool, and this run overlaps "
-                "generation (max_staleness > 0): resume it with its own settings."
+                "This checkpoint's rollouts in flight are not whole-response generations queued ahead (another "
+                "generation_window or max_staleness): resume it with its own settings."
             )
+        self.restore_worker(state)
         device = self.maker.accelerator.device
-        self.worker.submitted = state["submitted"]
-        self.worker.version = state["version"] - 1
-        self.worker.push_weights(
-            policy_state_dict(self.policy())
-        )  # the weights the worker had at the save: the checkpoint's
         self.queue.clear()
         for batch in state["batches"]:
-            ids, mask, has_stop, logprobs = (t.to(device) for t in batch["samples"])
-            samples = Samples(ids, mask, has_stop, logprobs=logprobs, seconds=batch["seconds"])
-            generated = Generated(samples, batch["version"], seconds=batch["seconds"])
             self.queue.append(
                 Prefetched(
                     batch["rows"],
                     batch["query_ids"].to(device),
                     query_mask=batch["query_mask"].to(device),
                     request=batch["request"],
-                    generated=generated,
+                    generated=self.loaded_generation(batch),
                 )
             )
 
-    def close(self) -> None:
-        self.worker.close()
+
+class WindowAhead(AheadOfTraining):
+    """
+    Generation windows with one-step-off overlap (`generation_window` with `max_staleness=1`): the next window of the
+    pool, sampled by the worker while this update trains. The next window's contexts are known once this window's
+    finished responses left the pool and fresh prompts took their slots, before the update's step: so the worker
+    samples window k+1 with the weights before update k, and it is trained one update later (a window's age is 1).
+    """
+
+    def __init__(self, maker, worker, policy, *, temperature: float, seed: int, rank: int = 0):
+        super().__init__(maker, worker, policy, seed=seed, rank=rank)
+        self.temperature = temperature
+        self.pending: tuple[int, Generated | None] | None = (
+            None  # the next window's request, and its samples once saved
+        )
+
+    def submit_window(self, context_ids: torch.Tensor, context_mask: torch.Tensor, budget: int) -> None:
+        """Queue the pool's next window (at most `budget` new tokens per response)."""
+        config = self.maker.sampler.generation_config(False, self.temperature, budget)
+        self.pending = (self.submit(context_ids, context_mask, config), None)
+
+    def take_window(self) -> tuple[Generated, float]:
+        request, generated = self.pending
+        self.pending = None
+        return self.take(request, generated)
+
+    def state_dict(self) -> dict[str, Any]:
+        saved = None
+        if self.pending is not None:
+            request, generated = self.pending
+            generated = self.received(request, generated)
+            self.pending = (request, generated)  # kept: this run trains it at the next update
+            saved = None if generated is None else self.saved_generation(request, generated)
+        return {"ahead": saved, **self.worker.state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "ahead" not in state:
+            raise ValueError(
+                "This checkpoint's rollouts in flight are not a generation window's with overlap (another "
+                "generation_window or max_staleness): resume it with its own settings."
+            )
+        self.restore_worker(state)
+        saved = state["ahead"]
+        self.pending = None if saved is None else (saved["request"], self.loaded_generation(saved))

@@ -13,6 +13,7 @@ from ..algo.gae import last_valid_values
 from ..parallel.collectives import max_across_processes
 from ..sampling.seam import Samples, unpadded_prompts
 from .maker import GenerationStats, RolloutMaker, RolloutStats
+from .overlap import WindowAhead
 from .types import Rollout
 from .windows import ResponsePool, left_pad, right_pad
 
@@ -24,6 +25,7 @@ def make_window(
     draw: Callable[[], list[dict[str, Any]]],
     train_policy: bool = True,
     trainer_state=None,
+    ahead: WindowAhead | None = None,
 ) -> tuple[Rollout, RolloutStats]:
     """
     One generation window (`generation_window`): refill the pool's free slots with the next prompts (`draw` gives the
@@ -34,18 +36,24 @@ def make_window(
 
     With a window as long as `response_length` every response starts and finishes in one update, and the rollout is
     the one [`~rollout.maker.RolloutMaker.make`] makes from the same prompts, bit for bit.
+
+    `ahead` (`max_staleness=1`): a rollout worker samples the windows; this one was submitted at the end of the last
+    update (or now, at the first), and the next one is submitted once this one's finished responses left the pool.
     """
     device = maker.accelerator.device
     pad = maker.tokenizer.pad_token_id
-    pool.refill(draw, lambda rows: prompt_ids(maker, rows))
-    context_ids, context_mask = pool.contexts(pad, device)
-    # One budget on every process: generation is collective under ZeRO-3 (sharded weights, or one gather per call).
-    budget, max_across = pool.budget(), max_across_processes(maker.accelerator)
-    if max_across is not None:
-        budget = max_across([budget])[0]
-    samples = maker.sampler.generate(
-        context_ids, context_mask, False, temperature=maker.settings.temperature, max_new_tokens=budget
-    )
+    overlap = None
+    if ahead is not None:  # the worker sampled this window while the last update trained (or samples it now)
+        if ahead.pending is None:
+            context_ids, context_mask, budget = next_window(maker, pool, draw=draw)
+            ahead.submit_window(context_ids, context_mask, budget=budget)
+        generated, wait = ahead.take_window()
+        samples = generated.samples
+    else:
+        context_ids, context_mask, budget = next_window(maker, pool, draw=draw)
+        samples = maker.sampler.generate(
+            context_ids, context_mask, False, temperature=maker.settings.temperature, max_new_tokens=budget
+        )
     step = pool.advance(samples)
     slots = pool.slots
     query_ids, query_mask = left_pad([slot.prompt_ids for slot in slots], pad, device)
@@ -69,8 +77,26 @@ def make_window(
     window_mask = response_mask & (positions >= torch.tensor(step.starts, device=device).unsqueeze(1))
     rollout, work = maker.complete(rows, scored, train_policy, window=(window_mask, finished))
     step = dataclasses.replace(step, in_flight=pool.release(step.finished))
+    if ahead is not None:  # the next window's contexts are known now: the worker samples it while this update trains
+        context_ids, context_mask, budget = next_window(maker, pool, draw=draw)
+        ahead.submit_window(context_ids, context_mask, budget=budget)
+        overlap = ahead.stats(generated, wait, in_flight=1)
     generation = GenerationStats(samples.seconds, step.new_tokens, getattr(maker.sampler, "sync_seconds", None))
-    return rollout, RolloutStats(generation, work, window=step)
+    return rollout, RolloutStats(generation, work, window=step, overlap=overlap)
+
+
+def next_window(
+    maker: RolloutMaker, pool: ResponsePool, draw: Callable[[], list[dict[str, Any]]]
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Refill the pool's free slots and give its next window: each slot's context (prompt and response so far,
+    left-padded) and the new tokens to decode, one budget on every process (generation is collective under ZeRO-3:
+    sharded weights, or one gather per call)."""
+    pool.refill(draw, lambda rows: prompt_ids(maker, rows))
+    context_ids, context_mask = pool.contexts(maker.tokenizer.pad_token_id, maker.accelerator.device)
+    budget, max_across = pool.budget(), max_across_processes(maker.accelerator)
+    if max_across is not None:
+        budget = max_across([budget])[0]
+    return context_ids, context_mask, budget
 
 
 def prompt_ids(maker: RolloutMaker, rows: list[dict[str, Any]]) -> list[list[int]]:

@@ -164,7 +164,8 @@ class RolloutWorker:
         with main_module_hidden():
             self.process.start()
         self.start_seconds = time.perf_counter() - start
-        self.ready: dict[int, Generated] = {}
+        self.ready: dict[int, Generated] = {}  # received, not taken yet
+        self.taken: set[int] = set()
 
     def submit(self, query_ids: torch.Tensor, query_mask: torch.Tensor, config: GenerationConfig, seed: int) -> int:
         """Queue one generation (sampled from the weights pushed before it); returns its request number."""
@@ -193,6 +194,8 @@ class RolloutWorker:
 
     def result(self, request: int) -> Generated:
         """The samples of a submitted request (waiting for them); a dead or failing worker raises `SamplerError`."""
+        if request in self.taken or request >= self.submitted:  # would wait forever
+            raise RuntimeError(f"Generation {request} was already taken, or never submitted.")
         while request not in self.ready:
             try:
                 message = self.results.get(timeout=POLL_SECONDS)
@@ -216,6 +219,7 @@ class RolloutWorker:
             )
             samples.seconds = seconds
             self.ready[number] = Generated(samples, version, seconds, idle_seconds=idle)
+        self.taken.add(request)
         return self.ready.pop(request)
 
     def close(self) -> None:

@@ -382,6 +382,7 @@ class PPOTrainer(_BaseTrainer):
                 draw=self.prompts.draw,
                 train_policy=train_policy,
                 trainer_state=self.state,
+                ahead=self.rollout_overlap,
             )
         elif self.rollout_overlap is not None:
             rollout, made = self.rollout_overlap.make(self.prompts.draw, train_policy, trainer_state=self.state)

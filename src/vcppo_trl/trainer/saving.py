@@ -42,7 +42,7 @@ from ..config.ppo import PPOConfig
 from ..learner.optimizers import split_by_role
 from ..models.value_model import save_value_model as write_value_model
 from ..parallel.collectives import gathered_state_dict
-from ..rollout.overlap import OverlappedRollouts
+from ..rollout.overlap import AheadOfTraining
 from ..rollout.windows import ResponsePool
 from .console import no_nested_progress_bars
 
@@ -199,7 +199,7 @@ def restore_training_state(trainer, resume: ResumePoint) -> int:
     trainer.learner.nonfinite_steps_in_a_row = saved["nonfinite_steps_in_a_row"]
     trainer.restore_phase_state(saved)
     pool_batches = load_rollout_pool(
-        trainer.response_pool or trainer.rollout_overlap,
+        [h for h in (trainer.response_pool, trainer.rollout_overlap) if h is not None],
         resume.path,
         rank=accelerator.process_index,
         world=accelerator.num_processes,
@@ -215,15 +215,15 @@ def restore_training_state(trainer, resume: ResumePoint) -> int:
 
 
 def load_rollout_pool(
-    pool: ResponsePool | OverlappedRollouts | None, checkpoint: str, rank: int, world: int = 1
+    holders: list[ResponsePool | AheadOfTraining], checkpoint: str, rank: int, world: int = 1
 ) -> int | None:
     """Restore this process's rollouts in flight: the in-flight responses of a `generation_window` run, or the
     generations a rollout worker ran ahead (`max_staleness`), so that the run continues them; return the prompt
     batches this process had drawn (a pool refills at its own pace, so the count differs per process; `None` when
-    nothing is restored). None saved: the pool starts empty; saved but this run has neither (`pool` is None): they
-    are dropped, and their prompts are not drawn again. Both say so."""
+    nothing is restored). `holders`: this run's pool and worker queue, those it has. None saved: they start empty;
+    saved but this run has neither: they are dropped, and their prompts are not drawn again. Both say so."""
     path = rollout_pool_file(checkpoint, rank)
-    if pool is None:
+    if not holders:
         if os.path.exists(path):
             logger.warning(
                 f"{checkpoint} holds rollouts in flight (generation_window or max_staleness); this run has neither, so "
@@ -241,7 +241,8 @@ def load_rollout_pool(
         logger.warning(f"{checkpoint} holds no rollouts in flight: the pool (or the worker's queue) starts empty.")
         return None
     state = torch.load(path, weights_only=False)  # this package's own file: rows are Python objects
-    pool.load_state_dict(state)
+    for holder in holders:
+        holder.load_state_dict(state)
     return state.get("batches_consumed")
 
 
@@ -259,8 +260,10 @@ def save_trainer_checkpoint(trainer, run_dir: str) -> str:
         callbacks=trainer.callback_handler.callbacks,
         batches_consumed=trainer.batches_consumed,
     )
-    in_flight = trainer.response_pool or trainer.rollout_overlap
-    pool = None if in_flight is None else in_flight.state_dict() | {"batches_consumed": trainer.batches_consumed}
+    pool = None
+    for in_flight in (trainer.response_pool, trainer.rollout_overlap):
+        if in_flight is not None:
+            pool = (pool or {"batches_consumed": trainer.batches_consumed}) | in_flight.state_dict()
     return write_checkpoint(trainer, run_dir, resume_state, rollout_pool=pool)
 
 

@@ -518,3 +518,14 @@ def test_overlap_under_zero3_gathers_the_policy_for_its_workers(tmp_path):
     assert [m["sampling/staleness_max"] for m in r0["metrics"]] == [0.0, 0.0, 1.0, 1.0]
     # The worker sampled from the weights the trainer had: at staleness 0 its log-probs match the training forward's.
     assert r0["metrics"][1]["sampling/sampling_logp_difference/max"] < 1e-4
+
+
+def test_windows_with_overlap_on_two_ranks(tmp_path):
+    """`generation_window` with `max_staleness=1` under DDP: each rank's worker samples its pool's next window while
+    the update trains; the ranks end with the same weights."""
+    overrides = {"generation_window": 4, "max_staleness": 1, "total_episodes": 48}
+    r0, r1 = _launch(tmp_path, TORCHRUN, extra_env=CPU, worker_args=[json.dumps(overrides)])
+    assert r0["global_step"] == r1["global_step"] == 4
+    assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])
+    assert [m["sampling/staleness_max"] for m in r0["metrics"]] == [0.0, 0.0, 1.0, 1.0]
+    assert all(m["rollout/window_tokens"] > 0 for m in r0["metrics"])
