@@ -413,11 +413,11 @@ def run_windows_side(
     """
     import windows  # benchmarks/windows.py
     from datasets import Dataset
-    from step_ours import first_letter_reward
+    from step_ours import first_letter_reward, vcppo_update_config
     from step_setup import EOS_ID, PROMPT_LENGTH, build_tokenizer, prompt_ids, prompt_texts
     from transformers import LogitsProcessorList, Qwen2Config, Qwen2ForCausalLM
 
-    from vcppo_trl import VCPPOConfig, VCPPOTrainer
+    from vcppo_trl import VCPPOTrainer
 
     batch, seed = windows.BATCH, 0
     baseline = peak_reset(device)
@@ -442,34 +442,19 @@ def run_windows_side(
     policy.generate = lambda *args, **kwargs: original(*args, logits_processor=processors, **kwargs)
     budget = 2 * (PROMPT_LENGTH + response_length)  # windows.py's: two full-length sequences per forward
     with tempfile.TemporaryDirectory() as output_dir:
-        args = VCPPOConfig(
-            output_dir=output_dir,
-            per_device_train_batch_size=batch,
-            gradient_accumulation_steps=1,
-            num_mini_batches=1,
-            num_ppo_epochs=1,
-            local_rollout_forward_batch_size=batch,
-            total_episodes=batch * (warmup + updates),
+        args = vcppo_update_config(
+            output_dir,
+            batch=batch,
             response_length=response_length,
+            updates=warmup + updates,
+            seed=seed,
             generation_window=window,
             max_tokens_per_micro_batch=budget,
             max_tokens_per_forward=budget,
-            temperature=0.7,
             learning_rate=1e-6,
-            kl_coef=0.0,
-            lam_actor=0.95,
-            lam_critic=1.0,
-            value_pretrain_steps=0,
-            on_policy_shortcut=True,
-            num_sample_generations=0,
             bf16=False,  # the weights are bf16 themselves, as in the other rows
             activation_checkpointing=True,
-            logging_steps=1,
-            report_to="none",
-            save_strategy="no",
-            disable_tqdm=True,
             use_cpu=device.type == "cpu",
-            seed=seed,
         )
         collect = windows.Collect()
         trainer = VCPPOTrainer(

@@ -32,61 +32,30 @@ sys.path.insert(0, HERE)
 
 import step_setup  # noqa: E402
 import torch  # noqa: E402
-from transformers import TrainerCallback  # noqa: E402
+from windows import Collect  # noqa: E402
 
 BATCH = 8
 
 
-class Collect(TrainerCallback):
-    """Wall time between update ends, and each update's metrics."""
-
-    def __init__(self):
-        self.metrics = []
-        self.marks = [time.perf_counter()]
-
-    def on_step_end(self, args, state, control, metrics=None, **kwargs):
-        self.marks.append(time.perf_counter())
-        self.metrics.append(dict(metrics or {}))
-
-
 def run_side(response_length: int, max_staleness: int, updates: int, warmup: int, seed: int = 0) -> dict:
     from datasets import Dataset
-    from step_ours import first_letter_reward
+    from step_ours import first_letter_reward, vcppo_update_config
 
-    from vcppo_trl import VCPPOConfig, VCPPOTrainer
+    from vcppo_trl import VCPPOTrainer
 
     tokenizer = step_setup.build_tokenizer()
     policy, _, _ = step_setup.build_models(response_length, seed)  # no stop token in the vocabulary: full length
     num_prompts = BATCH * (warmup + updates + max_staleness)
     dataset = Dataset.from_dict({"prompt": step_setup.prompt_texts(num_prompts, seed)})
     with tempfile.TemporaryDirectory() as output_dir:
-        config = VCPPOConfig(
-            output_dir=output_dir,
-            per_device_train_batch_size=BATCH,
-            gradient_accumulation_steps=1,
-            num_mini_batches=1,
-            num_ppo_epochs=1,
-            local_rollout_forward_batch_size=BATCH,
-            total_episodes=BATCH * (warmup + updates),
+        config = vcppo_update_config(
+            output_dir,
+            batch=BATCH,
             response_length=response_length,
+            updates=warmup + updates,
+            seed=seed,
             max_staleness=max_staleness,
             rollout_worker_threads=1,
-            temperature=0.7,
-            learning_rate=1e-5,
-            kl_coef=0.0,
-            lam_actor=0.95,
-            lam_critic=1.0,
-            value_pretrain_steps=0,
-            on_policy_shortcut=True,
-            num_sample_generations=0,
-            bf16=False,
-            activation_checkpointing=False,
-            logging_steps=1,
-            report_to="none",
-            save_strategy="no",
-            disable_tqdm=True,
-            use_cpu=True,
-            seed=seed,
         )
         collect = Collect()
         trainer = VCPPOTrainer(

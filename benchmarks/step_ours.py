@@ -33,6 +33,43 @@ def first_letter_reward(completions, **kwargs):
     return [1.0 if c and c[0] < step_setup.ALPHABET[len(step_setup.ALPHABET) // 2] else -1.0 for c in completions]
 
 
+def vcppo_update_config(
+    output_dir: str, *, batch: int, response_length: int, updates: int, seed: int = 0, **overrides
+):
+    """The VC-PPO update that windows.py, overlap.py and gpu_check.py's windows row time: `batch` responses in one
+    mini-batch and epoch, `updates` updates, KL 0, λ_actor 0.95 / λ_critic 1, no value pretraining, the on-policy
+    shortcut, no logging or saving, on the CPU; `overrides` on top (a window, a token budget, the device, ...)."""
+    from vcppo_trl import VCPPOConfig
+
+    settings = dict(
+        output_dir=output_dir,
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=1,
+        num_mini_batches=1,
+        num_ppo_epochs=1,
+        local_rollout_forward_batch_size=batch,
+        total_episodes=batch * updates,
+        response_length=response_length,
+        temperature=0.7,
+        learning_rate=1e-5,
+        kl_coef=0.0,
+        lam_actor=0.95,
+        lam_critic=1.0,
+        value_pretrain_steps=0,
+        on_policy_shortcut=True,
+        num_sample_generations=0,
+        bf16=False,
+        activation_checkpointing=False,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        use_cpu=True,
+        seed=seed,
+    )
+    return VCPPOConfig(**(settings | overrides))
+
+
 def run(
     response_length: int,
     batch_size: int = 8,

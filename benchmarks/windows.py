@@ -88,8 +88,9 @@ def run_ours(
     response_length: int, window: int | None, updates: int, warmup: int, budget: bool = False, seed: int = 0
 ) -> dict:
     from datasets import Dataset
+    from step_ours import first_letter_reward, vcppo_update_config
 
-    from vcppo_trl import VCPPOConfig, VCPPOTrainer
+    from vcppo_trl import VCPPOTrainer
 
     tokenizer = step_setup.build_tokenizer()
     policy, _, _ = step_setup.build_models(response_length, seed, stop_token_in_vocab=True)
@@ -104,37 +105,18 @@ def run_ours(
     policy.generate = generate
     dataset = Dataset.from_dict({"prompt": step_setup.prompt_texts(num_prompts, seed)})
     with tempfile.TemporaryDirectory() as output_dir:
-        config = VCPPOConfig(
-            output_dir=output_dir,
-            per_device_train_batch_size=BATCH,
-            gradient_accumulation_steps=1,
-            num_mini_batches=1,
-            num_ppo_epochs=1,
-            local_rollout_forward_batch_size=BATCH,
-            total_episodes=BATCH * (warmup + updates),
+        budget_tokens = 2 * (step_setup.PROMPT_LENGTH + response_length)  # step_lengths.py's token budget
+        config = vcppo_update_config(
+            output_dir,
+            batch=BATCH,
             response_length=response_length,
-            generation_window=window,
-            # The token budget of step_lengths.py: two full-length sequences per forward, the short ones grouped.
-            max_tokens_per_micro_batch=2 * (step_setup.PROMPT_LENGTH + response_length) if budget else None,
-            temperature=0.7,
-            learning_rate=1e-5,
-            kl_coef=0.0,
-            lam_actor=0.95,
-            lam_critic=1.0,
-            value_pretrain_steps=0,
-            on_policy_shortcut=True,
-            num_sample_generations=0,
-            bf16=False,
-            activation_checkpointing=False,
-            logging_steps=1,
-            report_to="none",
-            save_strategy="no",
-            disable_tqdm=True,
-            use_cpu=True,
+            updates=warmup + updates,
             seed=seed,
+            generation_window=window,
+            # Two full-length sequences per forward, the short ones grouped.
+            max_tokens_per_micro_batch=budget_tokens if budget else None,
         )
         collect = Collect()
-        from step_ours import first_letter_reward
 
         trainer = VCPPOTrainer(
             model=policy,

@@ -52,6 +52,27 @@ def length_reward(completions, **kwargs):
     return [1.0 if len(c) < 10 else -1.0 for c in completions]
 
 
+def fresh_trainer(tokenizer, toy_splits, tiny_config, **overrides):
+    """A `VCPPOTrainer` on the tiny toy policy (seed 0), `length_reward` and the toy's training split, with
+    `tiny_config(**overrides)`."""
+    from vcppo_trl import VCPPOTrainer
+    from vcppo_trl.toy.model import build_tiny_model
+
+    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    return VCPPOTrainer(
+        model=policy,
+        reward_funcs=length_reward,
+        args=tiny_config(**overrides),
+        train_dataset=toy_splits["train"],
+        processing_class=tokenizer,
+    )
+
+
+def weights(trainer) -> list:
+    """Copies of the trainer's parameters (policy and critic)."""
+    return [p.detach().clone() for p in trainer.model.parameters()]
+
+
 TIMING_KEYS = ("train_runtime",)  # and every `time/...` key
 
 

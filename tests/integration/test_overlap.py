@@ -8,25 +8,7 @@ import torch
 
 from vcppo_trl.sampling.seam import SamplerError
 
-from ..conftest import length_reward, step_logs
-
-
-def fresh_trainer(tokenizer, toy_splits, tiny_config, **overrides):
-    from vcppo_trl import VCPPOTrainer
-    from vcppo_trl.toy.model import build_tiny_model
-
-    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
-    return VCPPOTrainer(
-        model=policy,
-        reward_funcs=length_reward,
-        args=tiny_config(**overrides),
-        train_dataset=toy_splits["train"],
-        processing_class=tokenizer,
-    )
-
-
-def weights(trainer) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in trainer.model.parameters()]
+from ..conftest import fresh_trainer, step_logs, weights
 
 
 def prompts(tokenizer, n=4):

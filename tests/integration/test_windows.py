@@ -11,7 +11,7 @@ import torch
 from vcppo_trl.rollout.windows import ResponsePool
 from vcppo_trl.sampling.seam import Samples, truncate_at_stop
 
-from ..conftest import length_reward, step_logs
+from ..conftest import fresh_trainer, step_logs, weights
 
 STOP, PAD = 2, 0
 
@@ -53,24 +53,6 @@ def test_pool_continues_responses_and_finishes_them_only_at_a_stop_or_the_length
 def test_a_window_of_zero_tokens_is_refused():
     with pytest.raises(ValueError, match="generation_window must be at least 1"):
         ResponsePool(2, window=0, response_length=4)
-
-
-def fresh_trainer(tokenizer, toy_splits, tiny_config, **overrides):
-    from vcppo_trl import VCPPOTrainer
-    from vcppo_trl.toy.model import build_tiny_model
-
-    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
-    return VCPPOTrainer(
-        model=policy,
-        reward_funcs=length_reward,
-        args=tiny_config(**overrides),
-        train_dataset=toy_splits["train"],
-        processing_class=tokenizer,
-    )
-
-
-def weights(trainer) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in trainer.model.parameters()]
 
 
 def test_a_window_as_long_as_the_response_reproduces_the_whole_response_run(tokenizer, toy_splits, tiny_config):
