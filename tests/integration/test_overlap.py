@@ -70,6 +70,21 @@ def test_a_dead_worker_stops_training_with_a_sampler_error(tokenizer, tiny_polic
     worker.close()
 
 
+def test_a_worker_that_cannot_start_says_why(tokenizer, tiny_policy):
+    from transformers import GenerationConfig
+
+    from vcppo_trl.sampling.worker import RolloutWorker
+
+    worker = RolloutWorker(  # no CUDA device here: the worker's copy of the policy cannot move there
+        tiny_policy, stop_token_ids=[tokenizer.eos_token_id], chunk_size=2, device=torch.device("cuda", 7)
+    )
+    ids, mask = prompts(tokenizer)
+    request = worker.submit(ids, mask, GenerationConfig(max_new_tokens=4, pad_token_id=0), seed=0)
+    with pytest.raises(SamplerError, match="failed to start"):
+        worker.result(request)
+    worker.close()
+
+
 def test_one_step_off_training_trains_each_batch_one_update_after_the_weights_that_sampled_it(
     tokenizer, toy_splits, tiny_config
 ):
@@ -113,7 +128,7 @@ def test_a_resumed_overlapped_run_equals_the_uninterrupted_one(tokenizer, toy_sp
         (dict(max_staleness=-1), "must be 0"),
         (dict(max_staleness=2, generation_window=4), "generation_window with max_staleness > 1"),
         (dict(max_staleness=1, dynamic_sampling=True, num_generations=2), "dynamic_sampling"),
-        (dict(max_staleness=1, use_vllm=True), "use_vllm"),
+        (dict(max_staleness=1, use_vllm=True, vllm_mode="server"), "vllm_mode='server'"),
     ],
 )
 def test_what_overlap_does_not_support_yet_is_refused_with_the_reason(tiny_config, overrides, match):
@@ -147,7 +162,6 @@ def test_a_pushed_lora_policy_samples_in_the_worker_as_it_does_here(tokenizer, t
     from peft import LoraConfig, get_peft_model
     from transformers import GenerationConfig
 
-    from vcppo_trl.rollout.overlap import policy_state_dict
     from vcppo_trl.sampling.hf import sample_with_policy
     from vcppo_trl.sampling.worker import RolloutWorker
 
@@ -163,7 +177,7 @@ def test_a_pushed_lora_policy_samples_in_the_worker_as_it_does_here(tokenizer, t
             for name, param in policy.named_parameters():
                 if "lora_B" in name:
                     param.add_(0.5)  # the adapter moves (B starts at 0)
-        worker.push_weights(policy_state_dict(policy))
+        worker.push_weights(policy.state_dict())
         generated = worker.result(worker.submit(ids, mask, config, seed=7))
     finally:
         worker.close()

@@ -236,6 +236,40 @@ def test_generation_windows_continue_vllm_responses_with_the_samplers_logprobs(v
         assert not rollout.sampler_logprobs[~rollout.response_mask].any()
 
 
+def test_one_step_off_overlap_samples_in_a_vllm_worker_of_its_own(vllm_trainer):
+    """`max_staleness=1` with vLLM: a worker process runs its own engine (started from the pushed weights), each batch
+    is trained one update after the weights that sampled it, with vLLM's log-probs as the behaviour policy; two runs
+    are identical (a seed per prompt, derived from its request's)."""
+    from ..conftest import step_logs, weights
+
+    runs = []
+    for _ in range(2):
+        trainer = vllm_trainer(max_staleness=1, value_pretrain_steps=1, total_episodes=64)
+        trainer.train()
+        assert trainer.rollout_overlap.worker.name == "vllm-worker"
+        assert not trainer.rollout_overlap.worker.process.is_alive()  # stopped with training
+        runs.append((step_logs(trainer), weights(trainer)))
+    logs = runs[0][0]
+    assert [logs[s]["sampling/staleness_max"] for s in sorted(logs)] == [0.0, 0.0, 1.0, 1.0, 1.0]
+    assert logs[2]["sampling/sampling_logp_difference/max"] < LOGPROB_TOLERANCE  # same weights: vLLM's are exact
+    assert logs[3]["sampling/sampling_logp_difference/max"] > 1e-3  # one update apart: the weights moved
+    assert runs[0][0] == runs[1][0]
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
+
+
+def test_windows_with_one_step_off_overlap_on_a_vllm_worker(vllm_trainer):
+    """`generation_window` with `max_staleness=1` on vLLM: the worker's engine continues the pool's responses from
+    their token ids, one window ahead of training."""
+    from ..conftest import step_logs
+
+    trainer = vllm_trainer(generation_window=4, max_staleness=1, value_pretrain_steps=1, total_episodes=64)
+    trainer.train()
+    logs = step_logs(trainer)
+    assert [logs[s]["sampling/staleness_max"] for s in sorted(logs)][2:] == [1.0, 1.0, 1.0]
+    assert any(logs[s]["rollout/in_flight"] > 0 for s in logs)
+    assert logs[2]["sampling/sampling_logp_difference/max"] < LOGPROB_TOLERANCE
+
+
 def test_every_vapo_option_trains_on_vllm_rollouts(vllm_trainer):
     from .test_trainer import VAPO_OPTIONS, check_vapo_run
 
@@ -330,7 +364,7 @@ def test_context_too_short_is_refused_before_training(vllm_trainer):
 
 def test_a_model_vllm_cannot_load_is_a_clear_error(tokenizer):
     from vcppo_trl.sampling.seam import SamplerError
-    from vcppo_trl.sampling.vllm_samplers import _start_engine
+    from vcppo_trl.sampling.vllm_samplers import start_engine
 
     config = _wide_policy(tokenizer).config
     config.architectures = ["NoSuchModelForCausalLM"]
@@ -338,7 +372,7 @@ def test_a_model_vllm_cannot_load_is_a_clear_error(tokenizer):
         dtype="float32", max_model_len=64, gpu_memory_utilization=0.3, enable_sleep_mode=False, model_impl="vllm"
     )
     with pytest.raises(SamplerError, match=r"(?s)could not start an engine.*NoSuchModelForCausalLM.*use_vllm=False"):
-        _start_engine(config, args, seed=0)
+        start_engine(config, args, seed=0)
 
 
 def test_multi_process_colocate_on_cpu_is_refused(tokenizer):

@@ -130,8 +130,9 @@ class PPOConfig(_BaseConfig):
             overlap: a worker process samples update k+1's batch with the weights before update k while update k
             trains; `s`: `s` batches ahead, each trained at most `s` policy updates after the weights that sampled it.
             Values, old and reference log-probs are computed by the trainer when a batch is consumed, and the
-            sampler's log-probs weight the policy loss (`vllm_importance_sampling_*`). HF sampler; one worker per
-            process (DDP and ZeRO-3 too). With `generation_window`, 1 at most: the worker samples the pool's next
+            sampler's log-probs weight the policy loss (`vllm_importance_sampling_*`). One worker per process (DDP and
+            ZeRO-3 too), sampling with HF `generate`, or with a vLLM engine of its own under `use_vllm` (colocate
+            mode). With `generation_window`, 1 at most: the worker samples the pool's next
             window while the update trains. See docs/rollout_windows.md.
         rollout_worker_threads (`int`, defaults to `1`): Torch threads of the rollout worker process
             (`max_staleness` > 0); on a CPU host, the cores left beside the trainer's.
@@ -691,7 +692,11 @@ class PPOConfig(_BaseConfig):
         if self.max_staleness == 0:
             return
         refused = {  # what, and why
-            "use_vllm": (self.use_vllm, "the rollout worker samples with HF generate; a vLLM worker is not built yet"),
+            "vllm_mode='server'": (
+                self.use_vllm and self.vllm_mode == "server",
+                "the rollout worker runs an engine of its own (vllm_mode='colocate'); overlapping a vLLM server's "
+                "generation with training is not built yet",
+            ),
             "dynamic_sampling": (self.dynamic_sampling, "its extra rounds would sample with the trainer's weights"),
             "generation_window with max_staleness > 1": (
                 self.generation_window is not None and self.max_staleness > 1,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +25,9 @@ from transformers.utils import logging
 
 from ..parallel.collectives import gathered_state_dict
 from ..sampling.seam import SamplerError, Samples
-from ..sampling.worker import Generated, RolloutWorker
+from ..sampling.vllm_checks import named_policy_weights
+from ..sampling.vllm_samplers import VLLMColocateSampler
+from ..sampling.worker import Generated, RolloutWorker, VLLMEngineSpec
 from .maker import GenerationStats, RolloutMaker, RolloutStats
 from .types import OverlapStats, Rollout
 
@@ -51,33 +54,48 @@ def request_seed(seed: int, request: int, rank: int = 0) -> int:
 def overlapped_rollouts(
     args, maker: RolloutMaker, policy: Callable[[], torch.nn.Module]
 ) -> OverlappedRollouts | WindowAhead | None:
-    """The overlap of `args.max_staleness` (`None` at 0): a rollout worker started on a copy of the whole policy, one
-    per training process (each samples its own prompts; under ZeRO-3 the copy and every push gather the shards). HF
-    sampler (the config refuses vLLM)."""
+    """The overlap of `args.max_staleness` (`None` at 0): a rollout worker per training process (each samples its own
+    prompts), with the trainer's sampler's engine: HF `generate` on a copy of the whole policy (under ZeRO-3 the copy
+    and every push gather the shards), or a vLLM engine of its own beside the colocate sampler's (`use_vllm`; the
+    config refuses server mode)."""
     if args.max_staleness == 0:
         return None
-    accelerator = maker.accelerator
-    worker = RolloutWorker(
-        whole_policy(policy()),
-        stop_token_ids=maker.stop_token_ids,
-        chunk_size=maker.sampler.chunk_size,
-        device=accelerator.device,
-        num_threads=args.rollout_worker_threads,
+    accelerator, sampler = maker.accelerator, maker.sampler
+    common = dict(
+        stop_token_ids=maker.stop_token_ids, device=accelerator.device, num_threads=args.rollout_worker_threads
     )
+    if isinstance(sampler, VLLMColocateSampler):
+        spec = VLLMEngineSpec(
+            sampler.config, sampler.engine_args, seed=sampler.seed, pad_token_id=maker.tokenizer.pad_token_id
+        )
+        worker = RolloutWorker(spec, chunk_size=0, weights=sampler_weights(policy(), sampler), **common)
+        request_config = functools.partial(sampler.sampling_kwargs, False, args.temperature)
+    else:
+        worker = RolloutWorker(whole_policy(policy()), chunk_size=sampler.chunk_size, **common)
+        request_config = functools.partial(sampler.generation_config, False, args.temperature)
     if args.generation_window is not None:
         return WindowAhead(
-            maker, worker, policy, temperature=args.temperature, seed=args.seed, rank=accelerator.process_index
+            maker, worker, policy, request_config=request_config, seed=args.seed, rank=accelerator.process_index
         )
-    config = maker.sampler.generation_config(False, args.temperature)
     return OverlappedRollouts(
         maker,
         worker,
         policy,
         max_staleness=args.max_staleness,
-        generation_config=config,
+        request_config=request_config,
         seed=args.seed,
         rank=accelerator.process_index,
     )
+
+
+def sampler_weights(policy: torch.nn.Module, sampler) -> dict[str, torch.Tensor]:
+    """The weights a worker loads: for a vLLM engine, under the policy's checkpoint names (LoRA merged, as the colocate
+    sampler loads them); for HF, the policy's full state dict (gathered under ZeRO-3: a collective, every process
+    calls it)."""
+    if isinstance(sampler, VLLMColocateSampler):
+        return dict(named_policy_weights(policy, sampler.gather, copy=sampler.copy_weights))
+    full = gathered_state_dict(policy)
+    return policy.state_dict() if full is None else full
 
 
 def whole_policy(policy: torch.nn.Module) -> torch.nn.Module:
@@ -96,12 +114,6 @@ def whole_policy(policy: torch.nn.Module) -> torch.nn.Module:
     return copy
 
 
-def policy_state_dict(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The policy's full state dict (gathered under ZeRO-3: a collective, every process calls it)."""
-    full = gathered_state_dict(policy)
-    return policy.state_dict() if full is None else full
-
-
 class AheadOfTraining:
     """
     What both overlaps share: a rollout worker that samples ahead, the pushes of the trainer's weights to it, the
@@ -111,6 +123,8 @@ class AheadOfTraining:
         maker: The trainer's rollout maker (tokenising, scoring and the no-grad forwards).
         worker: The rollout worker that samples.
         policy: Returns the trainer's policy (unwrapped), whose weights are pushed to the worker.
+        request_config: The worker's sampling settings of a training rollout, given at most how many new tokens
+            (`None`: `response_length`).
         seed: The run's seed (each request's seed derives from it, the request's number and the process).
         rank: This process's index.
     """
@@ -121,12 +135,14 @@ class AheadOfTraining:
         worker: RolloutWorker,
         policy: Callable[[], torch.nn.Module],
         *,
+        request_config: Callable[..., Any],
         seed: int,
         rank: int = 0,
     ):
         self.maker = maker
         self.worker = worker
         self.policy = policy
+        self.request_config = request_config
         self.seed = seed
         self.rank = rank
 
@@ -152,7 +168,7 @@ class AheadOfTraining:
 
     def push_weights(self) -> None:
         """The policy changed: generations submitted from now on sample from its new weights."""
-        self.worker.push_weights(policy_state_dict(self.policy()))
+        self.worker.push_weights(sampler_weights(self.policy(), self.maker.sampler))
 
     def restore_worker(self, state: dict[str, Any]) -> None:
         """The worker's counters as saved, and the policy's weights (the checkpoint's) under the saved version."""
@@ -193,13 +209,12 @@ class AheadOfTraining:
 class OverlappedRollouts(AheadOfTraining):
     """
     The queue of whole-response generations ahead of training (`max_staleness` of them), and the rollouts made from
-    them. Args as [`AheadOfTraining`]'s, and `max_staleness` and the HF `generation_config` of training rollouts.
+    them. Args as [`AheadOfTraining`]'s, and `max_staleness`.
     """
 
-    def __init__(self, maker, worker, policy, *, max_staleness: int, generation_config, seed: int, rank: int = 0):
-        super().__init__(maker, worker, policy, seed=seed, rank=rank)
+    def __init__(self, maker, worker, policy, *, max_staleness: int, request_config, seed: int, rank: int = 0):
+        super().__init__(maker, worker, policy, request_config=request_config, seed=seed, rank=rank)
         self.max_staleness = max_staleness
-        self.generation_config = generation_config
         self.queue: collections.deque[Prefetched] = collections.deque()
 
     def fill(self, draw: Callable[[], list[dict[str, Any]]]) -> None:
@@ -207,7 +222,7 @@ class OverlappedRollouts(AheadOfTraining):
         while len(self.queue) < self.max_staleness + 1:
             rows = draw()
             query_ids, query_mask = self.maker.tokenize_prompts(self.maker.prompt_texts(rows))
-            request = self.submit(query_ids, query_mask, self.generation_config)
+            request = self.submit(query_ids, query_mask, self.request_config())
             self.queue.append(Prefetched(rows, query_ids, query_mask=query_mask, request=request))
 
     def make(
@@ -272,17 +287,15 @@ class WindowAhead(AheadOfTraining):
     samples window k+1 with the weights before update k, and it is trained one update later (a window's age is 1).
     """
 
-    def __init__(self, maker, worker, policy, *, temperature: float, seed: int, rank: int = 0):
-        super().__init__(maker, worker, policy, seed=seed, rank=rank)
-        self.temperature = temperature
+    def __init__(self, maker, worker, policy, *, request_config, seed: int, rank: int = 0):
+        super().__init__(maker, worker, policy, request_config=request_config, seed=seed, rank=rank)
         self.pending: tuple[int, Generated | None] | None = (
             None  # the next window's request, and its samples once saved
         )
 
     def submit_window(self, context_ids: torch.Tensor, context_mask: torch.Tensor, budget: int) -> None:
         """Queue the pool's next window (at most `budget` new tokens per response)."""
-        config = self.maker.sampler.generation_config(False, self.temperature, budget)
-        self.pending = (self.submit(context_ids, context_mask, config), None)
+        self.pending = (self.submit(context_ids, context_mask, self.request_config(budget)), None)
 
     def take_window(self) -> tuple[Generated, float]:
         request, generated = self.pending

@@ -5,9 +5,16 @@ the checks a vLLM engine needs before it starts, and the rollout worker process 
 from .hf import HFSampler, eval_mode, neutralised_generation_fields, sample_with_policy
 from .seam import Sampler, SamplerError, Samples, truncate_at_stop, unpadded_prompts
 from .settings import SamplerSettings
-from .vllm_checks import check_vllm_model, require_vllm, server_base_url, vllm_dtype, vllm_platform_is_cpu
+from .vllm_checks import (
+    check_vllm_model,
+    named_policy_weights,
+    require_vllm,
+    server_base_url,
+    vllm_dtype,
+    vllm_platform_is_cpu,
+)
 from .vllm_samplers import VLLMColocateSampler, VLLMServerSampler
-from .worker import Generated, RolloutWorker
+from .worker import Generated, RolloutWorker, VLLMEngineSpec
 
 __all__ = [
     "Generated",
@@ -19,9 +26,11 @@ __all__ = [
     "SamplerSettings",
     "Samples",
     "VLLMColocateSampler",
+    "VLLMEngineSpec",
     "VLLMServerSampler",
     "check_vllm_model",
     "eval_mode",
+    "named_policy_weights",
     "neutralised_generation_fields",
     "require_vllm",
     "server_base_url",

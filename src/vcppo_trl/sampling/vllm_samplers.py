@@ -181,6 +181,7 @@ class VLLMColocateSampler(_VLLMSamplerBase):
             enable_sleep_mode=enable_sleep_mode,
             model_impl=model_impl,
         )
+        self.config, self.engine_args, self.seed = config, engine_args, seed  # a rollout worker starts its own twin
         key = json.dumps([config.to_json_string(use_diff=False), engine_args], sort_keys=True)
         start = time.perf_counter()
         if key in _ENGINES:
@@ -191,7 +192,7 @@ class VLLMColocateSampler(_VLLMSamplerBase):
             for old in _ENGINES.values():  # one engine per process: a new shape replaces (and frees) the old one
                 _shutdown(old)
             _ENGINES.clear()
-            self.llm = _start_engine(config, engine_args, seed + accelerator.process_index)
+            self.llm = start_engine(config, engine_args, seed + accelerator.process_index)
             _ENGINES[key] = self.llm
             self.start_seconds = time.perf_counter() - start
         if enable_sleep_mode:
@@ -230,7 +231,7 @@ class VLLMColocateSampler(_VLLMSamplerBase):
         except Exception as err:
             raise SamplerError(f"vLLM generation failed ({type(err).__name__}: {err}).") from err
         completions = [list(o.outputs[0].token_ids) for o in outputs]
-        logprobs = [_sampled_logprobs(o.outputs[0]) for o in outputs]
+        logprobs = [sampled_logprobs(o.outputs[0]) for o in outputs]
         samples = samples_from_token_lists(
             completions, logprobs, self.stop_token_ids, pad_token_id=self.tokenizer.pad_token_id, device=self.device
         )
@@ -262,7 +263,7 @@ def _shorten(err: Exception, limit: int = 600) -> str:
 _ENGINES: dict[str, Any] = {}
 
 
-def _start_engine(config, engine_args: dict[str, Any], seed: int):
+def start_engine(config, engine_args: dict[str, Any], seed: int):
     """Start an in-process vLLM engine for `config` with dummy weights (the first sync loads the real ones)."""
     from vllm import LLM
 
@@ -289,7 +290,7 @@ def _start_engine(config, engine_args: dict[str, Any], seed: int):
             ) from err
 
 
-def _sampled_logprobs(completion) -> list[float]:
+def sampled_logprobs(completion) -> list[float]:
     """The log-probability of each sampled token from a vLLM `CompletionOutput` (requested with `logprobs=0`)."""
     if completion.logprobs is None:
         return []

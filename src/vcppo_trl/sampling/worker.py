@@ -1,4 +1,4 @@
-"""A rollout worker: HF `generate` in a process of its own, beside the trainer (`max_staleness` ≥ 1).
+"""A rollout worker: generation in a process of its own, beside the trainer (`max_staleness` ≥ 1).
 
 The trainer submits a generation and goes on training while the worker samples; it takes the samples when it needs
 them. Requests and weight pushes travel on one FIFO queue, so a generation always samples from the weights pushed
@@ -6,10 +6,18 @@ before it was submitted: the version it reports is exactly the number of pushes 
 own seed, so what the worker samples depends only on the request, its seed and those weights, never on timing: an
 overlapped run is reproducible, and a resumed one can continue it.
 
-The worker holds a copy of the policy on the trainer's device (tested on CPU only); weights are pushed as a state
-dict through shared memory (on the CPU). It runs the same sampling code as the in-process HF sampler
-([`~sampling.hf.sample_with_policy`]) and returns the sampler's log-probabilities of the sampled tokens (the behaviour
-policy of an importance weight). A worker that dies or fails raises [`~sampling.seam.SamplerError`] in the trainer.
+Two engines, one protocol:
+
+- HF `generate` ([`HFEngine`]): a copy of the policy, sampled with the same code as the in-process HF sampler
+  ([`~sampling.hf.sample_with_policy`]); weights are pushed as the policy's state dict.
+- vLLM ([`VLLMEngine`], `use_vllm=True`): an engine of the worker's own, started like the colocate sampler's (the
+  policy's config, dummy weights, then the pushed ones, under their checkpoint names); every prompt of a request gets
+  its own seed derived from the request's.
+
+Both sample on the trainer's device (tested on CPU only: on a GPU the worker is a second CUDA context, and a vLLM
+worker a second engine, beside the trainer's) and return the sampler's log-probabilities of the sampled tokens (the
+behaviour policy of an importance weight). Tensors travel through shared memory on the CPU. A worker that dies or fails
+raises [`~sampling.seam.SamplerError`] in the trainer.
 """
 
 from __future__ import annotations
@@ -17,7 +25,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import os
 import queue
+import socket
 import sys
 import time
 import traceback
@@ -26,10 +36,9 @@ from typing import Any
 
 import torch
 import torch.multiprocessing as mp
-from transformers import GenerationConfig
 
 from .hf import sample_with_policy
-from .seam import SamplerError, Samples
+from .seam import SamplerError, Samples, samples_from_token_lists, unpadded_prompts
 
 POLL_SECONDS = 1.0  # how often a waiting trainer checks that the worker is still alive
 
@@ -45,10 +54,106 @@ class Generated:
     idle_seconds: float = 0.0  # the worker idle (waiting for work) since its previous generation
 
 
-def _worker_main(policy: torch.nn.Module, requests, results, num_threads: int, device: str) -> None:
-    """The worker process: load pushed weights, answer generation requests in order, stop on `None`."""
+@dataclasses.dataclass(frozen=True)
+class VLLMEngineSpec:
+    """What a worker needs to start a vLLM engine of its own: the colocate sampler's policy config, engine settings
+    and seed, and the pad id that fills the samples."""
+
+    config: Any  # the policy's transformers config
+    engine_args: dict[str, Any]
+    seed: int
+    pad_token_id: int
+
+
+class HFEngine:
+    """HF `generate` on the worker's copy of the policy."""
+
+    def __init__(self, policy: torch.nn.Module, device: str, *, stop_token_ids: list[int], chunk_size: int):
+        self.policy = policy.to(device)
+        self.device = device
+        self.stop_token_ids = stop_token_ids
+        self.chunk_size = chunk_size
+
+    def load(self, weights: dict[str, torch.Tensor]) -> None:
+        self.policy.load_state_dict(weights)
+
+    def generate(self, payload: dict[str, Any]) -> Samples:
+        torch.manual_seed(payload["seed"])
+        return sample_with_policy(
+            self.policy,
+            payload["query_ids"].to(self.device),
+            payload["query_mask"].to(self.device),
+            config=payload["config"],
+            chunk_size=self.chunk_size,
+            stop_token_ids=self.stop_token_ids,
+            with_logprobs=True,
+        )
+
+
+def prompt_seed(request_seed: int, row: int) -> int:
+    """The vLLM seed of prompt `row` of a request: one seed per prompt, since one seed shared by a request would give
+    the repeated prompts of `num_generations` identical samples."""
+    return (request_seed + row * 1_000_033) % (2**31 - 1)
+
+
+class VLLMEngine:
+    """A vLLM engine in the worker process: one process of its own distributed world (a free local port), on the
+    trainer's device."""
+
+    def __init__(self, spec: VLLMEngineSpec, device: str, stop_token_ids: list[int]):
+        from .vllm_samplers import start_engine
+
+        index = torch.device(device).index
+        # The trainer's launch variables describe the trainer's world, not this process's.
+        os.environ.update(
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK=str(index or 0), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())
+        )
+        self.llm = start_engine(spec.config, spec.engine_args, spec.seed)
+        self.stop_token_ids = stop_token_ids
+        self.pad_token_id = spec.pad_token_id
+
+    def load(self, weights: dict[str, torch.Tensor]) -> None:
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
+        self.llm.reset_prefix_cache()
+
+    def generate(self, payload: dict[str, Any]) -> Samples:
+        from vllm import SamplingParams
+
+        from .vllm_samplers import sampled_logprobs
+
+        prompts = [{"prompt_token_ids": ids} for ids in unpadded_prompts(payload["query_ids"], payload["query_mask"])]
+        params = [
+            SamplingParams(**payload["config"], seed=prompt_seed(payload["seed"], row), detokenize=False)
+            for row in range(len(prompts))
+        ]
+        outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
+        return samples_from_token_lists(
+            [list(o.outputs[0].token_ids) for o in outputs],
+            [sampled_logprobs(o.outputs[0]) for o in outputs],
+            self.stop_token_ids,
+            pad_token_id=self.pad_token_id,
+            device=torch.device("cpu"),
+        )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker_main(source, requests, results, *, num_threads: int, device: str, stop_token_ids, chunk_size) -> None:
+    """The worker process: start the engine, load pushed weights, answer generation requests in order, stop on
+    `None`."""
     torch.set_num_threads(num_threads)
-    policy.to(device)
+    try:
+        if isinstance(source, VLLMEngineSpec):
+            engine = VLLMEngine(source, device, stop_token_ids=stop_token_ids)
+        else:
+            engine = HFEngine(source, device, stop_token_ids=stop_token_ids, chunk_size=chunk_size)
+    except Exception:  # the trainer stops with a SamplerError that shows why
+        results.put(("error", "start", traceback.format_exc()))
+        return
     version, idle = 0, 0.0
     while True:
         waiting = time.perf_counter()
@@ -59,20 +164,11 @@ def _worker_main(policy: torch.nn.Module, requests, results, num_threads: int, d
         kind, payload = message
         try:
             if kind == "weights":
-                policy.load_state_dict(payload["state_dict"])
+                engine.load(payload["state_dict"])
                 version = payload["version"]
                 continue
             start = time.perf_counter()
-            torch.manual_seed(payload["seed"])
-            samples = sample_with_policy(
-                policy,
-                payload["query_ids"].to(device),
-                payload["query_mask"].to(device),
-                config=payload["config"],
-                chunk_size=payload["chunk_size"],
-                stop_token_ids=payload["stop_token_ids"],
-                with_logprobs=True,
-            )
+            samples = engine.generate(payload)
             seconds = time.perf_counter() - start
             results.put(
                 (
@@ -89,9 +185,7 @@ def _worker_main(policy: torch.nn.Module, requests, results, num_threads: int, d
             )
             idle = 0.0
         except Exception:  # reported to the trainer, which stops with a SamplerError
-            results.put(
-                ("error", payload.get("request") if isinstance(payload, dict) else None, traceback.format_exc())
-            )
+            results.put(("error", payload["request"] if kind == "generate" else kind, traceback.format_exc()))
 
 
 @contextlib.contextmanager
@@ -128,47 +222,56 @@ class RolloutWorker:
     The trainer's handle on the worker process.
 
     Args:
-        policy: The policy to sample from (a PEFT model is fine); the worker gets a copy on the CPU.
+        source: What samples: the policy (HF `generate`; a PEFT model is fine; the worker gets a copy on the CPU), or a
+            [`VLLMEngineSpec`] (a vLLM engine of the worker's own, which starts with the `weights` given).
         stop_token_ids: Ids that end a response.
-        chunk_size: Prompts per `generate` call.
+        chunk_size: Prompts per `generate` call (HF).
         device: The trainer's device: the worker samples there (a second CUDA context on the same GPU: never run on a
             GPU yet) and the samples go there once received (they travel on the CPU).
         num_threads: Torch threads of the worker process (on a CPU host, the cores left to it).
+        weights: The weights a vLLM engine starts from (version 0, under their checkpoint names).
     """
-
-    name = "hf-worker"
 
     def __init__(
         self,
-        policy: torch.nn.Module,
+        source: torch.nn.Module | VLLMEngineSpec,
         stop_token_ids: list[int],
         chunk_size: int,
         device: torch.device,
         num_threads: int = 1,
+        weights: dict[str, torch.Tensor] | None = None,
     ):
+        is_vllm = isinstance(source, VLLMEngineSpec)
+        if is_vllm and weights is None:
+            raise ValueError("A vLLM rollout worker starts from dummy weights: give it the policy's `weights`.")
+        self.name = "vllm-worker" if is_vllm else "hf-worker"
         self.stop_token_ids = stop_token_ids
-        self.chunk_size = chunk_size
         self.device = device
         self.version = 0  # weights pushed so far; a request samples from the version current when it was submitted
         self.submitted = 0
         self.push_seconds = 0.0
         context = mp.get_context("spawn")
         self.requests, self.results = context.Queue(), context.Queue()
-        worker_policy = sampling_copy(policy)
         start = time.perf_counter()
         self.process = context.Process(
             target=_worker_main,
-            args=(worker_policy, self.requests, self.results, num_threads, str(device)),
+            args=(source if is_vllm else sampling_copy(source), self.requests, self.results),
+            kwargs=dict(
+                num_threads=num_threads, device=str(device), stop_token_ids=stop_token_ids, chunk_size=chunk_size
+            ),
             daemon=True,
         )
         with main_module_hidden():
             self.process.start()
+        if weights is not None:
+            self._send_weights(weights)
         self.start_seconds = time.perf_counter() - start
         self.ready: dict[int, Generated] = {}  # received, not taken yet
         self.taken: set[int] = set()
 
-    def submit(self, query_ids: torch.Tensor, query_mask: torch.Tensor, config: GenerationConfig, seed: int) -> int:
-        """Queue one generation (sampled from the weights pushed before it); returns its request number."""
+    def submit(self, query_ids: torch.Tensor, query_mask: torch.Tensor, config: Any, seed: int) -> int:
+        """Queue one generation (sampled from the weights pushed before it); returns its request number. `config`:
+        the HF `GenerationConfig`, or the vLLM `SamplingParams` keywords, of the generation."""
         request = self.submitted
         self.submitted += 1
         payload = {
@@ -176,8 +279,6 @@ class RolloutWorker:
             "query_ids": query_ids.cpu(),
             "query_mask": query_mask.cpu(),
             "config": config,
-            "chunk_size": self.chunk_size,
-            "stop_token_ids": self.stop_token_ids,
             "seed": seed,
         }
         self.requests.put(("generate", payload))
@@ -188,9 +289,12 @@ class RolloutWorker:
         them."""
         start = time.perf_counter()
         self.version += 1
+        self._send_weights(state_dict)
+        self.push_seconds = time.perf_counter() - start
+
+    def _send_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         state = {k: v.detach().to("cpu", copy=True) for k, v in state_dict.items()}
         self.requests.put(("weights", {"state_dict": state, "version": self.version}))
-        self.push_seconds = time.perf_counter() - start
 
     def result(self, request: int) -> Generated:
         """The samples of a submitted request (waiting for them); a dead or failing worker raises `SamplerError`."""
@@ -212,7 +316,10 @@ class RolloutWorker:
                     ) from None
                 continue
             if message[0] == "error":
-                raise SamplerError(f"The rollout worker failed on generation {message[1]}:\n{message[2]}")
+                what = {"start": "to start", "weights": "to load pushed weights"}.get(
+                    message[1], f"on generation {message[1]}"
+                )
+                raise SamplerError(f"The rollout worker failed {what}:\n{message[2]}")
             _, number, (ids, mask, has_stop, logprobs), version, seconds, idle = message
             samples = Samples(
                 ids.to(self.device), mask.to(self.device), has_stop.to(self.device), logprobs=logprobs.to(self.device)
