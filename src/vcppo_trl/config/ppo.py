@@ -273,6 +273,12 @@ class PPOConfig(_BaseConfig):
         exp_name (`str`): Name of the experiment (kept from TRL's PPOConfig).
         num_sample_generations (`int`, defaults to `10`): How many times during training a table of sample
             completions is printed (0 disables it).
+        log_completions (`bool`, defaults to `False`): TRL GRPO's name and meaning: every logging step, the update's
+            completions (from every process) go to `output_dir/completions/completions_<step>.parquet`, the console,
+            and the trackers of `report_to` that take tables (Weights & Biases, trackio, tensorboard). Columns: step,
+            prompt, completion, score, each reward function, advantage, value at the first token, length.
+        num_completions_to_print (`int`, *optional*): Rows of `log_completions` printed to the console (all when
+            `None`).
         accuracy_threshold (`float`, defaults to `0.5`): A response counts as correct in `diagnostics/accuracy` and
             `eval/accuracy` when its reward score (before penalties) exceeds this value. With ±1 or 0/1 rewards, that is
             the share of +1 (or 1) rewards.
@@ -616,6 +622,16 @@ class PPOConfig(_BaseConfig):
     num_sample_generations: int = field(
         default=10, metadata={"help": "Number of times a table of sample completions is printed during training."}
     )
+    log_completions: bool = field(
+        default=False,
+        metadata={
+            "help": "Every logging step, write the update's completions to output_dir/completions/*.parquet, the "
+            "console and the trackers (wandb, trackio, tensorboard)."
+        },
+    )
+    num_completions_to_print: int | None = field(
+        default=None, metadata={"help": "Rows of log_completions printed to the console (None: all)."}
+    )
     accuracy_threshold: float = field(
         default=0.5, metadata={"help": "A score above this counts as a correct response in accuracy metrics."}
     )
@@ -730,6 +746,8 @@ class PPOConfig(_BaseConfig):
             raise ValueError(f"`eval_num_generations` must be at least 1, got {self.eval_num_generations}.")
         if self.num_sample_generations < 0:
             raise ValueError("`num_sample_generations` must be >= 0 (0 disables sample tables).")
+        if self.num_completions_to_print is not None and self.num_completions_to_print < 0:
+            raise ValueError("`num_completions_to_print` must be >= 0, or None to print every completion.")
         for name in ("temperature", "eval_temperature", "cliprange", "cliprange_value"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"`{name}` must be > 0, got {getattr(self, name)}.")

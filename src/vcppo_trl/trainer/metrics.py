@@ -12,7 +12,6 @@ import math
 import torch
 from accelerate import Accelerator
 from transformers.utils import logging
-from trl.trainer.utils import print_prompt_completions_sample
 
 from ..algo.diagnostics import (
     explained_variance,
@@ -460,23 +459,3 @@ def trl_metric_names(accelerator: Accelerator, rollout: Rollout, metrics: dict[s
         mask = rollout.response_mask
         out["objective/entropy"] = mean_across(accelerator, (-rollout.logprobs * mask).sum(1)[mask.any(1)])
     return out
-
-
-def print_samples(
-    rollout: Rollout, advantages: torch.Tensor, reward_func_names: list[str], step: int, num_samples: int = 4
-) -> None:
-    """A table of a few prompts, completions, their rewards and mean advantage (TRL's sample printout)."""
-    mask = rollout.response_mask
-    mean_adv = (advantages * mask).sum(1) / mask.sum(1).clamp(min=1)
-    rewards = {name: rollout.rewards_per_func[:, i].tolist() for i, name in enumerate(reward_func_names)}
-    try:
-        print_prompt_completions_sample(
-            rollout.prompts,
-            rollout.completions,
-            rewards,
-            mean_adv.tolist(),
-            step,
-            num_samples=min(num_samples, len(rollout.prompts)),
-        )
-    except ImportError:
-        logger.info("Install `rich` to see sample completions as a table.")

@@ -44,9 +44,10 @@ from ..sampling.seam import SamplerError
 from . import saving as trainer_saving
 from . import setup
 from .cadence import is_due
+from .completions import CompletionLog
 from .console import CompactPrinterCallback, RolloutProgressCallback
 from .evaluation import EvaluationSettings, evaluation_metrics
-from .metrics import MetricSettings, UpdateRecord, learner_metrics, print_samples, rollout_metrics
+from .metrics import MetricSettings, UpdateRecord, learner_metrics, rollout_metrics
 from .preemption import SignalWatcher, agreed_signal, interruption
 from .prompts import PromptStream
 
@@ -313,8 +314,7 @@ class PPOTrainer(_BaseTrainer):
             if args.eval_on_start and self.eval_dataset is not None:
                 self.evaluate()
         start_time = time.time()
-        samples = args.num_sample_generations
-        sample_every = max(1, self.state.max_steps // samples) if samples > 0 else 0
+        completion_log = CompletionLog.from_trainer(self)
         with SignalWatcher() as signals, contextlib.ExitStack() as stack:
             if self.rollout_overlap is not None:  # the worker process stops with training, however it ends
                 stack.callback(self.rollout_overlap.close)
@@ -337,12 +337,11 @@ class PPOTrainer(_BaseTrainer):
                 self.control = self.callback_handler.call_event(
                     "on_step_end", args, self.state, self.control, metrics=metrics
                 )
-                if self._due(args.logging_steps, args.logging_strategy) or self.control.should_log:
+                logged = self._due(args.logging_steps, args.logging_strategy) or self.control.should_log
+                if logged:
                     self.log(dict(metrics))
                     self.control.should_log = False
-                if sample_every and self.state.global_step % sample_every == 0 and self.is_world_process_zero():
-                    last = self.last_update
-                    print_samples(last.rollout, last.advantages, self.reward_func_names, step=self.state.global_step)
+                completion_log.after_update(self.last_update, self.state.global_step, logged=logged)
                 if self.eval_dataset is not None and self._due(args.eval_steps, args.eval_strategy):
                     self.evaluate()
                 saved = self._due(args.save_steps, args.save_strategy)
