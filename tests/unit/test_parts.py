@@ -15,7 +15,7 @@ from datasets import Dataset
 from vcppo_trl import PPOConfig, ValuePretrainCallback
 from vcppo_trl.config.batch_plan import plan_batches
 from vcppo_trl.learner.optimizers import NonFiniteTrainingError, parameter_groups, role_scheduler
-from vcppo_trl.learner.ppo_learner import PPOLearner, UpdateResult
+from vcppo_trl.learner.ppo_learner import PPOLearner, UpdateResult, mini_batch_order
 from vcppo_trl.learner.settings import LearnerSettings
 from vcppo_trl.models.policy_and_value import PolicyAndValueModel
 from vcppo_trl.models.value_model import create_value_model_from_policy
@@ -428,3 +428,24 @@ def test_evaluation_settings_generate_at_least_one_prompt_per_chunk(tmp_path):
     settings = EvaluationSettings.from_args(args)
     assert (settings.prompts_per_chunk, settings.num_generations, settings.temperature) == (1, 8, 0.7)
     assert EvaluationSettings.from_args(config(tmp_path, local_rollout_forward_batch_size=4)).prompts_per_chunk == 4
+
+
+def test_the_mini_batch_order_comes_from_its_own_generator():
+    """The PPO epochs' shuffle is a permutation fixed by (seed, update, epoch, process), whatever the global generator
+    did before it (sampling advances that one), and it does not advance the global generator."""
+    order = mini_batch_order(16, seed=3, update_index=2, epoch=0, process_index=0)
+    assert sorted(order.tolist()) == list(range(16))
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    again = mini_batch_order(16, seed=3, update_index=2, epoch=0, process_index=0)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    torch.rand(1000)  # sampling drew from the global generator
+    assert torch.equal(mini_batch_order(16, seed=3, update_index=2, epoch=0, process_index=0), again)
+    assert torch.equal(order, again)
+    others = [
+        mini_batch_order(16, seed=4, update_index=2, epoch=0, process_index=0),
+        mini_batch_order(16, seed=3, update_index=3, epoch=0, process_index=0),
+        mini_batch_order(16, seed=3, update_index=2, epoch=1, process_index=0),
+        mini_batch_order(16, seed=3, update_index=2, epoch=0, process_index=1),
+    ]
+    assert all(not torch.equal(order, other) for other in others)

@@ -14,6 +14,7 @@ import math
 import os
 from collections import defaultdict
 
+import numpy
 import torch
 from accelerate import Accelerator
 from transformers.trainer_utils import get_last_checkpoint
@@ -45,6 +46,18 @@ class UpdateResult:
     importance_weights: torch.Tensor | None = None
     # Tokens the PPO epochs' forwards computed (padding included) against the real ones, and their wall time
     work: ForwardWork = dataclasses.field(default_factory=ForwardWork)
+
+
+def mini_batch_order(size: int, *, seed: int, update_index: int, epoch: int, process_index: int) -> torch.Tensor:
+    """
+    The order in which one PPO epoch visits a rollout's rows: a permutation drawn from a generator of its own, seeded
+    by `(seed, update, epoch, process)`. Sampling draws from torch's global generator, so a shuffle drawn there would
+    depend on how the rollout was made; this one is the same whether the rollout was sampled now or read from stored
+    rollouts, and after a resume.
+    """
+    state = numpy.random.SeedSequence([seed, update_index, epoch, process_index]).generate_state(2, dtype=numpy.uint32)
+    generator = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+    return torch.randperm(size, generator=generator)
 
 
 class PPOLearner:
@@ -147,8 +160,14 @@ class PPOLearner:
         tokens = TokenBatch.of(rollout)
         self.check_packing()
         with measured(ForwardWork(), self.accelerator.device) as work:
-            for _ in range(settings.num_ppo_epochs):
-                order = torch.randperm(mask.shape[0], device=mask.device)
+            for epoch in range(settings.num_ppo_epochs):
+                order = mini_batch_order(
+                    mask.shape[0],
+                    seed=settings.shuffle_seed,
+                    update_index=update_index,
+                    epoch=epoch,
+                    process_index=self.accelerator.process_index,
+                ).to(mask.device)
                 mini_batches = list(order.split(self.local_mini_batch_size))
                 plans = self.forwards.plan(tokens, mini_batches, mask.shape[1])
                 for mb_idx, micro_batches in zip(mini_batches, plans):

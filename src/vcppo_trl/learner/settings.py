@@ -14,6 +14,7 @@ class LearnerSettings:
     """The fields of [`PPOConfig`] the PPO epochs act on (their meanings are the config's)."""
 
     num_ppo_epochs: int
+    shuffle_seed: int  # `seed`: the mini-batch order's own generator (see `ppo_learner.mini_batch_order`)
     # The micro-batch objective; its `cliprange_value` is the current update's (the trainer's `value_cliprange`).
     loss: PPOLossSettings
     temperature: float
@@ -32,6 +33,7 @@ class LearnerSettings:
     def from_args(cls, args: PPOConfig) -> LearnerSettings:
         return cls(
             num_ppo_epochs=args.num_ppo_epochs,
+            shuffle_seed=args.seed,
             loss=PPOLossSettings.from_args(args, args.cliprange_value),
             temperature=args.temperature,
             response_length=args.response_length,
