@@ -24,6 +24,7 @@ from .models.value_model import check_value_model_source
 from .parallel.checks import check_launch_environment
 from .rewards.registry import resolve_reward_funcs
 from .trainer.preemption import TrainingInterrupted
+from .trainer.store import store_rollouts
 from .trainer.vapo import VAPOTrainer
 from .trainer.vcppo import VCPPOTrainer
 
@@ -74,6 +75,22 @@ class VCPPOScriptArguments(ScriptArguments):
     )
     toy_cold_start_learning_rate: float | None = field(
         default=None, metadata={"help": "Toy task: cold-start SFT learning rate (default: the tuned toy default)."}
+    )
+    store_rollouts: str | None = field(
+        default=None,
+        metadata={
+            "help": "Store-rollouts job instead of training: sample the initial policy on the prompt batches value "
+            "pretraining would draw, score them, and write them as a dataset to this folder (rerun the same command "
+            "to complete an interrupted job). See docs/critic_pretraining.md."
+        },
+    )
+    store_rollouts_batches: int | None = field(
+        default=None,
+        metadata={"help": "Store-rollouts job: prompt batches to store (default: value_pretrain_steps)."},
+    )
+    store_rollouts_push_to_hub: str | None = field(
+        default=None,
+        metadata={"help": "Store-rollouts job: also upload the folder to this Hub dataset repo (e.g. user/name)."},
     )
     toy_num_heads: int | None = field(
         default=None,
@@ -321,6 +338,22 @@ def main(argv: list[str] | None = None) -> VCPPOTrainer:
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
+
+    if script_args.store_rollouts is not None:
+        report = store_rollouts(
+            trainer,
+            script_args.store_rollouts,
+            num_batches=script_args.store_rollouts_batches,
+            push_to_hub=script_args.store_rollouts_push_to_hub,
+        )
+        if trainer.is_world_process_zero():
+            print(
+                f"\nStored rollouts in {report.path}: {report.complete_batches} complete batches "
+                f"({report.batches_written} written now, {report.batches_found} found written) in {report.seconds:.0f} s"
+                + (f"; pushed to {report.hub_url}" if report.hub_url else "")
+            )
+        leave_process_group(trainer)
+        return trainer
 
     resume = training_args.resume_from_checkpoint
     if isinstance(resume, str) and resume.lower() in ("true", "latest"):

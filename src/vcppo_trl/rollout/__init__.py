@@ -1,6 +1,6 @@
 """The rollout stage: dataset rows in, a typed [`Rollout`] out (the maker), with its stats types, the scored
 samples, the shaping of per-token rewards, generation windows (the pool of in-flight responses), and the queue of
-generations a rollout worker runs ahead of training (`max_staleness`).
+generations a rollout worker runs ahead of training (`max_staleness`), and rollouts stored as a dataset.
 """
 
 from .maker import GenerationStats, RolloutMaker, RolloutStats
@@ -8,11 +8,31 @@ from .overlap import AheadOfTraining, OverlappedRollouts, WindowAhead, overlappe
 from .scoring import ScoredSamples, concat_scored, decode_completions
 from .settings import RolloutSettings, old_logprobs_from_training_forward
 from .shaping import overlong_penalty, token_rewards
+from .stored import (
+    RolloutWriter,
+    StoredRolloutsError,
+    StoredRolloutsInfo,
+    complete_batches,
+    load_stored_rollouts,
+    push_stored_rollouts,
+    read_info,
+    vocab_sha256,
+    weights_sha256,
+)
 from .types import OverlapStats, Rollout, is_correct
 from .windowed import gae_bootstrap, make_window
 from .windows import InFlight, ResponsePool, WindowStep
 
 __all__ = [
+    "RolloutWriter",
+    "StoredRolloutsError",
+    "StoredRolloutsInfo",
+    "complete_batches",
+    "load_stored_rollouts",
+    "push_stored_rollouts",
+    "read_info",
+    "vocab_sha256",
+    "weights_sha256",
     "GenerationStats",
     "InFlight",
     "AheadOfTraining",

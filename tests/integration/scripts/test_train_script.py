@@ -58,6 +58,22 @@ def test_train_py_runs_tiny_recipe(tmp_path):
     assert os.path.isfile(out / "value_model" / "model.safetensors")
 
 
+def test_train_py_stores_rollouts_instead_of_training(tmp_path):
+    out, stored = tmp_path / "run", tmp_path / "rollouts"
+    command = tiny_run_command(out, "--store_rollouts", str(stored), "--store_rollouts_batches", "2")
+    result = run(command, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 complete batches (2 written now, 0 found written)" in result.stdout
+    assert "after VC-PPO" not in result.stdout and not os.path.exists(out / "model.safetensors")  # nothing trained
+    from vcppo_trl.rollout import load_stored_rollouts
+
+    info, rows = load_stored_rollouts(str(stored))
+    assert sorted(set(rows["batch"])) == [0, 1] and info.rewards["functions"] == ["math_verify_reward"]
+    again = run(command, tmp_path)  # a rerun finds every shard written
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "(0 written now, 2 found written)" in again.stdout
+
+
 def test_train_py_resumes_latest_checkpoint(tmp_path):
     out = tmp_path / "run"
     first = run(tiny_run_command(out, "--save_strategy", "steps", "--save_steps", "1"), tmp_path)

@@ -1,0 +1,135 @@
+"""The store-rollouts job (`store_rollouts`, `train.py --store_rollouts DIR`): the frozen policy's scored samples of
+the value-pretraining phase's prompt batches written as a dataset, resumable, refused into another run's folder, and
+pushed to the Hub (its stand-in)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from vcppo_trl import store_rollouts
+from vcppo_trl.rollout import StoredRolloutsError, load_stored_rollouts, read_info, weights_sha256
+from vcppo_trl.rollout.stored import INFO_FILENAME, ROLLOUT_COLUMNS
+
+from ..conftest import fresh_trainer
+
+# The tiny config's batch: 16 sequences per process and update (4 × 2 accumulation steps × 2 mini-batches).
+SAMPLES_PER_BATCH = 16
+
+
+def store(tokenizer, toy_splits, tiny_config, path, num_batches=None, **overrides):
+    trainer = fresh_trainer(tokenizer, toy_splits, tiny_config, **overrides)
+    return trainer, store_rollouts(trainer, str(path), num_batches=num_batches)
+
+
+def test_stored_rollouts_hold_the_online_phases_prompts_with_their_samples_and_scores(
+    tokenizer, toy_splits, tiny_config, tmp_path
+):
+    path = tmp_path / "rollouts"
+    trainer, report = store(tokenizer, toy_splits, tiny_config, path, value_pretrain_steps=3)
+    assert (report.batches_written, report.batches_found, report.complete_batches) == (3, 0, 3)  # value_pretrain_steps
+    info, rows = load_stored_rollouts(str(path))
+    assert len(rows) == 3 * SAMPLES_PER_BATCH
+    assert set(ROLLOUT_COLUMNS) | {"prompt", "solution"} <= set(rows.column_names)
+    assert rows["batch"] == [b for b in range(3) for _ in range(SAMPLES_PER_BATCH)]
+    assert info.policy["weights_sha256"] == weights_sha256(trainer.unwrapped_policy_and_critic()[0])
+    assert info.sampling["temperature"] == trainer.args.temperature
+    assert info.sampling["stop_token_ids"] == trainer.rollout_maker.stop_token_ids
+    assert info.rewards["functions"] == ["length_reward"]
+    assert info.tokenizer["chat_template"] == tokenizer.chat_template
+    # The prompts are those the online phase draws, batch by batch, in its order.
+    from vcppo_trl.trainer.prompts import PromptStream
+
+    stream = PromptStream(trainer.train_dataset, trainer.batches, 0, seed=0, num_generations=1)
+    for batch in range(3):
+        expected = [row["prompt"] for row in stream.draw()]
+        assert [r["prompt"] for r in rows if r["batch"] == batch] == expected
+    for row in rows:
+        ids = row["completion_ids"]
+        assert 1 <= len(ids) <= trainer.args.response_length
+        stops = [i for i, t in enumerate(ids) if t in info.sampling["stop_token_ids"]]
+        assert stops == ([len(ids) - 1] if row["has_stop"] else [])  # cut after the first stop token
+        assert row["completion"] == tokenizer.decode(ids, skip_special_tokens=True)
+        assert row["rewards"] == [1.0 if len(row["completion"]) < 10 else -1.0]  # length_reward
+        assert row["score"] == row["rewards"][0]
+        assert row["sampler_logprobs"] is None  # HF generate reports none
+        assert row["prompt_ids"] == tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+    card = (path / "README.md").read_text()
+    assert card.startswith("---\nconfigs:") and "data/*.parquet" in card
+
+
+def test_an_interrupted_store_keeps_its_shards_and_a_rerun_writes_the_same_rollouts(
+    tokenizer, toy_splits, tiny_config, tmp_path
+):
+    whole = tmp_path / "whole"
+    store(tokenizer, toy_splits, tiny_config, whole, num_batches=3)
+    resumed = tmp_path / "resumed"
+    store(tokenizer, toy_splits, tiny_config, resumed, num_batches=1)  # "interrupted" after one batch
+    first = sorted(os.listdir(resumed / "data"))
+    mtimes = {name: os.stat(resumed / "data" / name).st_mtime_ns for name in first}
+    _, report = store(tokenizer, toy_splits, tiny_config, resumed, num_batches=3)
+    assert (report.batches_found, report.batches_written) == (1, 2)
+    assert all(os.stat(resumed / "data" / name).st_mtime_ns == mtimes[name] for name in first)  # written stays
+    a, b = load_stored_rollouts(str(whole))[1], load_stored_rollouts(str(resumed))[1]
+    assert a["completion_ids"] == b["completion_ids"] and a["rewards"] == b["rewards"]
+    assert not [name for name in os.listdir(resumed / "data") if name.endswith(".tmp")]
+
+
+def test_a_folder_of_another_runs_rollouts_is_refused_naming_what_differs(
+    tokenizer, toy_splits, tiny_config, tmp_path
+):
+    path = tmp_path / "rollouts"
+    store(tokenizer, toy_splits, tiny_config, path, num_batches=1)
+    with pytest.raises(StoredRolloutsError, match=r"sampling\.temperature: 0\.7 != 0\.9"):
+        store(tokenizer, toy_splits, tiny_config, path, num_batches=2, temperature=0.9)
+    with pytest.raises(StoredRolloutsError, match="sampling.response_length"):
+        store(tokenizer, toy_splits, tiny_config, path, num_batches=2, response_length=12)
+
+
+def test_reading_refuses_a_folder_without_rollouts_and_another_schema(tmp_path):
+    with pytest.raises(StoredRolloutsError, match="vcppo_rollouts.json is missing"):
+        read_info(str(tmp_path))
+    (tmp_path / INFO_FILENAME).write_text(json.dumps({"schema_version": 99}))
+    with pytest.raises(StoredRolloutsError, match="schema version 99"):
+        read_info(str(tmp_path))
+
+
+def test_without_a_count_or_value_pretraining_the_job_asks_how_many_batches(
+    tokenizer, toy_splits, tiny_config, tmp_path
+):
+    with pytest.raises(ValueError, match="How many prompt batches"):
+        store(tokenizer, toy_splits, tiny_config, tmp_path / "r", value_pretrain_steps=0)
+
+
+def test_stored_rollouts_push_to_a_hub_dataset_repo(tokenizer, toy_splits, tiny_config, tmp_path, monkeypatch):
+    from ..hub_standin import HubStandIn
+
+    server = HubStandIn().start()
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+        monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+        import huggingface_hub.constants as constants
+
+        monkeypatch.setattr(constants, "ENDPOINT", server.endpoint)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(constants, "AGENT_HARNESSES_PATH", str(tmp_path / "hf_home" / ".agent_harnesses.json"))
+        trainer = fresh_trainer(tokenizer, toy_splits, tiny_config, hub_token="token")
+        report = store_rollouts(trainer, str(tmp_path / "r"), num_batches=2, push_to_hub="test-user/toy-rollouts")
+        files = server.files("test-user/toy-rollouts")
+        assert sorted(files) == sorted(
+            [INFO_FILENAME, "README.md"] + [f"data/{n}" for n in os.listdir(tmp_path / "r" / "data")]
+        )
+        assert json.loads(files[INFO_FILENAME]) == json.loads((tmp_path / "r" / INFO_FILENAME).read_text())
+        assert report.hub_url is not None
+    finally:
+        server.stop()
+
+
+def test_the_weights_hash_changes_with_one_parameter(tiny_policy):
+    before = weights_sha256(tiny_policy)
+    with torch.no_grad():
+        next(tiny_policy.parameters())[0, 0] += 1e-3
+    assert weights_sha256(tiny_policy) != before
