@@ -529,3 +529,55 @@ def test_windows_with_overlap_on_two_ranks(tmp_path):
     assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])
     assert [m["sampling/staleness_max"] for m in r0["metrics"]] == [0.0, 0.0, 1.0, 1.0]
     assert all(m["rollout/window_tokens"] > 0 for m in r0["metrics"])
+
+
+@pytest.mark.parametrize("launcher", ["ddp", "zero3"])
+def test_two_ranks_store_their_shares_of_each_batch(tmp_path, launcher):
+    """The store-rollouts job on two processes: each writes its own shard of every batch, holding the prompts its
+    online value-pretraining phase would draw; process 0 writes the info, whose weights hash (ZeRO-3: gathered) is the
+    initial policy's on both layouts."""
+    from vcppo_trl.rollout import load_stored_rollouts
+
+    overrides = {"store_rollouts": 2}
+    if launcher == "ddp":
+        ranks = _launch(tmp_path, TORCHRUN, extra_env=CPU, worker_args=[json.dumps(overrides)])
+    else:
+        pytest.importorskip("deepspeed")
+        config = os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml")
+        launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file", config, "--main_process_port", "0"]
+        overrides.update(ddp_backend="gloo", ds3_gather_for_generation=False)
+        ranks = _launch(tmp_path, launch, worker_args=[json.dumps(overrides)])
+    info, rows = load_stored_rollouts(str(tmp_path / "rollouts"))
+    assert sorted(os.listdir(tmp_path / "rollouts" / "data")) == [
+        f"batch-{b:06d}-process-{p:05d}-of-00002.parquet" for b in range(2) for p in range(2)
+    ]
+    assert info.layout == {"num_processes": 2, "prompts_per_process": 8}
+    for rank, report in enumerate(ranks):
+        assert report["store"]["batches_written"] == 2 and report["store"]["complete_batches"] == 2
+        for batch in range(2):
+            mine = [r for r in rows if r["batch"] == batch and r["process"] == rank]
+            assert [r["idx"] for r in mine] == report["seen"][batch]  # the prompts its reward function saw
+            assert [r["rewards"][0] for r in mine] == report["rewards"][batch]
+    # The toy policy is built with seed 0 on every rank and layout: one hash for all (ZeRO-3 gathers it first).
+    from vcppo_trl.rollout import weights_sha256
+    from vcppo_trl.toy.model import build_tiny_model
+    from vcppo_trl.toy.tokenizer import build_tokenizer
+
+    policy = build_tiny_model(build_tokenizer(), hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    assert info.policy["weights_sha256"] == weights_sha256(policy)
+
+
+def test_logged_completions_hold_both_ranks_rows(tmp_path):
+    """`log_completions` on two processes: each step's parquet file, written once, holds every rank's completions of
+    the update, rank 0's first."""
+    import pandas as pd
+
+    ranks = _launch(tmp_path, TORCHRUN, extra_env=CPU, worker_args=[json.dumps({"log_completions": True})])
+    folder = tmp_path / "run" / "completions"
+    assert sorted(os.listdir(folder)) == [f"completions_{step:05d}.parquet" for step in (1, 2, 3)]
+    for step in (1, 2, 3):
+        frame = pd.read_parquet(folder / f"completions_{step:05d}.parquet")
+        assert len(frame) == 16 and set(frame["step"]) == {step}
+        expected = ranks[0]["completions"][step - 1] + ranks[1]["completions"][step - 1]
+        assert frame["completion"].tolist() == expected
+        assert frame["length_reward"].tolist() == ranks[0]["rewards"][step - 1] + ranks[1]["rewards"][step - 1]

@@ -14,6 +14,7 @@ model to `OUT/model`. An optional JSON argument overrides config fields (`resume
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -138,6 +139,7 @@ def main(out_dir: str, extra: list[str]) -> None:
         reward_funcs.append(AutoModelForSequenceClassification.from_config(config))
         reward_tokenizers.append(tokenizer)
     lora = settings.pop("lora", False)  # LoRA on the policy and on the critic
+    store_batches = settings.pop("store_rollouts", None)  # a store-rollouts job of that many batches, not training
     args = VCPPOConfig(**settings)
     peft_kwargs = {}
     if lora:
@@ -164,6 +166,20 @@ def main(out_dir: str, extra: list[str]) -> None:
         "distributed_type": str(acc.distributed_type),
         "torch_world_size": torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1,
     }
+    if store_batches is not None:
+        from vcppo_trl import store_rollouts
+
+        report = store_rollouts(trainer, os.path.join(out_dir, "rollouts"), num_batches=store_batches)
+        info.update(
+            seen=seen, rewards=rewards, store=dataclasses.asdict(report), initial_policy_hash=initial_policy_hash
+        )
+        with open(os.path.join(out_dir, f"rank{acc.process_index}.json"), "w") as f:
+            json.dump(info, f)
+        acc.wait_for_everyone()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        sys.stdout.flush()
+        os._exit(0)
     try:
         trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     except TrainingInterrupted as stop:  # a signal: the checkpoint is saved; report it and exit as train.py does
