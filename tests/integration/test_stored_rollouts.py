@@ -5,6 +5,7 @@ pushed to the Hub (its stand-in)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
@@ -133,3 +134,109 @@ def test_the_weights_hash_changes_with_one_parameter(tiny_policy):
     with torch.no_grad():
         next(tiny_policy.parameters())[0, 0] += 1e-3
     assert weights_sha256(tiny_policy) != before
+
+
+PHASE = dict(value_pretrain_steps=3, value_pretrain_min_steps=3, value_pretrain_patience=None)
+
+
+def pretrain(trainer):
+    """Run `trainer` through its value-pretraining phase only; returns its critic's parameters."""
+    from ..conftest import StopAfterPretraining
+
+    trainer.add_callback(StopAfterPretraining(trainer.value_pretrain_callback))
+    trainer.train()
+    assert trainer.value_pretrain_callback.done
+    return {k: v.detach().clone() for k, v in trainer.unwrapped_policy_and_critic()[1].state_dict().items()}
+
+
+def test_fed_the_same_rollouts_the_offline_phase_ends_at_the_online_critic_bit_for_bit(
+    tokenizer, toy_splits, tiny_config, tmp_path
+):
+    from vcppo_trl.rollout import RolloutWriter
+    from vcppo_trl.trainer.store import run_info
+
+    captured = tmp_path / "captured"
+    online = fresh_trainer(tokenizer, toy_splits, tiny_config, output_dir=str(tmp_path / "online"), **PHASE)
+    writer = RolloutWriter(str(captured), run_info(online), 0)
+    writer.prepare()
+    sample_and_score, batches = online.rollout_maker.sample_and_score, []
+
+    def capture(rows, **kwargs):  # the online phase's rollouts, stored as they are sampled
+        scored = sample_and_score(rows, **kwargs)
+        writer.write(len(batches), rows, scored)
+        batches.append(len(rows))
+        return scored
+
+    online.rollout_maker.sample_and_score = capture
+    online_critic = pretrain(online)
+    assert len(batches) == 3
+
+    offline = fresh_trainer(
+        tokenizer,
+        toy_splits,
+        tiny_config,
+        output_dir=str(tmp_path / "offline"),
+        value_pretrain_dataset=str(captured),
+        **PHASE,
+    )
+    offline.rollout_maker.sample_and_score = None  # the offline phase must not sample
+    offline_critic = pretrain(offline)
+    assert online_critic.keys() == offline_critic.keys()
+    assert all(torch.equal(online_critic[k], offline_critic[k]) for k in online_critic)
+    assert any(not torch.equal(v, fresh) for v, fresh in zip(offline_critic.values(), initial_critic(tokenizer)))
+
+    def phase_logs(trainer):
+        return [
+            {k: v for k, v in e.items() if k.startswith("value_pretrain/") and not k.startswith("value_pretrain/time")}
+            for e in trainer.state.log_history
+            if "value_pretrain/loss/value_avg" in e or "value_pretrain/explained_variance" in e
+        ]
+
+    assert phase_logs(online) == phase_logs(offline) and len(phase_logs(online)) == 3
+    saved = [t.value_pretrain_callback.saved_paths for t in (online, offline)]
+    assert [os.path.basename(p[-1]) for p in saved] == ["value_pretrained", "value_pretrained"]
+
+
+def initial_critic(tokenizer):
+    from vcppo_trl.models.value_model import create_value_model_from_policy
+    from vcppo_trl.toy.model import build_tiny_model
+
+    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    return [v for v in create_value_model_from_policy(policy).state_dict().values()]
+
+
+def test_stored_rollouts_of_another_run_are_refused_for_pretraining_naming_the_field(
+    tokenizer, toy_splits, tiny_config, tmp_path
+):
+    path = tmp_path / "rollouts"
+    store(tokenizer, toy_splits, tiny_config, path, num_batches=2)
+    trainer = fresh_trainer(
+        tokenizer, toy_splits, tiny_config, value_pretrain_dataset=str(path), temperature=0.9, **PHASE
+    )
+    with pytest.raises(StoredRolloutsError, match=r"sampling\.temperature: 0\.7 != 0\.9 \(stored != this run\)"):
+        trainer.train()
+
+
+def test_held_out_batches_are_never_trained_on_and_feed_the_stop_rule(
+    tokenizer, toy_splits, tiny_config, tmp_path, monkeypatch
+):
+    from vcppo_trl.rollout import StoredRolloutSource
+
+    path = tmp_path / "rollouts"
+    store(tokenizer, toy_splits, tiny_config, path, num_batches=3)
+    read, batch_for_update = [], StoredRolloutSource.batch_for_update
+
+    def recording(self, update):
+        read.append(batch_for_update(self, update))
+        return read[-1]
+
+    monkeypatch.setattr(StoredRolloutSource, "batch_for_update", recording)
+    phase = dict(PHASE, value_pretrain_steps=4, value_pretrain_min_steps=4)
+    trainer = fresh_trainer(
+        tokenizer, toy_splits, tiny_config, value_pretrain_dataset=str(path), value_pretrain_heldout_batches=1, **phase
+    )
+    pretrain(trainer)
+    assert read == [0, 1, 0, 1]  # batch 2 is held out; two epochs over the other two
+    assert trainer.stored_rollouts.heldout_batches == [2]
+    logged = [e for e in trainer.state.log_history if "value_pretrain/heldout_explained_variance" in e]
+    assert len(logged) == 4 and all(math.isfinite(e["value_pretrain/heldout_loss"]) for e in logged)

@@ -63,6 +63,14 @@ class VCPPOConfig(PPOConfig):
             targets aligns its range in fewer rollouts, but on the toy it then over-fitted each rollout (explained
             variance on the next rollouts 0.04–0.11 without clipping vs 0.09–0.18 with it, 3 seeds, 10× the recipe's
             value learning rate); at the recipe's learning rate clipping never binds (clip fraction ≤ 0.5 %).
+        value_pretrain_dataset (`str`, *optional*): Stored rollouts of the initial policy (the folder
+            `train.py --store_rollouts` wrote, or a Hub dataset id) that value pretraining reads instead of sampling:
+            update u trains on stored batch u (cycling, i.e. several epochs, when the phase runs more updates than
+            there are batches). Refused when the stored policy, tokenizer, sampling settings, reward functions or
+            process layout differ from this run's (the error names the field). See docs/critic_pretraining.md.
+        value_pretrain_heldout_batches (`int`, defaults to `0`): With `value_pretrain_dataset`, the last this many
+            stored batches are never trained on; the stop rule then reads the critic's value loss and explained
+            variance on them after each update (on reused rollouts the update's own fit is optimistic).
         value_model_path (`str`, *optional*): A saved pretrained critic (local directory or Hub id) to start from;
             value pretraining is then skipped (a line in the log says so).
 
@@ -131,6 +139,20 @@ class VCPPOConfig(PPOConfig):
             "inf turns value clipping off while the critic is pretrained."
         },
     )
+    value_pretrain_dataset: str | None = field(
+        default=None,
+        metadata={
+            "help": "Stored rollouts (a train.py --store_rollouts folder or a Hub dataset id) that value pretraining "
+            "reads instead of sampling; cycled when the phase runs more updates than stored batches."
+        },
+    )
+    value_pretrain_heldout_batches: int = field(
+        default=0,
+        metadata={
+            "help": "With value_pretrain_dataset: the last this many stored batches are held out; the stop rule reads "
+            "the critic's fit on them."
+        },
+    )
     value_model_path: str | None = field(
         default=None,
         metadata={"help": "Pretrained critic to start from (a local directory or Hub id; skips value pretraining)."},
@@ -176,10 +198,33 @@ class VCPPOConfig(PPOConfig):
             )
         if self.lam_actor_length_alpha is not None and not self.lam_actor_length_alpha > 0:
             raise ValueError(f"`lam_actor_length_alpha` must be > 0, got {self.lam_actor_length_alpha}.")
+        self._check_value_pretrain_dataset()
         self.value_pretrain_save_steps = sorted(set(self.value_pretrain_save_steps or []))
         bad = [s for s in self.value_pretrain_save_steps if not 1 <= s <= self.value_pretrain_steps]
         if bad:
             raise ValueError(
                 f"`value_pretrain_save_steps` {bad} fall outside 1..value_pretrain_steps ({self.value_pretrain_steps}): "
                 "raise value_pretrain_steps or drop those steps."
+            )
+
+    def _check_value_pretrain_dataset(self) -> None:
+        if self.value_pretrain_heldout_batches < 0:
+            raise ValueError(
+                f"`value_pretrain_heldout_batches` must be >= 0, got {self.value_pretrain_heldout_batches}."
+            )
+        if self.value_pretrain_dataset is None:
+            if self.value_pretrain_heldout_batches:
+                raise ValueError("`value_pretrain_heldout_batches` needs `value_pretrain_dataset` (stored rollouts).")
+            return
+        if self.value_model_path is not None:
+            raise ValueError(
+                "`value_pretrain_dataset` pretrains the critic and `value_model_path` skips pretraining: set one."
+            )
+        if self.value_pretrain_steps < 1:
+            raise ValueError("`value_pretrain_dataset` needs `value_pretrain_steps` >= 1 (the phase's updates).")
+        if self.generation_window is not None or self.max_staleness > 0:
+            raise ValueError(
+                "`value_pretrain_dataset` does not combine with `generation_window` or `max_staleness` yet: stored "
+                "rollouts are whole responses read in the phase's order, while a window or a rollout worker samples "
+                "the policy itself. Pretrain the critic in a run without them and start from it with `value_model_path`."
             )

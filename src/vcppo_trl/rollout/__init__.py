@@ -5,6 +5,7 @@ generations a rollout worker runs ahead of training (`max_staleness`), and rollo
 
 from .maker import GenerationStats, RolloutMaker, RolloutStats
 from .overlap import AheadOfTraining, OverlappedRollouts, WindowAhead, overlapped_rollouts, request_seed
+from .replay import StoredRolloutSource, mismatches, resolve_stored_rollouts, scored_from_records
 from .scoring import ScoredSamples, concat_scored, decode_completions
 from .settings import RolloutSettings, old_logprobs_from_training_forward
 from .shaping import overlong_penalty, token_rewards
@@ -24,6 +25,10 @@ from .windowed import gae_bootstrap, make_window
 from .windows import InFlight, ResponsePool, WindowStep
 
 __all__ = [
+    "StoredRolloutSource",
+    "mismatches",
+    "resolve_stored_rollouts",
+    "scored_from_records",
     "RolloutWriter",
     "StoredRolloutsError",
     "StoredRolloutsInfo",

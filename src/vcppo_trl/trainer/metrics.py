@@ -101,6 +101,25 @@ def critic_fit(accelerator: Accelerator, update: UpdateRecord) -> CriticFit:
     return CriticFit(loss=loss, explained_variance=explained_variance(values, returns_g, mask_g.bool()))
 
 
+def heldout_fit(accelerator: Accelerator, rollouts: list[Rollout], returns: list[torch.Tensor]) -> CriticFit:
+    """
+    How well the critic, as it is now, fits held-out rollouts it never trained on, over all processes: the mean of
+    ½(V − R)² over their critic tokens (the unclipped value loss) and the explained variance of V against R.
+    """
+    values, targets, masks = [], [], []
+    for rollout, ret in zip(rollouts, returns):
+        v, r, m = gather_masked(accelerator, rollout.values, ret, rollout.value_mask.long())
+        mask = m.bool()
+        values.append(v[mask].float())
+        targets.append(r[mask].float())
+        masks.append(mask[mask])
+    values, targets, mask = torch.cat(values), torch.cat(targets), torch.cat(masks)
+    if not len(values):
+        return CriticFit(loss=math.nan, explained_variance=math.nan)
+    loss = float(0.5 * ((values - targets) ** 2).mean())
+    return CriticFit(loss=loss, explained_variance=explained_variance(values, targets, mask))
+
+
 def gather_masked(accelerator: Accelerator, *tensors: torch.Tensor) -> list[torch.Tensor]:
     """Gather `[B, T]` tensors from every process (padded to a common T)."""
     out = []

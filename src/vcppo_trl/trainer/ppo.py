@@ -242,6 +242,10 @@ class PPOTrainer(_BaseTrainer):
             bootstrap_values=gae_bootstrap(rollout, self.args.window_bootstrap),
         )
 
+    def rollout_source(self):
+        """What makes this update's rollout: the rollout maker (VC-PPO's phase may read stored rollouts instead)."""
+        return self.rollout_maker
+
     def critic_lambda(self) -> float:
         """The λ of the critic's targets that [`compute_advantages`] gives in the current update (the metrics reuse
         targets computed with λ = 1 as the Monte-Carlo returns); subclasses that change one change both."""
@@ -386,7 +390,7 @@ class PPOTrainer(_BaseTrainer):
         elif self.rollout_overlap is not None:
             rollout, made = self.rollout_overlap.make(self.prompts.draw, train_policy, trainer_state=self.state)
         else:
-            rollout, made = self.rollout_maker.make(rows, train_policy, self.state, more_rows=more_rows)
+            rollout, made = self.rollout_source().make(rows, train_policy, self.state, more_rows=more_rows)
         advantages, returns = self.compute_advantages(rollout)
         metric_settings = MetricSettings.from_args(self.args)
         metrics = rollout_metrics(

@@ -17,10 +17,12 @@ from transformers.utils import logging
 from ..algo.gae import dual_lambda_gae
 from ..checkpoint import hub
 from ..config.vcppo import VCPPOConfig
+from ..rollout import StoredRolloutsError, StoredRolloutSource, mismatches, resolve_stored_rollouts
 from ..rollout.types import Rollout
 from ..rollout.windowed import gae_bootstrap
-from .metrics import critic_fit
+from .metrics import critic_fit, heldout_fit
 from .ppo import PPOTrainer
+from .store import run_info
 from .value_pretraining import VALUE_PRETRAINED_DIRNAME, ValuePretrainCallback, ValuePretrainingPhase, saved_phase
 
 logger = logging.get_logger(__name__)
@@ -54,6 +56,7 @@ class VCPPOTrainer(PPOTrainer):
         self.value_pretrain_callback = self._bind_value_pretrain_callback()
         # The phase belongs to the trainer; the callback configures it (without one: a phase that never runs).
         self.value_pretraining = ValuePretrainingPhase()
+        self.stored_rollouts: StoredRolloutSource | None = None  # the phase's rollouts with `value_pretrain_dataset`
         if self.value_pretrain_callback is not None:
             self.value_pretraining = self.value_pretrain_callback.phase
             ddp = self.accelerator.num_processes > 1 and not self.is_deepspeed_enabled
@@ -138,11 +141,50 @@ class VCPPOTrainer(PPOTrainer):
         if not self.value_pretraining.should_begin():
             return
         self.begin_value_pretraining()
+        if self.args.value_pretrain_dataset is not None:
+            self.stored_rollouts = self.open_stored_rollouts()
         if self.is_world_process_zero():
+            source = (
+                "" if self.stored_rollouts is None else f" from the stored rollouts in {self.stored_rollouts.path}"
+            )
             logger.warning(
                 "Value pretraining: training the critic alone (λ = 1, policy frozen) for up to "
-                f"{self.value_pretraining.planned_updates} updates."
+                f"{self.value_pretraining.planned_updates} updates{source}."
             )
+
+    def open_stored_rollouts(self) -> StoredRolloutSource:
+        """The stored rollouts of `value_pretrain_dataset`, refused when they are not this run's policy's, tokenizer's,
+        sampling's, rewards' or layout's (naming each field that differs)."""
+        args = self.args
+        path = resolve_stored_rollouts(args.value_pretrain_dataset, token=args.hub_token)
+        source = StoredRolloutSource(
+            self.rollout_maker,
+            path,
+            process_index=self.accelerator.process_index,
+            heldout_batches=args.value_pretrain_heldout_batches,
+        )
+        differences = mismatches(source.info, run_info(self))
+        if differences:
+            raise StoredRolloutsError(
+                f"value_pretrain_dataset={args.value_pretrain_dataset!r} holds rollouts of another run: "
+                + "; ".join(differences)
+                + " (stored != this run). Store rollouts with this run's settings (train.py --store_rollouts)."
+            )
+        return source
+
+    def rollout_source(self):
+        """Stored rollouts during value pretraining with `value_pretrain_dataset`, else the rollout maker."""
+        if self.in_value_pretraining and self.stored_rollouts is not None:
+            return self.stored_rollouts
+        return self.rollout_maker
+
+    def phase_fit(self):
+        """The critic's fit the stop rule reads: on the update's own rollout, or on the held-out stored batches."""
+        if self.stored_rollouts is None or not self.stored_rollouts.heldout_batches:
+            return critic_fit(self.accelerator, self.last_update)
+        rollouts = self.stored_rollouts.heldout()
+        returns = [self.compute_advantages(rollout)[1] for rollout in rollouts]
+        return heldout_fit(self.accelerator, rollouts, returns)
 
     def after_update(self, metrics: dict[str, float]) -> None:
         """In value pretraining: count the update, save the critic where the rule asks, and end the phase when the
@@ -150,7 +192,11 @@ class VCPPOTrainer(PPOTrainer):
         phase = self.value_pretraining
         if not phase.active:
             return
-        reason = phase.record(critic_fit(self.accelerator, self.last_update))
+        fit = self.phase_fit()
+        if self.stored_rollouts is not None and self.stored_rollouts.heldout_batches:
+            metrics["value_pretrain/heldout_loss"] = fit.loss
+            metrics["value_pretrain/heldout_explained_variance"] = fit.explained_variance
+        reason = phase.record(fit)
         if phase.save_now():
             self._save_pretrained_critic(f"{VALUE_PRETRAINED_DIRNAME}-step-{phase.updates}")
         if reason is None:
