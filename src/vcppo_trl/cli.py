@@ -358,6 +358,19 @@ def main(argv: list[str] | None = None) -> VCPPOTrainer:
     resume = training_args.resume_from_checkpoint
     if isinstance(resume, str) and resume.lower() in ("true", "latest"):
         resume = True  # the latest checkpoint-<step> in output_dir
+    if training_args.value_pretrain_only:  # a critic job: no evaluation, no policy saved
+        try:
+            trainer.train(resume_from_checkpoint=resume)
+        except TrainingInterrupted as stop:
+            logger.error(str(stop))
+            leave_process_group(trainer)
+            raise SystemExit(stop.exit_code) from None
+        if trainer.is_world_process_zero():
+            print(
+                f"\nPretrained critic: {trainer.value_pretrain_callback.saved_paths[-1]} (load it with --value_model_path)"
+            )
+        leave_process_group(trainer)
+        return trainer
     results = []
     if eval_dataset is not None and not resume:
         results.append(("before RL", trainer.evaluate()))

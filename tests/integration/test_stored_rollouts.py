@@ -240,3 +240,23 @@ def test_held_out_batches_are_never_trained_on_and_feed_the_stop_rule(
     assert trainer.stored_rollouts.heldout_batches == [2]
     logged = [e for e in trainer.state.log_history if "value_pretrain/heldout_explained_variance" in e]
     assert len(logged) == 4 and all(math.isfinite(e["value_pretrain/heldout_loss"]) for e in logged)
+
+
+def test_a_critic_job_stops_after_the_phase_and_its_critic_loads_with_value_model_path(
+    tokenizer, toy_splits, tiny_config, tmp_path
+):
+    path = tmp_path / "rollouts"
+    store(tokenizer, toy_splits, tiny_config, path, num_batches=2)
+    phase = dict(PHASE, value_pretrain_steps=4, value_pretrain_min_steps=4)  # two epochs over the two batches
+    job = fresh_trainer(
+        tokenizer, toy_splits, tiny_config, value_pretrain_dataset=str(path), value_pretrain_only=True, **phase
+    )
+    job.rollout_maker.sample_and_score = None  # a critic job from stored rollouts samples nothing
+    job.train()
+    assert job.state.global_step == 4 and job.value_pretraining.done
+    saved = job.value_pretrain_callback.saved_paths[-1]
+    assert saved.endswith("value_pretrained")
+    critic = job.unwrapped_policy_and_critic()[1].state_dict()
+    later = fresh_trainer(tokenizer, toy_splits, tiny_config, value_model_path=saved)
+    loaded = later.unwrapped_policy_and_critic()[1].state_dict()
+    assert all(torch.equal(critic[k], loaded[k]) for k in critic)

@@ -71,6 +71,10 @@ class VCPPOConfig(PPOConfig):
         value_pretrain_heldout_batches (`int`, defaults to `0`): With `value_pretrain_dataset`, the last this many
             stored batches are never trained on; the stop rule then reads the critic's value loss and explained
             variance on them after each update (on reused rollouts the update's own fit is optimistic).
+        value_pretrain_only (`bool`, defaults to `False`): A critic job: training stops when value pretraining ends,
+            with the critic saved under `output_dir/value_pretrained` (`value_model_path` of a later run loads it);
+            no policy update runs. With `value_pretrain_dataset` no rollout is sampled either. The critic's
+            learning-rate schedule is the full run's, so the saved critic is the one a full run would start PPO from.
         value_model_path (`str`, *optional*): A saved pretrained critic (local directory or Hub id) to start from;
             value pretraining is then skipped (a line in the log says so).
 
@@ -153,6 +157,13 @@ class VCPPOConfig(PPOConfig):
             "the critic's fit on them."
         },
     )
+    value_pretrain_only: bool = field(
+        default=False,
+        metadata={
+            "help": "A critic job: stop when value pretraining ends (the critic saved under "
+            "output_dir/value_pretrained); no policy update runs."
+        },
+    )
     value_model_path: str | None = field(
         default=None,
         metadata={"help": "Pretrained critic to start from (a local directory or Hub id; skips value pretraining)."},
@@ -208,6 +219,11 @@ class VCPPOConfig(PPOConfig):
             )
 
     def _check_value_pretrain_dataset(self) -> None:
+        if self.value_pretrain_only and (self.value_pretrain_steps < 1 or self.value_model_path is not None):
+            raise ValueError(
+                "`value_pretrain_only` runs value pretraining alone: it needs `value_pretrain_steps` >= 1 and no "
+                "`value_model_path` (which skips the phase)."
+            )
         if self.value_pretrain_heldout_batches < 0:
             raise ValueError(
                 f"`value_pretrain_heldout_batches` must be >= 0, got {self.value_pretrain_heldout_batches}."

@@ -205,10 +205,11 @@ class VCPPOTrainer(PPOTrainer):
         if getattr(self.args, "value_pretrain_push", False):
             hub.push_pretrained_critic(self, path, steps=phase.updates)
         self.end_value_pretraining(reason)
+        if self.args.value_pretrain_only:  # a critic job: nothing after the phase
+            self.control.should_training_stop = True
         if self.is_world_process_zero():
-            logger.warning(
-                f"Value pretraining finished after {phase.updates} updates ({reason}); PPO training starts."
-            )
+            then = f"the critic is in {path}" if self.args.value_pretrain_only else "PPO training starts"
+            logger.warning(f"Value pretraining finished after {phase.updates} updates ({reason}); {then}.")
 
     def _save_pretrained_critic(self, name: str) -> str:
         path = os.path.join(self.args.output_dir, name)

@@ -581,3 +581,34 @@ def test_logged_completions_hold_both_ranks_rows(tmp_path):
         expected = ranks[0]["completions"][step - 1] + ranks[1]["completions"][step - 1]
         assert frame["completion"].tolist() == expected
         assert frame["length_reward"].tolist() == ranks[0]["rewards"][step - 1] + ranks[1]["rewards"][step - 1]
+
+
+def test_two_ranks_pretrain_a_critic_from_stored_rollouts(tmp_path):
+    """A critic job (`value_pretrain_only`) from rollouts two DDP processes stored, on two processes under DDP and
+    under ZeRO-3: each process reads its own shards (two epochs over two batches), the ranks end at one critic, and
+    the policy is untouched."""
+    stored = tmp_path / "store"
+    stored.mkdir()
+    _launch(stored, TORCHRUN, extra_env=CPU, worker_args=[json.dumps({"store_rollouts": 2})])
+    job = {
+        "value_pretrain_dataset": str(stored / "rollouts"),
+        "value_pretrain_only": True,
+        "value_pretrain_steps": 4,
+        "value_pretrain_min_steps": 4,
+    }
+    ddp = tmp_path / "ddp"
+    ddp.mkdir()
+    r0, r1 = _launch(ddp, TORCHRUN, extra_env=CPU, worker_args=[json.dumps(job)])
+    pytest.importorskip("deepspeed")
+    zero3 = tmp_path / "zero3"
+    zero3.mkdir()
+    config = os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml")
+    launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file", config, "--main_process_port", "0"]
+    z0, z1 = _launch(zero3, launch, worker_args=[json.dumps(job | {"ddp_backend": "gloo"})])
+    for a, b in ((r0, r1), (z0, z1)):
+        assert a["global_step"] == b["global_step"] == 4
+        assert a["critic_hash"] == b["critic_hash"]
+        assert a["policy_hash"] == a["initial_policy_hash"]
+        assert a["seen"] == []  # no reward function ran: nothing was sampled
+    assert os.path.isfile(ddp / "run" / "value_pretrained" / "model.safetensors")
+    assert os.path.isfile(zero3 / "run" / "value_pretrained" / "model.safetensors")

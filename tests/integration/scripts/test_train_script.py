@@ -72,6 +72,14 @@ def test_train_py_stores_rollouts_instead_of_training(tmp_path):
     again = run(command, tmp_path)  # a rerun finds every shard written
     assert again.returncode == 0, again.stderr[-3000:]
     assert "(0 written now, 2 found written)" in again.stdout
+    critic_job = tiny_run_command(
+        tmp_path / "critic", "--value_pretrain_dataset", str(stored), "--value_pretrain_only", "true"
+    )
+    critic_job += ["--value_pretrain_steps", "4", "--value_pretrain_min_steps", "4"]  # two epochs over two batches
+    done = run(critic_job, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"Pretrained critic: {tmp_path / 'critic' / 'value_pretrained'}" in done.stdout
+    assert "after VC-PPO" not in done.stdout and not os.path.exists(tmp_path / "critic" / "model.safetensors")
 
 
 def test_train_py_resumes_latest_checkpoint(tmp_path):
