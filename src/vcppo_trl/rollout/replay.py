@@ -42,15 +42,7 @@ MUST_MATCH = {
 
 def mismatches(stored: StoredRolloutsInfo, run: StoredRolloutsInfo) -> list[str]:
     """The fields of [`MUST_MATCH`] that differ, each as `section.key: stored != this run`."""
-    found = []
-    for section, keys in MUST_MATCH.items():
-        mine, theirs = getattr(stored, section), getattr(run, section)
-        found += [
-            f"{section}.{key}: {mine.get(key)!r} != {theirs.get(key)!r}"
-            for key in keys
-            if mine.get(key) != theirs.get(key)
-        ]
-    return found
+    return stored.differences(run, MUST_MATCH)
 
 
 def resolve_stored_rollouts(source: str, token: str | None = None) -> str:

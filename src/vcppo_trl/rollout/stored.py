@@ -88,14 +88,16 @@ class StoredRolloutsInfo:
             )
         return cls(**data)
 
-    def differences(self, other: StoredRolloutsInfo, sections: tuple[str, ...] | None = None) -> list[str]:
-        """The fields (`section.key`) whose values differ between two infos, in `sections` (all but `layout` when
-        `None`), each as `field: stored value != other value`."""
-        sections = sections or ("policy", "tokenizer", "sampling", "rewards")
+    def differences(self, other: StoredRolloutsInfo, fields: dict[str, tuple[str, ...]] | None = None) -> list[str]:
+        """
+        The fields whose values differ between two infos, each as `section.key: this value != other value`: those
+        of `fields` (section → keys), or every key of every section when `None`.
+        """
+        sections = fields or {name: None for name in ("policy", "tokenizer", "sampling", "rewards", "layout")}
         found = []
-        for section in sections:
+        for section, keys in sections.items():
             mine, theirs = getattr(self, section), getattr(other, section)
-            for key in sorted(set(mine) | set(theirs)):
+            for key in keys or sorted(set(mine) | set(theirs)):
                 if mine.get(key) != theirs.get(key):
                     found.append(f"{section}.{key}: {_short(mine.get(key))} != {_short(theirs.get(key))}")
         return found
@@ -174,7 +176,7 @@ class RolloutWriter:
     def check_existing(self) -> None:
         """Refuse to add to a folder written by another run (naming what differs)."""
         stored = read_info(self.path)
-        differences = stored.differences(self.info, ("policy", "tokenizer", "sampling", "rewards", "layout"))
+        differences = stored.differences(self.info)
         if differences:
             raise StoredRolloutsError(
                 f"{self.path} holds rollouts of another run; this one differs in " + "; ".join(differences) + ". "
