@@ -31,6 +31,18 @@ TORCHRUN = ["torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 CPU = {"ACCELERATE_USE_CPU": "1"}
 
 
+def _launch_two(out_dir, launcher: str, overrides: dict) -> list[dict]:
+    """worker.py on two processes with `overrides`: "ddp" (torchrun on CPU), or else ZeRO-3 (accelerate launch with
+    configs/accelerate/zero3_cpu.yaml over gloo, generation sharded)."""
+    if launcher == "ddp":
+        return _launch(out_dir, TORCHRUN, extra_env=CPU, worker_args=[json.dumps(overrides)])
+    pytest.importorskip("deepspeed")
+    config = os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml")
+    launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file", config, "--main_process_port", "0"]
+    overrides = overrides | {"ddp_backend": "gloo", "ds3_gather_for_generation": False}
+    return _launch(out_dir, launch, worker_args=[json.dumps(overrides)])
+
+
 def test_ddp_two_processes_on_cpu(tmp_path):
     ranks = _launch(tmp_path, TORCHRUN, extra_env=CPU)
     r0, r1 = ranks
@@ -394,14 +406,7 @@ def test_dynamic_sampling_runs_the_same_rounds_on_every_rank(tmp_path, launcher)
     """Each rank keeps its own informative groups, but every rank generates in every round (under ZeRO-3 sharded
     generation a rank that stopped would hang the other): the same rounds, the same batch shape, the same weights."""
     overrides = {"num_generations": 4, "dynamic_sampling": True, "dynamic_sampling_max_rounds": 4}
-    if launcher == "ddp":
-        ranks = _launch(tmp_path, TORCHRUN, extra_env=CPU, worker_args=[json.dumps(overrides)])
-    else:
-        pytest.importorskip("deepspeed")
-        config = os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml")
-        launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file", config, "--main_process_port", "0"]
-        overrides.update(ddp_backend="gloo", ds3_gather_for_generation=False)
-        ranks = _launch(tmp_path, launch, worker_args=[json.dumps(overrides)])
+    ranks = _launch_two(tmp_path, launcher, overrides)
     r0, r1 = ranks
     assert r0["global_step"] == r1["global_step"] == 3
     assert r0["batches_consumed"] == r1["batches_consumed"] == len(r0["seen"]) == len(r1["seen"])
@@ -428,14 +433,7 @@ def test_generation_windows_on_two_ranks(tmp_path, launcher):
     """Each rank keeps its own pool; every rank generates in every update with one budget (ZeRO-3's sharded generation
     is collective), the ranks end with the same weights, and the counts are over both pools."""
     overrides = {"generation_window": 4, "total_episodes": 64}
-    if launcher == "ddp":
-        ranks = _launch(tmp_path, TORCHRUN, extra_env=CPU, worker_args=[json.dumps(overrides)])
-    else:
-        pytest.importorskip("deepspeed")
-        config = os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml")
-        launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file", config, "--main_process_port", "0"]
-        overrides.update(ddp_backend="gloo", ds3_gather_for_generation=False)
-        ranks = _launch(tmp_path, launch, worker_args=[json.dumps(overrides)])
+    ranks = _launch_two(tmp_path, launcher, overrides)
     r0, r1 = ranks
     assert r0["global_step"] == r1["global_step"] > 1
     assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])
@@ -539,14 +537,7 @@ def test_two_ranks_store_their_shares_of_each_batch(tmp_path, launcher):
     from vcppo_trl.rollout import load_stored_rollouts
 
     overrides = {"store_rollouts": 2}
-    if launcher == "ddp":
-        ranks = _launch(tmp_path, TORCHRUN, extra_env=CPU, worker_args=[json.dumps(overrides)])
-    else:
-        pytest.importorskip("deepspeed")
-        config = os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml")
-        launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file", config, "--main_process_port", "0"]
-        overrides.update(ddp_backend="gloo", ds3_gather_for_generation=False)
-        ranks = _launch(tmp_path, launch, worker_args=[json.dumps(overrides)])
+    ranks = _launch_two(tmp_path, launcher, overrides)
     info, rows = load_stored_rollouts(str(tmp_path / "rollouts"))
     assert sorted(os.listdir(tmp_path / "rollouts" / "data")) == [
         f"batch-{b:06d}-process-{p:05d}-of-00002.parquet" for b in range(2) for p in range(2)
@@ -596,15 +587,11 @@ def test_two_ranks_pretrain_a_critic_from_stored_rollouts(tmp_path):
         "value_pretrain_steps": 4,
         "value_pretrain_min_steps": 4,
     }
-    ddp = tmp_path / "ddp"
+    ddp, zero3 = tmp_path / "ddp", tmp_path / "zero3"
     ddp.mkdir()
-    r0, r1 = _launch(ddp, TORCHRUN, extra_env=CPU, worker_args=[json.dumps(job)])
-    pytest.importorskip("deepspeed")
-    zero3 = tmp_path / "zero3"
     zero3.mkdir()
-    config = os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml")
-    launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file", config, "--main_process_port", "0"]
-    z0, z1 = _launch(zero3, launch, worker_args=[json.dumps(job | {"ddp_backend": "gloo"})])
+    r0, r1 = _launch_two(ddp, "ddp", job)
+    z0, z1 = _launch_two(zero3, "zero3", job)
     for a, b in ((r0, r1), (z0, z1)):
         assert a["global_step"] == b["global_step"] == 4
         assert a["critic_hash"] == b["critic_hash"]
