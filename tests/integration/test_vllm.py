@@ -257,6 +257,36 @@ def test_one_step_off_overlap_samples_in_a_vllm_worker_of_its_own(vllm_trainer):
     assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
 
 
+def test_stored_vllm_rollouts_keep_the_samplers_logprobs_and_pretrain_a_critic(vllm_trainer, tmp_path):
+    """The store-rollouts job on the vLLM sampler: vLLM's log-probs are stored per token (matching the training
+    forward), and a critic job reads the rollouts back (vLLM stored, HF run: the sampler may differ) without sampling."""
+    from vcppo_trl import store_rollouts
+    from vcppo_trl.rollout import load_stored_rollouts
+
+    path = tmp_path / "rollouts"
+    storer = vllm_trainer(value_pretrain_steps=2)
+    report = store_rollouts(storer, str(path))
+    assert report.complete_batches == 2
+    info, rows = load_stored_rollouts(str(path))
+    assert info.sampling["sampler"] == "vllm-colocate"
+    for row in rows:
+        assert len(row["sampler_logprobs"]) == len(row["completion_ids"])
+        assert all(lp <= 0.0 for lp in row["sampler_logprobs"])
+    from vcppo_trl.rollout import scored_from_records
+
+    records = [r for r in rows if r["batch"] == 0]  # against the training forward's log-probs
+    batch = scored_from_records(records, storer.rollout_maker, storer.accelerator.device)
+    policy = storer.unwrapped_policy_and_critic()[0]
+    gap = _max_logprob_gap(policy, batch.query_ids, batch.query_mask, batch.samples, 1.0)
+    assert gap < LOGPROB_TOLERANCE
+    job = vllm_trainer(
+        use_vllm=False, value_pretrain_dataset=str(path), value_pretrain_only=True, value_pretrain_steps=2
+    )
+    job.rollout_maker.sample_and_score = None
+    job.train()
+    assert job.state.global_step == 2 and job.value_pretraining.done
+
+
 def test_windows_with_one_step_off_overlap_on_a_vllm_worker(vllm_trainer):
     """`generation_window` with `max_staleness=1` on vLLM: the worker's engine continues the pool's responses from
     their token ids, one window ahead of training."""
