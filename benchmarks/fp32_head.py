@@ -93,8 +93,24 @@ def build_model(setup: str, seed: int, *, tokenizer, cold_start_steps: int, outp
     return model.eval()
 
 
-def gap(policy, cast: bool, seed: int, *, tokenizer, prompts: list[str], response_length: int, temperature: float):
-    """`(mean, max, tokens)` of |sampler - trainer| log-prob over the sampled tokens of one seed."""
+def gap(
+    policy,
+    cast: bool,
+    seed: int,
+    *,
+    query_ids: torch.Tensor,
+    query_mask: torch.Tensor,
+    stop_token_id: int,
+    pad_token_id: int,
+    response_length: int,
+    temperature: float,
+) -> tuple[float, float, int]:
+    """
+    `(mean, max, tokens)` of |sampler - trainer| log-prob over the sampled tokens of one seed: `policy` (on the
+    prompts' device, cast by `cast_lm_head_to_fp32` first when `cast`) samples with the HF sampler's code and scores
+    prompt + response with the trainer's log-prob code under bf16 autocast on that device (also the `fp32-head` row
+    of benchmarks/gpu_check.py).
+    """
     from transformers import GenerationConfig
 
     from vcppo_trl.models import cast_lm_head_to_fp32, policy_logprobs
@@ -102,15 +118,14 @@ def gap(policy, cast: bool, seed: int, *, tokenizer, prompts: list[str], respons
 
     if cast:
         cast_lm_head_to_fp32(policy)
-    query_ids, query_mask = left_padded_prompts(tokenizer, prompts)
     config = GenerationConfig(
         max_new_tokens=response_length,
         do_sample=True,
         temperature=temperature,
         top_k=0,
         top_p=1.0,
-        eos_token_id=[tokenizer.eos_token_id],
-        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=[stop_token_id],
+        pad_token_id=pad_token_id,
     )
     torch.manual_seed(seed)
     samples = sample_with_policy(
@@ -118,13 +133,13 @@ def gap(policy, cast: bool, seed: int, *, tokenizer, prompts: list[str], respons
         query_ids,
         query_mask,
         config=config,
-        chunk_size=len(prompts),
-        stop_token_ids=[tokenizer.eos_token_id],
+        chunk_size=query_ids.shape[0],
+        stop_token_ids=[stop_token_id],
         with_logprobs=True,
     )
     input_ids = torch.cat([query_ids, samples.response_ids], dim=1)
     attention_mask = torch.cat([query_mask, samples.response_mask.long()], dim=1)
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.no_grad(), torch.autocast(query_ids.device.type, dtype=torch.bfloat16):
         trainer, _ = policy_logprobs(
             policy, input_ids, attention_mask, context_length=query_ids.shape[1], temperature=temperature
         )
@@ -188,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     for setup in args.setups:
         for seed in seeds:
             prompts = list(make_splits(num_prompts, 1, seed=seed)["train"]["prompt"])
+            query_ids, query_mask = left_padded_prompts(tokenizer, prompts)
             trained = build_model(
                 setup, seed, tokenizer=tokenizer, cold_start_steps=cold_start_steps, output_dir=args.output_dir
             )
@@ -203,8 +219,10 @@ def main(argv: list[str] | None = None) -> int:
                     model,
                     cast,
                     seed,
-                    tokenizer=tokenizer,
-                    prompts=prompts,
+                    query_ids=query_ids,
+                    query_mask=query_mask,
+                    stop_token_id=tokenizer.eos_token_id,
+                    pad_token_id=tokenizer.pad_token_id,
                     response_length=response_length,
                     temperature=args.temperature,
                 )
