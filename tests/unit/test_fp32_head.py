@@ -158,6 +158,28 @@ def test_a_copy_of_a_cast_model_projects_with_its_own_head():
     assert logits.abs().max() > 0
 
 
+def test_a_rollout_workers_copy_keeps_the_cast():
+    """The HF rollout worker's copy (`sampling_copy`, pickled to a spawned process): float32 logits, and with tied bf16
+    embeddings the backbone still gets bf16 inputs (the dtype hook is kept, training hooks are not)."""
+    import pickle
+
+    from vcppo_trl.sampling.worker import sampling_copy
+
+    policy = tiny_lm(tied=True, dtype=torch.bfloat16)
+    cast_lm_head_to_fp32(policy)
+    policy.get_input_embeddings().register_forward_hook(lambda module, args, output: output)  # a training hook
+    copy_ = pickle.loads(pickle.dumps(sampling_copy(policy)))
+    assert is_fp32_head(copy_.get_output_embeddings())
+    assert len(copy_.get_input_embeddings()._forward_hooks) == 1
+    input_ids, attention_mask = batch()
+    with torch.no_grad():
+        assert copy_.get_input_embeddings()(input_ids).dtype == torch.bfloat16
+        logits = copy_(input_ids=input_ids, attention_mask=attention_mask).logits
+        expected = policy(input_ids=input_ids, attention_mask=attention_mask).logits
+    assert logits.dtype == torch.float32
+    torch.testing.assert_close(logits, expected, rtol=0, atol=0)
+
+
 def test_saved_head_is_fp32(tmp_path):
     model = tiny_lm(tied=False, dtype=torch.bfloat16)
     cast_lm_head_to_fp32(model)

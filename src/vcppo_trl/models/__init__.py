@@ -4,7 +4,7 @@ load, check, save; LoRA), padding-free packing, the float32 LM head, and loading
 
 from .critic_peft import load_value_adapter, wrap_value_model
 from .forward_engine import ForwardEngine, ForwardSettings
-from .fp32_head import cast_lm_head_to_fp32, is_fp32_head
+from .fp32_head import FP32LMHead, KeepOutputDtype, cast_lm_head_to_fp32, is_fp32_head
 from .loading import build_critic, load_policy, load_reward_funcs, load_tokenizer, resolve_stop_token_ids
 from .logprobs import full_logits_logprobs, packed_response_logprobs, response_logprobs
 from .packing import PackedRow, PackingError, TokenBatch, check_packing, pack_micro_batch
@@ -21,6 +21,8 @@ from .value_model import (
 __all__ = [
     "ForwardEngine",
     "ForwardSettings",
+    "FP32LMHead",
+    "KeepOutputDtype",
     "response_logprobs_of",
     "PackedRow",
     "PackingError",

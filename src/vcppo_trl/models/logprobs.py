@@ -24,7 +24,7 @@ from transformers import PreTrainedModel
 from trl.kernels import ChunkedLogProbFunction
 from trl.trainer.utils import entropy_from_logits, maybe_gather_lm_head_ctx, selective_log_softmax
 
-from .fp32_head import is_fp32_head
+from .fp32_head import FP32LMHead, is_fp32_head
 from .packing import PackedRow
 
 # Vocabulary columns per projection tile: a [4096 tokens, 4096] float32 tile is 64 MiB, whatever the vocabulary size.
@@ -54,8 +54,8 @@ def causal_lm_parts(model: nn.Module) -> CausalLMParts | None:
         return None
     backbone = getattr(base, base.base_model_prefix, None)
     lm_head = base.get_output_embeddings()
-    # `type(...) is` on purpose: a LoRA or modules-to-save wrapper around the head is not a plain projection.
-    if backbone is None or backbone is base or type(lm_head) is not nn.Linear:
+    # `type(...) in` on purpose: a LoRA or modules-to-save wrapper around the head is not a plain projection.
+    if backbone is None or backbone is base or type(lm_head) not in (nn.Linear, FP32LMHead):
         return None
     config = base.config.get_text_config()
     if any(getattr(config, name, None) is not None for name in UNSUPPORTED_LOGIT_SCALING):
