@@ -91,7 +91,11 @@ def cast_lm_head_to_fp32(model: nn.Module) -> None:
     original_dtype = lm_head.weight.dtype
     input_embeddings = base.get_input_embeddings()
     tied = input_embeddings is not None and input_embeddings.weight is lm_head.weight
-    lm_head.float()  # in place: a tied matrix stays one parameter
+    # In place: a tied matrix stays one parameter. A ZeRO-3-partitioned head keeps DeepSpeed's dtype (its shards are
+    # DeepSpeed's; the DeepSpeed engine casts every unpartitioned model to bf16/fp16 at prepare anyway): its logits are
+    # still computed in float32, from the gathered weights.
+    if not any(hasattr(p, "ds_id") for p in lm_head.parameters()):
+        lm_head.float()
     lm_head.__class__ = FP32LMHead
     if tied and original_dtype != torch.float32:
         input_embeddings.register_forward_hook(KeepOutputDtype(original_dtype))
