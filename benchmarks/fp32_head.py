@@ -1,7 +1,7 @@
 """Sampler/trainer log-prob gap in bf16, with and without `cast_lm_head_to_fp32`, on the toy model (CPU).
 
-    python benchmarks/fp32_head.py                  # 5 seeds, 32 prompts x 64 tokens, three setups (~8 min here)
-    python benchmarks/fp32_head.py --smoke          # 3 seeds, 4 prompts x 8 tokens, 2 SFT steps (seconds)
+    python benchmarks/fp32_head.py           # 5 seeds, 32 prompts x 64 tokens, 3 setups, 5 cold-start SFTs (minutes)
+    python benchmarks/fp32_head.py --smoke   # 3 seeds, 4 prompts x 8 tokens, 2 SFT steps (seconds)
 
 For each seed: the tiny toy model (`vcppo_trl.toy.build_tiny_model` at the toy run's size: hidden 96, 2 layers,
 4 heads, vocabulary 101, tied embeddings, random weights from the seed), the toy task's prompts, and two samplers'
@@ -21,10 +21,10 @@ and max per seed; the summary gives the mean over seeds with a 95 % t-interval. 
 
 - `bf16-weights`: the random model cast to bf16 (`model.to(torch.bfloat16)`), as a model loaded with
   `model_init_kwargs={"dtype": "bfloat16"}`: sampler and trainer both run a bf16 backbone. Random weights give
-  near-uniform next-token distributions (logits of order 0.01);
+  near-uniform next-token distributions (seed 0: logits spread ~0.2, top probability ~0.02 of 101 tokens);
 - `bf16-cold-start`: the same after `--cold-start-steps` steps of the toy's cold-start SFT in fp32
-  (`vcppo_trl.toy.cold_start_sft`, seeded, no target accuracy), then cast to bf16: peaked distributions, logits of
-  order 1-10 as in a trained LM;
+  (`vcppo_trl.toy.cold_start_sft`, seeded, no target accuracy), then cast to bf16: peaked distributions (logit
+  spread ~2, up to ~10 at seed 0), as in a trained LM;
 - `fp32-weights`: random fp32 weights under bf16 autocast (what `bf16=True` does to a model loaded in fp32, the toy's
   default): the HF sampler then runs entirely in fp32 and only the trainer runs in bf16.
 
