@@ -5,8 +5,8 @@
     python benchmarks/gpu_check.py --cpu-smoke   # the same code paths on CPU at tiny sizes
                                                  # (tests/integration/scripts/test_gpu_check.py)
 
-Run on one H200 at commit ea2077e (all rows but `rollout`, which needs vLLM there): benchmarks/results/gpu_check_h200.txt,
-figures in docs/benchmarks.md. Rows:
+Run on one H200 at commit ea2077e (all rows but `rollout`, which needs vLLM there, and `fp32-head`, added later):
+benchmarks/results/gpu_check_h200.txt, figures in docs/benchmarks.md. Rows:
 
 1. `gae`: `vcppo_trl.gae.dual_lambda_gae` against the per-token Python loop of benchmarks/gae.py, 64 x 16,384 tokens
    (smoke: 4 x 64), on the device; median times and their ratio, and the largest difference between the two.
@@ -36,6 +36,12 @@ figures in docs/benchmarks.md. Rows:
 4. `zero3-1proc`: tests/integration/distributed/worker.py (1 value-pretraining + 4 VC-PPO updates of the tiny toy
    model) under DeepSpeed ZeRO-3 with one process, through `accelerate launch` (smoke: configs/accelerate/zero3_cpu.yaml
    over gloo).
+8. `fp32-head`: the sampler/trainer log-prob gap of benchmarks/fp32_head.py on the device, without and with
+   `cast_lm_head_to_fp32`: the Qwen2.5-0.5B shape with random weights in bf16 (tied embeddings), 16 random prompts of
+   32 tokens, 256 sampled tokens at temperature 1, 3 seeds; HF `generate` as the sampler (its own log-probs), the
+   chunked training log-probs under bf16 autocast as the trainer; mean and max |Δ log p| per token, mean ± 95 %
+   t-interval over the seeds (smoke: the tiny model, 4 prompts x 8 tokens). Not run yet on a GPU: the session that
+   added it had none; the CPU figures are in benchmarks/results/fp32_head_cpu.txt.
 
 A row that fails prints FAILED and its error; the exit status is then 1. Without CUDA (and without `--cpu-smoke`) the
 script says so and exits with status 2.
@@ -572,11 +578,51 @@ def check_rollout(device: torch.device, smoke: bool) -> dict:
     }
 
 
+def check_fp32_head(device: torch.device, smoke: bool) -> dict:
+    import fp32_head  # benchmarks/fp32_head.py
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config_kwargs = SMOKE_MODEL if smoke else QWEN25_05B
+    prompts, prompt_length, response_length = (4, 8, 8) if smoke else (16, 32, 256)
+    seeds = (0, 1, 2)
+    gaps: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+    for seed in seeds:
+        torch.manual_seed(seed)
+        with torch.device(device):
+            policy = Qwen2ForCausalLM(Qwen2Config(**config_kwargs)).to(torch.bfloat16).eval()
+        generator = torch.Generator().manual_seed(seed)
+        query_ids = torch.randint(2, config_kwargs["vocab_size"], (prompts, prompt_length), generator=generator)
+        query_ids = query_ids.to(device)
+        for cast in (False, True):  # the same model, cast in place for the second measurement
+            mean, high, _ = fp32_head.gap(
+                policy,
+                cast,
+                seed,
+                query_ids=query_ids,
+                query_mask=torch.ones_like(query_ids),
+                stop_token_id=1,
+                pad_token_id=0,
+                response_length=response_length,
+                temperature=1.0,
+            )
+            gaps[cast].append((mean, high))
+        del policy
+        peak_reset(device)
+    parts = []
+    for cast, label in ((False, "bf16 head"), (True, "fp32 head")):
+        mean, half = fp32_head.interval([g[0] for g in gaps[cast]])
+        parts.append(f"{label} mean {mean:.2e} ± {half:.1e}, max {max(g[1] for g in gaps[cast]):.2e}")
+    return {"size": f"{prompts}x{response_length}, {len(seeds)} seeds", "result": "|Δ log p| " + "; ".join(parts)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-smoke", action="store_true", help="run every row on CPU at tiny sizes")
     parser.add_argument(
-        "--skip", nargs="*", default=[], help="row names to skip (gae, update, logprob, long, windows, zero3, rollout)"
+        "--skip",
+        nargs="*",
+        default=[],
+        help="row names to skip (gae, update, logprob, long, windows, zero3, rollout, fp32)",
     )
     parser.add_argument(
         "--windows-length",
@@ -608,6 +654,7 @@ def main(argv: list[str] | None = None) -> int:
         ("windows", lambda: check_generation_windows(device, smoke, args.windows_length)),
         ("zero3-1proc", lambda: check_zero3_one_process(device, smoke)),
         ("rollout", lambda: check_rollout(device, smoke)),
+        ("fp32-head", lambda: check_fp32_head(device, smoke)),
     ]
     rows, failed = [], 0
     for name, check in checks:

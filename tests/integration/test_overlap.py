@@ -212,3 +212,28 @@ def test_windows_with_one_step_off_overlap_train_each_window_one_update_after_it
     after = {s: e for s, e in step_logs(resumed).items() if s > 3}
     assert after == {s: e for s, e in logs.items() if s > 3} and len(after) == 2
     assert all(torch.equal(a, b) for a, b in zip(weights(resumed), weights(whole)))
+
+
+def test_one_step_off_with_an_fp32_lm_head_on_a_bf16_policy(tokenizer, toy_splits, tiny_config):
+    """`cast_lm_head_to_fp32` with `max_staleness=1`: the worker's copy of a bf16 policy with tied embeddings (pickled
+    to the spawned process) keeps the float32 head and the embeddings' bf16 output, and samples every update."""
+    from vcppo_trl import PPOConfig, PPOTrainer
+    from vcppo_trl.toy.model import build_tiny_model
+
+    from ..conftest import length_reward
+
+    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0).to(torch.bfloat16)
+    args = tiny_config(PPOConfig, bf16=True, cast_lm_head_to_fp32=True, max_staleness=1, kl_coef=0.0)
+    trainer = PPOTrainer(
+        model=policy,
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=toy_splits["train"],
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    logs = step_logs(trainer)
+    assert sorted(logs) == [1, 2] and [logs[s]["sampling/staleness_max"] for s in (1, 2)] == [0.0, 1.0]
+    # The first batch was sampled by the trainer's initial weights in the worker: bf16 kernels differ (generate
+    # against the full forward), by far less than a policy update moves them.
+    assert logs[1]["sampling/sampling_logp_difference/max"] < 0.05

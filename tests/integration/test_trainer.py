@@ -518,3 +518,43 @@ def test_dynamic_sampling_stops_at_the_round_limit_and_completes_the_batch(make_
 def test_dynamic_sampling_needs_several_samples_per_prompt(tmp_path):
     with pytest.raises(ValueError, match="num_generations >= 2"):
         PPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, dynamic_sampling=True)
+
+
+def test_bf16_run_with_fp32_lm_head(tokenizer, toy_splits, tiny_config):
+    """`bf16=True, cast_lm_head_to_fp32=True` on a bf16 policy with untied embeddings: the heads of the policy and of
+    the reference are float32 through the run, the first (on-policy) step's ratio is exactly 1, and the saved head is
+    float32 beside bf16 weights."""
+    from safetensors import safe_open
+
+    from vcppo_trl.models import is_fp32_head
+    from vcppo_trl.toy.model import build_tiny_model
+
+    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, tie_word_embeddings=False)
+    policy = policy.to(torch.bfloat16)
+    args = tiny_config(
+        PPOConfig,
+        bf16=True,
+        cast_lm_head_to_fp32=True,
+        kl_coef=0.1,  # a reference model, and no on-policy shortcut: the rollout forward computes the old log-probs
+        num_mini_batches=1,
+        gradient_accumulation_steps=4,
+        total_episodes=16,
+    )
+    trainer = PPOTrainer(
+        model=policy,
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=toy_splits["train"],
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    assert trainer.state.global_step == 1
+    for model in (trainer.model.policy, trainer.ref_model):
+        assert is_fp32_head(model.lm_head) and model.lm_head.weight.dtype == torch.float32
+    assert trainer.model.policy.model.embed_tokens.weight.dtype == torch.bfloat16
+    (log,) = [h for h in trainer.state.log_history if "val/ratio_avg" in h]
+    assert log["val/ratio_avg"] == 1.0  # one optimizer step, before which the policy is the rollout's
+    trainer.save_model(args.output_dir)
+    with safe_open(os.path.join(args.output_dir, "model.safetensors"), framework="pt") as f:
+        assert f.get_tensor("lm_head.weight").dtype == torch.float32
+        assert f.get_tensor("model.embed_tokens.weight").dtype == torch.bfloat16

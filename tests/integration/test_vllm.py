@@ -137,6 +137,23 @@ def test_sampler_logprobs_match_the_training_forward(vllm_trainer, tokenizer):
     assert _max_logprob_gap(trainer.model.policy, ids, mask, samples, 0.7) < LOGPROB_TOLERANCE
 
 
+def test_fp32_lm_head_runs_vllms_head_in_float32(vllm_trainer, tokenizer):
+    """`cast_lm_head_to_fp32` under bf16: the engine runs in bf16 with vLLM's own float32 head (`head_dtype`), takes
+    the trainer's float32 head in its syncs, and samples with log-probs through a PPO update."""
+    trainer = vllm_trainer(bf16=True, cast_lm_head_to_fp32=True, total_episodes=16)
+    model_config = trainer.sampler.llm.model_config
+    assert model_config.dtype == torch.bfloat16 and model_config.head_dtype == torch.float32
+    assert trainer.model.policy.lm_head.weight.dtype == torch.float32
+    trainer.train()
+    assert trainer.sampler.num_syncs == 1 and trainer.state.global_step == 1
+    ids, mask = _encode(tokenizer)
+    samples = trainer.rollout_maker.generate(ids, mask, temperature=1.0)
+    assert trainer.sampler.num_syncs == 2  # the updated weights, head included
+    assert samples.logprobs is not None and torch.isfinite(samples.logprobs).all()
+    # bf16 backbone (vLLM) against the trainer's fp32 weights: close, not equal.
+    assert _max_logprob_gap(trainer.model.policy, ids, mask, samples, 1.0) < 0.1
+
+
 def test_after_a_ppo_update_vllm_samples_from_the_updated_weights(vllm_trainer, tokenizer):
     trainer = vllm_trainer(value_pretrain_steps=0, total_episodes=16, learning_rate=1e-2)
     ids, mask = _encode(tokenizer)

@@ -65,6 +65,14 @@ class PPOConfig(_BaseConfig):
         model_init_kwargs (`dict`, *optional*): Keyword arguments for `from_pretrained` when `model` is a string.
         disable_dropout (`bool`, defaults to `True`): Disable dropout in the policy, critic and reference model
             (dropout makes the rollout's log-probabilities disagree with the training pass).
+        cast_lm_head_to_fp32 (`bool`, defaults to `False`): TRL GRPO's flag: the LM head of the policy and of the
+            reference model in float32 (cast once at setup), its logits computed in float32 outside bf16/fp16 autocast,
+            in every forward whose log-probs enter the ratio or the KL (rollout, reference, training) and in HF
+            `generate`; colocated vLLM runs its head in float32 too (`hf_overrides={"head_dtype": "float32"}`), a vLLM
+            server must be started with `--hf-overrides '{"head_dtype": "float32"}'`. Narrows the sampler/trainer
+            log-prob gap under bf16 (ScaleRL). With tied embeddings the shared matrix (so the input embedding too)
+            becomes float32 and the embeddings' output keeps the model's dtype; a saved head is float32. Refused with
+            a PEFT adapter on `lm_head`.
         model_adapter_name (`str`, *optional*): Name of the trained PEFT adapter when the model holds several.
         ref_adapter_name (`str`, *optional*): Name of the PEFT adapter used as the reference policy.
         value_peft_config (`dict`, *optional*): LoRA for the critic as keyword arguments of `peft.LoraConfig` (e.g.
@@ -338,6 +346,16 @@ class PPOConfig(_BaseConfig):
     )
     disable_dropout: bool = field(
         default=True, metadata={"help": "Disable dropout in the policy, critic and reference model."}
+    )
+    cast_lm_head_to_fp32: bool = field(
+        default=False,
+        metadata={
+            "help": "Cast the language modeling head of the policy and reference models to float32 (TRL GRPO's flag, "
+            "as the ScaleRL recipe recommends): logits in float32 under bf16 in the rollout, reference and training "
+            "forwards and in HF generate; colocated vLLM gets hf_overrides head_dtype=float32, a vLLM server needs "
+            '--hf-overrides \'{"head_dtype": "float32"}\'. With tied embeddings the shared matrix becomes float32 '
+            "too. Refused with a PEFT adapter on lm_head."
+        },
     )
     model_adapter_name: str | None = field(default=None, metadata={"help": "Name of the trained PEFT adapter."})
     ref_adapter_name: str | None = field(default=None, metadata={"help": "Name of the reference PEFT adapter."})

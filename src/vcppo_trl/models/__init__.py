@@ -1,9 +1,10 @@
 """The models: the joint policy-and-value module, log-probabilities without `[B, T, V]` logits, the critic (create,
-load, check, save; LoRA), padding-free packing, and loading what a trainer is built from.
+load, check, save; LoRA), padding-free packing, the float32 LM head, and loading what a trainer is built from.
 """
 
 from .critic_peft import load_value_adapter, wrap_value_model
 from .forward_engine import ForwardEngine, ForwardSettings
+from .fp32_head import FP32LMHead, KeepOutputDtype, cast_lm_head_to_fp32, is_fp32_head
 from .loading import build_critic, load_policy, load_reward_funcs, load_tokenizer, resolve_stop_token_ids
 from .logprobs import full_logits_logprobs, packed_response_logprobs, response_logprobs
 from .packing import PackedRow, PackingError, TokenBatch, check_packing, pack_micro_batch
@@ -20,6 +21,8 @@ from .value_model import (
 __all__ = [
     "ForwardEngine",
     "ForwardSettings",
+    "FP32LMHead",
+    "KeepOutputDtype",
     "response_logprobs_of",
     "PackedRow",
     "PackingError",
@@ -27,10 +30,12 @@ __all__ = [
     "TokenBatch",
     "as_value_model",
     "build_critic",
+    "cast_lm_head_to_fp32",
     "check_packing",
     "check_value_model_source",
     "create_value_model_from_policy",
     "full_logits_logprobs",
+    "is_fp32_head",
     "load_policy",
     "load_reward_funcs",
     "load_tokenizer",

@@ -7,10 +7,14 @@ online log-sum-exp; its backward recomputes the tiles, so neither pass holds the
 
 Models whose logits are not `lm_head(last_hidden_state)` up to TRL's supported transforms (logit scale, final
 soft-capping) — or whose LM head is wrapped (e.g. LoRA on `lm_head`) — fall back to [`full_logits_logprobs`].
+
+A head cast by `cast_lm_head_to_fp32` ([`~models.fp32_head.cast_lm_head_to_fp32`]) is projected in float32 with
+autocast off on both paths: the chunked one upcasts the hidden states here, the full-logits one calls the head.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +24,7 @@ from transformers import PreTrainedModel
 from trl.kernels import ChunkedLogProbFunction
 from trl.trainer.utils import entropy_from_logits, maybe_gather_lm_head_ctx, selective_log_softmax
 
+from .fp32_head import FP32LMHead, is_fp32_head
 from .packing import PackedRow
 
 # Vocabulary columns per projection tile: a [4096 tokens, 4096] float32 tile is 64 MiB, whatever the vocabulary size.
@@ -36,6 +41,7 @@ class CausalLMParts:
     lm_head: nn.Linear
     logit_scale: float = 1.0
     final_logit_softcapping: float | None = None
+    fp32_head: bool = False  # `cast_lm_head_to_fp32`: project in float32, autocast off
 
 
 def causal_lm_parts(model: nn.Module) -> CausalLMParts | None:
@@ -48,8 +54,8 @@ def causal_lm_parts(model: nn.Module) -> CausalLMParts | None:
         return None
     backbone = getattr(base, base.base_model_prefix, None)
     lm_head = base.get_output_embeddings()
-    # `type(...) is` on purpose: a LoRA or modules-to-save wrapper around the head is not a plain projection.
-    if backbone is None or backbone is base or type(lm_head) is not nn.Linear:
+    # `type(...) in` on purpose: a LoRA or modules-to-save wrapper around the head is not a plain projection.
+    if backbone is None or backbone is base or type(lm_head) not in (nn.Linear, FP32LMHead):
         return None
     config = base.config.get_text_config()
     if any(getattr(config, name, None) is not None for name in UNSUPPORTED_LOGIT_SCALING):
@@ -60,6 +66,7 @@ def causal_lm_parts(model: nn.Module) -> CausalLMParts | None:
         lm_head=lm_head,
         logit_scale=1.0 if logit_scale is None else float(logit_scale),
         final_logit_softcapping=getattr(config, "final_logit_softcapping", None),
+        fp32_head=is_fp32_head(lm_head),
     )
 
 
@@ -86,9 +93,15 @@ def chunked_token_logprobs(
     """
     outputs = ("log_probs", "entropy") if compute_entropy else ("log_probs",)
     weight, bias = parts.lm_head.weight, parts.lm_head.bias
+    autocast = contextlib.nullcontext()
+    if parts.fp32_head:
+        # The kernel computes in the autocast dtype when autocast is on, else in the hidden states' dtype (as TRL's
+        # fused LM head under `cast_lm_head_to_fp32`).
+        hidden = hidden.float()
+        autocast = torch.autocast(hidden.device.type, enabled=False)
     # The head is read directly, never called: under ZeRO-3 its weight must be gathered explicitly (and its shape is
     # only known once gathered: a partitioned parameter is empty).
-    with maybe_gather_lm_head_ctx(weight, bias):
+    with autocast, maybe_gather_lm_head_ctx(weight, bias):
         # The tile buffer is [tokens, chunk]: no wider than the vocabulary, so that small vocabularies get dense tiles.
         vocab_chunk = min(VOCAB_CHUNK, weight.shape[0])
         logprobs, entropy, *_ = ChunkedLogProbFunction.apply(

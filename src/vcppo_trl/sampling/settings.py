@@ -31,6 +31,7 @@ class SamplerSettings:
     model_impl: str
     seed: int
     mixed_precision: str | None  # "bfloat16" under `bf16`, "float16" under `fp16`, else None (the weights' dtype)
+    cast_lm_head_to_fp32: bool = False  # vLLM's head in float32 too (colocate; a server is started by the user)
 
     @classmethod
     def from_args(cls, args: PPOConfig) -> SamplerSettings:
@@ -52,4 +53,5 @@ class SamplerSettings:
             model_impl=args.vllm_model_impl,
             seed=args.seed,
             mixed_precision=mixed_precision,
+            cast_lm_head_to_fp32=args.cast_lm_head_to_fp32,
         )

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 import torch
 from accelerate.utils import is_peft_model
 
+from ..models.fp32_head import is_fp32_head
+
 # The CPU attention kernels reject smaller heads.
 MIN_CPU_HEAD_SIZE = 32
 VLLM_INSTALL_HINT = (
@@ -36,7 +38,10 @@ def vllm_dtype(mixed_precision: str | None, policy: torch.nn.Module) -> str:
     under it, else the weights' dtype."""
     if mixed_precision is not None:
         return mixed_precision
-    dtype = next(policy.parameters()).dtype
+    # Not from a head that `cast_lm_head_to_fp32` cast (with tied embeddings, the input embedding is that head too).
+    head = policy.get_output_embeddings() if hasattr(policy, "get_output_embeddings") else None
+    skip = {id(p) for p in head.parameters()} if head is not None and is_fp32_head(head) else set()
+    dtype = next((p.dtype for p in policy.parameters() if id(p) not in skip), next(policy.parameters()).dtype)
     return str(dtype).removeprefix("torch.")
 
 

@@ -149,6 +149,7 @@ class VLLMColocateSampler(_VLLMSamplerBase):
         model_impl: str = "vllm",
         seed: int = 0,
         copy_weights: bool = False,
+        head_dtype: str | None = None,
     ):
         require_vllm()
         super().__init__(policy_provider, gather, accelerator, tokenizer, stop_token_ids, response_length)
@@ -181,6 +182,10 @@ class VLLMColocateSampler(_VLLMSamplerBase):
             enable_sleep_mode=enable_sleep_mode,
             model_impl=model_impl,
         )
+        if head_dtype is not None:
+            # `cast_lm_head_to_fp32`: vLLM's own knob (`ModelConfig.head_dtype`, for generation models since vLLM
+            # 0.2x): its LogitsProcessor projects the hidden states through the head in this dtype.
+            engine_args["hf_overrides"] = {"head_dtype": head_dtype}
         self.config, self.engine_args, self.seed = config, engine_args, seed  # a rollout worker starts its own twin
         key = json.dumps([config.to_json_string(use_diff=False), engine_args], sort_keys=True)
         start = time.perf_counter()

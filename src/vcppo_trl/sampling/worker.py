@@ -37,6 +37,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from ..models.fp32_head import KeepOutputDtype
 from .hf import sample_with_policy
 from .seam import SamplerError, Samples, samples_from_token_lists, unpadded_prompts
 
@@ -208,10 +209,14 @@ def main_module_hidden() -> Iterator[None]:
 
 def sampling_copy(policy: torch.nn.Module) -> torch.nn.Module:
     """A copy of the policy on the CPU, in eval mode, for the worker: without the training hooks (gradient
-    checkpointing's input hooks are local functions, which cannot travel to another process, and sampling needs none)."""
+    checkpointing's input hooks are local functions, which cannot travel to another process, and sampling needs none),
+    but with `cast_lm_head_to_fp32`'s [`~models.fp32_head.KeepOutputDtype`] (tied embeddings: the backbone's input
+    dtype)."""
     policy = copy.deepcopy(policy).to("cpu").eval()
     for module in policy.modules():
+        kept = {key: hook for key, hook in module._forward_hooks.items() if isinstance(hook, KeepOutputDtype)}
         module._forward_hooks.clear()
+        module._forward_hooks.update(kept)
         module._forward_pre_hooks.clear()
         module._backward_hooks.clear()
     return policy

@@ -20,6 +20,7 @@ from trl.trainer.utils import disable_dropout_in_model
 
 from ..config.ppo import PPOConfig
 from ..models.critic_peft import wrap_value_model
+from ..models.fp32_head import cast_lm_head_to_fp32
 from ..models.loading import build_critic, load_policy, load_tokenizer
 from ..parallel.checks import check_launch_environment
 from ..rollout.maker import RolloutMaker
@@ -78,12 +79,19 @@ def build_models(
     value_peft_config: PeftConfig | dict | None,
 ) -> tuple[PreTrainedModel, PreTrainedModel, PreTrainedModel | None, PreTrainedTokenizerBase]:
     """The policy, the critic, the reference policy (`None` when there is none to keep) and the tokenizer, loaded or
-    built and readied as the config asks (see [`prepare_models`], [`reference_model`])."""
+    built and readied as the config asks (see [`prepare_models`], [`reference_model`]); under `cast_lm_head_to_fp32`
+    the LM heads of the policy and the reference in float32 ([`~models.fp32_head.cast_lm_head_to_fp32`]; the critic,
+    built from the policy first, keeps its dtype)."""
     policy = load_policy(model, args)
     tokenizer = load_tokenizer(processing_class, policy)
     critic = build_critic(value_model, policy, tokenizer, args=args)
     policy, critic = prepare_models(policy, critic, args, peft_config=peft_config, value_peft_config=value_peft_config)
-    return policy, critic, reference_model(policy, ref_model, args), tokenizer
+    reference = reference_model(policy, ref_model, args)
+    if args.cast_lm_head_to_fp32:
+        for m in (policy, reference):
+            if m is not None:
+                cast_lm_head_to_fp32(m)
+    return policy, critic, reference, tokenizer
 
 
 def prepare_models(
@@ -231,6 +239,12 @@ def build_sampler(
             needed_length=needed_length,
         )
         logger.warning(f"Rollouts are sampled by the vLLM server at {sampler.base_url}.")
+        if settings.cast_lm_head_to_fp32:
+            logger.warning(
+                "cast_lm_head_to_fp32=True computes the trainer's logits in float32; a vLLM server does so only when "
+                'started with `--hf-overrides \'{"head_dtype": "float32"}\'` (the trainer cannot set it), else its '
+                "log-probs come from a head in the model's dtype."
+            )
         return sampler
     config = (policy.get_base_model() if is_peft_model(policy) else policy).config
     max_model_length = settings.max_model_length or (
@@ -251,6 +265,7 @@ def build_sampler(
         model_impl=settings.model_impl,
         seed=settings.seed,
         copy_weights=backend.is_zero3,
+        head_dtype="float32" if settings.cast_lm_head_to_fp32 else None,
     )
     started = f"engine started in {sampler.start_seconds:.0f} s" if sampler.start_seconds else "engine reused"
     logger.warning(f"Rollouts are sampled by vLLM (colocate, {dtype}, context {max_model_length} tokens); {started}.")

@@ -29,7 +29,7 @@ def test_cpu_smoke_runs_every_row():
     rows = {line.split()[0]: line for line in lines[start + 1 :] if line.strip()}
     expected = ["gae", "update", "logprob-chunked", "logprob-full", "logprob-chunked-bwd", "logprob-full-bwd"]
     long = ["long-padded", "long-budget", "long-packed-sdpa", "long-packed-flex"]
-    assert list(rows) == expected + long + ["windows", "zero3-1proc", "rollout"]
+    assert list(rows) == expected + long + ["windows", "zero3-1proc", "rollout", "fp32-head"]
     assert not any("FAILED" in row for row in rows.values())
     # The rollout row needs vLLM: here it says why it did not run (tests/integration/test_vllm.py runs it where vLLM
     # is installed).
@@ -50,6 +50,9 @@ def test_cpu_smoke_runs_every_row():
     windows = rows["windows"]
     assert "whole " in windows and "done/s" in windows and "peak" not in windows
     assert "; T/2 " in windows and "; T/4 " in windows and windows.count("done/upd") == 2
+    # The sampler/trainer log-prob gap with a bf16 and an fp32 head (benchmarks/fp32_head.py's measurement).
+    assert "3 seeds" in rows["fp32-head"] and "bf16 head mean " in rows["fp32-head"]
+    assert "fp32 head mean " in rows["fp32-head"]
 
 
 def test_without_a_gpu_it_says_so_and_fails():
