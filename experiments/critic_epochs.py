@@ -114,10 +114,12 @@ def run_epochs_table(
 
     runs_dir = os.path.join(results_dir, "runs")
     os.makedirs(runs_dir, exist_ok=True)
+    commit = git_commit()  # the code this process runs, read once (HEAD may move while it runs)
     for seed in seeds:
         stored = os.path.join(assets_dir, "stored_rollouts", f"seed{seed}_{train_batches}_{heldout_batches}")
         batches = train_batches + heldout_batches
-        storer = make_trainer(budget, assets_dir, os.path.join(results_dir, "tmp"), seed, batches)
+        scratch = os.path.join(assets_dir, "critic_epochs_output")  # trainer output: not a result
+        storer = make_trainer(budget, assets_dir, scratch, seed, batches)
         t0 = time.time()
         report = store_rollouts(storer, stored, num_batches=batches)
         store_seconds = time.time() - t0
@@ -129,7 +131,7 @@ def run_epochs_table(
             trainer = make_trainer(
                 budget,
                 assets_dir,
-                os.path.join(results_dir, "tmp"),
+                scratch,
                 seed,
                 train_batches * epochs,
                 value_pretrain_dataset=stored,
@@ -147,7 +149,7 @@ def run_epochs_table(
                     "batch_size": budget.prompts_per_update,
                     "store_seconds": store_seconds if report.batches_written else None,
                     "train_seconds": time.time() - t0,
-                    "commit": git_commit(),
+                    "commit": commit,
                     "log": phase_log(trainer),
                 },
             )
@@ -217,6 +219,7 @@ def run_timing(budget, assets_dir: str, results_dir: str, updates: int, seed: in
 
     from vcppo_trl import store_rollouts
 
+    commit = git_commit()
     tmp = tempfile.mkdtemp(prefix="critic_timing_")
     timings = {}
     try:
@@ -241,7 +244,7 @@ def run_timing(budget, assets_dir: str, results_dir: str, updates: int, seed: in
         shutil.rmtree(tmp, ignore_errors=True)
     for entry in timings.values():
         entry["ratio_to_online"] = entry["seconds"] / timings["online"]["seconds"]
-    result = {"updates": updates, "seed": seed, "commit": git_commit(), "timings": timings}
+    result = {"updates": updates, "seed": seed, "commit": commit, "timings": timings}
     os.makedirs(results_dir, exist_ok=True)
     write_json(os.path.join(results_dir, f"timing_{updates}_updates.json"), result)
     return result
