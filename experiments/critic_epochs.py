@@ -161,6 +161,8 @@ def final(run: dict) -> dict:
     return {
         "heldout_ev": last["value_pretrain/heldout_explained_variance"],
         "heldout_loss": last["value_pretrain/heldout_loss"],
+        # the last update's own batch, values before the update: a batch the critic trained on in earlier epochs
+        "own_batch_ev": last["value_pretrain/explained_variance"],
     }
 
 
@@ -187,18 +189,20 @@ def write_report(results_dir: str) -> str:
         "batches stored once per seed. Held-out figures: after the last update, the critic against Monte-Carlo "
         "returns of held-out responses it never trained on.",
         "",
-        "| epochs | critic updates | held-out explained variance | held-out ½(V − R)² | per seed (EV) |",
-        "|---|---|---|---|---|",
+        "| epochs | critic updates | held-out explained variance | held-out ½(V − R)² | per seed (EV) "
+        "| last update's own batch: explained variance |",
+        "|---|---|---|---|---|---|",
     ]
     for epochs in EPOCHS:
         present = [s for s in seeds if (s, epochs) in by]
         evs = [by[(s, epochs)]["heldout_ev"] for s in present]
         losses = [by[(s, epochs)]["heldout_loss"] for s in present]
         updates = runs[0]["train_batches"] * epochs
+        own = [by[(s, epochs)]["own_batch_ev"] for s in present]
         lines.append(
             f"| {epochs} | {updates} | {interval(evs)} | {interval(losses)} | "
             + ", ".join(f"{v:.3f}" for v in evs)
-            + " |"
+            + f" | {interval(own)} |"
         )
     lines += ["", "Paired differences against one epoch (same seed, same stored rollouts; 95 % t-intervals):", ""]
     for epochs in EPOCHS[1:]:
