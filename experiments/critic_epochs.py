@@ -2,6 +2,7 @@
 
     python experiments/critic_epochs.py                 # the epochs table: 3 seeds x epochs 1, 2, 4 (results/critic_epochs/)
     python experiments/critic_epochs.py --timing        # online phase against store-once + train-from-dataset, timed
+    .venv-vllm/bin/python experiments/critic_epochs.py --timing --use-vllm --critic-job   # the same, sampled by vLLM
     python experiments/critic_epochs.py --smoke         # the same code at tiny sizes (tests/integration/scripts)
 
 Epochs table: per seed, the cached count-mod-5 cold-start policy samples `--train-batches` + `--heldout-batches`
@@ -14,7 +15,10 @@ update). Every run's log history is written under `runs/`; `results.md` is made 
 
 Timing: the same cold start, `--timing-updates` critic updates three ways in one process, one after the other:
 online (sampling every update), store that many batches then train on them (1 epoch), and store half as many then
-train two epochs; the seconds of each, and their ratios to online.
+train two epochs; the seconds of each, and their ratios to online. `--use-vllm` samples with colocated vLLM (its CPU
+backend needs heads >= 32 wide: the cold start is rebuilt with 3 heads of 32, cached apart); its engine starts once,
+before the first timed leg, and is reused by the others. `--critic-job` trains from the stored batches in critic jobs
+(`value_pretrain_only`: no policy kept, nothing sampled).
 """
 
 from __future__ import annotations
@@ -216,7 +220,15 @@ def write_report(results_dir: str) -> str:
     return text
 
 
-def run_timing(budget, assets_dir: str, results_dir: str, updates: int, seed: int) -> dict:
+def run_timing(
+    budget,
+    assets_dir: str,
+    results_dir: str,
+    updates: int,
+    seed: int,
+    use_vllm: bool = False,
+    critic_job: bool = False,
+) -> dict:
     """Online phase of `updates` updates, against store-then-train at 1 and at 2 epochs, in this process."""
     import shutil
     import tempfile
@@ -226,19 +238,27 @@ def run_timing(budget, assets_dir: str, results_dir: str, updates: int, seed: in
     commit = git_commit()
     tmp = tempfile.mkdtemp(prefix="critic_timing_")
     timings = {}
+    sampler = {"use_vllm": True, "vllm_mode": "colocate"} if use_vllm else {}
     try:
-        trainer = make_trainer(budget, assets_dir, os.path.join(tmp, "online"), seed, updates)
+        trainer = make_trainer(budget, assets_dir, os.path.join(tmp, "online"), seed, updates, **sampler)
+        engine_start_s = trainer.sampler.start_seconds if use_vllm else None
         t0 = time.time()
         trainer.train()
         timings["online"] = {"seconds": time.time() - t0}
         for name, batches in (("stored_1_epoch", updates), ("stored_2_epochs", updates // 2)):
             path = os.path.join(tmp, f"rollouts_{name}")
-            storer = make_trainer(budget, assets_dir, os.path.join(tmp, "store"), seed, batches)
+            storer = make_trainer(budget, assets_dir, os.path.join(tmp, "store"), seed, batches, **sampler)
             t0 = time.time()
             store_rollouts(storer, path, num_batches=batches)
             store_s = time.time() - t0
             trainer = make_trainer(
-                budget, assets_dir, os.path.join(tmp, name), seed, updates, value_pretrain_dataset=path
+                budget,
+                assets_dir,
+                os.path.join(tmp, name),
+                seed,
+                updates,
+                value_pretrain_dataset=path,
+                value_pretrain_only=critic_job,
             )
             t0 = time.time()
             trainer.train()
@@ -248,7 +268,16 @@ def run_timing(budget, assets_dir: str, results_dir: str, updates: int, seed: in
         shutil.rmtree(tmp, ignore_errors=True)
     for entry in timings.values():
         entry["ratio_to_online"] = entry["seconds"] / timings["online"]["seconds"]
-    result = {"updates": updates, "seed": seed, "commit": commit, "timings": timings}
+    result = {
+        "updates": updates,
+        "seed": seed,
+        "commit": commit,
+        "sampler": "vllm-colocate" if use_vllm else "hf",
+        "critic_job": critic_job,
+        "vllm_engine_start_seconds": engine_start_s,  # paid once, before the timed legs (all of them reuse it)
+        "model_size": budget.model_size(),
+        "timings": timings,
+    }
     os.makedirs(results_dir, exist_ok=True)
     write_json(os.path.join(results_dir, f"timing_{updates}_updates.json"), result)
     return result
@@ -263,14 +292,33 @@ def main(argv=None):
     parser.add_argument("--cache-dir", default=os.path.join(DEFAULT_CACHE, "count_mod_5"))
     parser.add_argument("--timing", action="store_true")
     parser.add_argument("--timing-updates", type=int, default=8)
+    parser.add_argument(
+        "--use-vllm", action="store_true", help="--timing: sample with colocated vLLM (3-head cold start)"
+    )
+    parser.add_argument("--critic-job", action="store_true", help="--timing: train from stored batches in critic jobs")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
     budget = COUNT_MOD_5_SMOKE_BUDGET if args.smoke else COUNT_MOD_5_BUDGET
+    if args.use_vllm:
+        import dataclasses
+
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        budget = dataclasses.replace(budget, toy_num_heads=budget.toy_hidden_size // 32)
+        if args.cache_dir == parser.get_default("cache_dir"):
+            args.cache_dir += "_vllm"  # the 4-head cold start stays cached where it is
     from toy_assets import build_cold_start
 
     build_cold_start(budget, args.cache_dir)
     if args.timing:
-        result = run_timing(budget, args.cache_dir, args.results_dir, args.timing_updates, args.seeds[0])
+        result = run_timing(
+            budget,
+            args.cache_dir,
+            args.results_dir,
+            args.timing_updates,
+            args.seeds[0],
+            use_vllm=args.use_vllm,
+            critic_job=args.critic_job,
+        )
         print(json.dumps(result, indent=2))
         return result
     run_epochs_table(budget, args.cache_dir, args.results_dir, args.seeds, args.train_batches, args.heldout_batches)

@@ -30,6 +30,7 @@ class RunningSumBudget(Budget):
     early_stop_fraction: float = 0.5
     toy_hidden_size: int = 96
     toy_num_layers: int = 2
+    toy_num_heads: int = 4  # 96 / 4: heads 24 wide; vLLM's CPU backend needs >= 32 (3 heads)
     response_length: int = 192  # complete responses are 87-167 tokens
     # The PPO baseline's critics: a reward model trained on complete responses and on truncated prefixes (our device,
     # vcppo_trl.toy.reward_model) and the paper's EOS-only one beside it (`reward_model_eos`), as on the majority task.
@@ -55,7 +56,7 @@ class RunningSumBudget(Budget):
         )
         key = {"task": "running_sum", **{k: getattr(self, k) for k in keys}}
         # Only where they differ from the first running-sum assets, so that those stay valid.
-        for k, default in (("values", None), ("tally", "mod")):
+        for k, default in (("values", None), ("tally", "mod"), ("toy_num_heads", 4)):
             if getattr(self, k) != default:
                 key[k] = getattr(self, k)
         return key
@@ -83,7 +84,11 @@ class RunningSumBudget(Budget):
         return [reasoning_lines_reward]
 
     def model_size(self) -> dict[str, int]:
-        return {"hidden_size": self.toy_hidden_size, "num_layers": self.toy_num_layers}
+        return {
+            "hidden_size": self.toy_hidden_size,
+            "num_layers": self.toy_num_layers,
+            "num_heads": self.toy_num_heads,
+        }
 
     def reward_model_prefixes(self) -> int:
         return self.rm_prefixes_per_response

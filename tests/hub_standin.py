@@ -9,6 +9,13 @@ Just enough of the API for `HfApi.create_repo`, `create_branch` and `upload_fold
 - `POST /api/validate-yaml`                           → 400 unless the README starts with a YAML mapping
 - `GET  /api/whoami-v2`, `GET /api/agent-harnesses`  → a fixed user, an empty registry
 
+and, for `snapshot_download` and `hf_hub_download` of what was pushed:
+
+- `GET  /api/{type}s/{ns}/{name}/revision/{rev}`      → the revision's commit sha and files
+- `GET  /api/{type}s/{ns}/{name}/tree/{rev}`          → its files (one page, sizes and blob ids)
+- `HEAD`/`GET [/{type}s]/{ns}/{name}/resolve/{rev}/{path}` → the file's commit, ETag and size / its bytes
+- `HEAD /api/telemetry/...`                          → 200 (libraries' usage pings)
+
 Requests are recorded in `server.requests` and files in `server.repos[repo_id]["files"][revision][path]` (bytes), so a
 test can read back what arrived. Anything else answers 404 and is recorded, so a test sees an unexpected call.
 """
@@ -75,14 +82,80 @@ class _Handler(BaseHTTPRequestHandler):
         return self.rfile.read(length) if length else b""
 
     def do_GET(self):
-        path = urlsplit(self.path).path
+        path = unquote(urlsplit(self.path).path)
         self.server.requests.append(("GET", path, dict(self.headers)))
         if path == "/api/whoami-v2":
             return self._reply(200, {"name": USER, "type": "user", "orgs": [], "auth": {}})
         if path == "/api/agent-harnesses":  # the client's best-effort user-agent detection
             return self._reply(200, {"standardEnvVars": [], "harnesses": {}})
+        parts = path.split("/")
+        # /api/<type>s/<ns>/<name>/revision/<rev> and /api/<type>s/<ns>/<name>/tree/<rev>[/<path>]
+        if len(parts) >= 7 and parts[1] == "api" and parts[5] in ("revision", "tree"):
+            found = self._snapshot(f"{parts[3]}/{parts[4]}", parts[6])
+            if found is None:
+                return self._reply(404, {"error": f"stand-in: no revision {parts[6]} of {parts[3]}/{parts[4]}"})
+            sha, files = found
+            if parts[5] == "revision":
+                siblings = [{"rfilename": name} for name in sorted(files)]
+                return self._reply(200, {"id": f"{parts[3]}/{parts[4]}", "sha": sha, "siblings": siblings})
+            entries = [
+                {"type": "file", "oid": _blob_id(data), "size": len(data), "path": name}
+                for name, data in sorted(files.items())
+            ]
+            return self._reply(200, entries)
+        if self._resolve(path, send_body=True):
+            return
         self.server.unknown.append(("GET", path))
         self._reply(404, {"error": f"stand-in: no GET {path}"})
+
+    def do_HEAD(self):
+        path = unquote(urlsplit(self.path).path)
+        self.server.requests.append(("HEAD", path, dict(self.headers)))
+        if path.startswith("/api/telemetry/"):  # libraries' usage pings (TRL's), answered and not checked
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if not self._resolve(path, send_body=False):
+            self.server.unknown.append(("HEAD", path))
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    def _snapshot(self, repo_id: str, revision: str) -> tuple[str, dict[str, bytes]] | None:
+        """The commit sha and files of a branch or of a commit sha, `None` when the repo has neither."""
+        repo = self.server.repos.get(repo_id)
+        if repo is None:
+            return None
+        if revision in repo["files"]:
+            return repo["heads"].get(revision, "0" * 40), repo["files"][revision]
+        if revision in repo["snapshots"]:
+            return revision, repo["snapshots"][revision]
+        return None
+
+    def _resolve(self, path: str, send_body: bool) -> bool:
+        """`[/<type>s]/<ns>/<name>/resolve/<rev>/<file>`: the file's headers (and bytes); False if not such a path."""
+        parts = path.strip("/").split("/")
+        if parts and parts[0] in ("datasets", "spaces"):
+            parts = parts[1:]
+        if len(parts) < 5 or parts[2] != "resolve":
+            return False
+        found = self._snapshot(f"{parts[0]}/{parts[1]}", parts[3])
+        data = None if found is None else found[1].get("/".join(parts[4:]))
+        if data is None:
+            self.send_response(404)
+            self.send_header("X-Error-Code", "EntryNotFound")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return True
+        self.send_response(200)
+        self.send_header("X-Repo-Commit", found[0])
+        self.send_header("ETag", f'"{_blob_id(data)}"')
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if send_body:
+            self.wfile.write(data)
+        return True
 
     def do_POST(self):
         path = unquote(urlsplit(self.path).path)
@@ -105,6 +178,8 @@ class _Handler(BaseHTTPRequestHandler):
                     if revision in repo["files"]:
                         return self._reply(409, {"error": "Reference already exists"})
                     repo["files"][revision] = dict(repo["files"]["main"])
+                    if "main" in repo["heads"]:
+                        repo["heads"][revision] = repo["heads"]["main"]
                     return self._reply(200, {})
                 if revision not in repo["files"]:
                     return self._reply(404, {"error": f"Invalid rev id: {revision}"})
@@ -144,6 +219,8 @@ class _Handler(BaseHTTPRequestHandler):
                 "type": payload.get("type") or "model",
                 "files": {"main": {}},
                 "commits": [],
+                "heads": {},  # branch → its last commit's sha
+                "snapshots": {},  # commit sha → the files at that commit
             }
         self._reply(200, {"url": self._url(repo_id), "name": repo_id, "id": repo_id})
 
@@ -164,6 +241,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._reply(400, {"error": f"stand-in: unsupported commit operations {unsupported}"})
         repo["files"][revision].update(files)
         oid = hashlib.sha1(body).hexdigest()
+        repo["heads"][revision], repo["snapshots"][oid] = oid, dict(repo["files"][revision])
         repo["commits"].append(
             {"revision": revision, "oid": oid, "summary": header.get("summary"), "paths": list(files)}
         )
@@ -171,3 +249,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _url(self, repo_id: str) -> str:
         return f"{self.server.endpoint}/{repo_id}"
+
+
+def _blob_id(data: bytes) -> str:
+    """The git blob sha of a file's bytes (what the Hub gives as a regular file's oid and ETag)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()

@@ -406,7 +406,8 @@ def leave_process_group(trainer: VCPPOTrainer) -> None:
         global _LEFT_PROCESS_GROUP
         _LEFT_PROCESS_GROUP = True
     # A colocated vLLM engine tears down its own process groups: before the default group goes, not at exit.
-    trainer.sampler.close()
+    if trainer.sampler is not None:  # a critic job has none
+        trainer.sampler.close()
     trainer.accelerator.end_training()
 
 

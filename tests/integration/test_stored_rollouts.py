@@ -125,6 +125,29 @@ def test_stored_rollouts_push_to_a_hub_dataset_repo(tokenizer, toy_splits, tiny_
         )
         assert json.loads(files[INFO_FILENAME]) == json.loads((tmp_path / "r" / INFO_FILENAME).read_text())
         assert report.hub_url is not None
+
+        # A critic job reads them back by repo id (downloaded to the cache), to the critic the local folder gives.
+        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf_cache"))
+        template = server.endpoint + "/{repo_id}/resolve/{revision}/{filename}"  # file downloads' own URL
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+        critics = []
+        for source in ("test-user/toy-rollouts", str(tmp_path / "r")):
+            job = fresh_trainer(
+                tokenizer,
+                toy_splits,
+                tiny_config,
+                output_dir=str(tmp_path / "job" / str(len(critics))),
+                value_pretrain_dataset=source,
+                value_pretrain_only=True,
+                **PHASE,
+            )
+            job.train()
+            critics.append(job.unwrapped_policy_and_critic()[1].state_dict())
+        assert job.stored_rollouts.path == str(tmp_path / "r")
+        assert all(torch.equal(critics[0][k], critics[1][k]) for k in critics[0])
+        downloaded = [p for method, p, _ in server.requests if "/resolve/" in p and method == "GET"]
+        assert sorted(p.rsplit("/", 1)[-1] for p in downloaded) == sorted(os.path.basename(f) for f in files)
+        assert not server.unknown
     finally:
         server.stop()
 
@@ -149,8 +172,9 @@ def pretrain(trainer):
     return {k: v.detach().clone() for k, v in trainer.unwrapped_policy_and_critic()[1].state_dict().items()}
 
 
+@pytest.mark.parametrize("critic_job", [False, True], ids=["phase-of-a-run", "critic-job"])
 def test_fed_the_same_rollouts_the_offline_phase_ends_at_the_online_critic_bit_for_bit(
-    tokenizer, toy_splits, tiny_config, tmp_path
+    tokenizer, toy_splits, tiny_config, tmp_path, critic_job
 ):
     from vcppo_trl.rollout import RolloutWriter
     from vcppo_trl.trainer.store import run_info
@@ -177,9 +201,11 @@ def test_fed_the_same_rollouts_the_offline_phase_ends_at_the_online_critic_bit_f
         tiny_config,
         output_dir=str(tmp_path / "offline"),
         value_pretrain_dataset=str(captured),
+        value_pretrain_only=critic_job,  # a critic job: no policy held
         **PHASE,
     )
     offline.rollout_maker.sample_and_score = None  # the offline phase must not sample
+    assert (offline.unwrapped_policy_and_critic()[0] is None) == critic_job
     offline_critic = pretrain(offline)
     assert online_critic.keys() == offline_critic.keys()
     assert all(torch.equal(online_critic[k], offline_critic[k]) for k in online_critic)
@@ -252,6 +278,8 @@ def test_a_critic_job_stops_after_the_phase_and_its_critic_loads_with_value_mode
         tokenizer, toy_splits, tiny_config, value_pretrain_dataset=str(path), value_pretrain_only=True, **phase
     )
     job.rollout_maker.sample_and_score = None  # a critic job from stored rollouts samples nothing
+    assert job.unwrapped_policy_and_critic()[0] is None and job.sampler is None and job.ref_model is None
+    assert not any(name.startswith("policy.") for name, _ in job.model.named_parameters())
     job.train()
     assert job.state.global_step == 4 and job.value_pretraining.done
     saved = job.value_pretrain_callback.saved_paths[-1]
@@ -260,3 +288,54 @@ def test_a_critic_job_stops_after_the_phase_and_its_critic_loads_with_value_mode
     later = fresh_trainer(tokenizer, toy_splits, tiny_config, value_model_path=saved)
     loaded = later.unwrapped_policy_and_critic()[1].state_dict()
     assert all(torch.equal(critic[k], loaded[k]) for k in critic)
+
+
+def test_a_critic_job_keeps_no_policy_and_refuses_what_needs_one(tokenizer, toy_splits, tiny_config, tmp_path):
+    import gc
+    import weakref
+
+    from vcppo_trl import VCPPOTrainer
+    from vcppo_trl.toy.model import build_tiny_model
+
+    from ..conftest import length_reward
+
+    path = tmp_path / "rollouts"
+    store(tokenizer, toy_splits, tiny_config, path, num_batches=2)
+    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    policy_ref = weakref.ref(policy)
+    job = VCPPOTrainer(
+        model=policy,
+        reward_funcs=length_reward,
+        # use_vllm as the store job had it: a critic job starts no engine (vLLM need not even be installed)
+        args=tiny_config(value_pretrain_dataset=str(path), value_pretrain_only=True, use_vllm=True, **PHASE),
+        train_dataset=toy_splits["train"],
+        processing_class=tokenizer,
+    )
+    del policy
+    gc.collect()
+    assert policy_ref() is None  # built from, hashed, and let go
+    assert job.initial_policy["weights_sha256"] == read_info(str(path)).policy["weights_sha256"]
+    with pytest.raises(RuntimeError, match="critic job"):
+        job.evaluate(toy_splits["test"])
+    with pytest.raises(ValueError, match="holds no policy to push"):
+        job.push_to_hub()
+    job.save_model(str(tmp_path / "saved"))
+    saved = sorted(os.listdir(tmp_path / "saved"))
+    assert "value_model" in saved and not any(f.endswith(".safetensors") for f in saved), saved
+    assert "README.md" not in saved  # no policy card for a policy that is not saved
+
+
+def test_a_critic_job_resumes_from_its_checkpoint_to_the_same_critic(tokenizer, toy_splits, tiny_config, tmp_path):
+    path = tmp_path / "rollouts"
+    store(tokenizer, toy_splits, tiny_config, path, num_batches=2)
+    phase = dict(PHASE, value_pretrain_steps=4, value_pretrain_min_steps=4)
+    job = dict(value_pretrain_dataset=str(path), value_pretrain_only=True, save_strategy="steps", save_steps=2)
+    through = fresh_trainer(tokenizer, toy_splits, tiny_config, output_dir=str(tmp_path / "a"), **job, **phase)
+    through.train()
+    checkpoint = tmp_path / "a" / "checkpoint-2"
+    assert os.listdir(checkpoint / "value_model") and not (checkpoint / "model.safetensors").exists()
+    resumed = fresh_trainer(tokenizer, toy_splits, tiny_config, output_dir=str(tmp_path / "b"), **job, **phase)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    expected = through.unwrapped_policy_and_critic()[1].state_dict()
+    got = resumed.unwrapped_policy_and_critic()[1].state_dict()
+    assert resumed.state.global_step == 4 and all(torch.equal(expected[k], got[k]) for k in expected)

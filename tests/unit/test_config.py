@@ -289,3 +289,21 @@ def test_vllm_defaults_are_trls(tmp_path):
     ]  # fmt: skip
     assert {n: getattr(ours, n) for n in names} == {n: getattr(trl, n) for n in names}
     assert ours.num_generations == 1  # one response per prompt, as TRL's PPO (GRPO's default is 8)
+
+
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        ({"eval_strategy": "steps", "eval_steps": 2}, "eval_strategy"),
+        ({"eval_on_start": True}, "eval_on_start"),
+        ({"push_to_hub": True, "hub_model_id": "me/run"}, "push_to_hub"),
+    ],
+)
+def test_a_critic_job_refuses_what_needs_a_policy(kwargs, named, tmp_path):
+    job = {"value_pretrain_dataset": str(tmp_path / "rollouts"), "value_pretrain_only": True}
+    assert make(VCPPOConfig, tmp_path, **job).is_critic_job
+    assert not make(VCPPOConfig, tmp_path, value_pretrain_only=True).is_critic_job  # it samples: the policy is kept
+    assert not make(PPOConfig, tmp_path).is_critic_job
+    with pytest.raises(ValueError, match=f"holds no policy, so {named} has nothing to work on"):
+        make(VCPPOConfig, tmp_path, **job, **kwargs)
+    make(VCPPOConfig, tmp_path, value_pretrain_dataset=str(tmp_path / "rollouts"), **kwargs)  # a run with a policy

@@ -125,10 +125,13 @@ def saved_world_size(checkpoint: str, state: dict[str, Any] | None = None) -> in
     return len(ranks) if ranks else 1
 
 
-def missing_checkpoint_files(checkpoint: str, world_size: int, deepspeed: bool = False) -> list[str]:
+def missing_checkpoint_files(
+    checkpoint: str, world_size: int, deepspeed: bool = False, with_policy: bool = True
+) -> list[str]:
     """
     Files a resumable checkpoint must have that `checkpoint` lacks. Under DeepSpeed the weights and optimizer states
-    are the engine's own (`latest` and `global_step*/`), not `optimizer.pt` and the safetensors.
+    are the engine's own (`latest` and `global_step*/`), not `optimizer.pt` and the safetensors. A critic job's
+    checkpoints (`with_policy=False`) hold no policy weights.
     """
     required = ["trainer_state.json", TRAINING_STATE_NAME, "scheduler.pt"]
     required.append("rng_state.pth" if world_size <= 1 else "rng_state_0.pth")
@@ -139,7 +142,7 @@ def missing_checkpoint_files(checkpoint: str, world_size: int, deepspeed: bool =
         if not tag_dirs:
             missing.append("global_step*/ (DeepSpeed states)")
         return missing
-    if not _weight_files(checkpoint):
+    if with_policy and not _weight_files(checkpoint):
         missing.append("model.safetensors (policy weights)")
     if not _weight_files(os.path.join(checkpoint, VALUE_MODEL_DIRNAME)):
         missing.append("value_model/model.safetensors (critic weights)")

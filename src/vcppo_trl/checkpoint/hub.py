@@ -162,6 +162,11 @@ def push_trainer(
         `{"policy": CommitInfo, "value": CommitInfo}` on the main process, `None` on the others.
     """
     args = trainer.args
+    if args.is_critic_job:
+        raise ValueError(
+            "A critic job (value_pretrain_only with value_pretrain_dataset) holds no policy to push: "
+            "value_pretrain_push=True pushes the pretrained critic when the phase ends."
+        )
     token = token if token is not None else args.hub_token
     private = private if private is not None else args.hub_private_repo
     revision = revision if revision is not None else args.hub_revision
@@ -238,12 +243,20 @@ def write_cards(
     dataset_name: str | list[str] | None = None,
     tags: list[str] | None = None,
 ) -> None:
-    """The cards of a saved run: the policy's in `output_dir`, the critic's in `output_dir/value_model`."""
+    """The cards of a saved run: the policy's in `output_dir` (none in a critic job, which saves no policy), the
+    critic's in `output_dir/value_model`."""
     args = trainer.args
     policy_id, value_id = policy_repo_id(args), value_repo_id(args)
-    write_card(
-        trainer, "policy", output_dir, repo_id=policy_id, companion_repo=value_id, dataset_name=dataset_name, tags=tags
-    )
+    if not args.is_critic_job:
+        write_card(
+            trainer,
+            "policy",
+            output_dir,
+            repo_id=policy_id,
+            companion_repo=value_id,
+            dataset_name=dataset_name,
+            tags=tags,
+        )
     value_dir = os.path.join(output_dir, VALUE_MODEL_DIRNAME)
     if os.path.isdir(value_dir):
         write_card(

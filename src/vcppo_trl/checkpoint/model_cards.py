@@ -52,6 +52,8 @@ def _card_base_model(folder: str) -> str | None:
 
 def _policy_source(trainer: Trainer) -> str | None:
     policy, _ = trainer.unwrapped_policy_and_critic()
+    if policy is None:  # a critic job: the policy it was built beside
+        return trainer.initial_policy["name_or_path"] or None
     peft_config = getattr(policy, "peft_config", None)
     if peft_config:
         return getattr(next(iter(peft_config.values())), "base_model_name_or_path", None)

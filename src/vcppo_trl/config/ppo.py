@@ -745,6 +745,11 @@ class PPOConfig(_BaseConfig):
                     f"Set max_staleness=0 or drop {name}."
                 )
 
+    @property
+    def is_critic_job(self) -> bool:
+        """Whether the run trains a critic alone and holds no policy ([`VCPPOConfig`]'s critic job; never in PPO)."""
+        return False
+
     def __post_init__(self):
         self.bf16 = resolve_bf16(self.bf16, self.fp16, self.use_cpu)
         super().__post_init__()

@@ -73,8 +73,10 @@ class VCPPOConfig(PPOConfig):
             variance on them after each update (on reused rollouts the update's own fit is optimistic).
         value_pretrain_only (`bool`, defaults to `False`): A critic job: training stops when value pretraining ends,
             with the critic saved under `output_dir/value_pretrained` (`value_model_path` of a later run loads it);
-            no policy update runs. With `value_pretrain_dataset` no rollout is sampled either. The critic's
-            learning-rate schedule is the full run's, so the saved critic is the one a full run would start PPO from.
+            no policy update runs. With `value_pretrain_dataset` no rollout is sampled either, and no policy is kept
+            (it is loaded only to build the critic and hash its weights; evaluation and `push_to_hub` are refused).
+            The critic's learning-rate schedule is the full run's, so the saved critic is the one a full run would
+            start PPO from.
         value_model_path (`str`, *optional*): A saved pretrained critic (local directory or Hub id) to start from;
             value pretraining is then skipped (a line in the log says so).
 
@@ -243,4 +245,27 @@ class VCPPOConfig(PPOConfig):
                 "`value_pretrain_dataset` does not combine with `generation_window` or `max_staleness` yet: stored "
                 "rollouts are whole responses read in the phase's order, while a window or a rollout worker samples "
                 "the policy itself. Pretrain the critic in a run without them and start from it with `value_model_path`."
+            )
+        if self.is_critic_job:
+            self._check_critic_job()
+
+    @property
+    def is_critic_job(self) -> bool:
+        """A critic job from stored rollouts (`value_pretrain_only` with `value_pretrain_dataset`): nothing is sampled
+        and no policy is kept; the policy is loaded only to build the critic from and to hash its weights."""
+        return self.value_pretrain_only and self.value_pretrain_dataset is not None
+
+    def _check_critic_job(self) -> None:
+        """Refuse what needs the policy that a critic job does not hold."""
+        needs_policy = {
+            "eval_strategy": self.eval_strategy != "no",
+            "eval_on_start": self.eval_on_start,
+            "push_to_hub": self.push_to_hub,
+        }
+        given = [name for name, on in needs_policy.items() if on]
+        if given:
+            raise ValueError(
+                f"A critic job (value_pretrain_only with value_pretrain_dataset) holds no policy, so {', '.join(given)} "
+                "has nothing to work on: evaluation samples the policy, and push_to_hub pushes it. Turn them off "
+                "(eval_strategy='no'); push the pretrained critic with value_pretrain_push=True."
             )

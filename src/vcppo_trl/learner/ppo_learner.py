@@ -249,8 +249,8 @@ class PPOLearner:
         if not self.settings.forwards.padding_free:
             return
         wrapper = self.accelerator.unwrap_model(self.model)
-        vocab = wrapper.policy.config.get_text_config().vocab_size
-        self.forwards.check_packing({"policy": wrapper.policy, "critic": wrapper.critic}, vocab)
+        vocab = wrapper.config.get_text_config().vocab_size
+        self.forwards.check_packing(wrapper.models(), vocab)
 
     def deepspeed_accumulation_steps(self, micro_batches: int) -> int:
         """The DeepSpeed engine's `gradient_accumulation_steps` (it divides every backward's loss by it). Without a
@@ -374,7 +374,7 @@ class PPOLearner:
         wrapper = self.accelerator.unwrap_model(self.model)
         norms: dict[str, torch.Tensor | None] = {}
         for role, module in (("policy", wrapper.policy), ("value", wrapper.critic)):
-            params = [p for p in module.parameters() if p.grad is not None]
+            params = [] if module is None else [p for p in module.parameters() if p.grad is not None]
             norms[role] = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else None
         present = [n.float() for n in norms.values() if n is not None]
         norms["total"] = torch.linalg.vector_norm(torch.stack(present)) if present else None

@@ -5,7 +5,14 @@ load, check, save; LoRA), padding-free packing, the float32 LM head, and loading
 from .critic_peft import load_value_adapter, wrap_value_model
 from .forward_engine import ForwardEngine, ForwardSettings
 from .fp32_head import FP32LMHead, KeepOutputDtype, cast_lm_head_to_fp32, is_fp32_head
-from .loading import build_critic, load_policy, load_reward_funcs, load_tokenizer, resolve_stop_token_ids
+from .loading import (
+    build_critic,
+    is_zero3_partitioned,
+    load_policy,
+    load_reward_funcs,
+    load_tokenizer,
+    resolve_stop_token_ids,
+)
 from .logprobs import full_logits_logprobs, packed_response_logprobs, response_logprobs
 from .packing import PackedRow, PackingError, TokenBatch, check_packing, pack_micro_batch
 from .policy_and_value import PolicyAndValueModel, policy_logprobs, position_ids_from_mask, response_logprobs_of
@@ -36,6 +43,7 @@ __all__ = [
     "create_value_model_from_policy",
     "full_logits_logprobs",
     "is_fp32_head",
+    "is_zero3_partitioned",
     "load_policy",
     "load_reward_funcs",
     "load_tokenizer",

@@ -19,29 +19,35 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 class PolicyAndValueModel(nn.Module):
     """
     The policy and the critic as one module, so that one optimizer (with a learning rate per model) and one
-    `accelerator.prepare` (DDP or DeepSpeed) serve both, and one forward feeds the PPO loss.
+    `accelerator.prepare` (DDP or DeepSpeed) serve both, and one forward feeds the PPO loss. A critic job holds no
+    policy (`policy=None`): its forwards compute values only.
     """
 
-    def __init__(self, policy: PreTrainedModel, critic: PreTrainedModel):
+    def __init__(self, policy: PreTrainedModel | None, critic: PreTrainedModel):
         super().__init__()
         self.policy = policy
         self.critic = critic
-        self.config = policy.config
+        self.config = (policy if policy is not None else critic).config
+
+    def models(self) -> dict[str, PreTrainedModel]:
+        """The models it holds by role (`"policy"`, `"critic"`)."""
+        return {name: m for name, m in (("policy", self.policy), ("critic", self.critic)) if m is not None}
 
     @property
     def is_gradient_checkpointing(self) -> bool:
         # transformers ≥ 5.2x renamed the flag `is_activation_checkpointing`; older versions only have the old name.
-        flag = getattr(self.policy, "is_activation_checkpointing", None)
+        first = next(iter(self.models().values()))
+        flag = getattr(first, "is_activation_checkpointing", None)
         if flag is None:
-            flag = getattr(self.policy, "is_gradient_checkpointing", False)
+            flag = getattr(first, "is_gradient_checkpointing", False)
         return bool(flag)
 
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
-        for model in (self.policy, self.critic):
+        for model in self.models().values():
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
 
     def gradient_checkpointing_disable(self) -> None:
-        for model in (self.policy, self.critic):
+        for model in self.models().values():
             model.gradient_checkpointing_disable()
 
     def forward(
@@ -74,6 +80,8 @@ class PolicyAndValueModel(nn.Module):
             )
         if not compute_policy:
             return None, None, values
+        if self.policy is None:
+            raise RuntimeError("This model holds no policy (a critic job): only values can be computed.")
         logprobs, entropy = response_logprobs_of(
             self.policy,
             temperature,

@@ -140,6 +140,11 @@ class RolloutMaker:
             [`~sampling.seam.Samples`]: response ids, mask and `has_stop` as in [`~sampling.seam.truncate_at_stop`], the
             sampler's own log-probabilities when it reports them (vLLM), and the generation's wall time.
         """
+        if self.sampler is None:
+            raise RuntimeError(
+                "This trainer has no sampler: a critic job (value_pretrain_only with value_pretrain_dataset) holds no "
+                "policy and reads its rollouts from the stored ones. Evaluation and sampling need a run with a policy."
+            )
         return self.sampler.generate(
             query_ids, query_mask, greedy, temperature=temperature or self.settings.temperature
         )
@@ -505,7 +510,7 @@ class RolloutMaker:
         micro-batch's longest response), micro-batch by micro-batch ([`forward_plan`]), in eval mode (no dropout),
         like generation."""
         model = self._unwrapped_model()
-        self.check_packing(model.policy, model.critic)
+        self.check_packing(*model.models().values())
         tokens = TokenBatch.of(rollout)
         plan = self.forward_plan(rollout, tokens) if plan is None else plan
 

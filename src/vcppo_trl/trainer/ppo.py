@@ -126,7 +126,7 @@ class PPOTrainer(_BaseTrainer):
         setup.check_dataset(train_dataset, "train_dataset", required=True)
         setup.check_dataset(eval_dataset, "eval_dataset", required=False)
 
-        policy, critic, reference, tokenizer = setup.build_models(
+        built = setup.build_models(
             model,
             args,
             value_model=value_model,
@@ -135,6 +135,8 @@ class PPOTrainer(_BaseTrainer):
             peft_config=peft_config,
             value_peft_config=value_peft_config,
         )
+        policy, critic, reference, tokenizer = built.policy, built.critic, built.reference, built.tokenizer
+        self.initial_policy = built.initial_policy  # who the critic was built beside, in a critic job (no policy)
         self.stop_token_ids = resolve_stop_token_ids(args, tokenizer)
         self.end_of_thinking_ids = marker_token_ids(tokenizer, args.end_of_thinking_marker)
         reward_funcs, reward_processing_classes = load_reward_funcs(reward_funcs, reward_processing_classes, args)
@@ -169,7 +171,7 @@ class PPOTrainer(_BaseTrainer):
         self.reward_funcs = [for_inference(f) if isinstance(f, PreTrainedModel) else f for f in reward_funcs]
         main = self.is_world_process_zero()
         self.batches = plan_batches(args, self.accelerator.num_processes, len(self.train_dataset), warn=main)
-        if main:
+        if main and policy is not None:
             setup.warn_about_generation_config(policy, args)
         self.latest_metrics: dict[str, float] = {}
         self.learner: PPOLearner | None = None  # built by `_setup_training`, on the prepared model and optimizer
@@ -189,7 +191,7 @@ class PPOTrainer(_BaseTrainer):
             policy=policy,
             current_model=lambda: self.model_wrapped,
             ref_model=self.ref_model,
-            reference_is_initial_policy=ref_model is None and not is_peft_model(policy),
+            reference_is_initial_policy=ref_model is None and (policy is None or not is_peft_model(policy)),
             reward_funcs=self.reward_funcs,
             reward_processing_classes=reward_processing_classes,
             datasets=[self.train_dataset, self.eval_dataset],
@@ -306,10 +308,11 @@ class PPOTrainer(_BaseTrainer):
             num_generations=args.num_generations,
             consumed=start,
         )
-        self.sampler.mark_stale()  # the sampler starts from the weights training starts from (resumed ones included)
+        if self.sampler is not None:  # it starts from the weights training starts from (resumed ones included)
+            self.sampler.mark_stale()
         self.before_training()
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
-        if self.args.use_vllm:  # 0 when this process's engine was started by an earlier trainer and reused
+        if self.args.use_vllm and self.sampler is not None:  # 0: an engine an earlier trainer started, reused
             self.log({"time/sampler_start_s": self.sampler.start_seconds})
         if resume is None:
             data_metrics = {k: v for name, r in self.data_reports.items() for k, v in r.metrics(name).items()}
@@ -507,11 +510,9 @@ class PPOTrainer(_BaseTrainer):
 
     @torch.no_grad()
     def evaluate(self, eval_dataset: Dataset | None = None, ignore_keys=None, metric_key_prefix: str = "eval"):
-        """
-        Generate on held-out prompts, score with the training reward functions, and log `<prefix>_accuracy`,
+        """Generate on held-out prompts, score with the training reward functions, and log `<prefix>_accuracy`,
         `_score`, `_response_length_mean`, `_num_samples` and, with `eval_num_generations` k > 1, `_pass@k` (see
-        [`~trainer.evaluation.evaluation_metrics`]); integrations show them as `eval/accuracy`, ... Returns them.
-        """
+        [`~trainer.evaluation.evaluation_metrics`]); integrations show them as `eval/accuracy`, ... Returns them."""
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError("No evaluation dataset: pass `eval_dataset` to the trainer or to `evaluate`.")

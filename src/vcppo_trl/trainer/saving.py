@@ -63,7 +63,7 @@ RESTORED_STATE_FIELDS = (
 
 
 def save_models(
-    policy: PreTrainedModel,
+    policy: PreTrainedModel | None,
     critic: PreTrainedModel,
     *,
     tokenizer: PreTrainedTokenizerBase,
@@ -74,7 +74,8 @@ def save_models(
 ) -> None:
     """
     Save the policy (or its adapter) and tokenizer in `output_dir`, the critic in `output_dir/value_model`, the
-    training arguments and the model cards. Call on every process: a ZeRO-3 critic is gathered first.
+    training arguments and the model cards. Call on every process: a ZeRO-3 critic is gathered first. Without a
+    policy (a critic job) only the critic, the arguments and its card are written.
 
     Args:
         state_dict: The joint model's full state dict when the caller gathered it (DeepSpeed), else `None`.
@@ -86,8 +87,9 @@ def save_models(
         if not args.should_save:
             return
         os.makedirs(output_dir, exist_ok=True)
-        policy.save_pretrained(output_dir, state_dict=policy_sd)
-        tokenizer.save_pretrained(output_dir)
+        if policy is not None:
+            policy.save_pretrained(output_dir, state_dict=policy_sd)
+            tokenizer.save_pretrained(output_dir)
         save_critic(
             critic, tokenizer, args, output_dir=os.path.join(output_dir, VALUE_MODEL_DIRNAME), state_dict=critic_sd
         )
@@ -377,7 +379,7 @@ def resolve_checkpoint(
     state_file = os.path.join(checkpoint, TRAINING_STATE_NAME)
     saved = read_training_state(checkpoint) if os.path.isfile(state_file) else None
     saved_world = saved_world_size(checkpoint, saved)
-    missing = missing_checkpoint_files(checkpoint, saved_world, is_deepspeed)
+    missing = missing_checkpoint_files(checkpoint, saved_world, is_deepspeed, with_policy=not args.is_critic_job)
     if missing:
         raise CheckpointError(
             f"Cannot resume from {checkpoint}: it lacks {', '.join(missing)}. It is incomplete (a save that was "
@@ -469,7 +471,8 @@ def load_engine_states(engine, resume: ResumePoint) -> None:
 def load_checkpoint_weights(wrapper: torch.nn.Module, checkpoint: str) -> None:
     """The policy's and the critic's weights, into the models before they are prepared (not under DeepSpeed, whose
     engine loads its own states later)."""
-    load_weights_into(wrapper.policy, checkpoint)
+    if wrapper.policy is not None:  # a critic job's checkpoints hold the critic only
+        load_weights_into(wrapper.policy, checkpoint)
     load_weights_into(wrapper.critic, os.path.join(checkpoint, VALUE_MODEL_DIRNAME))
 
 

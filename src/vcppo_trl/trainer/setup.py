@@ -7,6 +7,7 @@ Plain functions of their inputs; the trainer calls them in its constructor and k
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -21,7 +22,7 @@ from trl.trainer.utils import disable_dropout_in_model
 from ..config.ppo import PPOConfig
 from ..models.critic_peft import wrap_value_model
 from ..models.fp32_head import cast_lm_head_to_fp32
-from ..models.loading import build_critic, load_policy, load_tokenizer
+from ..models.loading import build_critic, is_zero3_partitioned, load_policy, load_tokenizer
 from ..parallel.checks import check_launch_environment
 from ..rollout.maker import RolloutMaker
 from ..rollout.settings import RolloutSettings
@@ -31,6 +32,7 @@ from ..sampling.vllm_checks import check_vllm_model, require_vllm, vllm_dtype, v
 from ..sampling.vllm_samplers import VLLMColocateSampler, VLLMServerSampler
 from .console import quiet_replica
 from .prompts import DataReport, prepare_prompt_dataset, prompt_token_lengths, reward_function_columns
+from .store import policy_identity
 
 if is_peft_available():
     from peft import PeftConfig, get_peft_model
@@ -68,6 +70,18 @@ def prepare_process(args: PPOConfig) -> None:
         set_seed(args.seed)
 
 
+@dataclasses.dataclass
+class BuiltModels:
+    """What [`build_models`] gives the trainer. In a critic job `policy` and `reference` are `None` and
+    `initial_policy` says which policy the critic was built beside (its name, revision and weights hash)."""
+
+    policy: PreTrainedModel | None
+    critic: PreTrainedModel
+    reference: PreTrainedModel | None
+    tokenizer: PreTrainedTokenizerBase
+    initial_policy: dict | None = None
+
+
 def build_models(
     model: str | PreTrainedModel,
     args: PPOConfig,
@@ -77,21 +91,51 @@ def build_models(
     processing_class: PreTrainedTokenizerBase | None,
     peft_config: PeftConfig | None,
     value_peft_config: PeftConfig | dict | None,
-) -> tuple[PreTrainedModel, PreTrainedModel, PreTrainedModel | None, PreTrainedTokenizerBase]:
+) -> BuiltModels:
     """The policy, the critic, the reference policy (`None` when there is none to keep) and the tokenizer, loaded or
     built and readied as the config asks (see [`prepare_models`], [`reference_model`]); under `cast_lm_head_to_fp32`
     the LM heads of the policy and the reference in float32 ([`~models.fp32_head.cast_lm_head_to_fp32`]; the critic,
-    built from the policy first, keeps its dtype)."""
+    built from the policy first, keeps its dtype). A critic job ([`critic_job_models`]) keeps no policy."""
+    if args.is_critic_job:
+        check_critic_job_inputs(args, ref_model=ref_model, peft_config=peft_config)
     policy = load_policy(model, args)
     tokenizer = load_tokenizer(processing_class, policy)
     critic = build_critic(value_model, policy, tokenizer, args=args)
     policy, critic = prepare_models(policy, critic, args, peft_config=peft_config, value_peft_config=value_peft_config)
-    reference = reference_model(policy, ref_model, args)
+    reference = None if args.is_critic_job else reference_model(policy, ref_model, args)
     if args.cast_lm_head_to_fp32:
         for m in (policy, reference):
             if m is not None:
                 cast_lm_head_to_fp32(m)
-    return policy, critic, reference, tokenizer
+    if args.is_critic_job:
+        return critic_job_models(policy, critic, tokenizer)
+    return BuiltModels(policy=policy, critic=critic, reference=reference, tokenizer=tokenizer)
+
+
+def check_critic_job_inputs(args: PPOConfig, *, ref_model, peft_config) -> None:
+    """Refuse a critic job's inputs that would need the policy it does not keep."""
+    if peft_config is not None:
+        raise ValueError(
+            "`peft_config` puts adapters on the policy, which a critic job (value_pretrain_only with "
+            "value_pretrain_dataset) does not keep: drop it (a LoRA critic takes `value_peft_config`)."
+        )
+    if ref_model is not None and args.kl_coef > 0:
+        raise ValueError(
+            "A critic job with kl_coef > 0 and a `ref_model` of its own would need the policy's log-probabilities for "
+            "the KL penalty, and it keeps no policy: drop `ref_model` (the KL to the initial policy is exactly 0 while "
+            "the policy is frozen) or set kl_coef=0."
+        )
+
+
+def critic_job_models(policy: PreTrainedModel, critic: PreTrainedModel, tokenizer) -> BuiltModels:
+    """A critic job's models: the critic, and what identifies the policy it was built beside (the hash stored
+    rollouts are checked against, taken as a store job takes it). The policy itself is let go here."""
+    identity = policy_identity(policy, gather=is_zero3_partitioned(policy))
+    logger.warning(
+        "Critic job: the policy was loaded to build the critic and hash its weights, and is not kept; nothing is "
+        "sampled (value pretraining reads the stored rollouts)."
+    )
+    return BuiltModels(policy=None, critic=critic, reference=None, tokenizer=tokenizer, initial_policy=identity)
 
 
 def prepare_models(
@@ -300,7 +344,7 @@ def build_rollout_maker(
     *,
     tokenizer: PreTrainedTokenizerBase,
     stop_token_ids: list[int],
-    policy: PreTrainedModel,
+    policy: PreTrainedModel | None,
     current_model: Callable[[], torch.nn.Module],
     ref_model: PreTrainedModel | None,
     reference_is_initial_policy: bool,
@@ -308,16 +352,19 @@ def build_rollout_maker(
     reward_processing_classes: list,
     datasets: list,
 ) -> RolloutMaker:
-    """The [`~rollout.maker.RolloutMaker`] with its sampler ([`build_sampler`]) and the reward weights."""
-    sampler = build_sampler(
-        SamplerSettings.from_args(args),
-        accelerator,
-        policy=policy,
-        current_model=current_model,
-        tokenizer=tokenizer,
-        stop_token_ids=stop_token_ids,
-        datasets=datasets,
-    )
+    """The [`~rollout.maker.RolloutMaker`] with its sampler ([`build_sampler`]; none without a policy, in a critic
+    job) and the reward weights."""
+    sampler = None
+    if policy is not None:
+        sampler = build_sampler(
+            SamplerSettings.from_args(args),
+            accelerator,
+            policy=policy,
+            current_model=current_model,
+            tokenizer=tokenizer,
+            stop_token_ids=stop_token_ids,
+            datasets=datasets,
+        )
     return RolloutMaker(
         RolloutSettings.from_args(args),
         accelerator,

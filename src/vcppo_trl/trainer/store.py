@@ -55,18 +55,13 @@ def run_info(trainer) -> StoredRolloutsInfo:
     """The [`~rollout.stored.StoredRolloutsInfo`] of a trainer's run: its initial policy, tokenizer, sampling,
     rewards and process layout."""
     args = trainer.args
-    policy, _ = trainer.unwrapped_policy_and_critic()
     tokenizer = trainer.processing_class
     maker = trainer.rollout_maker
-    with gathered_parameters(policy, trainer.is_deepspeed_enabled):
-        digest = weights_sha256(policy)
-    config = policy.config
+    policy = trainer.initial_policy  # a critic job's, taken when its models were built
+    if policy is None:
+        policy = policy_identity(trainer.unwrapped_policy_and_critic()[0], gather=trainer.is_deepspeed_enabled)
     return StoredRolloutsInfo(
-        policy={
-            "name_or_path": getattr(config, "_name_or_path", None) or "",
-            "revision": getattr(config, "_commit_hash", None),
-            "weights_sha256": digest,
-        },
+        policy=policy,
         tokenizer={
             "name_or_path": tokenizer.name_or_path,
             "vocab_sha256": vocab_sha256(tokenizer),
@@ -74,7 +69,7 @@ def run_info(trainer) -> StoredRolloutsInfo:
             "pad_token_id": tokenizer.pad_token_id,
         },
         sampling={
-            "sampler": trainer.sampler.name,
+            "sampler": None if trainer.sampler is None else trainer.sampler.name,
             "temperature": args.temperature,
             "response_length": args.response_length,
             "max_prompt_length": args.max_prompt_length,
@@ -89,6 +84,19 @@ def run_info(trainer) -> StoredRolloutsInfo:
         },
         package_version=importlib.metadata.version("vcppo-trl"),
     )
+
+
+def policy_identity(policy: torch.nn.Module, gather: bool) -> dict:
+    """The policy's name, revision and weights hash ([`~rollout.stored.weights_sha256`]; with `gather`, its ZeRO-3
+    partitions are gathered first), as stored rollouts record it."""
+    with gathered_parameters(policy, gather):
+        digest = weights_sha256(policy)
+    config = policy.config
+    return {
+        "name_or_path": getattr(config, "_name_or_path", None) or "",
+        "revision": getattr(config, "_commit_hash", None),
+        "weights_sha256": digest,
+    }
 
 
 def gathered_parameters(model: torch.nn.Module, is_deepspeed: bool):
@@ -121,6 +129,11 @@ def store_rollouts(trainer, path: str, num_batches: int | None = None, push_to_h
     """
     accelerator = trainer.accelerator
     args = trainer.args
+    if trainer.sampler is None:
+        raise ValueError(
+            "This trainer is a critic job (value_pretrain_only with value_pretrain_dataset): it holds no policy to "
+            "sample rollouts from. Store rollouts with a run that does not set value_pretrain_dataset."
+        )
     num_batches = default_num_batches(trainer) if num_batches is None else num_batches
     if num_batches < 1:
         raise ValueError(f"num_batches must be >= 1, got {num_batches}.")

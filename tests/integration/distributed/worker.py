@@ -36,8 +36,11 @@ def state_hash(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def gathered_hash(model: torch.nn.Module) -> str:
-    """Hash of the full weights; under ZeRO-3 the partitions are gathered first (a collective: call on every rank)."""
+def gathered_hash(model: torch.nn.Module | None) -> str | None:
+    """Hash of the full weights; under ZeRO-3 the partitions are gathered first (a collective: call on every rank).
+    `None` for no model (a critic job's policy)."""
+    if model is None:
+        return None
     params = [p for p in model.parameters() if hasattr(p, "ds_id")]
     if not params:
         return state_hash(model)
@@ -200,7 +203,7 @@ def main(out_dir: str, extra: list[str]) -> None:
         optimizer_after_pretraining=optimizer_after_pretraining,
         policy_hash=gathered_hash(policy_model),
         critic_hash=gathered_hash(critic_model),
-        policy_params=partition_counts(policy_model),
+        policy_params=None if policy_model is None else partition_counts(policy_model),
         critic_params=partition_counts(critic_model),
         global_step=trainer.state.global_step,
         batch_size=trainer.batches.batch_size,
