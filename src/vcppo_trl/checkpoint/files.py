@@ -126,16 +126,17 @@ def saved_world_size(checkpoint: str, state: dict[str, Any] | None = None) -> in
 
 
 def missing_checkpoint_files(
-    checkpoint: str, world_size: int, deepspeed: bool = False, with_policy: bool = True
+    checkpoint: str, world_size: int, deepspeed: bool = False, with_policy: bool = True, fsdp2: bool = False
 ) -> list[str]:
     """
     Files a resumable checkpoint must have that `checkpoint` lacks. Under DeepSpeed the weights and optimizer states
-    are the engine's own (`latest` and `global_step*/`), not `optimizer.pt` and the safetensors. A critic job's
+    are the engine's own (`latest` and `global_step*/`), not `optimizer.pt` and the safetensors; under FSDP2 the
+    optimizer's are torch's distributed checkpoint (`fsdp2_states/.metadata` and its `.distcp` files). A critic job's
     checkpoints (`with_policy=False`) hold no policy weights.
     """
     required = ["trainer_state.json", TRAINING_STATE_NAME, "scheduler.pt"]
     required.append("rng_state.pth" if world_size <= 1 else "rng_state_0.pth")
-    required.append("latest" if deepspeed else "optimizer.pt")
+    required.append("latest" if deepspeed else "fsdp2_states/.metadata" if fsdp2 else "optimizer.pt")
     missing = [name for name in required if not os.path.isfile(os.path.join(checkpoint, name))]
     if deepspeed:
         tag_dirs = [d for d in os.listdir(checkpoint) if d.startswith("global_step")]

@@ -27,6 +27,7 @@ from ..algo.objective import PPOBatch, mean_metrics, ppo_micro_batch_loss
 from ..models.forward_engine import ForwardEngine
 from ..models.packing import TokenBatch
 from ..parallel.collectives import micro_batch_context, whitening_all_reduce
+from ..parallel.fsdp import full_tensor
 from ..rollout.types import Rollout
 from .optimizers import NonFiniteTrainingError, reset_optimizer_state
 from .schedules import RoleLR
@@ -375,7 +376,7 @@ class PPOLearner:
         norms: dict[str, torch.Tensor | None] = {}
         for role, module in (("policy", wrapper.policy), ("value", wrapper.critic)):
             params = [] if module is None else [p for p in module.parameters() if p.grad is not None]
-            norms[role] = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else None
+            norms[role] = full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else None
         present = [n.float() for n in norms.values() if n is not None]
         norms["total"] = torch.linalg.vector_norm(torch.stack(present)) if present else None
         return norms

@@ -4,13 +4,33 @@ micro-batch counts, a gathered state dict) and checks of the launch and of the D
 
 from .checks import check_deepspeed_setup, check_distributed_setup, check_launch_environment
 from .collectives import gathered_state_dict, max_across_processes, micro_batch_context, whitening_all_reduce
+from .fsdp import (
+    FSDP2_STATES_DIRNAME,
+    FSDPError,
+    fsdp2_full_state_dict,
+    full_tensor,
+    is_fsdp2_sharded,
+    load_fsdp2_states,
+    requested_fsdp_version,
+    save_fsdp2_states,
+    shard_with_fsdp2,
+)
 
 __all__ = [
+    "FSDP2_STATES_DIRNAME",
+    "FSDPError",
     "check_deepspeed_setup",
     "check_distributed_setup",
     "check_launch_environment",
+    "fsdp2_full_state_dict",
+    "full_tensor",
     "gathered_state_dict",
+    "is_fsdp2_sharded",
+    "load_fsdp2_states",
     "max_across_processes",
     "micro_batch_context",
+    "requested_fsdp_version",
+    "save_fsdp2_states",
+    "shard_with_fsdp2",
     "whitening_all_reduce",
 ]

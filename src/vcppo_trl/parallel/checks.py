@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from accelerate import Accelerator
 
+from .fsdp import check_fsdp_launch
+
 
 def check_launch_environment() -> None:
     """
@@ -29,15 +31,13 @@ def check_launch_environment() -> None:
         )
 
 
-def check_distributed_setup(accelerator: Accelerator, args, is_fsdp: bool, is_deepspeed: bool) -> None:
-    """Refuse FSDP (not supported yet) and check a DeepSpeed launch ([`check_deepspeed_setup`])."""
-    if is_fsdp:
-        raise ValueError(
-            "FSDP is not supported by this version of vcppo-trl yet: launch with DeepSpeed ZeRO-3 "
-            "(configs/accelerate/zero3.yaml), DDP (multi_gpu.yaml) or a single device."
-        )
+def check_distributed_setup(accelerator: Accelerator, args, is_deepspeed: bool) -> bool:
+    """Check an FSDP launch ([`~parallel.fsdp.check_fsdp_launch`]) or a DeepSpeed one ([`check_deepspeed_setup`]);
+    returns whether the models are sharded with FSDP2."""
     if is_deepspeed:
         check_deepspeed_setup(accelerator, args.gradient_accumulation_steps)
+        return False
+    return check_fsdp_launch(accelerator, args)
 
 
 def check_deepspeed_setup(accelerator: Accelerator, gradient_accumulation_steps: int) -> None:

@@ -17,12 +17,16 @@ from collections.abc import Callable, Iterator
 import torch
 from accelerate import Accelerator
 
+from .fsdp import fsdp2_full_state_dict, fsdp2_roots, is_fsdp2_sharded
+
 
 @contextlib.contextmanager
 def micro_batch_context(
     accelerator: Accelerator, is_deepspeed: bool, model: torch.nn.Module, is_last: bool
 ) -> Iterator[None]:
-    """Forward and backward of one micro-batch: gradients are synchronised (and DeepSpeed steps) on the last one."""
+    """Forward and backward of one micro-batch: gradients are synchronised (and DeepSpeed steps) on the last one; under
+    FSDP2 the earlier ones accumulate unsharded gradients, reduce-scattered with the last."""
+    roots = [] if is_deepspeed or is_last else fsdp2_roots(model)
     if is_deepspeed:
         accelerator.gradient_state._set_sync_gradients(is_last)
         try:
@@ -31,6 +35,14 @@ def micro_batch_context(
             accelerator.gradient_state._set_sync_gradients(True)
     elif is_last:
         yield
+    elif roots:
+        for root in roots:
+            root.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            for root in roots:
+                root.set_requires_gradient_sync(True)
     else:
         with accelerator.no_sync(model):
             yield
@@ -46,11 +58,14 @@ def whitening_all_reduce(accelerator: Accelerator, scope: str) -> Callable[[torc
 
 def gathered_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
     """
-    The full state dict of a ZeRO-3-partitioned model (gathered on every rank, copied to CPU), or `None` when the
-    model holds no partitioned parameter (then `save_pretrained` reads the weights itself).
+    The full state dict of a ZeRO-3-partitioned model (gathered on every rank, copied to CPU) or of an FSDP2-sharded
+    one (on the first process only, which saves it), or `None` when the model holds no partitioned parameter (then
+    `save_pretrained` reads the weights itself).
 
     Every rank must call it (the gathering is a collective).
     """
+    if is_fsdp2_sharded(model):
+        return fsdp2_full_state_dict(model)
     params = [p for p in model.parameters() if hasattr(p, "ds_id")]
     if not params:
         return None

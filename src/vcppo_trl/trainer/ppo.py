@@ -157,17 +157,16 @@ class PPOTrainer(_BaseTrainer):
             callbacks=callbacks,
             optimizers=optimizers,
         )
-        check_distributed_setup(self.accelerator, args, self.is_fsdp_enabled, is_deepspeed=self.is_deepspeed_enabled)
+        self.is_fsdp2 = check_distributed_setup(self.accelerator, args, is_deepspeed=self.is_deepspeed_enabled)
         if self.accelerator.num_processes > 1:
-            # With one seed every rank would sample the same tokens (correlated rollouts); the prompt order does not
-            # depend on this RNG (see `data.prompt_batches`), so offsetting it per rank keeps the ranks' prompts disjoint.
+            # A seed per rank: distinct samples on each (the prompt order does not depend on it: `data.prompt_batches`).
             set_seed(args.seed, device_specific=True)
         self.remove_callback(ProgressCallback)
         self.remove_callback(PrinterCallback)
         self.add_callback(CompactPrinterCallback if args.disable_tqdm else RolloutProgressCallback)
 
         for_inference = functools.partial(setup.prepare_for_inference, accelerator=self.accelerator)
-        self.ref_model = for_inference(reference) if reference is not None else None
+        self.ref_model = None if reference is None else for_inference(reference, shard=self.is_fsdp2)
         self.reward_funcs = [for_inference(f) if isinstance(f, PreTrainedModel) else f for f in reward_funcs]
         main = self.is_world_process_zero()
         self.batches = plan_batches(args, self.accelerator.num_processes, len(self.train_dataset), warn=main)
@@ -181,8 +180,7 @@ class PPOTrainer(_BaseTrainer):
         self.response_pool: ResponsePool | None = None  # in-flight responses under `generation_window`, from `train`
         self.rollout_overlap: OverlappedRollouts | None = None  # a rollout worker's queue (`max_staleness`)
 
-        # The rollout maker forwards the prepared model (once `train` has prepared it) and, to skip a KL that is exactly
-        # 0 while the policy is frozen, knows whether the reference is the initial policy.
+        # The maker forwards the prepared model; it skips the KL (exactly 0) of a frozen policy to the initial one.
         self.rollout_maker = setup.build_rollout_maker(
             args,
             self.accelerator,
@@ -443,9 +441,7 @@ class PPOTrainer(_BaseTrainer):
 
     def _learning_rate(self, role: str) -> float:
         """Current learning rate of the policy or the critic (0 for the policy while it is frozen)."""
-        if role == "policy" and not self.trains_policy():
-            return 0.0
-        return self.learner.learning_rate(role)
+        return 0.0 if role == "policy" and not self.trains_policy() else self.learner.learning_rate(role)
 
     # ------------------------------------------------ setup, optimizer, resume
 
@@ -476,9 +472,12 @@ class PPOTrainer(_BaseTrainer):
         """The optimizer, scheduler and prepared model that `train` starts from, the learner on them, a fresh state."""
         args = self.args
         steps = self.num_training_updates() * self.optimizer_steps_per_update()
-        self.create_optimizer_and_scheduler(num_training_steps=steps)
-        # The scheduler is not prepared: accelerate would step it once per process on every call.
-        self.model_wrapped, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
+        self.model_wrapped, self.optimizer = setup.prepare_for_training(
+            self.accelerator,
+            self.model,
+            fsdp2=self.is_fsdp2,
+            create_optimizer=lambda: self.create_optimizer_and_scheduler(num_training_steps=steps) or self.optimizer,
+        )
         if self.is_deepspeed_enabled:
             self.deepspeed = self.model_wrapped
         self.learner = PPOLearner(

@@ -17,6 +17,7 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerState
 from transformers.integrations.deepspeed import deepspeed_load_checkpoint
+from transformers.trainer import SCHEDULER_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, rotate_checkpoints
 from transformers.utils import logging
 
@@ -41,7 +42,13 @@ from ..config.batch_plan import BatchPlan
 from ..config.ppo import PPOConfig
 from ..learner.optimizers import split_by_role
 from ..models.value_model import save_value_model as write_value_model
-from ..parallel.collectives import gathered_state_dict
+from ..parallel import (
+    FSDP2_STATES_DIRNAME,
+    gathered_state_dict,
+    load_fsdp2_states,
+    requested_fsdp_version,
+    save_fsdp2_states,
+)
 from ..rollout.overlap import AheadOfTraining
 from ..rollout.windows import ResponsePool
 from .console import no_nested_progress_bars
@@ -84,6 +91,9 @@ def save_models(
     with no_nested_progress_bars():
         policy_sd = split_by_role(state_dict, "policy") if state_dict else None
         critic_sd = split_by_role(state_dict, "value") if state_dict else None
+        if state_dict is None:  # FSDP2 shards gathered here, on every process; None: save_pretrained reads them
+            policy_sd = None if policy is None else gathered_state_dict(policy)
+            critic_sd = gathered_state_dict(critic)
         if not args.should_save:
             return
         os.makedirs(output_dir, exist_ok=True)
@@ -132,7 +142,7 @@ def push_checkpoint(args: PPOConfig, step: int, checkpoint_folder: str) -> None:
         "vcppo_state.json",
         "rollout_pool*",
     ]
-    training_state += ["global_step*", "latest", "zero_to_fp32.py"]
+    training_state += ["global_step*", "latest", "zero_to_fp32.py", "fsdp2_states/*"]
     ignore = hub.POLICY_IGNORE_PATTERNS + training_state
     value_dir = os.path.join(checkpoint_folder, VALUE_MODEL_DIRNAME)
     try:
@@ -195,7 +205,12 @@ def restore_training_state(trainer, resume: ResumePoint) -> int:
     """
     if trainer.is_deepspeed_enabled:
         load_engine_states(trainer.model_wrapped, resume)
-    trainer._load_optimizer_and_scheduler(resume.path)  # under DeepSpeed: the scheduler only
+    if trainer.is_fsdp2:  # the shards of the models and of their optimizer, resharded if the world changed
+        load_fsdp2_states(trainer.model_wrapped, trainer.optimizer, os.path.join(resume.path, FSDP2_STATES_DIRNAME))
+        scheduler = torch.load(os.path.join(resume.path, SCHEDULER_NAME), weights_only=True)
+        trainer.lr_scheduler.load_state_dict(scheduler)
+    else:
+        trainer._load_optimizer_and_scheduler(resume.path)  # under DeepSpeed: the scheduler only
     saved, state, accelerator = resume.saved, trainer.state, trainer.accelerator
     restore_state(state, trainer.callback_handler.callbacks, resume.path, saved=saved)
     trainer.learner.nonfinite_steps_in_a_row = saved["nonfinite_steps_in_a_row"]
@@ -291,7 +306,13 @@ def write_checkpoint(
     try:
         trainer.save_model(temp_dir, _internal_call=True)
         if not args.save_only_model:
-            trainer._save_optimizer_and_scheduler(temp_dir)
+            if trainer.is_fsdp2:  # each process writes its shards; the scheduler is the same on every process
+                states = os.path.join(temp_dir, FSDP2_STATES_DIRNAME)
+                save_fsdp2_states(trainer.model_wrapped, trainer.optimizer, states)
+                if args.should_save:
+                    torch.save(trainer.lr_scheduler.state_dict(), os.path.join(temp_dir, SCHEDULER_NAME))
+            else:
+                trainer._save_optimizer_and_scheduler(temp_dir)
             trainer._save_rng_state(temp_dir)
         if rollout_pool is not None:
             os.makedirs(temp_dir, exist_ok=True)
@@ -379,7 +400,10 @@ def resolve_checkpoint(
     state_file = os.path.join(checkpoint, TRAINING_STATE_NAME)
     saved = read_training_state(checkpoint) if os.path.isfile(state_file) else None
     saved_world = saved_world_size(checkpoint, saved)
-    missing = missing_checkpoint_files(checkpoint, saved_world, is_deepspeed, with_policy=not args.is_critic_job)
+    fsdp2 = requested_fsdp_version(accelerator) == 2
+    missing = missing_checkpoint_files(
+        checkpoint, saved_world, is_deepspeed, with_policy=not args.is_critic_job, fsdp2=fsdp2
+    )
     if missing:
         raise CheckpointError(
             f"Cannot resume from {checkpoint}: it lacks {', '.join(missing)}. It is incomplete (a save that was "

@@ -23,7 +23,7 @@ from ..config.ppo import PPOConfig
 from ..models.critic_peft import wrap_value_model
 from ..models.fp32_head import cast_lm_head_to_fp32
 from ..models.loading import build_critic, is_zero3_partitioned, load_policy, load_tokenizer
-from ..parallel.checks import check_launch_environment
+from ..parallel import check_launch_environment, shard_with_fsdp2
 from ..rollout.maker import RolloutMaker
 from ..rollout.settings import RolloutSettings
 from ..sampling.hf import HFSampler, neutralised_generation_fields
@@ -316,8 +316,29 @@ def build_sampler(
     return sampler
 
 
-def prepare_for_inference(model: PreTrainedModel, accelerator: Accelerator) -> PreTrainedModel:
-    """Place a reference or reward model for inference (DeepSpeed-initialised under DeepSpeed)."""
+def prepare_for_training(
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    *,
+    fsdp2: bool,
+    create_optimizer: Callable[[], torch.optim.Optimizer],
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The prepared policy-and-critic model and optimizer that training starts from. Under FSDP2 the policy and the
+    critic are sharded first, each its own root ([`~parallel.fsdp.shard_with_fsdp2`]), and the optimizer is built on
+    their shards; otherwise accelerate prepares both (DDP or DeepSpeed). The scheduler is not prepared: accelerate
+    would step it once per process on every call."""
+    if fsdp2:
+        shard_with_fsdp2(accelerator, list(model.models().values()))
+        return model, accelerator.prepare_optimizer(create_optimizer())
+    return accelerator.prepare(model, create_optimizer())
+
+
+def prepare_for_inference(model: PreTrainedModel, accelerator: Accelerator, shard: bool = False) -> PreTrainedModel:
+    """Place a reference or reward model for inference (DeepSpeed-initialised under DeepSpeed; with `shard`, sharded
+    with FSDP2 as the trained models are)."""
+    if shard:
+        shard_with_fsdp2(accelerator, [model])
+        return model
     if accelerator.state.deepspeed_plugin is not None:
         from trl.models import prepare_deepspeed
 

@@ -49,6 +49,7 @@ def main(out_dir: str, loss_type: str, max_tokens: int | None, padding_free: boo
     from vcppo_trl.models.logprobs import full_logits_logprobs
     from vcppo_trl.models.policy_and_value import PolicyAndValueModel, position_ids_from_mask
     from vcppo_trl.models.value_model import create_value_model_from_policy, value_forward
+    from vcppo_trl.parallel import full_tensor
     from vcppo_trl.rollout.settings import old_logprobs_from_training_forward
     from vcppo_trl.rollout.shaping import token_rewards
     from vcppo_trl.toy.model import build_tiny_model
@@ -88,6 +89,7 @@ def main(out_dir: str, loss_type: str, max_tokens: int | None, padding_free: boo
         disable_tqdm=True,
         seed=0,
         **({"ddp_backend": "gloo"} if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true" else {}),
+        **({"use_cpu": True} if os.environ.get("ACCELERATE_USE_FSDP") == "true" else {}),  # FSDP2 over gloo
         **(VAPO_TERMS if vapo else {}),
     )
     # The initial models, copied before the trainer exists (DeepSpeed partitions what it finds).
@@ -118,7 +120,7 @@ def main(out_dir: str, loss_type: str, max_tokens: int | None, padding_free: boo
     def step(*a, **k):
         if not trainer.is_deepspeed_enabled:
             for name, p in wrapper.named_parameters():
-                stepped[name] = p.grad.detach().clone()
+                stepped[name] = full_tensor(p.grad.detach()).clone()  # FSDP2: the shards gathered
         return original_step(*a, **k)
 
     trainer.optimizer.step = step  # (a no-op under DeepSpeed, whose engine steps inside the last backward)
@@ -179,6 +181,7 @@ def main(out_dir: str, loss_type: str, max_tokens: int | None, padding_free: boo
     result = {
         "num_processes": acc.num_processes,
         "deepspeed": trainer.is_deepspeed_enabled,
+        "fsdp2": trainer.is_fsdp2,
         # One epoch, one mini-batch, KL 0: the update took its old log-probs from its own forward (on-policy shortcut).
         "on_policy_shortcut": old_logprobs_from_training_forward(args) and update.old_logprobs is not None,
         # The joint gradient norm the step reports (DeepSpeed's own under DeepSpeed) against the reference's.

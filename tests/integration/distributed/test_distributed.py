@@ -32,10 +32,15 @@ CPU = {"ACCELERATE_USE_CPU": "1"}
 
 
 def _launch_two(out_dir, launcher: str, overrides: dict) -> list[dict]:
-    """worker.py on two processes with `overrides`: "ddp" (torchrun on CPU), or else ZeRO-3 (accelerate launch with
+    """worker.py on two processes with `overrides`: "ddp" (torchrun on CPU), "fsdp2" (accelerate launch with
+    configs/accelerate/fsdp2_cpu.yaml over gloo), or else ZeRO-3 (accelerate launch with
     configs/accelerate/zero3_cpu.yaml over gloo, generation sharded)."""
     if launcher == "ddp":
         return _launch(out_dir, TORCHRUN, extra_env=CPU, worker_args=[json.dumps(overrides)])
+    if launcher == "fsdp2":
+        config = os.path.join(REPO, "configs/accelerate/fsdp2_cpu.yaml")
+        launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file", config, "--main_process_port", "0"]
+        return _launch(out_dir, launch, worker_args=[json.dumps(overrides | {"use_cpu": True})])
     pytest.importorskip("deepspeed")
     config = os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml")
     launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file", config, "--main_process_port", "0"]
@@ -351,6 +356,8 @@ def test_zero3_with_cpu_offload(tmp_path):
         ("ddp", "token_mean", None),
         ("ddp", "seq_mean_token_mean", None),
         ("zero3", "token_mean", None),
+        ("fsdp2", "token_mean", None),
+        ("fsdp2", "token_mean", "64 packed"),
         ("ddp", "token_mean", 64),
         ("zero3", "token_mean", 64),
         ("ddp", "token_mean", "64 packed"),
@@ -362,8 +369,8 @@ def test_zero3_with_cpu_offload(tmp_path):
 )
 def test_gradient_of_two_ranks_equals_one_big_batch(tmp_path, launcher, loss_type, budget):
     """Unequal micro-batches and ranks (rank 0 short responses, rank 1 long): the step's gradient is the gradient of
-    the whole batch's loss — advantages whitened over both ranks, losses normalised by both ranks' count. DDP: every
-    gradient; ZeRO-3 (whose gradients are partitioned): the engine's gradient norm. With a token budget
+    the whole batch's loss — advantages whitened over both ranks, losses normalised by both ranks' count. DDP and FSDP2
+    (gathered from its shards): every gradient; ZeRO-3 (whose gradients are partitioned): the engine's gradient norm. With a token budget
     (`max_tokens_per_micro_batch=64`) rank 0 alone would need fewer micro-batches than rank 1: both run rank 1's
     count (under ZeRO-3 anything else hangs), which differs from DeepSpeed's gradient_accumulation_steps (4); "packed":
     with padding-free forwards too; "vapo": every VAPO/DAPO policy-loss term on."""
@@ -379,17 +386,17 @@ def test_gradient_of_two_ranks_equals_one_big_batch(tmp_path, launcher, loss_typ
         launch = TORCHRUN
     else:
         pytest.importorskip("deepspeed")
-        config = os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml")
+        config = os.path.join(REPO, f"configs/accelerate/{'fsdp2' if launcher == 'fsdp2' else 'zero3'}_cpu.yaml")
         launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file", config, "--main_process_port", "0"]
     cmd = [sys.executable, "-m", *launch, GRAD_WORKER, str(tmp_path), loss_type, *str(budget or "").split()]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     result = json.load(open(tmp_path / "grad_check.json"))
     assert result["num_processes"] == 2
-    assert result["deepspeed"] == (launcher == "zero3")
+    assert result["deepspeed"] == (launcher == "zero3") and result["fsdp2"] == (launcher == "fsdp2")
     assert result["on_policy_shortcut"]  # so this also checks the shortcut's gradient under DDP and ZeRO-3
     assert result["grad_norm_relative_difference"] < 1e-4
-    if launcher == "ddp":
+    if launcher in ("ddp", "fsdp2"):  # FSDP2: every gradient, gathered from its shards
         assert result["max_relative_difference"] < 1e-4
     counts = result["micro_batches"]
     assert counts[0] == counts[1]
@@ -599,3 +606,55 @@ def test_two_ranks_pretrain_a_critic_from_stored_rollouts(tmp_path):
         assert a["seen"] == []  # no reward function ran: nothing was sampled
     assert os.path.isfile(ddp / "run" / "value_pretrained" / "model.safetensors")
     assert os.path.isfile(zero3 / "run" / "value_pretrained" / "model.safetensors")
+
+
+def test_fsdp2_shards_the_models_and_trains_as_ddp_does(tmp_path):
+    """FSDP2 on two CPU processes (configs/accelerate/fsdp2_cpu.yaml, accelerate's FSDP2 code called by the trainer,
+    since accelerate makes no FSDP plugin on a CPU): policy, critic and reference are sharded, every rank samples the
+    completions the DDP run samples (the same weights, gathered for every forward), and the saved models equal the DDP
+    run's up to summation order (reduce-scatter against all-reduce). A value-pretraining update, then two PPO updates
+    with the KL penalty on."""
+    import safetensors.torch
+    import torch
+
+    overrides = {"kl_coef": 0.1}
+    ddp, fsdp2 = tmp_path / "ddp", tmp_path / "fsdp2"
+    ddp.mkdir()
+    fsdp2.mkdir()
+    d0, d1 = _launch_two(ddp, "ddp", overrides)
+    f0, f1 = _launch_two(fsdp2, "fsdp2", overrides)
+    for f, d in ((f0, d0), (f1, d1)):
+        assert f["distributed_type"] == "DistributedType.MULTI_CPU" and f["num_processes"] == 2
+        assert f["global_step"] == d["global_step"] == 3
+        assert f["completions"] == d["completions"] and f["rewards"] == d["rewards"]
+        for counts in (f["policy_params"], f["critic_params"]):
+            assert 0 < counts["local"] < counts["total"]  # this rank holds its shard only
+    assert f0["policy_params"]["local"] + f1["policy_params"]["local"] == f0["policy_params"]["total"]
+    for folder in ("model", "model/value_model"):
+        got = safetensors.torch.load_file(fsdp2 / folder / "model.safetensors")
+        expected = safetensors.torch.load_file(ddp / folder / "model.safetensors")
+        assert got.keys() == expected.keys()  # tied weights written once, as an unsharded model writes them
+        for name, tensor in expected.items():
+            torch.testing.assert_close(got[name], tensor, rtol=1e-5, atol=1e-5)
+    assert f0["policy_hash"] != f0["initial_policy_hash"]  # it trained (the hash of rank 0's gathered weights)
+
+
+def test_fsdp2_resume_from_its_sharded_checkpoint_equals_the_uninterrupted_run(tmp_path):
+    """Two FSDP2 ranks save torch distributed checkpoints of their shards (model and optimizer, `.distcp` files) with
+    full safetensors beside them; resumed from update 2 they end with the uninterrupted run's weights, bit for bit."""
+    full_dir, resumed_dir = tmp_path / "full", tmp_path / "resumed"
+    full_dir.mkdir()
+    resumed_dir.mkdir()
+    settings = {"weight_decay": 0.1, "kl_coef": 0.1}
+    full = _launch_two(full_dir, "fsdp2", settings | {"save_strategy": "steps", "save_steps": 1})
+    checkpoint = full_dir / "run" / "checkpoint-2"
+    shards = sorted(p.name for p in (checkpoint / "fsdp2_states").iterdir())
+    assert ".metadata" in shards and len([p for p in shards if p.endswith(".distcp")]) == 2, shards
+    assert (checkpoint / "model.safetensors").is_file() and not (checkpoint / "optimizer.pt").exists()
+    resumed = _launch_two(resumed_dir, "fsdp2", settings | {"resume_from_checkpoint": str(checkpoint)})
+    for rank in (0, 1):
+        assert resumed[rank]["global_step"] == 3
+        assert resumed[rank]["seen"] == full[rank]["seen"][2:]
+        assert resumed[rank]["policy_hash"] == full[rank]["policy_hash"]
+        assert resumed[rank]["critic_hash"] == full[rank]["critic_hash"]
+    assert full[0]["policy_hash"] != full[0]["initial_policy_hash"]

@@ -28,19 +28,23 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
-def state_hash(model: torch.nn.Module) -> str:
+def state_hash(model: torch.nn.Module, state_dict: dict | None = None) -> str:
     digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, tensor in sorted((state_dict if state_dict is not None else model.state_dict()).items()):
         digest.update(name.encode())
         digest.update(tensor.detach().float().cpu().numpy().tobytes())
     return digest.hexdigest()
 
 
 def gathered_hash(model: torch.nn.Module | None) -> str | None:
-    """Hash of the full weights; under ZeRO-3 the partitions are gathered first (a collective: call on every rank).
+    """Hash of the full weights; under ZeRO-3 or FSDP2 the shards are gathered first (a collective: call on every rank).
     `None` for no model (a critic job's policy)."""
     if model is None:
         return None
+    from vcppo_trl.parallel import fsdp2_full_state_dict, is_fsdp2_sharded
+
+    if is_fsdp2_sharded(model):  # FSDP2: the shards gathered into the full state dict
+        return state_hash(model, fsdp2_full_state_dict(model))
     params = [p for p in model.parameters() if hasattr(p, "ds_id")]
     if not params:
         return state_hash(model)
@@ -51,8 +55,14 @@ def gathered_hash(model: torch.nn.Module | None) -> str | None:
 
 
 def partition_counts(model: torch.nn.Module) -> dict[str, int]:
-    """Parameters held by this rank (its ZeRO-3 partition) and in the whole model."""
-    local = sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in model.parameters())
+    """Parameters held by this rank (its ZeRO-3 partition or FSDP2 shard) and in the whole model."""
+
+    def held(p):
+        if hasattr(p, "ds_tensor"):
+            return p.ds_tensor.numel()
+        return p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+
+    local = sum(held(p) for p in model.parameters())
     total = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters())
     return {"local": local, "total": total}
 

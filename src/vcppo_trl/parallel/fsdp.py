@@ -1,0 +1,186 @@
+"""FSDP2 (torch's `fully_shard`) for the policy, the critic and the reference, through accelerate's own FSDP2 code.
+
+accelerate turns its FSDP plugin on only for accelerator devices: `accelerate launch` with an FSDP config on a CPU
+gives plain `MULTI_CPU` with no plugin, and the run would be DDP without a word. Here the launch's request is read
+from the environment it exports (`ACCELERATE_USE_FSDP`, `FSDP_VERSION`, `FSDP_*`) and the models are sharded with
+accelerate's [`fsdp2_prepare_model`] on every device type, so the sharding code that runs on GPUs is the code the
+CPU tests run (over gloo).
+
+Each model is its own FSDP root (the joint module is not sharded itself): the sampler calls the policy alone, and a
+value-only update runs the critic alone.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedType
+
+
+class FSDPError(ValueError):
+    """An FSDP launch this version cannot run, with what to do instead."""
+
+
+def requested_fsdp_version(accelerator: Accelerator) -> int | None:
+    """The FSDP version the launch asks for (1 or 2), or `None` without FSDP: accelerate's plugin where it made one,
+    else the environment `accelerate launch` exports with an FSDP config (on a CPU accelerate makes none)."""
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    if plugin is not None:
+        return int(plugin.fsdp_version or 1)
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        return int(os.environ.get("FSDP_VERSION", "1"))
+    return None
+
+
+def fsdp2_plugin(accelerator: Accelerator):
+    """accelerate's FSDP plugin of the launch: its own where it made one, else one read from the launch's `FSDP_*`
+    environment (what accelerate would have built on an accelerator device)."""
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    if plugin is not None:
+        return plugin
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    return FullyShardedDataParallelPlugin(fsdp_version=2)
+
+
+def check_fsdp_launch(accelerator: Accelerator, args) -> bool:
+    """Whether the run shards with FSDP2; refuses FSDP1 and what FSDP2 does not support here yet, saying why."""
+    version = requested_fsdp_version(accelerator)
+    if version is None:
+        return False
+    if version != 2:
+        raise FSDPError(
+            f"The launch asks for FSDP version {version}: vcppo-trl supports FSDP2 (torch's fully_shard). Set "
+            "`fsdp_version: 2` in the accelerate config (configs/accelerate/fsdp2.yaml), or use DeepSpeed ZeRO-3."
+        )
+    if accelerator.num_processes < 2:
+        raise FSDPError("An FSDP2 launch needs at least 2 processes (num_processes in the accelerate config).")
+    if accelerator.distributed_type == DistributedType.NO:
+        raise FSDPError(
+            f"accelerate counts {accelerator.num_processes} processes but runs them as one (DistributedType.NO): its "
+            "gathers and reductions would do nothing. On a CPU pass `--use_cpu true` (PPOConfig(use_cpu=True)) so "
+            "that it runs them as MULTI_CPU over gloo (configs/accelerate/fsdp2_cpu.yaml)."
+        )
+    unsupported = {
+        "use_vllm": args.use_vllm,
+        "max_staleness": args.max_staleness > 0,
+        "push_to_hub": args.push_to_hub,
+        "value_peft_config": args.value_peft_config is not None,
+    }
+    given = [name for name, on in unsupported.items() if on]
+    if given:
+        raise FSDPError(
+            f"Under FSDP2 this version trains, evaluates, checkpoints and resumes, but not yet with {', '.join(given)}"
+            " (vLLM weight syncs, Hub pushes of gathered weights and LoRA are the next steps). Turn them off, or "
+            "launch with DeepSpeed ZeRO-3 (configs/accelerate/zero3.yaml), which has them all."
+        )
+    return True
+
+
+def accelerate_view(accelerator: Accelerator, plugin):
+    """What accelerate's `fsdp2_prepare_model` reads of an accelerator: the accelerator itself where accelerate runs
+    FSDP, else the same fields with the launch's plugin (a CPU launch, where accelerate set no plugin)."""
+    if getattr(accelerator.state, "fsdp_plugin", None) is not None:
+        return accelerator
+    return types.SimpleNamespace(
+        state=types.SimpleNamespace(fsdp_plugin=plugin),
+        torch_device_mesh=None,
+        parallelism_config=None,
+        mixed_precision=accelerator.mixed_precision,
+        is_main_process=accelerator.is_main_process,
+        device=accelerator.device,
+    )
+
+
+def shard_with_fsdp2(accelerator: Accelerator, models: list[torch.nn.Module]) -> None:
+    """Shard each model in place, as its own FSDP2 root, with accelerate's `fsdp2_prepare_model` (its wrap policy,
+    mixed precision, CPU offload and reshard settings from the launch). Marks them for transformers' `generate`,
+    which then keeps the ranks in step (`synced_gpus`) so that one rank's early stop cannot hang the other's gathers."""
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+
+    view = accelerate_view(accelerator, fsdp2_plugin(accelerator))
+    if any(hasattr(model, "peft_config") for model in models):
+        raise FSDPError(
+            "LoRA (PEFT) models under FSDP2 are not supported yet: train LoRA under DDP or DeepSpeed ZeRO-3, or drop "
+            "peft_config."
+        )
+    for model in models:
+        fsdp2_prepare_model(view, model)
+        model._is_fsdp_managed_module = True  # transformers' own flag: generate(synced_gpus=True)
+
+
+def is_fsdp2_sharded(model: torch.nn.Module) -> bool:
+    """Whether any parameter of `model` is an FSDP2 shard (a DTensor)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def fsdp2_full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's full state dict on CPU, gathered from its FSDP2 shards: on the first process only (the others get
+    an empty dict; it is a collective: every rank calls it). Tied parameters (the toy's embeddings and LM head) come
+    back as one tensor under both names, so that `save_pretrained` writes it once, as it does for an unsharded model."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    first_name: dict[int, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        first = first_name.setdefault(id(param), name)
+        if first != name and first in state and name in state:
+            state[name] = state[first]
+    return state
+
+
+def fsdp2_roots(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The FSDP2 roots inside `model` (its sharded models), outermost first."""
+    from torch.distributed.fsdp import FSDPModule
+
+    roots = []
+    for module in model.modules():
+        if isinstance(module, FSDPModule) and not any(module in r.modules() for r in roots):
+            roots.append(module)
+    return roots
+
+
+def full_tensor(value):
+    """A plain tensor of a value that may be a DTensor (an FSDP2 gradient norm): its full value (a collective)."""
+    from torch.distributed.tensor import DTensor
+
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+FSDP2_STATES_DIRNAME = "fsdp2_states"  # in a checkpoint: the model and optimizer shards, torch's `.distcp` files
+
+
+def _plain_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    from accelerate.optimizer import AcceleratedOptimizer
+
+    while isinstance(optimizer, AcceleratedOptimizer):
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
+def save_fsdp2_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str) -> None:
+    """The sharded model and optimizer states in torch's distributed-checkpoint format under `directory` (one
+    `.distcp` file per process and a `.metadata`): a collective, every process writes its own shards."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, _plain_optimizer(optimizer))
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=directory)
+
+
+def load_fsdp2_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str) -> None:
+    """Load what [`save_fsdp2_states`] wrote into the sharded model and its optimizer (a collective; the format lets
+    torch reshard onto another number of processes)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    optimizer = _plain_optimizer(optimizer)
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=directory)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])

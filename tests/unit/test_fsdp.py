@@ -1,0 +1,75 @@
+"""The FSDP launch checks (`parallel/fsdp.py`): what an FSDP launch asks for, read from accelerate's plugin or, on a
+CPU where accelerate makes none, from the environment `accelerate launch` exports; and the refusals, each naming what
+to change. The sharding itself runs in tests/integration/distributed/test_distributed.py (two CPU processes)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+from accelerate.utils import DistributedType
+
+from vcppo_trl import PPOConfig
+from vcppo_trl.parallel import FSDPError, requested_fsdp_version
+from vcppo_trl.parallel.fsdp import check_fsdp_launch
+
+
+def launch(num_processes=2, distributed_type=DistributedType.MULTI_CPU, plugin=None):
+    """What the checks read of an accelerator."""
+    state = types.SimpleNamespace(fsdp_plugin=plugin)
+    return types.SimpleNamespace(state=state, num_processes=num_processes, distributed_type=distributed_type)
+
+
+def config(tmp_path, **overrides):
+    base = dict(output_dir=str(tmp_path), report_to="none", use_cpu=True, save_strategy="no", lam=0.95)
+    return PPOConfig(**(base | overrides))
+
+
+@pytest.fixture
+def fsdp_env(monkeypatch):
+    def set_version(version):
+        monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+        monkeypatch.setenv("FSDP_VERSION", str(version))
+
+    return set_version
+
+
+def test_no_fsdp_launch_is_no_fsdp(tmp_path, monkeypatch):
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+    assert requested_fsdp_version(launch()) is None
+    assert check_fsdp_launch(launch(), config(tmp_path)) is False
+
+
+def test_the_version_comes_from_accelerates_plugin_or_the_launch_environment(fsdp_env, tmp_path):
+    fsdp_env(2)
+    assert requested_fsdp_version(launch()) == 2  # a CPU launch: accelerate made no plugin
+    assert requested_fsdp_version(launch(plugin=types.SimpleNamespace(fsdp_version=1))) == 1
+    assert check_fsdp_launch(launch(), config(tmp_path)) is True
+
+
+def test_fsdp1_is_refused_with_the_fix(fsdp_env, tmp_path):
+    fsdp_env(1)
+    with pytest.raises(FSDPError, match="asks for FSDP version 1.*fsdp_version: 2"):
+        check_fsdp_launch(launch(), config(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "overrides, named",
+    [
+        ({"use_vllm": True}, "use_vllm"),
+        ({"push_to_hub": True, "hub_model_id": "me/run"}, "push_to_hub"),
+        ({"max_staleness": 1}, "max_staleness"),
+    ],
+)
+def test_what_fsdp2_does_not_do_yet_is_refused_by_name(fsdp_env, tmp_path, overrides, named):
+    fsdp_env(2)
+    with pytest.raises(FSDPError, match=f"not yet with {named}"):
+        check_fsdp_launch(launch(), config(tmp_path, **overrides))
+
+
+def test_a_launch_accelerate_runs_as_one_process_is_refused(fsdp_env, tmp_path):
+    fsdp_env(2)
+    with pytest.raises(FSDPError, match="use_cpu true"):
+        check_fsdp_launch(launch(distributed_type=DistributedType.NO), config(tmp_path))
+    with pytest.raises(FSDPError, match="at least 2 processes"):
+        check_fsdp_launch(launch(num_processes=1), config(tmp_path))
