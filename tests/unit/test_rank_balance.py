@@ -124,6 +124,13 @@ def test_every_row_travels_with_its_fields_and_comes_back(world, mini_batch_size
         assert torch.equal(restored, payload[p])
 
 
+def test_rows_stay_where_the_greedy_split_would_be_no_faster():
+    # Already even, 6 and 6; the greedy (3, 3 apart, then the 2s) would end at 7 and 5.
+    tokens = torch.tensor([[3, 3, 0], [2, 2, 2]])
+    assert balanced_assignment([3, 3, 0, 2, 2, 2], 2) == [[0, 3, 5], [1, 2, 4]]
+    assert mini_batch_assignments(tokens, 3) == [[[0, 1, 2], [3, 4, 5]]]
+
+
 def test_balancing_evens_out_a_rank_with_the_long_tail():
     tokens = torch.tensor([[20] * 8, [400, 300, 20, 20, 250, 200, 20, 20]])
     before = rank_token_imbalance(process_loads(tokens, mini_batch_assignments(tokens, 4, balance=False)))

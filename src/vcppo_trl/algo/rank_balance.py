@@ -70,7 +70,8 @@ def mini_batch_assignments(tokens: torch.Tensor, mini_batch_size: int, balance: 
         tokens: `[W, B]` tokens of each process's rows in that process's mini-batch order (its first `L` rows are its
             share of mini-batch 0, the next `L` of mini-batch 1, ...).
         mini_batch_size: `L`, rows of one process per mini-batch.
-        balance: `False`: every process keeps its own rows (the plan of an unbalanced update).
+        balance: `False`: every process keeps its own rows (the plan of an unbalanced update). With `True` too
+            where the greedy split's slowest process would not be faster than it is without moving a row.
 
     Returns:
         `[M][W]` lists of canonical positions (see the module docstring), each of `L` ascending positions.
@@ -84,8 +85,13 @@ def mini_batch_assignments(tokens: torch.Tensor, mini_batch_size: int, balance: 
         if not balance:
             plans.append([list(range(p * mini_batch_size, (p + 1) * mini_batch_size)) for p in range(world)])
             continue
-        counts = tokens[:, start : start + mini_batch_size].reshape(-1).tolist()
-        plans.append(keep_in_place(balanced_assignment([int(c) for c in counts], world), owners))
+        counts = [int(c) for c in tokens[:, start : start + mini_batch_size].reshape(-1).tolist()]
+        own = [list(range(p * mini_batch_size, (p + 1) * mini_batch_size)) for p in range(world)]
+        balanced = keep_in_place(balanced_assignment(counts, world), owners)
+        # Never worse than no move: the greedy can miss a split the processes already had.
+        if max(sum(counts[j] for j in g) for g in balanced) >= max(sum(counts[j] for j in g) for g in own):
+            balanced = own
+        plans.append(balanced)
     return plans
 
 

@@ -450,6 +450,26 @@ def test_balanced_ranks_give_the_unbalanced_gradient(tmp_path, launcher, forward
     assert max(exchange["tokens"]) < max(exchange["own_tokens"])
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"generation_window": 4, "total_episodes": 64, "max_tokens_per_micro_batch": 64},
+        {"num_generations": 4, "dynamic_sampling": True, "dynamic_sampling_max_rounds": 4, "padding_free": True},
+    ],
+    ids=["windows", "dynamic-sampling"],
+)
+def test_balanced_ranks_train_with_windows_and_dynamic_sampling(tmp_path, overrides):
+    """Generation windows and dynamic sampling hand the learner a rollout like any other: with `balance_ranks` the
+    ranks train to the same weights and log how even their tokens were."""
+    r0, r1 = _launch_two(tmp_path, "ddp", overrides | {"balance_ranks": True})
+    assert r0["global_step"] == r1["global_step"] > 1
+    assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])
+    updates = [m for m in r0["metrics"] if "perf/rank_token_imbalance" in m]
+    assert len(updates) == r0["global_step"]
+    for m in updates:
+        assert 1.0 <= m["perf/rank_token_imbalance"] <= m["perf/rank_token_imbalance_before"]
+
+
 @pytest.mark.parametrize("launcher", ["ddp", "zero3-sharded-generation"])
 def test_dynamic_sampling_runs_the_same_rounds_on_every_rank(tmp_path, launcher):
     """Each rank keeps its own informative groups, but every rank generates in every round (under ZeRO-3 sharded
