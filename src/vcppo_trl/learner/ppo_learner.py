@@ -114,9 +114,11 @@ class PPOLearner:
 
         Each micro-batch's loss is its token (or sequence) sum divided by the count of the whole mini-batch across all
         micro-batches and processes (`loss_type`, `value_loss_type`), so the gradient of a mini-batch does not depend
-        on how it is split. With `train_policy=False` only the value loss is optimised and the policy's parameters get
-        no gradient and no optimizer step (their learning rate is also held at exactly 0, so no weight decay touches
-        them).
+        on how it is split, nor on which process runs which of its sequences: with `balance_ranks` each epoch's global
+        mini-batches are handed out to processes by token count ([`~learner.balancing.RankBalancer`]), and what the
+        epoch computes per row comes back to the row's process. With `train_policy=False` only the value loss is
+        optimised and the policy's parameters get no gradient and no optimizer step (their learning rate is also held
+        at exactly 0, so no weight decay touches them).
 
         Args:
             rollout: The batch; `rollout.logprobs` are the old log-probabilities (`None` under the on-policy shortcut:
