@@ -9,3 +9,5 @@ DISTRIBUTED = os.path.join(TESTS, "integration", "distributed")
 WORKER = os.path.join(DISTRIBUTED, "worker.py")
 # One rank of the 2-process check of the loss aggregation.
 GRAD_WORKER = os.path.join(DISTRIBUTED, "grad_worker.py")
+# One rank of the 2-process check of balanced ranks.
+BALANCE_WORKER = os.path.join(DISTRIBUTED, "balance_worker.py")

@@ -274,6 +274,18 @@ def test_loss_aggregation_validation(tmp_path, kwargs, message):
         make(VCPPOConfig, tmp_path, **kwargs)
 
 
+def test_balance_ranks_is_off_by_default_and_needs_token_cut_forwards(tmp_path):
+    """Balancing evens out tokens; padded full-width forwards do not follow the tokens, so it is refused there."""
+    assert make(PPOConfig, tmp_path).balance_ranks is False
+    with pytest.raises(ValueError, match="`balance_ranks` evens out the tokens.*max_tokens_per_micro_batch"):
+        make(PPOConfig, tmp_path, balance_ranks=True)
+    assert make(PPOConfig, tmp_path, balance_ranks=True, max_tokens_per_micro_batch=256).balance_ranks
+    assert make(VCPPOConfig, tmp_path, balance_ranks=True, padding_free=True).balance_ranks
+    # With dynamic sampling and generation windows too: they hand the learner a rollout like any other.
+    make(PPOConfig, tmp_path, balance_ranks=True, padding_free=True, dynamic_sampling=True, num_generations=2)
+    make(PPOConfig, tmp_path, balance_ranks=True, max_tokens_per_micro_batch=64, generation_window=8, kl_coef=0.0)
+
+
 def test_vllm_defaults_are_trls(tmp_path):
     """The vLLM fields keep TRL GRPOConfig's defaults (PPO needs no other)."""
     from trl import GRPOConfig

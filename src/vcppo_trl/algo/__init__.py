@@ -1,5 +1,6 @@
 """Pure tensor functions of the update: GAE, losses and the micro-batch objective, masked reductions, diagnostics,
-micro-batch planning and dynamic sampling. Nothing here imports the rest of the package (only torch).
+micro-batch planning, dynamic sampling and the assignment of balanced ranks. Nothing here imports the rest of the
+package (only torch).
 """
 
 from .diagnostics import (
@@ -40,9 +41,20 @@ from .micro_batches import (
     warn_once_over_budget,
 )
 from .objective import MicroBatchLoss, PPOBatch, PPOLossSettings, mean_metrics, ppo_micro_batch_loss
+from .rank_balance import (
+    ExchangePlan,
+    balanced_assignment,
+    exchange_plan,
+    keep_in_place,
+    mini_batch_assignments,
+    pad_columns,
+    process_loads,
+    rank_token_imbalance,
+)
 
 __all__ = [
     "DynamicSamplingStats",
+    "ExchangePlan",
     "ForwardWork",
     "IMPORTANCE_SAMPLING_MODES",
     "ImportanceSamplingMode",
@@ -56,14 +68,17 @@ __all__ = [
     "PPOLossSettings",
     "StopAdvantageGap",
     "aggregate_loss",
+    "balanced_assignment",
     "choose_groups",
     "clipped_policy_loss",
     "clipped_value_loss",
     "dual_lambda_gae",
+    "exchange_plan",
     "explained_variance",
     "gae",
     "last_valid_values",
     "informative_groups",
+    "keep_in_place",
     "kl_penalty",
     "loss_normalizer",
     "marker_token_ids",
@@ -72,12 +87,16 @@ __all__ = [
     "masked_whiten",
     "mean_metrics",
     "measured",
+    "mini_batch_assignments",
+    "pad_columns",
     "plan_forwards",
     "plan_micro_batches",
     "position_bucket_explained_variance",
     "position_bucket_means",
     "position_correlation",
     "ppo_micro_batch_loss",
+    "process_loads",
+    "rank_token_imbalance",
     "real_tokens",
     "reverse_discounted_cumsum",
     "sampler_importance_weights",

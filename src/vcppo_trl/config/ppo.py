@@ -123,6 +123,19 @@ class PPOConfig(_BaseConfig):
             before the first packed forward refuses a model that lets packed sequences attend to each other. With a
             token budget the micro-batch size is the sum of its sequences' lengths. On CPU (sdpa or eager: a dense
             mask over the whole row) it is exact but not faster than the budget alone; its speed is a GPU question.
+        balance_ranks (`bool`, defaults to `False`): Balanced ranks (verl's `balance_batch`). Each PPO epoch's
+            mini-batches are drawn as without it (every process shuffles its own rows); then each global mini-batch's
+            sequences are handed out again so that every process runs about the same number of tokens (prompt +
+            response) and the same number of rows, the rows' values, returns, advantages and log-probabilities moving
+            with them (one all-to-all per tensor and epoch). The optimizer step sees the same sequences and the same
+            loss (its normalisers are the whole mini-batch's), so the gradient equals the unbalanced one up to the
+            order of the sums (tested with 2 processes: within 1e-5 of the largest entry, float32). Needs
+            `max_tokens_per_micro_batch` or `padding_free` (otherwise every forward is padded to the full width and
+            the time does not follow the tokens); a no-op with one process. Off by default: turning it on changes
+            which process runs which sequence, hence the bits of a run's mini-batches against earlier runs and
+            checkpoints. `perf/rank_token_imbalance` (logged with more than one process, on or off) is the slowest
+            process's tokens over the mean's, summed over the steps; `perf/rank_token_imbalance_before` what it would
+            have been without. See docs/distributed.md.
         max_tokens_per_forward (`int`, *optional*): Token budget of one no-grad rollout forward (values, old and
             reference log-probabilities, reward models), counted the same way. Defaults to
             `max_tokens_per_micro_batch` when that is set (no-grad forwards keep no activations, so a larger budget
@@ -420,6 +433,14 @@ class PPOConfig(_BaseConfig):
             "help": "Run each micro-batch's sequences as one row without pads (position_ids restarting per "
             "sequence), for the policy, the critic and the reference model; the model must keep packed sequences "
             "apart (checked before the first packed forward). With a token budget, its size is the packed total."
+        },
+    )
+    balance_ranks: bool = field(
+        default=False,
+        metadata={
+            "help": "Hand each global mini-batch's sequences out to processes by token count (verl's balance_batch), "
+            "so no process waits on one that drew the long responses. Same gradient up to summation order; needs "
+            "max_tokens_per_micro_batch or padding_free. Changes the mini-batch bits of earlier runs."
         },
     )
     max_tokens_per_forward: int | None = field(
@@ -836,6 +857,13 @@ class PPOConfig(_BaseConfig):
                 )
         if self.max_tokens_per_forward is None:
             self.max_tokens_per_forward = self.max_tokens_per_micro_batch
+        if self.balance_ranks and self.max_tokens_per_micro_batch is None and not self.padding_free:
+            raise ValueError(
+                "`balance_ranks` evens out the tokens each process runs, but without `max_tokens_per_micro_batch` or "
+                "`padding_free` every PPO forward is padded to the rollout's full width, so the time does not follow "
+                "the tokens and balancing cannot shorten the update. Set max_tokens_per_micro_batch (e.g. the longest "
+                "prompt + response_length) or padding_free=True, or leave balance_ranks off."
+            )
         self._check_generation_window()
         self._check_max_staleness()
         if self.train_sampling_strategy != "random":

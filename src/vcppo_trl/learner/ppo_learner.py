@@ -29,6 +29,7 @@ from ..models.packing import TokenBatch
 from ..parallel.collectives import micro_batch_context, whitening_all_reduce
 from ..parallel.fsdp import full_tensor
 from ..rollout.types import Rollout
+from .balancing import RankBalancer
 from .optimizers import NonFiniteTrainingError, reset_optimizer_state
 from .schedules import RoleLR
 from .settings import LearnerSettings
@@ -47,6 +48,8 @@ class UpdateResult:
     importance_weights: torch.Tensor | None = None
     # Tokens the PPO epochs' forwards computed (padding included) against the real ones, and their wall time
     work: ForwardWork = dataclasses.field(default_factory=ForwardWork)
+    # `perf/rank_token_imbalance` (and `_before` with `balance_ranks`) with more than one process, else empty
+    balance: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def mini_batch_order(size: int, *, seed: int, update_index: int, epoch: int, process_index: int) -> torch.Tensor:
@@ -112,9 +115,11 @@ class PPOLearner:
 
         Each micro-batch's loss is its token (or sequence) sum divided by the count of the whole mini-batch across all
         micro-batches and processes (`loss_type`, `value_loss_type`), so the gradient of a mini-batch does not depend
-        on how it is split. With `train_policy=False` only the value loss is optimised and the policy's parameters get
-        no gradient and no optimizer step (their learning rate is also held at exactly 0, so no weight decay touches
-        them).
+        on how it is split, nor on which process runs which of its sequences: with `balance_ranks` each epoch's global
+        mini-batches are handed out to processes by token count ([`~learner.balancing.RankBalancer`]), and what the
+        epoch computes per row comes back to the row's process. With `train_policy=False` only the value loss is
+        optimised and the policy's parameters get no gradient and no optimizer step (their learning rate is also held
+        at exactly 0, so no weight decay touches them).
 
         Args:
             rollout: The batch; `rollout.logprobs` are the old log-probabilities (`None` under the on-policy shortcut:
@@ -160,6 +165,10 @@ class PPOLearner:
         world = self.accelerator.num_processes
         tokens = TokenBatch.of(rollout)
         self.check_packing()
+        # More than one process: each epoch's global mini-batches handed out by tokens (`balance_ranks`), or measured.
+        balancer = None
+        if world > 1:
+            balancer = RankBalancer(self.accelerator, self.local_mini_batch_size, balance=settings.balance_ranks)
         with measured(ForwardWork(), self.accelerator.device) as work:
             for epoch in range(settings.num_ppo_epochs):
                 order = mini_batch_order(
@@ -169,12 +178,20 @@ class PPOLearner:
                     epoch=epoch,
                     process_index=self.accelerator.process_index,
                 ).to(mask.device)
-                mini_batches = list(order.split(self.local_mini_batch_size))
-                plans = self.forwards.plan(tokens, mini_batches, mask.shape[1])
+                if balancer is None:
+                    mini_batches, rows = list(order.split(self.local_mini_batch_size)), None
+                    epoch_batch, epoch_tokens = batch, tokens
+                else:
+                    rows = balancer.epoch(order, batch=batch, tokens=tokens)
+                    mini_batches, epoch_batch, epoch_tokens = rows.mini_batches, rows.batch, rows.tokens
+                # Balanced rows are the epoch's own tensors: what it computes per row goes back to the owners after it.
+                moved = rows is not None and rows.plan is not None
+                epoch_weights = None if moved else importance_weights
+                plans = self.forwards.plan(epoch_tokens, mini_batches, epoch_batch.mask.shape[1])
                 for mb_idx, micro_batches in zip(mini_batches, plans):
                     self.forwards.warn_over_budget(micro_batches)
                     policy_normalizer, value_normalizer, policy_tokens, positive_tokens = self.loss_normalizers(
-                        batch.select(mb_idx)
+                        epoch_batch.select(mb_idx)
                     )
                     # Before the backward passes (DeepSpeed steps inside the last one); the scheduler's next step
                     # restores the rates. A mini-batch with no finished response (generation windows) has no
@@ -187,7 +204,8 @@ class PPOLearner:
                     # DeepSpeed also divides by its own gradient_accumulation_steps, whatever our micro-batch count.
                     scale = world * (self.deepspeed_accumulation_steps(len(micro_batches)) if self.is_deepspeed else 1)
                     vf_total = pg_total = lm_total = 0.0
-                    for i, (micro, inputs) in enumerate(self.forwards.micro_batches(tokens, micro_batches, work)):
+                    micro_inputs = self.forwards.micro_batches(epoch_tokens, micro_batches, work)
+                    for i, (micro, inputs) in enumerate(micro_inputs):
                         idx, width = micro.indices, micro.response_width
                         # Gradient accumulation over the micro-batches of one minibatch; DDP syncs on the last one only.
                         is_last = i == len(micro_batches) - 1
@@ -198,10 +216,10 @@ class PPOLearner:
                                 **inputs,
                             )
                             if fill_old_logprobs:
-                                old_logprobs[idx, :width] = logprobs.detach().float()
+                                epoch_batch.old_logprobs[idx, :width] = logprobs.detach().float()
                             out = ppo_micro_batch_loss(
                                 loss_settings,
-                                batch.select(idx, width),
+                                epoch_batch.select(idx, width),
                                 logprobs,
                                 entropy=entropy,
                                 vpred=vpred,
@@ -212,11 +230,12 @@ class PPOLearner:
                             )
                             self.accelerator.backward(out.loss * scale)
                         if out.importance_weights is not None:
-                            if importance_weights is None:
-                                importance_weights = out.importance_weights.new_zeros(
-                                    mask.shape[0], 1 if sequence_weights else mask.shape[1]
+                            if epoch_weights is None:
+                                shape = epoch_batch.mask.shape
+                                epoch_weights = out.importance_weights.new_zeros(
+                                    shape[0], 1 if sequence_weights else shape[1]
                                 )
-                            importance_weights[idx, : out.importance_weights.shape[1]] = out.importance_weights
+                            epoch_weights[idx, : out.importance_weights.shape[1]] = out.importance_weights
                         for name, value in out.metrics().items():
                             stats[name].append(value)
                         vf_total = vf_total + out.value.loss.detach() * world
@@ -236,8 +255,25 @@ class PPOLearner:
                     else:
                         for name, value in grad_norms.items():
                             stats[name].append(value)
+                if not moved:
+                    importance_weights = epoch_weights
+                    continue
+                if fill_old_logprobs:
+                    balancer.restore(rows, epoch_batch.old_logprobs, old_logprobs)
+                if epoch_weights is not None:  # on every process alike: the policy's step with sampler log-probs
+                    if importance_weights is None:
+                        importance_weights = epoch_weights.new_zeros(
+                            mask.shape[0], 1 if sequence_weights else mask.shape[1]
+                        )
+                    balancer.restore(rows, epoch_weights, importance_weights)
         metrics = mean_metrics(stats) | {"diagnostics/nonfinite_steps": float(nonfinite_steps)}
-        return UpdateResult(metrics, old_logprobs if fill_old_logprobs else None, importance_weights, work=work)
+        return UpdateResult(
+            metrics,
+            old_logprobs if fill_old_logprobs else None,
+            importance_weights,
+            work=work,
+            balance={} if balancer is None else balancer.metrics(),
+        )
 
     def whiten(self, values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
         """[`~algo.masked.masked_whiten`] with the statistics `advantage_whitening` asks for (all processes, or this one)."""

@@ -28,6 +28,8 @@ class LearnerSettings:
     output_dir: str  # where the error of too many non-finite steps looks for the latest checkpoint
     # The training forwards: by `max_tokens_per_micro_batch`, else `per_device_train_batch_size` sequences.
     forwards: ForwardSettings
+    # Hand each global mini-batch's sequences out to processes by token count (see `learner.balancing`)
+    balance_ranks: bool = False
 
     @classmethod
     def from_args(cls, args: PPOConfig) -> LearnerSettings:
@@ -50,4 +52,5 @@ class LearnerSettings:
                 sequences=args.per_device_train_batch_size,
                 padding_free=args.padding_free,
             ),
+            balance_ranks=args.balance_ranks,
         )

@@ -1,9 +1,16 @@
 """How processes share the work: collectives (the gradient-accumulation context, all-reduces for whitening and
-micro-batch counts, a gathered state dict) and checks of the launch and of the DeepSpeed setup.
+micro-batch counts, a gathered state dict, the all-to-all of balanced ranks), FSDP2 sharding and its checkpoints, and
+checks of the launch and of the DeepSpeed setup.
 """
 
 from .checks import check_deepspeed_setup, check_distributed_setup, check_launch_environment
-from .collectives import gathered_state_dict, max_across_processes, micro_batch_context, whitening_all_reduce
+from .collectives import (
+    exchange_rows,
+    gathered_state_dict,
+    max_across_processes,
+    micro_batch_context,
+    whitening_all_reduce,
+)
 from .fsdp import (
     FSDP2_STATES_DIRNAME,
     FSDPError,
@@ -22,6 +29,7 @@ __all__ = [
     "check_deepspeed_setup",
     "check_distributed_setup",
     "check_launch_environment",
+    "exchange_rows",
     "fsdp2_full_state_dict",
     "full_tensor",
     "gathered_state_dict",

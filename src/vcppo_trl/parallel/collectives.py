@@ -1,5 +1,5 @@
 """Collectives across processes: the gradient-accumulation context of a micro-batch, the all-reduces of whitening and
-of micro-batch counts, and a state dict gathered from ZeRO-3 partitions.
+of micro-batch counts, a state dict gathered from ZeRO-3 partitions, and the all-to-all of rows that balances ranks.
 
 DDP: gradients are all-reduced on the last micro-batch of a minibatch only (`no_sync` on the others).
 
@@ -87,3 +87,29 @@ def max_across_processes(accelerator: Accelerator) -> Callable[[list[int]], list
         return [int(v) for v in tensor.tolist()]
 
     return max_across
+
+
+def exchange_rows(
+    tensors: dict[str, torch.Tensor | None], *, send_counts: list[int], recv_counts: list[int]
+) -> dict[str, torch.Tensor | None]:
+    """
+    All-to-all of rows (balanced ranks): each tensor's rows, already grouped by destination, go `send_counts[d]` to
+    process `d`, and `recv_counts[q]` rows come from process `q`, in process order. Every process calls it with the
+    same names, and tensors whose shapes agree after the first dimension. One collective per tensor (bools travel
+    as bytes); a tensor given under two names moves once; `None` stays `None`.
+    """
+    moved: dict[int, torch.Tensor] = {}
+    out: dict[str, torch.Tensor | None] = {}
+    for name, tensor in tensors.items():
+        if tensor is None:
+            out[name] = None
+            continue
+        if id(tensor) not in moved:
+            data = tensor.to(torch.uint8) if tensor.dtype == torch.bool else tensor
+            received = data.new_empty(sum(recv_counts), *data.shape[1:])
+            torch.distributed.all_to_all_single(
+                received, data.contiguous(), output_split_sizes=recv_counts, input_split_sizes=send_counts
+            )
+            moved[id(tensor)] = received.bool() if tensor.dtype == torch.bool else received
+        out[name] = moved[id(tensor)]
+    return out

@@ -399,13 +399,15 @@ def learner_metrics(
     rollout_side: dict[str, float],
 ) -> dict[str, float]:
     """The metrics of an update after its PPO epochs: the sampler's ([`sampling_metrics`]), the epochs'
-    ([`update_metrics`]), the forwards' work ([`work_metrics`]) and TRL's old names ([`trl_metric_names`]).
+    ([`update_metrics`]), the forwards' work ([`work_metrics`]), the ranks' token balance and TRL's old names
+    ([`trl_metric_names`]).
     `rollout.logprobs` must be the update's old log-probabilities; `rollout_side` the metrics logged before."""
     metrics = sampling_metrics(
         accelerator, settings, rollout, generation=made.generation, importance_weights=result.importance_weights
     )
     metrics.update(update_metrics(accelerator, result.stats, train_policy))
     metrics.update(work_metrics(accelerator, made.forwards, result.work))
+    metrics.update(result.balance)  # perf/rank_token_imbalance(_before): the same on every process
     if made.dynamic_sampling is not None:
         metrics.update(dynamic_sampling_metrics(accelerator, made.dynamic_sampling))
     if made.window is not None:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ...paths import GRAD_WORKER, REPO, WORKER
+from ...paths import BALANCE_WORKER, GRAD_WORKER, REPO, WORKER
 
 
 def _launch(out_dir, launcher, extra_env=None, worker_args=(), timeout=240):
@@ -406,6 +406,75 @@ def test_gradient_of_two_ranks_equals_one_big_batch(tmp_path, launcher, loss_typ
         assert counts == [4, 4]
     else:  # grouped by length: fewer than the 4 single-sequence micro-batches, and fewer tokens on the short rank
         assert counts[0] < 4 and result["computed_tokens"][0] < result["computed_tokens"][1]
+
+
+@pytest.mark.parametrize(("launcher", "forwards"), [("ddp", "budget"), ("ddp", "packed"), ("zero3", "budget")])
+def test_balanced_ranks_give_the_unbalanced_gradient(tmp_path, launcher, forwards):
+    """`balance_ranks` with rank 0 holding short responses and rank 1 long ones: every optimizer step's gradient equals
+    the unbalanced step's within 1e-5 of the largest entry (float32; the same sequences per global mini-batch, only
+    the sums' order changes) — over 2 epochs × 2 mini-batches with the sampler-mismatch correction, under the on-policy
+    shortcut and with a generation window's fields; what the balanced forwards computed per row (old log-probs,
+    sampler weights) comes back to the row's owner; each row's fields and tokens travel together. ZeRO-3: the
+    gradient norms (its gradients are partitioned)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    env.update(
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TRL_EXPERIMENTAL_SILENCE="1",
+        PYTHONPATH=os.pathsep.join([os.path.join(REPO, "src"), env.get("PYTHONPATH", "")]),
+    )
+    if launcher == "ddp":
+        env.update(CPU)
+        launch = TORCHRUN
+    else:
+        pytest.importorskip("deepspeed")
+        config = os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml")
+        launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file", config, "--main_process_port", "0"]
+    cmd = [sys.executable, "-m", *launch, BALANCE_WORKER, str(tmp_path), forwards]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    result = json.load(open(tmp_path / "balance_check.json"))
+    assert result["num_processes"] == 2 and result["deepspeed"] == (launcher == "zero3")
+    for name, steps in (("epochs", 4), ("shortcut", 1), ("windows", 4)):
+        case = result[name]
+        off, on = case["balance_off"], case["balance_on"]
+        assert set(off) == {"perf/rank_token_imbalance"}  # measured with balancing off too
+        assert on["perf/rank_token_imbalance_before"] == pytest.approx(off["perf/rank_token_imbalance"])
+        assert on["perf/rank_token_imbalance"] < off["perf/rank_token_imbalance"]
+        assert case["grad_norm"][1] == pytest.approx(case["grad_norm"][0], rel=1e-5)
+        if launcher == "ddp":
+            assert case["optimizer_steps"] == steps
+            assert case["max_relative_difference"] < 1e-5, name
+    assert max(result["epochs"]["importance_weights"]) < 1e-5  # the sampler weights came back to their rows
+    assert max(result["shortcut"]["old_logprobs"]) < 1e-5  # the on-policy shortcut's log-probs too
+    exchange = result["exchange"]
+    assert exchange["fields_together"] == [True, True] and exchange["lengths_follow"] == [True, True]
+    assert exchange["rows"] == [8, 8]  # as many rows per process as before
+    for m in range(2):  # each global mini-batch holds the rows it held without balancing
+        after = sorted(exchange["mini_batches"][0][m] + exchange["mini_batches"][1][m])
+        assert after == sorted(exchange["own_mini_batches"][0][m] + exchange["own_mini_batches"][1][m])
+    assert sum(exchange["tokens"]) == sum(exchange["own_tokens"])
+    assert max(exchange["tokens"]) < max(exchange["own_tokens"])
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"generation_window": 4, "total_episodes": 64, "max_tokens_per_micro_batch": 64},
+        {"num_generations": 4, "dynamic_sampling": True, "dynamic_sampling_max_rounds": 4, "padding_free": True},
+    ],
+    ids=["windows", "dynamic-sampling"],
+)
+def test_balanced_ranks_train_with_windows_and_dynamic_sampling(tmp_path, overrides):
+    """Generation windows and dynamic sampling hand the learner a rollout like any other: with `balance_ranks` the
+    ranks train to the same weights and log how even their tokens were."""
+    r0, r1 = _launch_two(tmp_path, "ddp", overrides | {"balance_ranks": True})
+    assert r0["global_step"] == r1["global_step"] > 1
+    assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])
+    updates = [m for m in r0["metrics"] if "perf/rank_token_imbalance" in m]
+    assert len(updates) == r0["global_step"]
+    for m in updates:
+        assert 1.0 <= m["perf/rank_token_imbalance"] <= m["perf/rank_token_imbalance_before"]
 
 
 @pytest.mark.parametrize("launcher", ["ddp", "zero3-sharded-generation"])

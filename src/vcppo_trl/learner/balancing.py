@@ -1,0 +1,136 @@
+"""Balanced ranks (`balance_ranks`) in the PPO epochs: each epoch's mini-batches are drawn as without balancing (every
+process shuffles its own rows), then each global mini-batch's sequences are handed out again so that every process
+holds about the same number of tokens, the same number of rows as before ([`~algo.rank_balance`]); the rows' tensors
+(tokens, masks, values, returns, advantages, old and sampler log-probabilities) move with them in one all-to-all per
+tensor, and what the epoch computes per row (old log-probabilities under the on-policy shortcut, the sampler-mismatch
+weights) goes back to the process that owns the row.
+
+The loss of a mini-batch is normalised by the count of the whole mini-batch across processes, so the optimizer step
+sees the same sequences and the same loss: only the order of the sums changes. With more than one process and
+balancing off, the token counts are still gathered (one small all-gather per epoch) for `perf/rank_token_imbalance`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from accelerate import Accelerator
+
+from ..algo.objective import PPOBatch
+from ..algo.rank_balance import (
+    ExchangePlan,
+    exchange_plan,
+    mini_batch_assignments,
+    pad_columns,
+    process_loads,
+    rank_token_imbalance,
+)
+from ..models.packing import TokenBatch
+from ..parallel.collectives import exchange_rows
+
+TOKEN_FIELDS = ("query_ids", "query_mask", "response_ids", "response_mask")
+
+
+@dataclasses.dataclass
+class EpochRows:
+    """The rows one process runs in one PPO epoch: its own (`plan` None) or its balanced share (`plan` set)."""
+
+    batch: PPOBatch
+    tokens: TokenBatch
+    mini_batches: list[torch.Tensor]  # row indices into `batch` and `tokens`, one tensor per mini-batch
+    order: torch.Tensor  # this process's mini-batch order of its own rows
+    plan: ExchangePlan | None = None
+
+
+class RankBalancer:
+    """
+    Hands each epoch's global mini-batches out to processes by token count (`balance=True`), or only measures how
+    uneven they are (`balance=False`). Every process must call [`epoch`] (and [`restore`]) the same number of times.
+
+    Args:
+        accelerator: The trainer's accelerator (more than one process).
+        mini_batch_size: Rows of one process per mini-batch.
+        balance: Move the rows (`balance_ranks`), or keep them and measure only.
+    """
+
+    def __init__(self, accelerator: Accelerator, mini_batch_size: int, balance: bool):
+        self.accelerator = accelerator
+        self.mini_batch_size = mini_batch_size
+        self.balance = balance
+        self.loads_before: list[torch.Tensor] = []
+        self.loads_after: list[torch.Tensor] = []
+
+    def epoch(self, order: torch.Tensor, *, batch: PPOBatch, tokens: TokenBatch) -> EpochRows:
+        """This process's rows for the epoch whose mini-batch order is `order` (one all-gather of token counts, and
+        with balancing one all-to-all per tensor)."""
+        size = self.mini_batch_size
+        world = self.accelerator.num_processes
+        device = order.device
+        per_row = tokens.attention_mask.sum(dim=1)[order]
+        widths = torch.tensor([tokens.context_length, tokens.response_ids.shape[1]], device=per_row.device)
+        gathered = self.accelerator.gather(torch.cat([per_row.long(), widths.long()]).to(self.accelerator.device))
+        gathered = gathered.view(world, -1).cpu()
+        counts, widest = gathered[:, :-2], gathered[:, -2:].amax(dim=0).tolist()
+        own = mini_batch_assignments(counts, size, balance=False)
+        self.loads_before.append(process_loads(counts, own))
+        if not self.balance:
+            self.loads_after.append(self.loads_before[-1])
+            return EpochRows(batch=batch, tokens=tokens, mini_batches=list(order.split(size)), order=order)
+        assignments = mini_batch_assignments(counts, size)
+        self.loads_after.append(process_loads(counts, assignments))
+        plan = exchange_plan(assignments, size, self.accelerator.process_index)
+        rows = order[plan.send.to(device)]
+        prompt_width, response_width = widest
+        sources = {
+            "query_ids": pad_columns(tokens.query_ids[rows], prompt_width, left=True),
+            "query_mask": pad_columns(
+                tokens.attention_mask[:, : tokens.context_length][rows], prompt_width, left=True
+            ),
+            "response_ids": pad_columns(tokens.response_ids[rows], response_width),
+            "response_mask": pad_columns(
+                tokens.attention_mask[:, tokens.context_length :][rows].bool(), response_width
+            ),
+        }
+        names = [f.name for f in dataclasses.fields(PPOBatch)]
+        first: dict[int, str] = {}  # a tensor the batch holds under two names (masks) moves once
+        for name in names:
+            tensor = getattr(batch, name)
+            if tensor is None or id(tensor) in first:
+                continue
+            first[id(tensor)] = name
+            sources[name] = pad_columns(tensor[rows], response_width)
+        moved = exchange_rows(sources, send_counts=plan.send_counts, recv_counts=plan.recv_counts)
+        arrange = plan.arrange.to(device)
+        arranged = {name: tensor[arrange] for name, tensor in moved.items()}
+        fields = {}
+        for name in names:
+            tensor = getattr(batch, name)
+            fields[name] = None if tensor is None else arranged[first[id(tensor)]]
+        balanced_tokens = TokenBatch(**{name: arranged[name] for name in TOKEN_FIELDS})
+        mini_batches = list(torch.arange(order.numel(), device=device).split(size))
+        return EpochRows(
+            batch=PPOBatch(**fields), tokens=balanced_tokens, mini_batches=mini_batches, order=order, plan=plan
+        )
+
+    def restore(self, rows: EpochRows, balanced: torch.Tensor, into: torch.Tensor) -> None:
+        """Write what the epoch computed per balanced row (`balanced`, `[B, w]`) into the owners' rows of `into`
+        (`[B, w']`, cut to its width): the reverse all-to-all. A no-op for an epoch that kept its own rows."""
+        if rows.plan is None:
+            return
+        plan = rows.plan
+        buffer = torch.empty_like(balanced)
+        buffer[plan.arrange.to(balanced.device)] = balanced
+        back = exchange_rows({"rows": buffer}, send_counts=plan.recv_counts, recv_counts=plan.send_counts)["rows"]
+        owners = rows.order[plan.send.to(rows.order.device)]
+        into[owners] = back[:, : into.shape[1]].to(into.dtype)
+
+    def metrics(self) -> dict[str, float]:
+        """`perf/rank_token_imbalance` of the update as it ran and, with balancing, `perf/rank_token_imbalance_before`
+        (as it would have run without): see [`~algo.rank_balance.rank_token_imbalance`]."""
+        if not self.loads_after:
+            return {}
+        metrics = {"perf/rank_token_imbalance": rank_token_imbalance(torch.cat(self.loads_after))}
+        if self.balance:
+            metrics["perf/rank_token_imbalance_before"] = rank_token_imbalance(torch.cat(self.loads_before))
+        return metrics
