@@ -57,7 +57,6 @@ def test_fsdp1_is_refused_with_the_fix(fsdp_env, tmp_path):
     "overrides, named",
     [
         ({"use_vllm": True}, "use_vllm"),
-        ({"push_to_hub": True, "hub_model_id": "me/run"}, "push_to_hub"),
         ({"max_staleness": 1}, "max_staleness"),
     ],
 )

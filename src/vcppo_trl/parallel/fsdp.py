@@ -67,15 +67,14 @@ def check_fsdp_launch(accelerator: Accelerator, args) -> bool:
     unsupported = {
         "use_vllm": args.use_vllm,
         "max_staleness": args.max_staleness > 0,
-        "push_to_hub": args.push_to_hub,
         "value_peft_config": args.value_peft_config is not None,
     }
     given = [name for name, on in unsupported.items() if on]
     if given:
         raise FSDPError(
-            f"Under FSDP2 this version trains, evaluates, checkpoints and resumes, but not yet with {', '.join(given)}"
-            " (vLLM weight syncs, Hub pushes of gathered weights and LoRA are the next steps). Turn them off, or "
-            "launch with DeepSpeed ZeRO-3 (configs/accelerate/zero3.yaml), which has them all."
+            f"Under FSDP2 this version trains, evaluates, checkpoints, resumes and pushes, but not yet with "
+            f"{', '.join(given)} (vLLM weight syncs and LoRA are the next steps). Turn them off, or launch with "
+            "DeepSpeed ZeRO-3 (configs/accelerate/zero3.yaml), which has them all."
         )
     return True
 

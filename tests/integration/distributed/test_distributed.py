@@ -310,15 +310,31 @@ def test_zero3_with_lora_policy_and_critic(tmp_path):
     assert PeftConfig.from_pretrained(tmp_path / "model").peft_type == "LORA"  # the saved policy is an adapter
 
 
-def test_ddp_push_to_hub_uploads_once(tmp_path):
-    """Both ranks call push_to_hub(); the main process alone uploads the policy and the critic (a local Hub stand-in)."""
+@pytest.mark.parametrize("launcher", ["ddp", "fsdp2"])
+def test_push_to_hub_uploads_once(tmp_path, launcher):
+    """Both ranks call push_to_hub(); the main process alone uploads the policy and the critic (a local Hub stand-in).
+    Under FSDP2 the weights are gathered from the shards first (every rank takes part), and the full ones go up."""
     from ...hub_standin import HubStandIn
 
     server = HubStandIn().start()
     try:
-        hub_env = {**CPU, "HF_ENDPOINT": server.endpoint, "HF_HUB_OFFLINE": "0", "HF_HOME": str(tmp_path / "hf")}
+        hub_env = {"HF_ENDPOINT": server.endpoint, "HF_HUB_OFFLINE": "0", "HF_HOME": str(tmp_path / "hf")}
         overrides = {"push_to_hub": True, "hub_model_id": "test-org/ddp-run", "hub_token": "hf_test"}
-        r0, r1 = _launch(tmp_path, TORCHRUN, hub_env, worker_args=[json.dumps(overrides)])
+        if launcher == "ddp":
+            r0, r1 = _launch(tmp_path, TORCHRUN, hub_env | CPU, worker_args=[json.dumps(overrides)])
+        else:
+            config = os.path.join(REPO, "configs/accelerate/fsdp2_cpu.yaml")
+            launch = [
+                "accelerate.commands.accelerate_cli",
+                "launch",
+                "--config_file",
+                config,
+                "--main_process_port",
+                "0",
+            ]
+            overrides |= {"use_cpu": True}
+            r0, r1 = _launch(tmp_path, launch, hub_env, worker_args=[json.dumps(overrides)])
+            assert r0["policy_params"]["local"] < r0["policy_params"]["total"]  # it was sharded
     finally:
         server.stop()
     assert (r0["pushed"], r1["pushed"]) == (True, False)
