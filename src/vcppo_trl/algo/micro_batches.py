@@ -190,8 +190,12 @@ class ForwardWork:
 
     def add(self, micro_batch: MicroBatch, real_tokens: int, packed: bool = False) -> None:
         """Count one forward: a padded one computes the micro-batch's padded size, a packed one its real tokens."""
+        self.add_counts(real_tokens, real_tokens if packed else micro_batch.tokens)
+
+    def add_counts(self, real_tokens: int, computed_tokens: int) -> None:
+        """Count one forward of `computed_tokens` positions, `real_tokens` of them real."""
         self.real_tokens += real_tokens
-        self.computed_tokens += real_tokens if packed else micro_batch.tokens
+        self.computed_tokens += computed_tokens
         self.micro_batches += 1
 
 

@@ -136,6 +136,18 @@ class PPOConfig(_BaseConfig):
             checkpoints. `perf/rank_token_imbalance` (logged with more than one process, on or off) is the slowest
             process's tokens over the mean's, summed over the steps; `perf/rank_token_imbalance_before` what it would
             have been without. See docs/distributed.md.
+        sequence_parallel_size (`int`, defaults to `1`): Sequence parallelism (DeepSpeed's Ulysses, as in
+            accelerate's ALST and verl): every training forward of the PPO epochs (policy and critic, value
+            pretraining too) is split along the sequence across groups of this many consecutive processes. A group's
+            processes share their rollouts' rows (one all-to-all per tensor and epoch) and run every micro-batch of
+            the group together, each over its slice of the positions; inside each attention layer Ulysses trades the
+            sequence split for a head split. Rows are laid out unpadded on the left (positions 0, 1, ...), so no
+            attention mask is needed. The gradient equals the unsplit one up to summation order (tested with 2
+            processes on CPU under DDP, ZeRO-3 and FSDP2). `max_tokens_per_micro_batch` stays a budget per process:
+            a micro-batch holds up to `sequence_parallel_size` times it. Needs DeepSpeed installed, an attention
+            implementation other than eager, head counts the size divides, and a number of processes it divides; not
+            with `padding_free` or `balance_ranks`. Generation and the rollout's no-grad forwards are not split.
+            Set it here, not through accelerate's `parallelism_config` (whose `sp_size` splits dataloader batches).
         max_tokens_per_forward (`int`, *optional*): Token budget of one no-grad rollout forward (values, old and
             reference log-probabilities, reward models), counted the same way. Defaults to
             `max_tokens_per_micro_batch` when that is set (no-grad forwards keep no activations, so a larger budget
@@ -443,6 +455,14 @@ class PPOConfig(_BaseConfig):
             "max_tokens_per_micro_batch or padding_free. Changes the mini-batch bits of earlier runs."
         },
     )
+    sequence_parallel_size: int = field(
+        default=1,
+        metadata={
+            "help": "Split every training forward along the sequence across groups of this many processes "
+            "(DeepSpeed's Ulysses attention): the activations of long responses spread over the group. Needs "
+            "DeepSpeed, sdpa/flash/flex attention and head counts it divides; not with padding_free or balance_ranks."
+        },
+    )
     max_tokens_per_forward: int | None = field(
         default=None,
         metadata={
@@ -741,6 +761,29 @@ class PPOConfig(_BaseConfig):
                     f"or drop {name}."
                 )
 
+    def _check_sequence_parallelism(self) -> None:
+        parallelism = self.parallelism_config
+        if parallelism is not None and (
+            (getattr(parallelism, "sp_size", None) or 1) > 1 or (getattr(parallelism, "cp_size", None) or 1) > 1
+        ):
+            raise ValueError(
+                "`parallelism_config` with sp_size or cp_size > 1 splits the dataloader's batches, but PPOTrainer "
+                "builds its training batches from rollouts after generation, and accelerate would drop the attention "
+                "mask of generation too. Set sequence_parallel_size instead (this trainer splits its own micro-batches "
+                "with DeepSpeed's Ulysses attention) and leave parallelism_config's sp_size and cp_size at 1."
+            )
+        if self.sequence_parallel_size < 1:
+            raise ValueError(f"`sequence_parallel_size` must be at least 1, got {self.sequence_parallel_size}.")
+        if self.sequence_parallel_size == 1:
+            return
+        for name, on in (("padding_free", self.padding_free), ("balance_ranks", self.balance_ranks)):
+            if on:
+                raise ValueError(
+                    f"`sequence_parallel_size` > 1 does not run with {name} yet: a split micro-batch has a layout of "
+                    f"its own (one unpadded sequence per row) and a group shares its rows. Set {name}=False (a token "
+                    "budget, max_tokens_per_micro_batch, still groups the rows by length)."
+                )
+
     def _check_max_staleness(self) -> None:
         if self.max_staleness < 0:
             raise ValueError(f"`max_staleness` must be 0 (no overlap) or more, got {self.max_staleness}.")
@@ -864,6 +907,7 @@ class PPOConfig(_BaseConfig):
                 "the tokens and balancing cannot shorten the update. Set max_tokens_per_micro_batch (e.g. the longest "
                 "prompt + response_length) or padding_free=True, or leave balance_ranks off."
             )
+        self._check_sequence_parallelism()
         self._check_generation_window()
         self._check_max_staleness()
         if self.train_sampling_strategy != "random":

@@ -41,6 +41,13 @@ class EpochRows:
     mini_batches: list[torch.Tensor]  # row indices into `batch` and `tokens`, one tensor per mini-batch
     order: torch.Tensor  # this process's mini-batch order of its own rows
     plan: ExchangePlan | None = None
+    # Sequence parallelism: the rows of `batch` that are this process's own, in `order` (the group's rows are shared)
+    own_rows: slice | None = None
+
+    @property
+    def moved(self) -> bool:
+        """Whether the epoch runs rows other than this process's own (what it computes per row goes back after it)."""
+        return self.plan is not None or self.own_rows is not None
 
 
 class RankBalancer:
@@ -80,38 +87,17 @@ class RankBalancer:
         assignments = mini_batch_assignments(counts, size)
         self.loads_after.append(process_loads(counts, assignments))
         plan = exchange_plan(assignments, size, self.accelerator.process_index)
-        rows = order[plan.send.to(device)]
-        prompt_width, response_width = widest
-        sources = {
-            "query_ids": pad_columns(tokens.query_ids[rows], prompt_width, left=True),
-            "query_mask": pad_columns(
-                tokens.attention_mask[:, : tokens.context_length][rows], prompt_width, left=True
-            ),
-            "response_ids": pad_columns(tokens.response_ids[rows], response_width),
-            "response_mask": pad_columns(
-                tokens.attention_mask[:, tokens.context_length :][rows].bool(), response_width
-            ),
-        }
-        names = [f.name for f in dataclasses.fields(PPOBatch)]
-        first: dict[int, str] = {}  # a tensor the batch holds under two names (masks) moves once
-        for name in names:
-            tensor = getattr(batch, name)
-            if tensor is None or id(tensor) in first:
-                continue
-            first[id(tensor)] = name
-            sources[name] = pad_columns(tensor[rows], response_width)
-        moved = exchange_rows(sources, send_counts=plan.send_counts, recv_counts=plan.recv_counts)
-        arrange = plan.arrange.to(device)
-        arranged = {name: tensor[arrange] for name, tensor in moved.items()}
-        fields = {}
-        for name in names:
-            tensor = getattr(batch, name)
-            fields[name] = None if tensor is None else arranged[first[id(tensor)]]
-        balanced_tokens = TokenBatch(**{name: arranged[name] for name in TOKEN_FIELDS})
-        mini_batches = list(torch.arange(order.numel(), device=device).split(size))
-        return EpochRows(
-            batch=PPOBatch(**fields), tokens=balanced_tokens, mini_batches=mini_batches, order=order, plan=plan
+        moved_batch, balanced_tokens = exchange_epoch_rows(
+            batch,
+            tokens,
+            order[plan.send.to(device)],
+            widths=widest,
+            send_counts=plan.send_counts,
+            recv_counts=plan.recv_counts,
+            arrange=plan.arrange.to(device),
         )
+        mini_batches = list(torch.arange(order.numel(), device=device).split(size))
+        return EpochRows(batch=moved_batch, tokens=balanced_tokens, mini_batches=mini_batches, order=order, plan=plan)
 
     def restore(self, rows: EpochRows, balanced: torch.Tensor, into: torch.Tensor) -> None:
         """Write what the epoch computed per balanced row (`balanced`, `[B, w]`) into the owners' rows of `into`
@@ -134,3 +120,43 @@ class RankBalancer:
         if self.balance:
             metrics["perf/rank_token_imbalance_before"] = rank_token_imbalance(torch.cat(self.loads_before))
         return metrics
+
+
+def exchange_epoch_rows(
+    batch: PPOBatch,
+    tokens: TokenBatch,
+    rows: torch.Tensor,
+    *,
+    widths: list[int],
+    send_counts: list[int],
+    recv_counts: list[int],
+    arrange: torch.Tensor | None = None,
+) -> tuple[PPOBatch, TokenBatch]:
+    """
+    The rows `rows` of `batch` and `tokens` (grouped by destination: `send_counts[d]` to process `d`; a row may go to
+    several) sent with one all-to-all per tensor ([`~parallel.collectives.exchange_rows`]), and the rows received
+    (`recv_counts[q]` from process `q`, in process order, then put in `arrange` order), every tensor padded to the
+    common `widths` (prompt, response) first.
+    """
+    prompt_width, response_width = widths
+    sources = {
+        "query_ids": pad_columns(tokens.query_ids[rows], prompt_width, left=True),
+        "query_mask": pad_columns(tokens.attention_mask[:, : tokens.context_length][rows], prompt_width, left=True),
+        "response_ids": pad_columns(tokens.response_ids[rows], response_width),
+        "response_mask": pad_columns(tokens.attention_mask[:, tokens.context_length :][rows].bool(), response_width),
+    }
+    names = [f.name for f in dataclasses.fields(PPOBatch)]
+    first: dict[int, str] = {}  # a tensor the batch holds under two names (masks) moves once
+    for name in names:
+        tensor = getattr(batch, name)
+        if tensor is None or id(tensor) in first:
+            continue
+        first[id(tensor)] = name
+        sources[name] = pad_columns(tensor[rows], response_width)
+    moved = exchange_rows(sources, send_counts=send_counts, recv_counts=recv_counts)
+    arranged = moved if arrange is None else {name: tensor[arrange] for name, tensor in moved.items()}
+    fields = {}
+    for name in names:
+        tensor = getattr(batch, name)
+        fields[name] = None if tensor is None else arranged[first[id(tensor)]]
+    return PPOBatch(**fields), TokenBatch(**{name: arranged[name] for name in TOKEN_FIELDS})

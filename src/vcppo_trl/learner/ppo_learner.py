@@ -28,10 +28,12 @@ from ..models.forward_engine import ForwardEngine
 from ..models.packing import TokenBatch
 from ..parallel.collectives import micro_batch_context, whitening_all_reduce
 from ..parallel.fsdp import full_tensor
+from ..parallel.sequence import setup_sequence_parallel, ulysses_attention
 from ..rollout.types import Rollout
 from .balancing import RankBalancer
 from .optimizers import NonFiniteTrainingError, reset_optimizer_state
 from .schedules import RoleLR
+from .sequence_rows import SequenceGroupRows
 from .settings import LearnerSettings
 
 logger = logging.get_logger(__name__)
@@ -94,7 +96,12 @@ class PPOLearner:
         self.lr_scheduler = lr_scheduler
         self.accelerator = accelerator
         self.settings = settings
-        self.forwards = ForwardEngine(settings.forwards, accelerator)
+        # Sequence parallelism: every training forward split along the sequence across a group of processes.
+        self.sequence_group = None
+        if settings.sequence_parallel_size > 1:
+            models = accelerator.unwrap_model(model).models()
+            self.sequence_group = setup_sequence_parallel(models, settings.sequence_parallel_size)
+        self.forwards = ForwardEngine(settings.forwards, accelerator, self.sequence_group)
         self.is_deepspeed = is_deepspeed
         self.local_mini_batch_size = local_mini_batch_size
         self.nonfinite_steps_in_a_row = 0
@@ -165,10 +172,16 @@ class PPOLearner:
         world = self.accelerator.num_processes
         tokens = TokenBatch.of(rollout)
         self.check_packing()
-        # More than one process: each epoch's global mini-batches handed out by tokens (`balance_ranks`), or measured.
+        # More than one process: a sequence-parallel group's rows shared by its processes; else each epoch's global
+        # mini-batches handed out by tokens (`balance_ranks`), or measured.
         balancer = None
-        if world > 1:
+        if self.sequence_group is not None:
+            balancer = SequenceGroupRows(self.accelerator, self.local_mini_batch_size, self.sequence_group)
+        elif world > 1:
             balancer = RankBalancer(self.accelerator, self.local_mini_batch_size, balance=settings.balance_ranks)
+        # The loss statistics: a process's share of the mini-batch loss times `share` averages over processes to the
+        # global loss (every process of a sequence-parallel group reports the same share: the group's).
+        share = world // (self.sequence_group.size if self.sequence_group is not None else 1)
         with measured(ForwardWork(), self.accelerator.device) as work:
             for epoch in range(settings.num_ppo_epochs):
                 order = mini_batch_order(
@@ -184,8 +197,8 @@ class PPOLearner:
                 else:
                     rows = balancer.epoch(order, batch=batch, tokens=tokens)
                     mini_batches, epoch_batch, epoch_tokens = rows.mini_batches, rows.batch, rows.tokens
-                # Balanced rows are the epoch's own tensors: what it computes per row goes back to the owners after it.
-                moved = rows is not None and rows.plan is not None
+                # Balanced or shared rows are the epoch's own tensors: what it computes per row goes back to the owners.
+                moved = rows is not None and rows.moved
                 epoch_weights = None if moved else importance_weights
                 plans = self.forwards.plan(epoch_tokens, mini_batches, epoch_batch.mask.shape[1])
                 for mb_idx, micro_batches in zip(mini_batches, plans):
@@ -209,7 +222,9 @@ class PPOLearner:
                         idx, width = micro.indices, micro.response_width
                         # Gradient accumulation over the micro-batches of one minibatch; DDP syncs on the last one only.
                         is_last = i == len(micro_batches) - 1
-                        with micro_batch_context(self.accelerator, self.is_deepspeed, model, is_last=is_last):
+                        # Split attention for the forward and the backward (gradient checkpointing recomputes there).
+                        split = ulysses_attention(self.sequence_group is not None)
+                        with split, micro_batch_context(self.accelerator, self.is_deepspeed, model, is_last=is_last):
                             logprobs, entropy, vpred = model(
                                 temperature=settings.temperature,
                                 compute_policy=train_policy,
@@ -238,12 +253,12 @@ class PPOLearner:
                             epoch_weights[idx, : out.importance_weights.shape[1]] = out.importance_weights
                         for name, value in out.metrics().items():
                             stats[name].append(value)
-                        vf_total = vf_total + out.value.loss.detach() * world
+                        vf_total = vf_total + out.value.loss.detach() * share
                         if train_policy:
-                            pg_total = pg_total + out.policy.loss.detach() * world
+                            pg_total = pg_total + out.policy.loss.detach() * share
                         if out.positive_example_lm is not None:
-                            lm_total = lm_total + out.positive_example_lm * world
-                    # This process's share of the mini-batch loss, × world: its mean over processes is the global loss.
+                            lm_total = lm_total + out.positive_example_lm * share
+                    # This process's share of the mini-batch loss, × share: its mean over processes is the global loss.
                     stats["loss/value"].append(vf_total)
                     if train_policy:
                         stats["loss/policy"].append(pg_total)
@@ -370,6 +385,8 @@ class PPOLearner:
         )
         if self.accelerator.num_processes > 1:
             counts = self.accelerator.reduce(counts, "sum")
+        if self.sequence_group is not None:  # every process of a group holds the group's rows
+            counts = counts / self.sequence_group.size
         return counts
 
     def optimizer_step(self, update_index: int = 0) -> dict[str, torch.Tensor] | None:

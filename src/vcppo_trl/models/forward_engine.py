@@ -19,6 +19,7 @@ from transformers.utils import logging
 
 from ..algo.micro_batches import ForwardWork, MicroBatch, plan_forwards, warn_once_over_budget
 from ..parallel.collectives import max_across_processes
+from ..parallel.sequence import SequenceGroup
 from .packing import TokenBatch, check_packing
 
 logger = logging.get_logger(__name__)
@@ -45,11 +46,16 @@ class ForwardEngine:
         settings ([`ForwardSettings`]): How the forwards are cut.
         accelerator (`Accelerator`): For the micro-batch count every process must share (ZeRO-3 runs every forward
             as a collective).
+        sequence_group ([`~parallel.sequence.SequenceGroup`], *optional*): Split every micro-batch along the
+            sequence across this group (`sequence_parallel_size`); its processes hold the same rows and plan alike.
     """
 
-    def __init__(self, settings: ForwardSettings, accelerator: Accelerator):
+    def __init__(
+        self, settings: ForwardSettings, accelerator: Accelerator, sequence_group: SequenceGroup | None = None
+    ):
         self.settings = settings
         self.accelerator = accelerator
+        self.sequence_group = sequence_group
         self.warned: set[str] = set()
         self.packing_checked: set[int] = set()
 
@@ -60,7 +66,7 @@ class ForwardEngine:
             groups,
             tokens.prompt_lengths,
             tokens.response_lengths,
-            max_tokens=settings.max_tokens,
+            max_tokens=self.max_tokens,
             rows_per_micro_batch=settings.sequences,
             context_length=tokens.context_length,
             response_length=response_width,
@@ -69,12 +75,20 @@ class ForwardEngine:
         )
         return plans
 
+    @property
+    def max_tokens(self) -> int | None:
+        """The token budget of one micro-batch: the setting's, times the group's size when split (the budget is per
+        process)."""
+        budget = self.settings.max_tokens
+        if budget is not None and self.sequence_group is not None:
+            budget *= self.sequence_group.size
+        return budget
+
     def warn_over_budget(self, plan: list[MicroBatch]) -> None:
         """Warn once when a sequence longer than the budget runs alone in its micro-batch."""
-        if self.settings.max_tokens is not None:
-            settings = self.settings
+        if self.max_tokens is not None:
             warn_once_over_budget(
-                plan, settings.max_tokens, settings.budget_field, warned=self.warned, warn=logger.warning
+                plan, self.max_tokens, self.settings.budget_field, warned=self.warned, warn=logger.warning
             )
 
     def check_packing(self, models: dict[str, torch.nn.Module], vocab_size: int) -> None:
@@ -91,12 +105,22 @@ class ForwardEngine:
     def inputs(self, tokens: TokenBatch, micro_batch: MicroBatch) -> dict:
         """The micro-batch padded to its own widths or packed into one row: the keyword arguments of
         [`~models.policy_and_value.PolicyAndValueModel.forward`] and [`~models.policy_and_value.response_logprobs_of`]."""
-        return tokens.model_inputs(micro_batch, self.settings.padding_free)
+        return tokens.model_inputs(micro_batch, self.settings.padding_free, self.sequence_group)
 
     def count(self, work: ForwardWork | None, tokens: TokenBatch, micro_batch: MicroBatch) -> None:
-        """Count one forward's tokens into `work` (computed ones: its padded size, or its real tokens packed)."""
-        if work is not None:
-            work.add(micro_batch, tokens.real_tokens(micro_batch), self.settings.padding_free)
+        """Count one forward's tokens into `work` (computed ones: its padded size, or its real tokens packed; split,
+        this process's columns and its share of the real tokens)."""
+        if work is None:
+            return
+        real = tokens.real_tokens(micro_batch)
+        group = self.sequence_group
+        if group is None:
+            work.add(micro_batch, real, self.settings.padding_free)
+            return
+        rows = micro_batch.indices.cpu()
+        lengths = tokens.prompt_lengths[rows] + tokens.response_lengths[rows].clamp(max=micro_batch.response_width)
+        columns = -(-int(lengths.max()) // group.size)
+        work.add_counts(real // group.size, len(rows) * columns)
 
     def gather(
         self,

@@ -1,6 +1,7 @@
-"""Padding-free forwards: a micro-batch's sequences concatenated into one row, outputs brought back to `[b, w]`.
+"""Layouts of a micro-batch's sequences: padding-free (concatenated into one row, outputs brought back to `[b, w]`),
+and split along the sequence across a sequence-parallel group ([`SplitRows`]).
 
-Each sequence (its real prompt tokens, then its response up to its last valid token) follows the previous one in a
+Padding-free: each sequence (its real prompt tokens, then its response up to its last valid token) follows the previous one in a
 single `[1, N]` row, with `position_ids` restarting at 0. transformers recognises packed rows from `position_ids` when
 no attention mask is passed (`masking_utils.find_packed_sequence_indices`): varlen kernels under flash/flex attention,
 an exact block-diagonal mask under sdpa and eager. A model that does not do this would let the sequences of a row
@@ -15,6 +16,7 @@ import dataclasses
 import torch
 
 from ..algo.micro_batches import MicroBatch, real_tokens, sequence_lengths
+from ..parallel.sequence import SequenceGroup, sum_over_group
 
 
 class PackingError(ValueError):
@@ -71,6 +73,81 @@ def pack_micro_batch(
         position_ids=torch.cat(positions).unsqueeze(0),
         predicting=torch.stack(predicting),
         targets=response_ids[rows, :width],
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitRows:
+    """This process's columns of a split micro-batch, and where its response tokens' predictions sit in them."""
+
+    input_ids: torch.Tensor  # [b, n]: this process's columns of the right-padded rows
+    position_ids: torch.Tensor  # [b, n]
+    rows: torch.Tensor  # [k] the micro-batch row of each response token predicted in these columns
+    steps: torch.Tensor  # [k] its response position t
+    columns: torch.Tensor  # [k] the local column whose output predicts it
+    targets: torch.Tensor  # [k] the token
+    shape: tuple[int, int]  # (b, w): the micro-batch's outputs
+    group: SequenceGroup
+
+    def scatter(self, values: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+        """`[k]` outputs of this process's tokens → `[b, w]` (zeros elsewhere), summed over the group. `output` is
+        the model's output these were read from: a process that reads none of it (its columns all prompt) still
+        puts it in the graph, so that its backward runs the attention's collectives the others wait for."""
+        full = values.new_zeros(self.shape)
+        if values.numel():
+            full = full.index_put((self.rows, self.steps), values)
+        else:
+            full = full + output.sum().float() * 0
+        return sum_over_group(full, self.group)
+
+
+def split_micro_batch(
+    query_ids: torch.Tensor,
+    response_ids: torch.Tensor,
+    prompt_lengths: torch.Tensor,
+    response_lengths: torch.Tensor,
+    micro_batch: MicroBatch,
+    group: SequenceGroup,
+) -> SplitRows:
+    """
+    The micro-batch's rows of a left-padded `[B, P]` prompt batch and a right-padded `[B, T]` response batch, laid out
+    as the module docstring says, cut to this process's columns. Every prompt must hold at least one token.
+    """
+    context = query_ids.shape[1]
+    rows = micro_batch.indices
+    width = micro_batch.response_width
+    prompts = prompt_lengths[rows.cpu()].tolist()
+    responses = [min(r, width) for r in response_lengths[rows.cpu()].tolist()]
+    if min(prompts) < 1:
+        raise ValueError(
+            "A row has an empty prompt: a split forward predicts a response's first token from its prompt's last one. "
+            "Give every prompt at least one token (e.g. a BOS token or a chat template)."
+        )
+    longest = max(p + r for p, r in zip(prompts, responses))
+    total = -(-longest // group.size) * group.size
+    ids = query_ids.new_zeros(len(prompts), total)  # the padding is never attended (causal), any id does
+    for i, (row, prompt, response) in enumerate(zip(rows.tolist(), prompts, responses)):
+        ids[i, :prompt] = query_ids[row, context - prompt :]
+        ids[i, prompt : prompt + response] = response_ids[row, :response]
+    local = total // group.size
+    start = group.rank * local
+    device = query_ids.device
+    # Response token t of row i is predicted at column prompt_i − 1 + t.
+    steps = torch.arange(width, device=device)
+    prompt_t = torch.tensor(prompts, device=device)[:, None]
+    predicting = prompt_t - 1 + steps
+    valid = steps < torch.tensor(responses, device=device)[:, None]
+    mine = valid & (predicting >= start) & (predicting < start + local)
+    row_of, step_of = mine.nonzero(as_tuple=True)
+    return SplitRows(
+        input_ids=ids[:, start : start + local],
+        position_ids=torch.arange(start, start + local, device=device).expand(len(prompts), -1),
+        rows=row_of,
+        steps=step_of,
+        columns=predicting[row_of, step_of] - start,
+        targets=response_ids[rows[row_of], step_of],
+        shape=(len(prompts), width),
+        group=group,
     )
 
 
@@ -153,8 +230,26 @@ class TokenBatch:
         rows, columns = micro_batch.indices, micro_batch.columns(self.context_length)
         return self.input_ids[rows][:, columns], self.attention_mask[rows][:, columns], micro_batch.prompt_width
 
-    def model_inputs(self, micro_batch: MicroBatch, padding_free: bool) -> dict:
-        """Keyword arguments of [`~models.policy_and_value.PolicyAndValueModel.forward`] for the micro-batch."""
+    def split(self, micro_batch: MicroBatch, group: SequenceGroup) -> SplitRows:
+        return split_micro_batch(
+            self.query_ids,
+            self.response_ids,
+            self.prompt_lengths,
+            response_lengths=self.response_lengths,
+            micro_batch=micro_batch,
+            group=group,
+        )
+
+    def model_inputs(self, micro_batch: MicroBatch, padding_free: bool, group: SequenceGroup | None = None) -> dict:
+        """Keyword arguments of [`~models.policy_and_value.PolicyAndValueModel.forward`] for the micro-batch: split
+        across `group` when given ([`SplitRows`]), else packed or padded."""
+        if group is not None:
+            return {
+                "input_ids": None,
+                "attention_mask": None,
+                "context_length": 0,
+                "split": self.split(micro_batch, group),
+            }
         if padding_free:
             return {"input_ids": None, "attention_mask": None, "context_length": 0, "packed": self.packed(micro_batch)}
         input_ids, attention_mask, context_length = self.padded(micro_batch)

@@ -7,7 +7,8 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from .logprobs import packed_response_logprobs, response_logprobs
-from .packing import PackedRow
+from .packing import PackedRow, SplitRows
+from .sequence_split import split_response_logprobs, split_value_forward
 from .value_model import packed_value_forward, value_forward
 
 
@@ -59,18 +60,23 @@ class PolicyAndValueModel(nn.Module):
         compute_policy: bool = True,
         compute_entropy: bool = True,
         packed: PackedRow | None = None,
+        split: SplitRows | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
         """
         Log-probabilities (and entropy) of the response tokens under the policy, and the critic's values.
 
-        With `packed` (a padding-free micro-batch, [`~models.packing.PackedRow`]) the padded inputs are ignored.
+        With `packed` (a padding-free micro-batch, [`~models.packing.PackedRow`]) or `split` (this process's columns
+        of a sequence-parallel micro-batch, [`~models.packing.SplitRows`]) the padded inputs are ignored.
 
         Returns:
             `(logprobs, entropy, values)`, each `[B, T]` for the `T` tokens after `context_length` (`[b, w]` of the
             packed row's responses); the first two are `None` when `compute_policy` is False (value-only updates leave
             the policy out of the graph).
         """
-        if packed is not None:
+        if split is not None:
+            values = split_value_forward(self.critic, split)
+            position_ids = None
+        elif packed is not None:
             values = packed_value_forward(self.critic, packed)
             position_ids = None
         else:
@@ -89,6 +95,7 @@ class PolicyAndValueModel(nn.Module):
             attention_mask=attention_mask,
             context_length=context_length,
             packed=packed,
+            split=split,
             compute_entropy=compute_entropy,
             position_ids=position_ids,
         )
@@ -103,16 +110,20 @@ def response_logprobs_of(
     attention_mask: torch.Tensor | None,
     context_length: int,
     packed: PackedRow | None = None,
+    split: SplitRows | None = None,
     compute_entropy: bool = False,
     position_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """
     Log-probabilities (and entropy) of a micro-batch's response tokens under `policy` (the policy, or the reference
-    model), from the forward engine's inputs: one packed row (`packed`), or padded `input_ids` with their mask.
+    model), from the forward engine's inputs: this process's columns of a split micro-batch (`split`), one packed
+    row (`packed`), or padded `input_ids` with their mask.
 
     Returns:
         `(logprobs, entropy)`: `[b, w]` float32 tensors; `entropy` is `None` unless `compute_entropy`.
     """
+    if split is not None:
+        return split_response_logprobs(policy, split, temperature, compute_entropy=compute_entropy)
     if packed is not None:
         return packed_response_logprobs(policy, packed, temperature, compute_entropy=compute_entropy)
     return policy_logprobs(

@@ -1,6 +1,7 @@
 """How processes share the work: collectives (the gradient-accumulation context, all-reduces for whitening and
-micro-batch counts, a gathered state dict, the all-to-all of balanced ranks), FSDP2 sharding and its checkpoints, and
-checks of the launch and of the DeepSpeed setup.
+micro-batch counts, a gathered state dict, the all-to-all of balanced ranks), FSDP2 sharding and its checkpoints,
+sequence parallelism (groups, Ulysses attention, the sum over a group), and checks of the launch and of the DeepSpeed
+setup.
 """
 
 from .checks import check_deepspeed_setup, check_distributed_setup, check_launch_environment
@@ -22,10 +23,19 @@ from .fsdp import (
     save_fsdp2_states,
     shard_with_fsdp2,
 )
+from .sequence import (
+    SequenceGroup,
+    SequenceParallelError,
+    setup_sequence_parallel,
+    sum_over_group,
+    ulysses_attention,
+)
 
 __all__ = [
     "FSDP2_STATES_DIRNAME",
     "FSDPError",
+    "SequenceGroup",
+    "SequenceParallelError",
     "check_deepspeed_setup",
     "check_distributed_setup",
     "check_launch_environment",
@@ -39,6 +49,9 @@ __all__ = [
     "micro_batch_context",
     "requested_fsdp_version",
     "save_fsdp2_states",
+    "setup_sequence_parallel",
     "shard_with_fsdp2",
+    "sum_over_group",
+    "ulysses_attention",
     "whitening_all_reduce",
 ]

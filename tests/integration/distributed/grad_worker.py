@@ -11,7 +11,9 @@ by the whole batch's count. Rank 0 writes `OUT/grad_check.json` with the largest
 the gradient norm; under DeepSpeed, launched with configs/accelerate/zero3_cpu.yaml, only the norm is compared).
 With a token budget the ranks need different micro-batch counts (rank 0's short sequences fit in fewer): both must run
 the largest, and the gradient must not change; `micro_batches` records each rank's count. `packed`: padding-free
-forwards (`padding_free=True`) as well. `vapo`: every VAPO/DAPO policy-loss term on (clip-higher, dual-clip, the
+forwards (`padding_free=True`) as well. `sp`: sequence parallelism over both processes (`sequence_parallel_size=2`:
+every micro-batch of either rank split along the sequence across both, 8 micro-batches per rank). `checkpointing`:
+gradient checkpointing on (its backward recomputes the forwards, split too under `sp`). `vapo`: every VAPO/DAPO policy-loss term on (clip-higher, dual-clip, the
 entropy bonus, the positive-example LM loss over the correct responses of both ranks, truncated responses left out of
 the policy loss), with fixed stop flags and correctness per rank.
 """
@@ -41,7 +43,15 @@ VAPO_TERMS = dict(
 )
 
 
-def main(out_dir: str, loss_type: str, max_tokens: int | None, padding_free: bool = False, vapo: bool = False) -> None:
+def main(
+    out_dir: str,
+    loss_type: str,
+    max_tokens: int | None,
+    padding_free: bool = False,
+    vapo: bool = False,
+    sequence_parallel: bool = False,
+    checkpointing: bool = False,
+) -> None:
     from accelerate.utils import gather_object
 
     from vcppo_trl import PPOConfig, PPOTrainer
@@ -80,8 +90,9 @@ def main(out_dir: str, loss_type: str, max_tokens: int | None, padding_free: boo
         loss_type=loss_type,
         max_tokens_per_micro_batch=max_tokens,
         padding_free=padding_free,
+        sequence_parallel_size=2 if sequence_parallel else 1,
         bf16=False,
-        gradient_checkpointing=False,
+        gradient_checkpointing=checkpointing,
         report_to="none",
         save_strategy="no",
         num_sample_generations=0,
@@ -145,6 +156,7 @@ def main(out_dir: str, loss_type: str, max_tokens: int | None, padding_free: boo
     policy_tokens = sum(float(c["policy_mask"].sum()) for c in chunks)
     positive_tokens = sum(float(c["positive_mask"].sum()) for c in chunks)
     reference.eval()  # no dropout (the trainer disables it in its models)
+    expected_value_loss = 0.0
     for c in chunks:
         m, pm = c["response_mask"], c["policy_mask"]
         whitened = (((c["advantages"].double() - mean) / std).float() * pm).float()
@@ -170,6 +182,7 @@ def main(out_dir: str, loss_type: str, max_tokens: int | None, padding_free: boo
         vf = clipped_value_loss(
             values, c["values"], c["returns"], m, args.cliprange_value, args.value_loss_type, vf_count, length
         )
+        expected_value_loss += float(vf.loss)
         loss = pg.loss + args.vf_coef * vf.loss
         if vapo:
             loss = loss - args.entropy_coef * token_mean_term(entropy, pm, policy_tokens)
@@ -190,6 +203,9 @@ def main(out_dir: str, loss_type: str, max_tokens: int | None, padding_free: boo
         "computed_tokens": gather_object([update.work.computed_tokens]),
         "positive_tokens": positive_tokens,
         "positive_example_lm": stats.get("loss/positive_example_lm"),
+        # The logged value loss of each process (its mean over processes is the global loss) and the global loss
+        "value_loss": gather_object([stats["loss/value"]]),
+        "expected_value_loss": expected_value_loss,
     }
     if not trainer.is_deepspeed_enabled:  # DeepSpeed's gradients are partitioned and gone after its step
         worst = 0.0
@@ -211,4 +227,4 @@ if __name__ == "__main__":
     flags = sys.argv[3:]
     budget = next((int(f) for f in flags if f.isdigit()), None)
     loss = sys.argv[2] if len(sys.argv) > 2 else "token_mean"
-    main(sys.argv[1], loss, budget, "packed" in flags, "vapo" in flags)
+    main(sys.argv[1], loss, budget, "packed" in flags, "vapo" in flags, "sp" in flags, "checkpointing" in flags)

@@ -12,7 +12,8 @@ import pytest
 from ...paths import BALANCE_WORKER, GRAD_WORKER, REPO, WORKER
 
 
-def _launch(out_dir, launcher, extra_env=None, worker_args=(), timeout=240):
+def _clean_env(extra_env=None) -> dict:
+    """This environment less any launcher's variables, with one thread per process and the package on the path."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
     env.update(
         OMP_NUM_THREADS="1",
@@ -21,14 +22,37 @@ def _launch(out_dir, launcher, extra_env=None, worker_args=(), timeout=240):
         PYTHONPATH=os.pathsep.join([os.path.join(REPO, "src"), env.get("PYTHONPATH", "")]),
     )
     env.update(extra_env or {})
+    return env
+
+
+def _launch(out_dir, launcher, extra_env=None, worker_args=(), timeout=240):
     cmd = [sys.executable, "-m", *launcher, WORKER, str(out_dir), *worker_args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    proc = subprocess.run(cmd, env=_clean_env(extra_env), capture_output=True, text=True, timeout=timeout, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return [json.load(open(out_dir / f"rank{r}.json")) for r in (0, 1)]
 
 
 TORCHRUN = ["torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 CPU = {"ACCELERATE_USE_CPU": "1"}
+
+
+def _launcher(launcher: str) -> tuple[list[str], dict]:
+    """The `python -m` command that starts 2 processes, and the environment it needs: "ddp" (torchrun on CPU), "fsdp2"
+    (accelerate launch with configs/accelerate/fsdp2_cpu.yaml) or "zero3" (with configs/accelerate/zero3_cpu.yaml)."""
+    if launcher == "ddp":
+        return TORCHRUN, CPU
+    if launcher == "zero3":
+        pytest.importorskip("deepspeed")
+    config = os.path.join(REPO, f"configs/accelerate/{launcher}_cpu.yaml")
+    return ["accelerate.commands.accelerate_cli", "launch", "--config_file", config, "--main_process_port", "0"], {}
+
+
+def _run_worker(worker: str, launcher: str, args: list[str], timeout: int = 240) -> None:
+    """`worker` (a script beside this file) on 2 processes started by `launcher` (see [`_launcher`])."""
+    launch, extra_env = _launcher(launcher)
+    cmd = [sys.executable, "-m", *launch, worker, *args]
+    proc = subprocess.run(cmd, env=_clean_env(extra_env), capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
 
 def _launch_two(out_dir, launcher: str, overrides: dict) -> list[dict]:
@@ -38,12 +62,9 @@ def _launch_two(out_dir, launcher: str, overrides: dict) -> list[dict]:
     if launcher == "ddp":
         return _launch(out_dir, TORCHRUN, extra_env=CPU, worker_args=[json.dumps(overrides)])
     if launcher == "fsdp2":
-        config = os.path.join(REPO, "configs/accelerate/fsdp2_cpu.yaml")
-        launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file", config, "--main_process_port", "0"]
+        launch, _ = _launcher("fsdp2")
         return _launch(out_dir, launch, worker_args=[json.dumps(overrides | {"use_cpu": True})])
-    pytest.importorskip("deepspeed")
-    config = os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml")
-    launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file", config, "--main_process_port", "0"]
+    launch, _ = _launcher("zero3")
     overrides = overrides | {"ddp_backend": "gloo", "ds3_gather_for_generation": False}
     return _launch(out_dir, launch, worker_args=[json.dumps(overrides)])
 
@@ -381,6 +402,10 @@ def test_zero3_with_cpu_offload(tmp_path):
         ("ddp", "token_mean", "vapo"),
         ("ddp", "token_mean", "64 vapo"),
         ("zero3", "token_mean", "64 packed vapo"),
+        ("ddp", "token_mean", "sp checkpointing"),
+        ("ddp", "token_mean", "vapo sp"),
+        ("zero3", "token_mean", "64 sp"),
+        ("fsdp2", "token_mean", "64 sp"),
     ],
 )
 def test_gradient_of_two_ranks_equals_one_big_batch(tmp_path, launcher, loss_type, budget):
@@ -389,24 +414,10 @@ def test_gradient_of_two_ranks_equals_one_big_batch(tmp_path, launcher, loss_typ
     (gathered from its shards): every gradient; ZeRO-3 (whose gradients are partitioned): the engine's gradient norm. With a token budget
     (`max_tokens_per_micro_batch=64`) rank 0 alone would need fewer micro-batches than rank 1: both run rank 1's
     count (under ZeRO-3 anything else hangs), which differs from DeepSpeed's gradient_accumulation_steps (4); "packed":
-    with padding-free forwards too; "vapo": every VAPO/DAPO policy-loss term on."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
-    env.update(
-        OMP_NUM_THREADS="1",
-        HF_HUB_OFFLINE="1",
-        TRL_EXPERIMENTAL_SILENCE="1",
-        PYTHONPATH=os.pathsep.join([os.path.join(REPO, "src"), env.get("PYTHONPATH", "")]),
-    )
-    if launcher == "ddp":
-        env.update(CPU)
-        launch = TORCHRUN
-    else:
-        pytest.importorskip("deepspeed")
-        config = os.path.join(REPO, f"configs/accelerate/{'fsdp2' if launcher == 'fsdp2' else 'zero3'}_cpu.yaml")
-        launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file", config, "--main_process_port", "0"]
-    cmd = [sys.executable, "-m", *launch, GRAD_WORKER, str(tmp_path), loss_type, *str(budget or "").split()]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    with padding-free forwards too; "vapo": every VAPO/DAPO policy-loss term on; "sp": sequence parallelism over both
+    processes (each runs both ranks' micro-batches, split along the sequence by Ulysses' attention), with gradient
+    checkpointing (whose backward recomputes the split forwards)."""
+    _run_worker(GRAD_WORKER, launcher, [str(tmp_path), loss_type, *str(budget or "").split()])
     result = json.load(open(tmp_path / "grad_check.json"))
     assert result["num_processes"] == 2
     assert result["deepspeed"] == (launcher == "zero3") and result["fsdp2"] == (launcher == "fsdp2")
@@ -414,14 +425,35 @@ def test_gradient_of_two_ranks_equals_one_big_batch(tmp_path, launcher, loss_typ
     assert result["grad_norm_relative_difference"] < 1e-4
     if launcher in ("ddp", "fsdp2"):  # FSDP2: every gradient, gathered from its shards
         assert result["max_relative_difference"] < 1e-4
+    value_loss = result["value_loss"]  # logged: its mean over the processes is the global loss
+    assert sum(value_loss) / 2 == pytest.approx(result["expected_value_loss"], rel=1e-4)
     counts = result["micro_batches"]
     assert counts[0] == counts[1]
     if "vapo" in str(budget):  # the LM loss ran, over the correct responses of both ranks
         assert result["positive_tokens"] > 0 and result["positive_example_lm"] > 0
-    if budget is None or budget == "vapo":
+    flags = str(budget).split()
+    if "sp" in flags:  # both ranks' rows on each, the same plan on both
+        assert counts == ([2, 2] if "64" in flags else [8, 8])
+        assert result["computed_tokens"][0] == result["computed_tokens"][1]
+    elif budget is None or budget == "vapo":
         assert counts == [4, 4]
     else:  # grouped by length: fewer than the 4 single-sequence micro-batches, and fewer tokens on the short rank
         assert counts[0] < 4 and result["computed_tokens"][0] < result["computed_tokens"][1]
+
+
+def test_sequence_parallel_training_on_two_ranks_under_zero3(tmp_path):
+    """`sequence_parallel_size=2` under ZeRO-3 through the whole run (value pretraining, then VC-PPO updates, sharded
+    generation with the original attention, saving): both ranks end with the same weights, every logged loss is
+    finite, and the saved policy loads."""
+    from transformers import AutoModelForCausalLM
+
+    r0, r1 = _launch_two(tmp_path, "zero3", {"sequence_parallel_size": 2})
+    assert r0["global_step"] == r1["global_step"] > 1
+    assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])
+    names = ("value_pretrain/loss_avg", "loss/value_avg", "loss/policy_avg")
+    losses = [m[name] for m in r0["metrics"] for name in names if name in m]
+    assert len(losses) > 2 and all(math.isfinite(x) for x in losses)
+    assert _state_hash(AutoModelForCausalLM.from_pretrained(tmp_path / "model")) == r0["policy_hash"]
 
 
 @pytest.mark.parametrize(("launcher", "forwards"), [("ddp", "budget"), ("ddp", "packed"), ("zero3", "budget")])
@@ -432,23 +464,7 @@ def test_balanced_ranks_give_the_unbalanced_gradient(tmp_path, launcher, forward
     shortcut and with a generation window's fields; what the balanced forwards computed per row (old log-probs,
     sampler weights) comes back to the row's owner; each row's fields and tokens travel together. ZeRO-3: the
     gradient norms (its gradients are partitioned)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
-    env.update(
-        OMP_NUM_THREADS="1",
-        HF_HUB_OFFLINE="1",
-        TRL_EXPERIMENTAL_SILENCE="1",
-        PYTHONPATH=os.pathsep.join([os.path.join(REPO, "src"), env.get("PYTHONPATH", "")]),
-    )
-    if launcher == "ddp":
-        env.update(CPU)
-        launch = TORCHRUN
-    else:
-        pytest.importorskip("deepspeed")
-        config = os.path.join(REPO, "configs/accelerate/zero3_cpu.yaml")
-        launch = ["accelerate.commands.accelerate_cli", "launch", "--config_file", config, "--main_process_port", "0"]
-    cmd = [sys.executable, "-m", *launch, BALANCE_WORKER, str(tmp_path), forwards]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    _run_worker(BALANCE_WORKER, launcher, [str(tmp_path), forwards], timeout=300)
     result = json.load(open(tmp_path / "balance_check.json"))
     assert result["num_processes"] == 2 and result["deepspeed"] == (launcher == "zero3")
     for name, steps in (("epochs", 4), ("shortcut", 1), ("windows", 4)):

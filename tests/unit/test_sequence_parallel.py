@@ -1,0 +1,147 @@
+"""Sequence parallelism on one process: the split layout, its forwards against the padded ones (a group of one), and
+the refusals. The split across 2 processes (Ulysses' all-to-all, the gradient) is tested in
+tests/integration/distributed/test_distributed.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForTokenClassification, LlamaConfig, LlamaForCausalLM
+
+from vcppo_trl import PPOConfig
+from vcppo_trl.algo.micro_batches import MicroBatch
+from vcppo_trl.models.forward_engine import ForwardEngine, ForwardSettings
+from vcppo_trl.models.packing import TokenBatch, split_micro_batch
+from vcppo_trl.models.policy_and_value import PolicyAndValueModel
+from vcppo_trl.parallel.sequence import SequenceGroup, SequenceParallelError, check_attention, sequence_group
+
+QUERY = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10], [0, 0, 0, 3]])  # left-padded: 2, 4 and 1 prompt tokens
+RESPONSE = torch.tensor([[11, 12, 13, 0], [14, 0, 0, 0], [15, 16, 17, 18]])  # 3, 1 and 4 response tokens
+PROMPTS, RESPONSES = torch.tensor([2, 4, 1]), torch.tensor([3, 1, 4])
+
+
+def group(size: int, rank: int = 0) -> SequenceGroup:
+    return SequenceGroup(size=size, rank=rank, first_process=0)
+
+
+def test_split_rows_start_at_column_zero_and_cover_every_response_token_once():
+    micro = MicroBatch(indices=torch.tensor([1, 0, 2]), prompt_width=4, response_width=4)
+    whole = split_micro_batch(QUERY, RESPONSE, PROMPTS, RESPONSES, micro, group(1))
+    # Longest row: 4 + 1 = 5 tokens; right-padded with zeros; positions 0, 1, ...
+    assert whole.input_ids.tolist() == [[7, 8, 9, 10, 14], [5, 6, 11, 12, 13], [3, 15, 16, 17, 18]]
+    assert whole.position_ids.tolist() == [list(range(5))] * 3
+    halves = [split_micro_batch(QUERY, RESPONSE, PROMPTS, RESPONSES, micro, group(2, rank)) for rank in (0, 1)]
+    # 5 columns rounded up to 6, 3 per process; the halves rebuild the rows.
+    assert [h.input_ids.shape[1] for h in halves] == [3, 3]
+    assert torch.equal(torch.cat([h.input_ids for h in halves], dim=1)[:, :5], whole.input_ids)
+    assert halves[1].position_ids.tolist() == [[3, 4, 5]] * 3
+    seen = {}
+    for rank, half in enumerate(halves):
+        for row, step, column, target in zip(half.rows, half.steps, half.columns, half.targets):
+            seen[(int(row), int(step))] = (rank * 3 + int(column), int(target))
+    # Each response token once, predicted at prompt − 1 + t, its target the token itself.
+    expected = {}
+    for row, (prompt, response, source) in enumerate(zip([4, 2, 1], [1, 3, 4], [1, 0, 2])):
+        for step in range(response):
+            expected[(row, step)] = (prompt - 1 + step, int(RESPONSE[source, step]))
+    assert seen == expected
+
+
+def test_split_refuses_an_empty_prompt():
+    micro = MicroBatch(indices=torch.tensor([0]), prompt_width=1, response_width=2)
+    with pytest.raises(ValueError, match="empty prompt"):
+        split_micro_batch(
+            torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2, dtype=torch.long), torch.tensor([0]),
+            torch.tensor([2]), micro, group(1),
+        )  # fmt: skip
+
+
+def tiny_models(seed=0):
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        attn_implementation="sdpa",
+    )
+    policy = LlamaForCausalLM(config).eval()
+    critic_config = LlamaConfig(**config.to_dict())
+    critic_config.num_labels = 1
+    critic = AutoModelForTokenClassification.from_config(critic_config).eval()
+    return PolicyAndValueModel(policy, critic)
+
+
+@pytest.mark.parametrize("head", ["chunked", "full logits"])
+def test_a_group_of_one_gives_the_padded_forwards_outputs(head, monkeypatch):
+    """The split layout (no mask, rows unpadded on the left) gives the padded forward's log-probs, entropy and values
+    at every response token, and the same gradients."""
+    if head == "full logits":
+        monkeypatch.setattr("vcppo_trl.models.sequence_split.causal_lm_parts", lambda model: None)
+    model = tiny_models()
+    tokens = TokenBatch(QUERY, (QUERY != 0).long(), RESPONSE, torch.arange(4)[None, :] < RESPONSES[:, None])
+    micro = MicroBatch(indices=torch.tensor([0, 1, 2]), prompt_width=4, response_width=4)
+    mask = tokens.attention_mask[:, 4:].bool()
+
+    def run(inputs):
+        model.zero_grad()
+        logprobs, entropy, values = model(temperature=0.7, **inputs)
+        (logprobs * mask).sum().add((entropy * mask).sum()).add((values * mask).sum()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return logprobs.detach(), entropy.detach(), values.detach(), grads
+
+    padded = run(tokens.model_inputs(micro, padding_free=False))
+    split = run(tokens.model_inputs(micro, padding_free=False, group=group(1)))
+    for name, a, b in zip(("logprobs", "entropy", "values"), padded[:3], split[:3]):
+        assert torch.allclose(a[mask], b[mask], atol=1e-5), name
+        assert not b[~mask].any(), name  # zero past each response's end
+    assert padded[3].keys() == split[3].keys()
+    for name, grad in padded[3].items():
+        assert torch.allclose(grad, split[3][name], atol=1e-5), name
+
+
+def test_the_token_budget_is_per_process():
+    settings = ForwardSettings(
+        max_tokens=100, budget_field="max_tokens_per_micro_batch", sequences=1, padding_free=False
+    )
+    assert ForwardEngine(settings, accelerator=None).max_tokens == 100
+    assert ForwardEngine(settings, accelerator=None, sequence_group=group(4)).max_tokens == 400
+
+
+def test_check_attention_refuses_eager_and_heads_the_size_does_not_divide():
+    model = tiny_models().policy
+    assert check_attention(model, "policy", 2) == "sdpa"
+    assert check_attention(model, "policy", 4) == "sdpa"  # 2 key/value heads, each shared by 2 processes
+    with pytest.raises(SequenceParallelError, match="attention heads"):
+        check_attention(model, "policy", 3)
+    model.config._attn_implementation = "eager"
+    with pytest.raises(SequenceParallelError, match="attn_implementation='sdpa'"):
+        check_attention(model, "policy", 2)
+
+
+def test_one_process_has_no_group_to_split_over():
+    with pytest.raises(SequenceParallelError, match="needs 2 or more processes"):
+        sequence_group(2)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"sequence_parallel_size": 0}, "at least 1"),
+        ({"sequence_parallel_size": 2, "padding_free": True}, "padding_free"),
+        ({"sequence_parallel_size": 2, "balance_ranks": True, "max_tokens_per_micro_batch": 64}, "balance_ranks"),
+    ],
+)
+def test_config_refuses_what_sequence_parallelism_cannot_run_with(tmp_path, fields, message):
+    with pytest.raises(ValueError, match=message):
+        PPOConfig(output_dir=str(tmp_path), report_to="none", **fields)
+
+
+def test_config_refuses_accelerates_sequence_split_and_names_its_own():
+    from accelerate import ParallelismConfig
+
+    with pytest.raises(ValueError, match="Set sequence_parallel_size instead"):
+        PPOConfig(output_dir="unused", report_to="none", parallelism_config=ParallelismConfig(sp_size=2))
