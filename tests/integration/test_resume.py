@@ -236,6 +236,45 @@ def test_damaged_checkpoint_is_refused(make_trainer, tiny_config, tokenizer, dam
         trainer.train(resume_from_checkpoint=checkpoint)
 
 
+@pytest.mark.parametrize("written_by", ["deepspeed", "fsdp2"])
+def test_a_checkpoint_of_another_backend_is_refused_with_the_way_out(make_trainer, tiny_config, tokenizer, written_by):
+    """A one-process run resuming from a checkpoint whose optimizer state DeepSpeed or FSDP2 wrote (made so by hand:
+    their files in place of optimizer.pt) stops before loading anything, naming both backends and the weights to
+    start a new run from; the same check refuses the other directions (`checkpoint_backend` below)."""
+    args = tiny_config(total_episodes=16, save_strategy="steps", save_steps=1)
+    make_trainer(args=args).train()
+    checkpoint = os.path.join(args.output_dir, "checkpoint-1")
+    os.remove(os.path.join(checkpoint, "optimizer.pt"))
+    if written_by == "deepspeed":
+        os.makedirs(os.path.join(checkpoint, "global_step1"))
+        open(os.path.join(checkpoint, "latest"), "w").write("global_step1")
+        name = "DeepSpeed"
+    else:
+        os.makedirs(os.path.join(checkpoint, "fsdp2_states"))
+        name = "FSDP2"
+    trainer = make_trainer(model=fresh_policy(tokenizer), args=tiny_config(total_episodes=32))
+    with pytest.raises(CheckpointError, match=f"written under {name} and this run uses DDP") as error:
+        trainer.train(resume_from_checkpoint=checkpoint)
+    assert "value_model" in str(error.value) and "value_pretrain_steps=0" in str(error.value)
+
+
+def test_checkpoint_backend_reads_which_backend_wrote_the_optimizer_state(tmp_path):
+    from vcppo_trl.checkpoint import check_checkpoint_backend, checkpoint_backend
+
+    layouts = {"ddp": ["optimizer.pt"], "deepspeed": ["latest", "global_step3/"], "fsdp2": ["fsdp2_states/"]}
+    for backend, names in layouts.items():
+        folder = tmp_path / backend
+        folder.mkdir()
+        for name in names:
+            (folder / name).mkdir() if name.endswith("/") else (folder / name).write_text("")
+        assert checkpoint_backend(str(folder)) == backend
+        check_checkpoint_backend(str(folder), backend)
+        for other in set(layouts) - {backend}:
+            with pytest.raises(CheckpointError, match="are not converted into each other"):
+                check_checkpoint_backend(str(folder), other)
+    assert checkpoint_backend(str(tmp_path)) is None  # nothing of any: left to the completeness check
+
+
 def test_resume_with_other_batch_size_is_refused(make_trainer, tiny_config, tokenizer):
     args = tiny_config(total_episodes=16, save_strategy="steps", save_steps=1)
     make_trainer(args=args).train()

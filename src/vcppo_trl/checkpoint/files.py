@@ -150,6 +150,44 @@ def missing_checkpoint_files(
     return missing
 
 
+# What writes a checkpoint's optimizer state, by backend: DeepSpeed's engine, torch's distributed checkpoint, torch.save.
+BACKEND_NAMES = {"deepspeed": "DeepSpeed", "fsdp2": "FSDP2", "ddp": "DDP (or one process)"}
+
+
+def checkpoint_backend(checkpoint: str) -> str | None:
+    """The backend whose optimizer state `checkpoint` holds: `"deepspeed"` (`latest`, `global_step*/`), `"fsdp2"`
+    (`fsdp2_states/`), `"ddp"` (`optimizer.pt`, also written by one process), or `None` when it holds none."""
+    if os.path.isfile(os.path.join(checkpoint, "latest")) or any(
+        name.startswith("global_step") for name in os.listdir(checkpoint)
+    ):
+        return "deepspeed"
+    if os.path.isdir(os.path.join(checkpoint, "fsdp2_states")):
+        return "fsdp2"
+    if os.path.isfile(os.path.join(checkpoint, "optimizer.pt")):
+        return "ddp"
+    return None
+
+
+def check_checkpoint_backend(checkpoint: str, backend: str) -> None:
+    """
+    Refuse to resume a run on `backend` from a checkpoint another backend wrote: their optimizer states (DeepSpeed's
+    partitions, torch's distributed checkpoint, one `optimizer.pt`) are not converted into each other. The weights
+    need no conversion: the full safetensors of the policy and the critic a checkpoint holds can start a new run.
+    """
+    saved = checkpoint_backend(checkpoint)
+    if saved is None or saved == backend:
+        return
+    raise CheckpointError(
+        f"Cannot resume from {checkpoint}: it was written under {BACKEND_NAMES[saved]} and this run uses "
+        f"{BACKEND_NAMES[backend]}. Their optimizer states are not converted into each other (resuming would lose "
+        f"the optimizer state silently). Resume with the launch that wrote it, or start a new run from its full "
+        f"weights: the policy's safetensors in {checkpoint} (model_name_or_path) and the critic's in "
+        f"{os.path.join(checkpoint, VALUE_MODEL_DIRNAME)} (value_model, with value_pretrain_steps=0; under DeepSpeed "
+        "they are written with zero3_save_16bit_model: true); that restarts the optimizer, the schedules and the data "
+        "order."
+    )
+
+
 def read_weights(directory: str) -> dict[str, torch.Tensor]:
     """All tensors of a saved model directory; a truncated or damaged file raises [`CheckpointError`]."""
     files = _weight_files(directory)

@@ -27,6 +27,7 @@ from ..checkpoint.files import (
     TRAINING_STATE_NAME,
     VALUE_MODEL_DIRNAME,
     CheckpointError,
+    check_checkpoint_backend,
     check_free_space,
     estimate_checkpoint_bytes,
     load_weights_into,
@@ -401,6 +402,7 @@ def resolve_checkpoint(
     saved = read_training_state(checkpoint) if os.path.isfile(state_file) else None
     saved_world = saved_world_size(checkpoint, saved)
     fsdp2 = requested_fsdp_version(accelerator) == 2
+    check_checkpoint_backend(checkpoint, "deepspeed" if is_deepspeed else "fsdp2" if fsdp2 else "ddp")
     missing = missing_checkpoint_files(
         checkpoint, saved_world, is_deepspeed, with_policy=not args.is_critic_job, fsdp2=fsdp2
     )
