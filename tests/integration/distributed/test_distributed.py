@@ -55,18 +55,16 @@ def _run_worker(worker: str, launcher: str, args: list[str], timeout: int = 240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
 
-def _launch_two(out_dir, launcher: str, overrides: dict) -> list[dict]:
-    """worker.py on two processes with `overrides`: "ddp" (torchrun on CPU), "fsdp2" (accelerate launch with
-    configs/accelerate/fsdp2_cpu.yaml over gloo), or else ZeRO-3 (accelerate launch with
+def _launch_two(out_dir, launcher: str, overrides: dict, extra_env: dict | None = None) -> list[dict]:
+    """worker.py on two processes with `overrides` (and `extra_env`): "ddp" (torchrun on CPU), "fsdp2" (accelerate
+    launch with configs/accelerate/fsdp2_cpu.yaml over gloo), or else ZeRO-3 (accelerate launch with
     configs/accelerate/zero3_cpu.yaml over gloo, generation sharded)."""
-    if launcher == "ddp":
-        return _launch(out_dir, TORCHRUN, extra_env=CPU, worker_args=[json.dumps(overrides)])
+    launch, env = _launcher("zero3" if launcher not in ("ddp", "fsdp2") else launcher)
     if launcher == "fsdp2":
-        launch, _ = _launcher("fsdp2")
-        return _launch(out_dir, launch, worker_args=[json.dumps(overrides | {"use_cpu": True})])
-    launch, _ = _launcher("zero3")
-    overrides = overrides | {"ddp_backend": "gloo", "ds3_gather_for_generation": False}
-    return _launch(out_dir, launch, worker_args=[json.dumps(overrides)])
+        overrides = overrides | {"use_cpu": True}
+    elif launcher != "ddp":
+        overrides = overrides | {"ddp_backend": "gloo", "ds3_gather_for_generation": False}
+    return _launch(out_dir, launch, extra_env=env | (extra_env or {}), worker_args=[json.dumps(overrides)])
 
 
 def test_ddp_two_processes_on_cpu(tmp_path):
@@ -334,27 +332,19 @@ def test_zero3_with_lora_policy_and_critic(tmp_path):
 @pytest.mark.parametrize("launcher", ["ddp", "fsdp2"])
 def test_push_to_hub_uploads_once(tmp_path, launcher):
     """Both ranks call push_to_hub(); the main process alone uploads the policy and the critic (a local Hub stand-in).
-    Under FSDP2 the weights are gathered from the shards first (every rank takes part), and the full ones go up."""
+    Under FSDP2 the weights are gathered from the shards first (every rank takes part), and the full ones go up; it
+    also pushes at every checkpoint (`hub_strategy="every_save"`, `save_steps=1`): the checkpoint's full weights, none
+    of its training state (FSDP2's shards, the optimizer)."""
     from ...hub_standin import HubStandIn
 
     server = HubStandIn().start()
     try:
         hub_env = {"HF_ENDPOINT": server.endpoint, "HF_HUB_OFFLINE": "0", "HF_HOME": str(tmp_path / "hf")}
         overrides = {"push_to_hub": True, "hub_model_id": "test-org/ddp-run", "hub_token": "hf_test"}
-        if launcher == "ddp":
-            r0, r1 = _launch(tmp_path, TORCHRUN, hub_env | CPU, worker_args=[json.dumps(overrides)])
-        else:
-            config = os.path.join(REPO, "configs/accelerate/fsdp2_cpu.yaml")
-            launch = [
-                "accelerate.commands.accelerate_cli",
-                "launch",
-                "--config_file",
-                config,
-                "--main_process_port",
-                "0",
-            ]
-            overrides |= {"use_cpu": True}
-            r0, r1 = _launch(tmp_path, launch, hub_env, worker_args=[json.dumps(overrides)])
+        if launcher == "fsdp2":
+            overrides |= {"hub_strategy": "every_save", "save_strategy": "steps", "save_steps": 1}
+        r0, r1 = _launch_two(tmp_path, launcher, overrides, extra_env=hub_env)
+        if launcher == "fsdp2":
             assert r0["policy_params"]["local"] < r0["policy_params"]["total"]  # it was sharded
     finally:
         server.stop()
@@ -362,10 +352,13 @@ def test_push_to_hub_uploads_once(tmp_path, launcher):
     assert set(server.repos) == {"test-org/ddp-run", "test-org/ddp-run-value"}
     commits = [p for m, p, _ in server.requests if m == "POST" and "/commit/" in p]
     # The worker's save_model() pushes too (transformers' Trainer does with push_to_hub=True), then push_to_hub():
-    # 2 pushes × 2 repos, each made by the main process only (2 ranks would make 8).
-    assert len(commits) == 4
+    # 2 pushes × 2 repos, each made by the main process only (2 ranks would make 8); FSDP2: 2 more per checkpoint.
+    checkpoints = r0["global_step"] if launcher == "fsdp2" else 0  # one per update (save_steps=1)
+    assert len(commits) == 4 + 2 * checkpoints
+    policy_files = server.files("test-org/ddp-run")
+    assert not [name for name in policy_files if "fsdp2_states" in name or "optimizer" in name or "rng_state" in name]
     with open(tmp_path / "run" / "model.safetensors", "rb") as f:
-        assert server.files("test-org/ddp-run")["model.safetensors"] == f.read()
+        assert policy_files["model.safetensors"] == f.read()
     with open(tmp_path / "run" / "value_model" / "model.safetensors", "rb") as f:
         assert server.files("test-org/ddp-run-value")["model.safetensors"] == f.read()
 
