@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import torch
 from accelerate import Accelerator
+from transformers.utils import logging
 
 from .fsdp import check_fsdp_launch
+
+logger = logging.get_logger(__name__)
 
 
 def check_launch_environment() -> None:
@@ -32,12 +35,33 @@ def check_launch_environment() -> None:
 
 
 def check_distributed_setup(accelerator: Accelerator, args, is_deepspeed: bool) -> bool:
-    """Check an FSDP launch ([`~parallel.fsdp.check_fsdp_launch`]) or a DeepSpeed one ([`check_deepspeed_setup`]);
-    returns whether the models are sharded with FSDP2."""
+    """Check an FSDP launch ([`~parallel.fsdp.check_fsdp_launch`]) or a DeepSpeed one ([`check_deepspeed_setup`]),
+    and log the backend that runs; returns whether the models are sharded with FSDP2."""
     if is_deepspeed:
         check_deepspeed_setup(accelerator, args.gradient_accumulation_steps)
-        return False
-    return check_fsdp_launch(accelerator, args)
+        fsdp2 = False
+    else:
+        fsdp2 = check_fsdp_launch(accelerator, args)
+    if accelerator.is_main_process:
+        logger.warning(f"Training on {describe_backend(accelerator, args, is_deepspeed=is_deepspeed, fsdp2=fsdp2)}.")
+    return fsdp2
+
+
+def describe_backend(accelerator: Accelerator, args, *, is_deepspeed: bool, fsdp2: bool) -> str:
+    """The backend that runs, in words: processes, device, DDP / ZeRO stage / FSDP2, sequence-parallel groups."""
+    processes = accelerator.num_processes
+    if is_deepspeed:
+        stage = accelerator.state.deepspeed_plugin.deepspeed_config.get("zero_optimization", {}).get("stage", "?")
+        backend = f"DeepSpeed ZeRO-{stage}"
+    elif fsdp2:
+        backend = "FSDP2"
+    else:
+        backend = "DDP" if processes > 1 else "one process"
+    text = f"{processes} process{'es' if processes > 1 else ''} ({accelerator.device.type}), {backend}"
+    size = getattr(args, "sequence_parallel_size", 1)
+    if size > 1:
+        text += f", sequence parallelism in groups of {size} (Ulysses)"
+    return text
 
 
 def check_deepspeed_setup(accelerator: Accelerator, gradient_accumulation_steps: int) -> None:
