@@ -319,3 +319,15 @@ def test_a_critic_job_refuses_what_needs_a_policy(kwargs, named, tmp_path):
     with pytest.raises(ValueError, match=f"holds no policy, so {named} has nothing to work on"):
         make(VCPPOConfig, tmp_path, **job, **kwargs)
     make(VCPPOConfig, tmp_path, value_pretrain_dataset=str(tmp_path / "rollouts"), **kwargs)  # a run with a policy
+
+
+def test_activation_checkpointing_is_on_by_default_and_the_old_name_still_turns_it_off(tmp_path):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        assert PPOConfig(output_dir=str(tmp_path), report_to="none").activation_checkpointing is True
+        old = PPOConfig(output_dir=str(tmp_path), report_to="none", gradient_checkpointing=False)
+        new = PPOConfig(output_dir=str(tmp_path), report_to="none", activation_checkpointing=False)
+    assert (old.activation_checkpointing, old.gradient_checkpointing) == (False, False)
+    assert (new.activation_checkpointing, new.gradient_checkpointing) == (False, False)

@@ -348,7 +348,7 @@ class PPOConfig(_BaseConfig):
     # transformers 5 renamed gradient checkpointing to activation checkpointing; TRL's base config still sets the old
     # name (and so a FutureWarning on every run). Same default (on), under the new name.
     activation_checkpointing: bool | None = field(
-        default=True,
+        default=None,
         metadata={
             "help": "Recompute activations in the backward pass to save memory (~20%% slower). Default: true, as TRL."
         },
@@ -816,6 +816,10 @@ class PPOConfig(_BaseConfig):
 
     def __post_init__(self):
         self.bf16 = resolve_bf16(self.bf16, self.fp16, self.use_cpu)
+        # On by default (as TRL), yet `gradient_checkpointing=False`, transformers' deprecated alias, still turns it off:
+        # transformers reads the alias only when `activation_checkpointing` is unset.
+        if self.activation_checkpointing is None and self.gradient_checkpointing is None:
+            self.activation_checkpointing = True
         super().__post_init__()
         if self.stop_token is not None and self.stop_token_id is not None:
             raise ValueError("`stop_token` and `stop_token_id` are mutually exclusive: set only one of them.")

@@ -15,6 +15,7 @@ from .collectives import (
 from .fsdp import (
     FSDP2_STATES_DIRNAME,
     FSDPError,
+    apply_fsdp2_activation_checkpointing,
     fsdp2_full_state_dict,
     full_tensor,
     is_fsdp2_sharded,
@@ -34,6 +35,7 @@ from .sequence import (
 __all__ = [
     "FSDP2_STATES_DIRNAME",
     "FSDPError",
+    "apply_fsdp2_activation_checkpointing",
     "SequenceGroup",
     "SequenceParallelError",
     "check_deepspeed_setup",

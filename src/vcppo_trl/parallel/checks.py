@@ -6,7 +6,7 @@ import torch
 from accelerate import Accelerator
 from transformers.utils import logging
 
-from .fsdp import check_fsdp_launch
+from .fsdp import check_fsdp2_options, check_fsdp_launch
 
 logger = logging.get_logger(__name__)
 
@@ -42,6 +42,8 @@ def check_distributed_setup(accelerator: Accelerator, args, is_deepspeed: bool) 
         fsdp2 = False
     else:
         fsdp2 = check_fsdp_launch(accelerator, args)
+        if fsdp2:
+            check_fsdp2_options(accelerator, args)
     if accelerator.is_main_process:
         logger.warning(f"Training on {describe_backend(accelerator, args, is_deepspeed=is_deepspeed, fsdp2=fsdp2)}.")
     return fsdp2

@@ -183,3 +183,39 @@ def load_fsdp2_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, 
     state = {"model": model_state, "optimizer": optimizer_state}
     dcp.load(state, checkpoint_id=directory)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def check_fsdp2_options(accelerator: Accelerator, args) -> None:
+    """Refuse FSDP2 settings of the launch that would be ignored or doubled: CPU offload on a CPU launch (there is no
+    device memory to offload from), and the FSDP config's activation checkpointing together with the trainer's own
+    (`activation_checkpointing`, on by default), which would checkpoint every layer twice."""
+    plugin = fsdp2_plugin(accelerator)
+    offload = plugin.cpu_offload
+    if accelerator.device.type == "cpu" and offload is not None and type(offload).__name__ == "CPUOffloadPolicy":
+        raise FSDPError(
+            "fsdp_offload_params: true moves parameters from an accelerator's memory to the host's, but this launch "
+            "runs on a CPU: set fsdp_offload_params: false (configs/accelerate/fsdp2_cpu.yaml)."
+        )
+    if plugin.activation_checkpointing and args.activation_checkpointing:
+        raise FSDPError(
+            "The FSDP config turns on activation checkpointing (fsdp_activation_checkpointing: true) and so does the "
+            "trainer (activation_checkpointing, on by default): every layer would be checkpointed twice. Pass "
+            "--activation_checkpointing false to keep FSDP's (accelerate wraps each decoder layer), or set "
+            "fsdp_activation_checkpointing: false to keep transformers'."
+        )
+
+
+def apply_fsdp2_activation_checkpointing(accelerator: Accelerator, models: list[torch.nn.Module]) -> None:
+    """The FSDP config's activation checkpointing (`fsdp_activation_checkpointing`) on the trained models, before
+    they are sharded, with accelerate's `fsdp2_apply_ac` (each layer its wrap policy selects wrapped in a checkpoint,
+    offloaded with `fsdp_activation_checkpointing_offload`): accelerate applies it in its own `prepare`, which the
+    trainer does not call under FSDP2. A no-op when the setting is off."""
+    from accelerate.utils.fsdp_utils import fsdp2_apply_ac
+
+    plugin = fsdp2_plugin(accelerator)
+    if not plugin.activation_checkpointing:
+        return
+    view = accelerate_view(accelerator, plugin)
+    for model in models:
+        plugin.set_auto_wrap_policy(model)
+        fsdp2_apply_ac(view, model)

@@ -23,7 +23,7 @@ from ..config.ppo import PPOConfig
 from ..models.critic_peft import wrap_value_model
 from ..models.fp32_head import cast_lm_head_to_fp32
 from ..models.loading import build_critic, is_zero3_partitioned, load_policy, load_tokenizer
-from ..parallel import check_launch_environment, shard_with_fsdp2
+from ..parallel import apply_fsdp2_activation_checkpointing, check_launch_environment, shard_with_fsdp2
 from ..rollout.maker import RolloutMaker
 from ..rollout.settings import RolloutSettings
 from ..sampling.hf import HFSampler, neutralised_generation_fields
@@ -328,6 +328,7 @@ def prepare_for_training(
     their shards; otherwise accelerate prepares both (DDP or DeepSpeed). The scheduler is not prepared: accelerate
     would step it once per process on every call."""
     if fsdp2:
+        apply_fsdp2_activation_checkpointing(accelerator, list(model.models().values()))
         shard_with_fsdp2(accelerator, list(model.models().values()))
         return model, accelerator.prepare_optimizer(create_optimizer())
     return accelerator.prepare(model, create_optimizer())

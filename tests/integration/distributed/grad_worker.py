@@ -53,6 +53,7 @@ def main(
     checkpointing: bool = False,
 ) -> None:
     from accelerate.utils import gather_object
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
     from vcppo_trl import PPOConfig, PPOTrainer
     from vcppo_trl.algo.losses import clipped_policy_loss, clipped_value_loss, loss_normalizer, token_mean_term
@@ -92,7 +93,7 @@ def main(
         padding_free=padding_free,
         sequence_parallel_size=2 if sequence_parallel else 1,
         bf16=False,
-        gradient_checkpointing=checkpointing,
+        activation_checkpointing=checkpointing,
         report_to="none",
         save_strategy="no",
         num_sample_generations=0,
@@ -131,7 +132,8 @@ def main(
     def step(*a, **k):
         if not trainer.is_deepspeed_enabled:
             for name, p in wrapper.named_parameters():
-                stepped[name] = full_tensor(p.grad.detach()).clone()  # FSDP2: the shards gathered
+                # FSDP2: the shards gathered; FSDP's activation checkpointing wraps layers (a name of its own)
+                stepped[name.replace("._checkpoint_wrapped_module", "")] = full_tensor(p.grad.detach()).clone()
         return original_step(*a, **k)
 
     trainer.optimizer.step = step  # (a no-op under DeepSpeed, whose engine steps inside the last backward)
@@ -195,6 +197,8 @@ def main(
         "num_processes": acc.num_processes,
         "deepspeed": trainer.is_deepspeed_enabled,
         "fsdp2": trainer.is_fsdp2,
+        # Layers wrapped by FSDP's activation checkpointing (`--fsdp_activation_checkpointing true`)
+        "checkpoint_wrapped": sum(isinstance(m, CheckpointWrapper) for m in wrapper.modules()),
         # One epoch, one mini-batch, KL 0: the update took its old log-probs from its own forward (on-policy shortcut).
         "on_policy_shortcut": old_logprobs_from_training_forward(args) and update.old_logprobs is not None,
         # The joint gradient norm the step reports (DeepSpeed's own under DeepSpeed) against the reference's.
@@ -214,6 +218,13 @@ def main(
             scale = float(expected.abs().max()) or 1.0
             worst = max(worst, float((stepped[name] - expected).abs().max()) / scale)
         result["max_relative_difference"] = worst
+    if result["checkpoint_wrapped"]:  # the wrapped layers save under their own names, which load into a fresh model
+        from transformers import AutoModelForCausalLM
+
+        trainer.save_model(os.path.join(out_dir, "saved"))
+        if rank == 0:
+            saved = AutoModelForCausalLM.from_pretrained(os.path.join(out_dir, "saved"))
+            result["saved_names_match"] = sorted(saved.state_dict()) == sorted(reference.policy.state_dict())
     if rank == 0:
         with open(os.path.join(out_dir, "grad_check.json"), "w") as f:
             json.dump(result, f)

@@ -47,10 +47,11 @@ def _launcher(launcher: str) -> tuple[list[str], dict]:
     return ["accelerate.commands.accelerate_cli", "launch", "--config_file", config, "--main_process_port", "0"], {}
 
 
-def _run_worker(worker: str, launcher: str, args: list[str], timeout: int = 240) -> None:
-    """`worker` (a script beside this file) on 2 processes started by `launcher` (see [`_launcher`])."""
+def _run_worker(worker: str, launcher: str, args: list[str], timeout: int = 240, launch_args=()) -> None:
+    """`worker` (a script beside this file) on 2 processes started by `launcher` (see [`_launcher`]), with
+    `launch_args` added to the launcher's."""
     launch, extra_env = _launcher(launcher)
-    cmd = [sys.executable, "-m", *launch, worker, *args]
+    cmd = [sys.executable, "-m", *launch, *launch_args, worker, *args]
     proc = subprocess.run(cmd, env=_clean_env(extra_env), capture_output=True, text=True, timeout=timeout, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
@@ -399,6 +400,7 @@ def test_zero3_with_cpu_offload(tmp_path):
         ("ddp", "token_mean", "vapo sp"),
         ("zero3", "token_mean", "64 sp"),
         ("fsdp2", "token_mean", "64 sp"),
+        ("fsdp2", "token_mean", "fsdp-ac"),
     ],
 )
 def test_gradient_of_two_ranks_equals_one_big_batch(tmp_path, launcher, loss_type, budget):
@@ -409,8 +411,11 @@ def test_gradient_of_two_ranks_equals_one_big_batch(tmp_path, launcher, loss_typ
     count (under ZeRO-3 anything else hangs), which differs from DeepSpeed's gradient_accumulation_steps (4); "packed":
     with padding-free forwards too; "vapo": every VAPO/DAPO policy-loss term on; "sp": sequence parallelism over both
     processes (each runs both ranks' micro-batches, split along the sequence by Ulysses' attention), with gradient
-    checkpointing (whose backward recomputes the split forwards)."""
-    _run_worker(GRAD_WORKER, launcher, [str(tmp_path), loss_type, *str(budget or "").split()])
+    checkpointing (whose backward recomputes the split forwards); "fsdp-ac": the FSDP config's activation checkpointing
+    (`--fsdp_activation_checkpointing true`, accelerate's wrapper on each decoder layer)."""
+    flags = str(budget).split()
+    launch_args = ["--fsdp_activation_checkpointing", "true"] if "fsdp-ac" in flags else []
+    _run_worker(GRAD_WORKER, launcher, [str(tmp_path), loss_type, *str(budget or "").split()], launch_args=launch_args)
     result = json.load(open(tmp_path / "grad_check.json"))
     assert result["num_processes"] == 2
     assert result["deepspeed"] == (launcher == "zero3") and result["fsdp2"] == (launcher == "fsdp2")
@@ -422,13 +427,15 @@ def test_gradient_of_two_ranks_equals_one_big_batch(tmp_path, launcher, loss_typ
     assert sum(value_loss) / 2 == pytest.approx(result["expected_value_loss"], rel=1e-4)
     counts = result["micro_batches"]
     assert counts[0] == counts[1]
+    assert result["checkpoint_wrapped"] == (2 if "fsdp-ac" in flags else 0)  # the policy's and the critic's layer
+    if "fsdp-ac" in flags:  # saved under the layers' own names
+        assert result["saved_names_match"]
     if "vapo" in str(budget):  # the LM loss ran, over the correct responses of both ranks
         assert result["positive_tokens"] > 0 and result["positive_example_lm"] > 0
-    flags = str(budget).split()
     if "sp" in flags:  # both ranks' rows on each, the same plan on both
         assert counts == ([2, 2] if "64" in flags else [8, 8])
         assert result["computed_tokens"][0] == result["computed_tokens"][1]
-    elif budget is None or budget == "vapo":
+    elif budget in (None, "vapo", "fsdp-ac"):
         assert counts == [4, 4]
     else:  # grouped by length: fewer than the 4 single-sequence micro-batches, and fewer tokens on the short rank
         assert counts[0] < 4 and result["computed_tokens"][0] < result["computed_tokens"][1]
