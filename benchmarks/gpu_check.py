@@ -5,8 +5,8 @@
     python benchmarks/gpu_check.py --cpu-smoke   # the same code paths on CPU at tiny sizes
                                                  # (tests/integration/scripts/test_gpu_check.py)
 
-Run on one H200 at commit ea2077e (all rows but `rollout`, which needs vLLM there, and `fp32-head`, added later):
-benchmarks/results/gpu_check_h200.txt, figures in docs/benchmarks.md. Rows:
+Run on one H200 at commit ea2077e (all rows but `rollout`, which needs vLLM there, and `fp32-head` and `fsdp2-1proc`,
+added later): benchmarks/results/gpu_check_h200.txt, figures in docs/benchmarks.md. Rows:
 
 1. `gae`: `vcppo_trl.gae.dual_lambda_gae` against the per-token Python loop of benchmarks/gae.py, 64 x 16,384 tokens
    (smoke: 4 x 64), on the device; median times and their ratio, and the largest difference between the two.
@@ -33,15 +33,24 @@ benchmarks/results/gpu_check_h200.txt, figures in docs/benchmarks.md. Rows:
    a window of T/4 in one run; finished responses per second, generation seconds per update, update seconds and peak
    GPU memory of each, the window's as ratios to the whole side's. T = 2,048 (`--windows-length`), not 16,384: see
    `check_generation_windows` (smoke: the tiny model, T = 32, windows T/2 and T/4).
-4. `zero3-1proc`: tests/integration/distributed/worker.py (1 value-pretraining + 4 VC-PPO updates of the tiny toy
-   model) under DeepSpeed ZeRO-3 with one process, through `accelerate launch` (smoke: configs/accelerate/zero3_cpu.yaml
-   over gloo).
+4. `zero3-1proc`, `fsdp2-1proc`: FSDP2 against ZeRO-3 with one process: tests/integration/distributed/worker.py (1
+   value-pretraining + 4 VC-PPO updates of the tiny toy model, bf16 on the GPU) through `accelerate launch
+   --num_processes 1` with configs/accelerate/zero3.yaml and with configs/accelerate/fsdp2.yaml (accelerate's own FSDP
+   plugin over a process group of one). Both rows report the same: updates, whether the policy moved, peak GPU memory
+   per process, and the launch's seconds, start-up included (zero3-1proc took 44 s at ea2077e; fsdp2-1proc, added
+   later, is one more such launch and has not run on a GPU yet). Smoke: zero3_cpu.yaml with one process over gloo;
+   fsdp2_cpu.yaml with 2 CPU processes (`use_cpu`, MULTI_CPU over gloo), since on a CPU accelerate makes no FSDP
+   plugin and the trainer refuses one process there; the row then also reports each rank's share of the policy's
+   parameters.
 8. `fp32-head`: the sampler/trainer log-prob gap of benchmarks/fp32_head.py on the device, without and with
    `cast_lm_head_to_fp32`: the Qwen2.5-0.5B shape with random weights in bf16 (tied embeddings), 16 random prompts of
    32 tokens, 256 sampled tokens at temperature 1, 3 seeds; HF `generate` as the sampler (its own log-probs), the
    chunked training log-probs under bf16 autocast as the trainer; mean and max |Δ log p| per token, mean ± 95 %
    t-interval over the seeds (smoke: the tiny model, 4 prompts x 8 tokens). Not run yet on a GPU: the session that
    added it had none; the CPU figures are in benchmarks/results/fp32_head_cpu.txt.
+
+Sequence parallelism (`sequence_parallel_size`, docs/distributed.md#sequence-parallelism) splits sequences across a
+group of 2 or more processes, so it needs at least 2 GPUs: it has no row here (its CPU tests run 2 processes).
 
 A row that fails prints FAILED and its error; the exit status is then 1. Without CUDA (and without `--cpu-smoke`) the
 script says so and exits with status 2.
@@ -534,29 +543,72 @@ def check_generation_windows(device: torch.device, smoke: bool, response_length:
     return {"size": f"8 resp ≤{length}, {updates} upd", "result": "; ".join(parts)}
 
 
-def check_zero3_one_process(device: torch.device, smoke: bool) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE"))}
+# The one-process rows: the toy worker through `accelerate launch`, what each launch expects of it.
+ONE_PROCESS_ROWS = {
+    # ZeRO-3: one process on the GPU and in the smoke (gloo, --ddp_backend so that accelerate counts the process).
+    "zero3": dict(
+        gpu=("zero3.yaml", 1, {"bf16": True}, "DistributedType.DEEPSPEED"),
+        smoke=("zero3_cpu.yaml", 1, {"ddp_backend": "gloo"}, "DistributedType.DEEPSPEED"),
+    ),
+    # FSDP2: one process on the GPU (accelerate's own FSDP, a process group of 1); on a CPU accelerate makes no FSDP
+    # plugin and the trainer refuses one process, so the smoke runs 2 (MULTI_CPU over gloo, sharded by the trainer
+    # with accelerate's fsdp2_prepare_model: the same sharding code).
+    "fsdp2": dict(
+        gpu=("fsdp2.yaml", 1, {"bf16": True}, "DistributedType.FSDP"),
+        smoke=("fsdp2_cpu.yaml", 2, {"use_cpu": True}, "DistributedType.MULTI_CPU"),
+    ),
+}
+
+
+def launch_toy_worker(config: str, num_processes: int, overrides: dict) -> tuple[list[dict], float]:
+    """tests/integration/distributed/worker.py (1 value-pretraining + VC-PPO updates of the tiny toy model, 32 prompts
+    in all) under `accelerate launch --config_file configs/accelerate/<config> --num_processes <n>`, in an environment
+    without any launcher's variables (ACCELERATE_USE_CPU included); each rank's JSON report and the seconds the launch
+    took, start-up included."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(REPO, "src"), os.environ.get("PYTHONPATH", "")])
     env["OMP_NUM_THREADS"] = "1"
-    config = "zero3_cpu.yaml" if smoke else "zero3.yaml"
-    overrides = {"ddp_backend": "gloo"} if smoke else {"bf16": True}
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--config_file"]
-        cmd += [os.path.join(REPO, "configs", "accelerate", config), "--num_processes", "1"]
+        cmd += [os.path.join(REPO, "configs", "accelerate", config), "--num_processes", str(num_processes)]
         worker = os.path.join(REPO, "tests", "integration", "distributed", "worker.py")
-        cmd += ["--main_process_port", "0", worker, out]
-        cmd += [json.dumps(overrides)]
+        cmd += ["--main_process_port", "0", worker, out, json.dumps(overrides)]
         start = time.perf_counter()
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=REPO)
         seconds = time.perf_counter() - start
-        if done.returncode != 0 or not os.path.isfile(os.path.join(out, "rank0.json")):
+        paths = [os.path.join(out, f"rank{r}.json") for r in range(num_processes)]
+        if done.returncode != 0 or not all(os.path.isfile(p) for p in paths):
             raise RuntimeError(f"exit {done.returncode}: {(done.stdout + done.stderr)[-1500:]}")
-        info = json.load(open(os.path.join(out, "rank0.json")))
-    if info["distributed_type"] != "DistributedType.DEEPSPEED" or info["global_step"] != 5:
-        raise RuntimeError(f"unexpected run: {info['distributed_type']}, {info['global_step']} updates")
-    if info["policy_hash"] == info["initial_policy_hash"]:
+        return [json.load(open(p)) for p in paths], seconds
+
+
+def check_one_process(device: torch.device, smoke: bool, launcher: str) -> dict:
+    """The toy worker under `launcher` ("zero3" or "fsdp2", [`ONE_PROCESS_ROWS`]): one process on the GPU (the smoke's
+    FSDP2 launch has 2: on a CPU one is refused). Both rows report the same: updates, whether the policy moved (rank
+    0's gathered weights against the initial ones), with more than one rank each rank's share of the policy, peak GPU
+    memory per process (on CUDA), and the launch's seconds, start-up included."""
+    config, num_processes, overrides, expected_type = ONE_PROCESS_ROWS[launcher]["smoke" if smoke else "gpu"]
+    ranks, seconds = launch_toy_worker(config, num_processes, overrides)
+    first = ranks[0]
+    expected_steps = 1 + 32 // (8 * num_processes)  # value pretraining, then 8 prompts per process per update
+    for info in ranks:
+        if info["distributed_type"] != expected_type or info["num_processes"] != num_processes:
+            raise RuntimeError(f"unexpected launch: {info['distributed_type']} with {info['num_processes']} processes")
+        if info["global_step"] != expected_steps:
+            raise RuntimeError(f"{info['global_step']} updates, not {expected_steps}")
+    if first["policy_hash"] == first["initial_policy_hash"]:
         raise RuntimeError("the policy did not move")
-    return {"size": "toy, 1 process", "result": f"5 updates, policy moved; {seconds:.0f} s with launch"}
+    parts = [f"{first['global_step']} updates, policy moved"]
+    if num_processes > 1:  # each rank's share of the policy (one process holds it all, sharded or not)
+        held = [r["policy_params"]["local"] for r in ranks]
+        if max(held) >= first["policy_params"]["total"]:
+            raise RuntimeError(f"the policy was not sharded: {held} of {first['policy_params']['total']} parameters")
+        parts.append(f"sharded ({'+'.join(map(str, held))} of {first['policy_params']['total']} policy parameters)")
+    peaks = [r.get("peak_gpu_bytes") for r in ranks]
+    if all(p is not None for p in peaks):  # absolute, per process: CUDA context not included
+        parts.append(f"peak {max(peaks) / 2**30:.2f} GiB")
+    size = "toy, 1 process" if num_processes == 1 else f"toy, {num_processes} CPU processes"
+    return {"size": size, "result": "; ".join(parts) + f"; {seconds:.0f} s with launch"}
 
 
 def check_rollout(device: torch.device, smoke: bool) -> dict:
@@ -622,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
         "--skip",
         nargs="*",
         default=[],
-        help="row names to skip (gae, update, logprob, long, windows, zero3, rollout, fp32)",
+        help="row names to skip (gae, update, logprob, long, windows, zero3, fsdp2, rollout, fp32)",
     )
     parser.add_argument(
         "--windows-length",
@@ -652,7 +704,8 @@ def main(argv: list[str] | None = None) -> int:
         ("long-packed-sdpa", lambda: check_long_responses(device, smoke, "packed", "sdpa")),
         ("long-packed-flex", lambda: check_long_responses(device, smoke, "packed", "flex_attention")),
         ("windows", lambda: check_generation_windows(device, smoke, args.windows_length)),
-        ("zero3-1proc", lambda: check_zero3_one_process(device, smoke)),
+        ("zero3-1proc", lambda: check_one_process(device, smoke, "zero3")),
+        ("fsdp2-1proc", lambda: check_one_process(device, smoke, "fsdp2")),
         ("rollout", lambda: check_rollout(device, smoke)),
         ("fp32-head", lambda: check_fp32_head(device, smoke)),
     ]

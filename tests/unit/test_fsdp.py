@@ -72,3 +72,15 @@ def test_a_launch_accelerate_runs_as_one_process_is_refused(fsdp_env, tmp_path):
         check_fsdp_launch(launch(distributed_type=DistributedType.NO), config(tmp_path))
     with pytest.raises(FSDPError, match="at least 2 processes"):
         check_fsdp_launch(launch(num_processes=1), config(tmp_path))
+
+
+def test_one_process_is_allowed_where_accelerate_runs_fsdp_itself(fsdp_env, tmp_path):
+    """On a GPU, `accelerate launch --num_processes 1` with an FSDP2 config gives accelerate's plugin and
+    DistributedType.FSDP over a process group of one (benchmarks/gpu_check.py's fsdp2-1proc row); on a CPU one
+    process is still refused (above)."""
+    fsdp_env(2)
+    plugin = types.SimpleNamespace(fsdp_version=2)
+    one_gpu = launch(num_processes=1, distributed_type=DistributedType.FSDP, plugin=plugin)
+    assert check_fsdp_launch(one_gpu, config(tmp_path)) is True
+    with pytest.raises(FSDPError, match="at least 2 processes.*on a CPU use 2 or more"):
+        check_fsdp_launch(launch(num_processes=1, distributed_type=DistributedType.NO), config(tmp_path))

@@ -56,8 +56,16 @@ def check_fsdp_launch(accelerator: Accelerator, args) -> bool:
             f"The launch asks for FSDP version {version}: vcppo-trl supports FSDP2 (torch's fully_shard). Set "
             "`fsdp_version: 2` in the accelerate config (configs/accelerate/fsdp2.yaml), or use DeepSpeed ZeRO-3."
         )
-    if accelerator.num_processes < 2:
-        raise FSDPError("An FSDP2 launch needs at least 2 processes (num_processes in the accelerate config).")
+    if accelerator.num_processes < 2 and accelerator.distributed_type != DistributedType.FSDP:
+        # One process shards as a world of one where accelerate runs its own FSDP (a GPU or another accelerator through
+        # `accelerate launch`: its plugin, a process group of 1; torch's fully_shard has a world-of-one path). On a CPU
+        # accelerate makes no plugin, and one process without `--use_cpu true` or without a launcher is
+        # DistributedType.NO: refused, the CPU runs 2 or more.
+        raise FSDPError(
+            "An FSDP2 launch needs at least 2 processes (num_processes in the accelerate config) unless accelerate "
+            "runs it as FSDP on an accelerator (a GPU, through `accelerate launch`): on a CPU use 2 or more "
+            "(configs/accelerate/fsdp2_cpu.yaml)."
+        )
     if accelerator.distributed_type == DistributedType.NO:
         raise FSDPError(
             f"accelerate counts {accelerator.num_processes} processes but runs them as one (DistributedType.NO): its "

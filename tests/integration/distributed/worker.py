@@ -223,6 +223,8 @@ def main(out_dir: str, extra: list[str]) -> None:
     trainer.save_model(os.path.join(out_dir, "model"))
     if args.push_to_hub:  # every rank calls it, as a script would; the main process alone uploads
         info["pushed"] = trainer.push_to_hub() is not None
+    # This process's peak GPU memory over the whole run, saving included (benchmarks/gpu_check.py); None off CUDA.
+    info["peak_gpu_bytes"] = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
     with open(os.path.join(out_dir, f"rank{acc.process_index}.json"), "w") as f:
         json.dump(info, f)
     acc.wait_for_everyone()

@@ -29,7 +29,7 @@ def test_cpu_smoke_runs_every_row():
     rows = {line.split()[0]: line for line in lines[start + 1 :] if line.strip()}
     expected = ["gae", "update", "logprob-chunked", "logprob-full", "logprob-chunked-bwd", "logprob-full-bwd"]
     long = ["long-padded", "long-budget", "long-packed-sdpa", "long-packed-flex"]
-    assert list(rows) == expected + long + ["windows", "zero3-1proc", "rollout", "fp32-head"]
+    assert list(rows) == expected + long + ["windows", "zero3-1proc", "fsdp2-1proc", "rollout", "fp32-head"]
     assert not any("FAILED" in row for row in rows.values())
     # The rollout row needs vLLM: here it says why it did not run (tests/integration/test_vllm.py runs it where vLLM
     # is installed).
@@ -41,7 +41,12 @@ def test_cpu_smoke_runs_every_row():
     diff = float(rows["gae"].split("max diff ")[1])
     assert diff < 1e-5
     assert "tok/s update" in rows["update"]
-    assert "5 updates, policy moved" in rows["zero3-1proc"]
+    # FSDP2 beside ZeRO-3, the toy worker through `accelerate launch`: ZeRO-3 with one process; FSDP2 with 2 CPU
+    # processes (on a CPU one is refused), each holding a shard of the policy. The same report, no GPU memory on CPU.
+    assert "toy, 1 process " in rows["zero3-1proc"] and "5 updates, policy moved; " in rows["zero3-1proc"]
+    fsdp2 = rows["fsdp2-1proc"]
+    assert "toy, 2 CPU processes " in fsdp2 and "3 updates, policy moved; sharded (" in fsdp2
+    assert "s with launch" in fsdp2 and "peak" not in fsdp2 and "peak" not in rows["zero3-1proc"]
     # Long responses: the trainer's parts padded, with a budget and packed; flex attention is a GPU row.
     assert "real tok/s" in rows["long-padded"] and "1.00 real" in rows["long-packed-sdpa"]
     assert "not run: torch's flex attention has no CPU backward" in rows["long-packed-flex"]
