@@ -11,7 +11,7 @@ from accelerate.utils import DistributedType
 
 from vcppo_trl import PPOConfig
 from vcppo_trl.parallel import FSDPError, requested_fsdp_version
-from vcppo_trl.parallel.fsdp import check_fsdp_launch
+from vcppo_trl.parallel.fsdp import check_fsdp_launch, fsdp2_root_of
 
 
 def launch(num_processes=2, distributed_type=DistributedType.MULTI_CPU, plugin=None):
@@ -64,6 +64,41 @@ def test_what_fsdp2_does_not_do_yet_is_refused_by_name(fsdp_env, tmp_path, overr
     fsdp_env(2)
     with pytest.raises(FSDPError, match=f"not yet with {named}"):
         check_fsdp_launch(launch(), config(tmp_path, **overrides))
+
+
+def test_lora_on_the_critic_is_accepted(fsdp_env, tmp_path):
+    fsdp_env(2)
+    lora = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    assert check_fsdp_launch(launch(), config(tmp_path, value_peft_config=lora)) is True
+
+
+def test_a_peft_model_is_sharded_through_the_model_inside_it():
+    """PEFT's `generate` calls the transformers model inside the wrapper, never the wrapper: that inner model, which
+    holds every parameter (adapters included), is the FSDP2 root."""
+    from peft import LoraConfig, get_peft_model
+
+    from vcppo_trl.toy.model import build_tiny_model
+    from vcppo_trl.toy.tokenizer import build_tokenizer
+
+    model = build_tiny_model(build_tokenizer(), hidden_size=16, num_layers=1, num_heads=2, seed=0)
+    assert fsdp2_root_of(model) is model
+    wrapped = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+    root = fsdp2_root_of(wrapped)
+    assert root is model
+    assert {id(p) for p in root.parameters()} == {id(p) for p in wrapped.parameters()}
+    assert any(p.requires_grad for p in root.parameters()) and not all(p.requires_grad for p in root.parameters())
+
+
+def test_a_peft_model_with_parameters_outside_the_model_is_refused():
+    from peft import PromptTuningConfig, get_peft_model
+
+    from vcppo_trl.toy.model import build_tiny_model
+    from vcppo_trl.toy.tokenizer import build_tokenizer
+
+    model = build_tiny_model(build_tokenizer(), hidden_size=16, num_layers=1, num_heads=2, seed=0)
+    prompt_tuning = get_peft_model(model, PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=2))
+    with pytest.raises(FSDPError, match="parameters outside the model it wraps.*prompt-learning"):
+        fsdp2_root_of(prompt_tuning)
 
 
 def test_a_launch_accelerate_runs_as_one_process_is_refused(fsdp_env, tmp_path):

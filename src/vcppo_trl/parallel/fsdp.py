@@ -7,7 +7,9 @@ accelerate's [`fsdp2_prepare_model`] on every device type, so the sharding code 
 CPU tests run (over gloo).
 
 Each model is its own FSDP root (the joint module is not sharded itself): the sampler calls the policy alone, and a
-value-only update runs the critic alone.
+value-only update runs the critic alone. A PEFT (LoRA) model is sharded through the transformers model inside its
+wrapper, which every forward and `generate` call goes through; the reference of a LoRA policy is the same sharded
+model with its adapters disabled.
 """
 
 from __future__ import annotations
@@ -75,14 +77,13 @@ def check_fsdp_launch(accelerator: Accelerator, args) -> bool:
     unsupported = {
         "use_vllm": args.use_vllm,
         "max_staleness": args.max_staleness > 0,
-        "value_peft_config": args.value_peft_config is not None,
     }
     given = [name for name, on in unsupported.items() if on]
     if given:
         raise FSDPError(
-            f"Under FSDP2 this version trains, evaluates, checkpoints, resumes and pushes, but not yet with "
-            f"{', '.join(given)} (vLLM weight syncs and LoRA are the next steps). Turn them off, or launch with "
-            "DeepSpeed ZeRO-3 (configs/accelerate/zero3.yaml), which has them all."
+            f"Under FSDP2 this version trains (LoRA included), evaluates, checkpoints, resumes and pushes, but not yet "
+            f"with {', '.join(given)} (vLLM weight syncs are the next step). Turn them off, or launch with DeepSpeed "
+            "ZeRO-3 (configs/accelerate/zero3.yaml), which has them all."
         )
     return True
 
@@ -102,21 +103,44 @@ def accelerate_view(accelerator: Accelerator, plugin):
     )
 
 
+def fsdp2_root_of(model: torch.nn.Module) -> torch.nn.Module:
+    """The module to shard as `model`'s FSDP2 root: the model itself, or for a PEFT model the transformers model
+    inside it (`get_base_model()`), which holds every parameter, adapters included (LoRA layers and the critic's
+    trained head copy are injected into it). PEFT's `generate` calls that inner model directly, never the wrapper, so a
+    root on the wrapper would miss its forward hooks (FSDP then takes the first sharded layer it meets for the root).
+    Refuses a PEFT model with parameters of its own outside that model (prompt learning: prefix or prompt tuning),
+    which would stay unsharded and unsynchronised."""
+    from accelerate.utils import is_peft_model
+
+    if not is_peft_model(model):
+        return model
+    root = model.get_base_model()
+    inside = {id(p) for p in root.parameters()}
+    outside = [name for name, p in model.named_parameters() if id(p) not in inside]
+    if outside:
+        raise FSDPError(
+            f"{type(model).__name__} has parameters outside the model it wraps ({', '.join(outside[:3])}): a "
+            "prompt-learning PEFT method, whose parameters FSDP2 would neither shard nor synchronise here (the model "
+            "inside the wrapper is the FSDP root, since PEFT's generate calls it alone). Use an adapter injected into "
+            "the model, such as LoRA, or DDP or DeepSpeed ZeRO-3."
+        )
+    return root
+
+
 def shard_with_fsdp2(accelerator: Accelerator, models: list[torch.nn.Module]) -> None:
     """Shard each model in place, as its own FSDP2 root, with accelerate's `fsdp2_prepare_model` (its wrap policy,
-    mixed precision, CPU offload and reshard settings from the launch). Marks them for transformers' `generate`,
-    which then keeps the ranks in step (`synced_gpus`) so that one rank's early stop cannot hang the other's gathers."""
+    mixed precision, CPU offload and reshard settings from the launch); a PEFT model through the model inside it
+    ([`fsdp2_root_of`]): frozen base weights and trainable adapters share the FSDP groups, each parameter keeping its
+    own `requires_grad`. Marks them for transformers' `generate`, which then keeps the ranks in step (`synced_gpus`)
+    so that one rank's early stop cannot hang the other's gathers."""
     from accelerate.utils.fsdp_utils import fsdp2_prepare_model
 
     view = accelerate_view(accelerator, fsdp2_plugin(accelerator))
-    if any(hasattr(model, "peft_config") for model in models):
-        raise FSDPError(
-            "LoRA (PEFT) models under FSDP2 are not supported yet: train LoRA under DDP or DeepSpeed ZeRO-3, or drop "
-            "peft_config."
-        )
     for model in models:
-        fsdp2_prepare_model(view, model)
-        model._is_fsdp_managed_module = True  # transformers' own flag: generate(synced_gpus=True)
+        root = fsdp2_root_of(model)
+        fsdp2_prepare_model(view, root)
+        for marked in {id(m): m for m in (model, root)}.values():
+            marked._is_fsdp_managed_module = True  # transformers' own flag: generate(synced_gpus=True)
 
 
 def is_fsdp2_sharded(model: torch.nn.Module) -> bool:

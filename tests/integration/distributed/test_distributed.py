@@ -330,6 +330,55 @@ def test_zero3_with_lora_policy_and_critic(tmp_path):
     assert PeftConfig.from_pretrained(tmp_path / "model").peft_type == "LORA"  # the saved policy is an adapter
 
 
+def test_fsdp2_with_lora_policy_and_critic_trains_saves_and_resumes(tmp_path):
+    """LoRA on both models under FSDP2 (each sharded through the model inside its PEFT wrapper, frozen base and
+    trainable adapters in the same FSDP groups): the reference is the sharded policy with its adapter disabled (KL 0 on
+    the first PPO update), value pretraining leaves the policy bit-identical, the saved policy is an adapter holding
+    the trained weights, checkpoints hold the adapters and the shards, and a run resumed from update 2 ends with the
+    uninterrupted run's weights bit for bit. Two launches."""
+    from peft import PeftConfig, PeftModel
+
+    from vcppo_trl.toy.model import build_tiny_model
+    from vcppo_trl.toy.tokenizer import build_tokenizer
+
+    full_dir, resumed_dir = tmp_path / "full", tmp_path / "resumed"
+    full_dir.mkdir()
+    resumed_dir.mkdir()
+    settings = {"lora": True, "kl_coef": 0.1, "weight_decay": 0.1}
+    r0, r1 = _launch_two(full_dir, "fsdp2", settings | {"save_strategy": "steps", "save_steps": 1})
+    for info in (r0, r1):
+        assert info["distributed_type"] == "DistributedType.MULTI_CPU" and info["global_step"] == 3
+        for counts in (info["policy_params"], info["critic_params"]):
+            assert 0 < counts["local"] < counts["total"]  # base weights and adapters sharded
+        assert info["optimizer_after_pretraining"]["policy"] == {"steps": 0.0, "moments": 0.0, "state_tensors": 0.0}
+        assert info["optimizer_after_pretraining"]["value"]["steps"] == 2.0
+    ppo = [m for m in r0["metrics"] if "loss/policy_avg" in m]
+    assert ppo[0]["objective/kl"] == pytest.approx(0.0, abs=1e-5) and ppo[1]["objective/kl"] != 0.0
+    pretraining = r0["after_pretraining"]
+    assert pretraining["policy"] == pretraining["policy_at_start"] != r0["policy_hash"]  # frozen, then trained
+    assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])  # gathered on each rank
+
+    # The saved policy is an adapter: on the initial toy policy it gives the trained (gathered) weights exactly.
+    model = full_dir / "model"
+    assert PeftConfig.from_pretrained(model).peft_type == "LORA"
+    assert PeftConfig.from_pretrained(model / "value_model").peft_type == "LORA"
+    base = build_tiny_model(build_tokenizer(), hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    assert _state_hash(base) == r0["initial_policy_hash"]
+    assert _state_hash(PeftModel.from_pretrained(base, model)) == r0["policy_hash"]
+
+    checkpoint = full_dir / "run" / "checkpoint-2"
+    shards = sorted(p.name for p in (checkpoint / "fsdp2_states").iterdir())
+    assert ".metadata" in shards and len([p for p in shards if p.endswith(".distcp")]) == 2, shards
+    assert (checkpoint / "adapter_model.safetensors").is_file()
+    assert (checkpoint / "value_model" / "adapter_model.safetensors").is_file()
+    resumed = _launch_two(resumed_dir, "fsdp2", settings | {"resume_from_checkpoint": str(checkpoint)})
+    for rank, full in enumerate((r0, r1)):
+        assert resumed[rank]["global_step"] == 3
+        assert resumed[rank]["seen"] == full["seen"][2:]
+        assert resumed[rank]["policy_hash"] == full["policy_hash"]
+        assert resumed[rank]["critic_hash"] == full["critic_hash"]
+
+
 @pytest.mark.parametrize("launcher", ["ddp", "fsdp2"])
 def test_push_to_hub_uploads_once(tmp_path, launcher):
     """Both ranks call push_to_hub(); the main process alone uploads the policy and the critic (a local Hub stand-in).

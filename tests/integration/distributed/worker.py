@@ -37,14 +37,16 @@ def state_hash(model: torch.nn.Module, state_dict: dict | None = None) -> str:
 
 
 def gathered_hash(model: torch.nn.Module | None) -> str | None:
-    """Hash of the full weights; under ZeRO-3 or FSDP2 the shards are gathered first (a collective: call on every rank).
-    `None` for no model (a critic job's policy)."""
+    """Hash of the full weights; under ZeRO-3 or FSDP2 the shards are gathered first, on every rank (a collective: call
+    on every rank). `None` for no model (a critic job's policy)."""
     if model is None:
         return None
-    from vcppo_trl.parallel import fsdp2_full_state_dict, is_fsdp2_sharded
+    from vcppo_trl.parallel import is_fsdp2_sharded
 
-    if is_fsdp2_sharded(model):  # FSDP2: the shards gathered into the full state dict
-        return state_hash(model, fsdp2_full_state_dict(model))
+    if is_fsdp2_sharded(model):  # FSDP2: the shards gathered into the full state dict, on every rank
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return state_hash(model, get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)))
     params = [p for p in model.parameters() if hasattr(p, "ds_id")]
     if not params:
         return state_hash(model)
