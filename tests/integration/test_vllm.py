@@ -627,6 +627,28 @@ def test_server_that_stops_answering_is_a_clear_error(vllm_server, make_trainer,
         sampler.generate(ids, mask, greedy=True, temperature=1.0)
 
 
+def test_an_fsdp2_policy_syncs_its_gathered_weights_into_vllm(tmp_path):
+    """vLLM colocate under FSDP2: one CPU process (`accelerate launch --num_processes 1` with fsdp2_cpu.yaml and
+    `--use_cpu true`: a gloo group of one, the policy's parameters DTensors) runs tests/integration/distributed/worker.py
+    (value pretraining, then PPO updates at lr 1e-3). Every sync sends the full weights gathered per tensor; after each
+    policy step the sampler's log-probabilities still equal the training forward's (a sync that failed would leave vLLM
+    on the weights of an earlier update). The 2-process gathering itself is checked in test_distributed.py."""
+    config = os.path.join(REPO, "configs", "accelerate", "fsdp2_cpu.yaml")
+    worker = os.path.join(REPO, "tests", "integration", "distributed", "worker.py")
+    overrides = {"use_cpu": True, "use_vllm": True, "hidden_size": 64, "temperature": 1.0}
+    launch = ["-m", "accelerate.commands.accelerate_cli", "launch", "--config_file", config, "--num_processes", "1"]
+    done = _run_script(*launch, "--main_process_port", "0", worker, str(tmp_path), json.dumps(overrides))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Training on 1 process (cpu), FSDP2." in done.stderr
+    info = json.loads((tmp_path / "rank0.json").read_text())
+    assert info["fsdp2"] and info["distributed_type"] == "DistributedType.MULTI_CPU"
+    assert info["policy_hash"] != info["after_pretraining"]["policy"]  # the PPO updates moved the policy
+    gap = "sampling/sampling_logp_difference/max"
+    gaps = [m[gap] for m in info["metrics"] if gap in m]  # every PPO update's (value pretraining has no old log-probs)
+    assert len(gaps) == info["global_step"] - 1 >= 2
+    assert max(gaps) < LOGPROB_TOLERANCE, gaps
+
+
 # ------------------------------------------------------------------------------------------------ benchmarks
 
 

@@ -58,15 +58,14 @@ def check_fsdp_launch(accelerator: Accelerator, args) -> bool:
             f"The launch asks for FSDP version {version}: vcppo-trl supports FSDP2 (torch's fully_shard). Set "
             "`fsdp_version: 2` in the accelerate config (configs/accelerate/fsdp2.yaml), or use DeepSpeed ZeRO-3."
         )
-    if accelerator.num_processes < 2 and accelerator.distributed_type != DistributedType.FSDP:
-        # One process shards as a world of one where accelerate runs its own FSDP (a GPU or another accelerator through
-        # `accelerate launch`: its plugin, a process group of 1; torch's fully_shard has a world-of-one path). On a CPU
-        # accelerate makes no plugin, and one process without `--use_cpu true` or without a launcher is
-        # DistributedType.NO: refused, the CPU runs 2 or more.
+    one_process_runs = (DistributedType.FSDP, DistributedType.MULTI_CPU)
+    if accelerator.num_processes < 2 and accelerator.distributed_type not in one_process_runs:
+        # One process shards as a world of one where a process group exists: accelerate's own FSDP (a GPU through
+        # `accelerate launch`: its plugin, a group of 1), or MULTI_CPU (`accelerate launch --num_processes 1` with
+        # `--use_cpu true`); torch's fully_shard has a world-of-one path. Without a launcher there is no group.
         raise FSDPError(
-            "An FSDP2 launch needs at least 2 processes (num_processes in the accelerate config) unless accelerate "
-            "runs it as FSDP on an accelerator (a GPU, through `accelerate launch`): on a CPU use 2 or more "
-            "(configs/accelerate/fsdp2_cpu.yaml)."
+            "An FSDP2 run of one process needs a process group: start it with `accelerate launch` (on a CPU with "
+            "--use_cpu true, configs/accelerate/fsdp2_cpu.yaml), or use 2 or more processes."
         )
     if accelerator.distributed_type == DistributedType.NO:
         raise FSDPError(
@@ -74,15 +73,12 @@ def check_fsdp_launch(accelerator: Accelerator, args) -> bool:
             "gathers and reductions would do nothing. On a CPU pass `--use_cpu true` (PPOConfig(use_cpu=True)) so "
             "that it runs them as MULTI_CPU over gloo (configs/accelerate/fsdp2_cpu.yaml)."
         )
-    unsupported = {
-        "use_vllm": args.use_vllm,
-        "max_staleness": args.max_staleness > 0,
-    }
+    unsupported = {"max_staleness": args.max_staleness > 0}
     given = [name for name, on in unsupported.items() if on]
     if given:
         raise FSDPError(
             f"Under FSDP2 this version trains (LoRA included), evaluates, checkpoints, resumes and pushes, but not yet "
-            f"with {', '.join(given)} (vLLM weight syncs are the next step). Turn them off, or launch with DeepSpeed "
+            f"with {', '.join(given)}. Turn them off, or launch with DeepSpeed "
             "ZeRO-3 (configs/accelerate/zero3.yaml), which has them all."
         )
     return True

@@ -88,13 +88,20 @@ def named_policy_weights(
     The policy's weights under the names of its checkpoint, one tensor at a time.
 
     A PEFT policy yields its base weights with the adapters merged (and unmerges them afterwards); `gather(params)` is
-    a context that materialises ZeRO-3-partitioned parameters (a no-op elsewhere). With `copy`, each tensor is cloned
+    a context that materialises ZeRO-3-partitioned parameters (a no-op elsewhere); an FSDP2 shard is gathered into a
+    new full tensor (every process must iterate: each gather is a collective). With `copy`, each tensor is cloned
     before its parameter is released again (under ZeRO-3, where a gathered tensor does not outlive its context and
     vLLM's layer-wise reload may hold a layer's tensors until the layer is complete).
     """
     own = (lambda t: t.clone()) if copy else (lambda t: t)
     if is_peft_model(policy):
         params = list(policy.parameters())
+        if any(hasattr(p.data, "full_tensor") for p in params):
+            raise ValueError(
+                "vLLM sampling of a LoRA policy under FSDP2 is not supported yet: its weights reach vLLM merged into the "
+                "base weights, and merging into FSDP2's shards is not done. Sample with HF generate (use_vllm=False), "
+                "train LoRA under DeepSpeed ZeRO-3 with vLLM, or drop peft_config."
+            )
         with gather(params):
             policy.merge_adapter()
             try:
@@ -110,6 +117,10 @@ def named_policy_weights(
     # Tied weights are yielded under every name (`lm_head.weight` and `model.embed_tokens.weight`): vLLM's layer-wise
     # reload fills each of its layers from the names it expects.
     for name, param in policy.named_parameters(remove_duplicate=False):
+        if hasattr(param.data, "full_tensor"):  # an FSDP2 shard: all-gathered, one tensor at a time (a collective)
+            # FSDP's activation checkpointing wraps layers under a name of its own, which the checkpoint has not.
+            yield name.replace("._checkpoint_wrapped_module", ""), param.data.full_tensor()
+            continue
         with gather([param]):
             yield name, own(param.data)
 

@@ -780,6 +780,7 @@ def test_fsdp2_shards_the_models_and_trains_as_ddp_does(tmp_path):
         for counts in (f["policy_params"], f["critic_params"]):
             assert 0 < counts["local"] < counts["total"]  # this rank holds its shard only
     assert f0["policy_params"]["local"] + f1["policy_params"]["local"] == f0["policy_params"]["total"]
+    assert f0["vllm_weights_match"]  # a vLLM sync's weights, gathered per tensor from both shards, are the full ones
     for folder in ("model", "model/value_model"):
         got = safetensors.torch.load_file(fsdp2 / folder / "model.safetensors")
         expected = safetensors.torch.load_file(ddp / folder / "model.safetensors")

@@ -9,7 +9,8 @@ pretraining) and writes `OUT/rank<r>.json`: the prompt indices this rank rolled 
 computed, the metrics it logged, and hashes of its policy and critic weights after training; rank 0 also saves the
 model to `OUT/model`. An optional JSON argument overrides config fields (`resume_from_checkpoint` resumes;
 `with_reward_model` adds a sequence-classification reward model; `lora` puts LoRA on the policy and the critic;
-`push_to_hub` pushes at the end, to `HF_ENDPOINT`).
+`push_to_hub` pushes at the end, to `HF_ENDPOINT`; `hidden_size` widens the policy, e.g. to 64 for vLLM's CPU backend).
+Under FSDP2 rank 0 also records whether the weights a vLLM sync would send equal the gathered full weights.
 """
 
 from __future__ import annotations
@@ -77,8 +78,12 @@ def main(out_dir: str, extra: list[str]) -> None:
     from vcppo_trl.toy.task import make_splits
     from vcppo_trl.toy.tokenizer import build_tokenizer
 
+    overrides = json.loads(extra[0]) if extra else {}
     tokenizer = build_tokenizer()
-    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    # `hidden_size` 64: heads 32 wide, which vLLM's CPU backend needs.
+    policy = build_tiny_model(
+        tokenizer, hidden_size=overrides.pop("hidden_size", 32), num_layers=1, num_heads=2, seed=0
+    )
     train = make_splits(64, 8, seed=0, min_digits=1, max_digits=3)["train"]
     train = train.add_column("idx", list(range(len(train))))
 
@@ -144,7 +149,7 @@ def main(out_dir: str, extra: list[str]) -> None:
         kl_coef=0.0,
         seed=0,
     )
-    settings.update(json.loads(extra[0]) if extra else {})
+    settings.update(overrides)
     reward_funcs, reward_tokenizers = [recording_reward, recording_completions], [None, None]
     if settings.pop("with_reward_model", False):  # a sequence-classification reward model, the same on every rank
         from transformers import AutoModelForSequenceClassification
@@ -222,6 +227,17 @@ def main(out_dir: str, extra: list[str]) -> None:
         batches_consumed=trainer.batches_consumed,
         last_rollout_rows=int(trainer.last_update.rollout.response_ids.shape[0]),
     )
+    if trainer.is_fsdp2 and policy_model is not None:  # what a vLLM sync sends: the full weights, gathered per tensor
+        from contextlib import nullcontext
+
+        from vcppo_trl.parallel import fsdp2_full_state_dict
+        from vcppo_trl.sampling.vllm_checks import named_policy_weights
+
+        full = fsdp2_full_state_dict(policy_model)
+        sent = {name: tensor.clone() for name, tensor in named_policy_weights(policy_model, lambda _: nullcontext())}
+        if acc.is_main_process:
+            info["vllm_weights_match"] = set(sent) >= set(full) and all(torch.equal(sent[k], full[k]) for k in full)
+    info["fsdp2"] = trainer.is_fsdp2
     trainer.save_model(os.path.join(out_dir, "model"))
     if args.push_to_hub:  # every rank calls it, as a script would; the main process alone uploads
         info["pushed"] = trainer.push_to_hub() is not None
