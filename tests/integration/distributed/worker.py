@@ -227,7 +227,8 @@ def main(out_dir: str, extra: list[str]) -> None:
         batches_consumed=trainer.batches_consumed,
         last_rollout_rows=int(trainer.last_update.rollout.response_ids.shape[0]),
     )
-    if trainer.is_fsdp2 and policy_model is not None:  # what a vLLM sync sends: the full weights, gathered per tensor
+    # What a vLLM sync sends under FSDP2: the full weights, gathered per tensor (a LoRA policy with vLLM is refused there).
+    if trainer.is_fsdp2 and policy_model is not None and not lora:
         from contextlib import nullcontext
 
         from vcppo_trl.parallel import fsdp2_full_state_dict
