@@ -672,7 +672,9 @@ def test_rollout_benchmark_smoke(tmp_path):
 
 
 def test_gpu_check_rollout_row_smoke():
-    done = _run_script("benchmarks/gpu_check.py", "--cpu-smoke", "--skip", "gae", "update", "logprob", "zero3")
+    done = _run_script(
+        "benchmarks/gpu_check.py", "--cpu-smoke", "--skip", "gae", "update", "logprob", "zero3", "fsdp2"
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     row = next(line for line in done.stdout.splitlines() if line.startswith("rollout "))
     assert "64 tokens" in row and "ratio" in row and "FAILED" not in row
