@@ -6,7 +6,8 @@ LM's backbone runs once, the hidden states of the response positions are kept (`
 online log-sum-exp; its backward recomputes the tiles, so neither pass holds the full logits.
 
 Models whose logits are not `lm_head(last_hidden_state)` up to TRL's supported transforms (logit scale, final
-soft-capping) — or whose LM head is wrapped (e.g. LoRA on `lm_head`) — fall back to [`full_logits_logprobs`].
+soft-capping) — or whose LM head is wrapped (e.g. LoRA on `lm_head`) — fall back to [`full_logits_logprobs`]. A model
+sharded by FSDP2 takes the chunked path too: its backbone runs inside the model's own forward, asked for no logits.
 
 A head cast by `cast_lm_head_to_fp32` ([`~models.fp32_head.cast_lm_head_to_fp32`]) is projected in float32 with
 autocast off on both paths: the chunked one upcasts the hidden states here, the full-logits one calls the head.
@@ -15,11 +16,13 @@ autocast off on both paths: the chunked one upcasts the hidden states here, the 
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass
 
 import torch
 from accelerate.utils import is_peft_model
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from transformers import PreTrainedModel
 from trl.kernels import ChunkedLogProbFunction
 from trl.trainer.utils import entropy_from_logits, maybe_gather_lm_head_ctx, selective_log_softmax
@@ -42,6 +45,35 @@ class CausalLMParts:
     logit_scale: float = 1.0
     final_logit_softcapping: float | None = None
     fp32_head: bool = False  # `cast_lm_head_to_fp32`: project in float32, autocast off
+    fsdp2_root: nn.Module | None = None  # the causal LM, when it is an FSDP2 root: the backbone runs through it
+
+    def last_hidden_state(self, **inputs) -> torch.Tensor:
+        """The backbone's last hidden state over `inputs`, the LM head not applied."""
+        if self.fsdp2_root is None:
+            return self.backbone(**inputs, use_cache=False).last_hidden_state
+        # FSDP2: through the root's forward, whose hooks gather and free each unit in order (a direct backbone call
+        # would skip the root's and make its first unit a root of its own). An empty `logits_to_keep` projects no
+        # position; the head's unit (accelerate's tail of final norm and LM head) stays gathered after the forward,
+        # and its gradient is reduced once the final norm's backward has run, after the tiles' backward.
+        captured = {}
+        hook = self.backbone.register_forward_hook(
+            lambda module, args, output: captured.update(hidden=output.last_hidden_state)
+        )
+        try:
+            nothing = torch.empty(0, dtype=torch.long, device=inputs["input_ids"].device)
+            self.fsdp2_root(**inputs, use_cache=False, logits_to_keep=nothing)
+        finally:
+            hook.remove()
+        return captured["hidden"]
+
+
+def unsharded_class(module: nn.Module) -> type:
+    """The class of `module` before FSDP2's `fully_shard`, which swaps it for a subclass `FSDP<Name>` of
+    `FSDPModule` and the original."""
+    cls = type(module)
+    if issubclass(cls, FSDPModule):
+        return next(base for base in cls.__bases__ if base is not FSDPModule)
+    return cls
 
 
 def causal_lm_parts(model: nn.Module) -> CausalLMParts | None:
@@ -54,12 +86,15 @@ def causal_lm_parts(model: nn.Module) -> CausalLMParts | None:
         return None
     backbone = getattr(base, base.base_model_prefix, None)
     lm_head = base.get_output_embeddings()
-    # `type(...) in` on purpose: a LoRA or modules-to-save wrapper around the head is not a plain projection.
-    if backbone is None or backbone is base or type(lm_head) not in (nn.Linear, FP32LMHead):
+    # An exact class on purpose: a LoRA or modules-to-save wrapper around the head is not a plain projection.
+    if backbone is None or backbone is base or unsharded_class(lm_head) not in (nn.Linear, FP32LMHead):
         return None
     config = base.config.get_text_config()
     if any(getattr(config, name, None) is not None for name in UNSUPPORTED_LOGIT_SCALING):
         return None
+    sharded = isinstance(base, FSDPModule)
+    if sharded and "logits_to_keep" not in inspect.signature(base.forward).parameters:
+        return None  # FSDP2 runs the backbone through the model's forward, which must be able to skip the logits
     logit_scale = getattr(config, "logit_scale", None)
     return CausalLMParts(
         backbone=backbone,
@@ -67,6 +102,7 @@ def causal_lm_parts(model: nn.Module) -> CausalLMParts | None:
         logit_scale=1.0 if logit_scale is None else float(logit_scale),
         final_logit_softcapping=getattr(config, "final_logit_softcapping", None),
         fp32_head=is_fp32_head(lm_head),
+        fsdp2_root=base if sharded else None,
     )
 
 
@@ -174,10 +210,8 @@ def response_logprobs(
             temperature=temperature,
             compute_entropy=compute_entropy,
         )
-    output = parts.backbone(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-    )
-    hidden = output.last_hidden_state[:, context_length - 1 : -1]
+    hidden = parts.last_hidden_state(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    hidden = hidden[:, context_length - 1 : -1]
     return chunked_token_logprobs(
         hidden, parts, input_ids[:, context_length:], temperature=temperature, compute_entropy=compute_entropy
     )
@@ -200,8 +234,8 @@ def packed_response_logprobs(
         logits = output.logits[0][packed.predicting].float() / temperature
         logprobs = selective_log_softmax(logits, packed.targets)
         return logprobs, (entropy_from_logits(logits) if compute_entropy else None)
-    output = parts.backbone(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
-    hidden = output.last_hidden_state[0][packed.predicting]
+    hidden = parts.last_hidden_state(input_ids=packed.input_ids, position_ids=packed.position_ids)
+    hidden = hidden[0][packed.predicting]
     return chunked_token_logprobs(
         hidden, parts, packed.targets, temperature=temperature, compute_entropy=compute_entropy
     )

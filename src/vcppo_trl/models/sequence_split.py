@@ -46,9 +46,7 @@ def split_response_logprobs(
                 logprobs = logits.new_zeros(0)
                 entropy = logits.new_zeros(0) if compute_entropy else None
         else:
-            everything = parts.backbone(
-                input_ids=split.input_ids, position_ids=split.position_ids, use_cache=False
-            ).last_hidden_state
+            everything = parts.last_hidden_state(input_ids=split.input_ids, position_ids=split.position_ids)
             # Run on every process, tokens or none: under ZeRO-3 it gathers the LM head (a collective).
             logprobs, entropy = chunked_token_logprobs(
                 everything[split.rows, split.columns],

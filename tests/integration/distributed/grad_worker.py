@@ -57,7 +57,7 @@ def main(
 
     from vcppo_trl import PPOConfig, PPOTrainer
     from vcppo_trl.algo.losses import clipped_policy_loss, clipped_value_loss, loss_normalizer, token_mean_term
-    from vcppo_trl.models.logprobs import full_logits_logprobs
+    from vcppo_trl.models.logprobs import causal_lm_parts, full_logits_logprobs
     from vcppo_trl.models.policy_and_value import PolicyAndValueModel, position_ids_from_mask
     from vcppo_trl.models.value_model import create_value_model_from_policy, value_forward
     from vcppo_trl.parallel import full_tensor
@@ -197,6 +197,8 @@ def main(
         "num_processes": acc.num_processes,
         "deepspeed": trainer.is_deepspeed_enabled,
         "fsdp2": trainer.is_fsdp2,
+        # The policy's log-probs took the chunked LM-head path (no [B, T, V] logits), FSDP2's sharded head included
+        "chunked_logprobs": causal_lm_parts(wrapper.policy) is not None,
         # Layers wrapped by FSDP's activation checkpointing (`--fsdp_activation_checkpointing true`)
         "checkpoint_wrapped": sum(isinstance(m, CheckpointWrapper) for m in wrapper.modules()),
         # One epoch, one mini-batch, KL 0: the update took its old log-probs from its own forward (on-policy shortcut).

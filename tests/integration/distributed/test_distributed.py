@@ -468,6 +468,7 @@ def test_gradient_of_two_ranks_equals_one_big_batch(tmp_path, launcher, loss_typ
     result = json.load(open(tmp_path / "grad_check.json"))
     assert result["num_processes"] == 2
     assert result["deepspeed"] == (launcher == "zero3") and result["fsdp2"] == (launcher == "fsdp2")
+    assert result["chunked_logprobs"]
     assert result["on_policy_shortcut"]  # so this also checks the shortcut's gradient under DDP and ZeRO-3
     assert result["grad_norm_relative_difference"] < 1e-4
     if launcher in ("ddp", "fsdp2"):  # FSDP2: every gradient, gathered from its shards
