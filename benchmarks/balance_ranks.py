@@ -15,6 +15,13 @@ a warm-up update and `--updates` timed ones, each timed from a barrier to the sl
 update seconds off and on, the speed-up, and the ideal — the slower rank's tokens over the mean rank's
 (`perf/rank_token_imbalance` without balancing, over the update's mini-batches) — and what balancing left (whole rows
 cannot split). Target (issue 36): the speed-up within 15 % of the ideal. Timing needs a quiet machine.
+
+The ideal counts tokens only; an update also has costs that do not grow with its tokens (the optimizer steps, the
+gradient all-reduce, launching micro-batches), which no balancing removes. Two more variants, fixed before their first
+run, measure them: `short` and `long` give both ranks the same rows (rank 0's draw, or rank 1's; balancing off, nothing
+to balance). A line through them, seconds = fixed + per-token × tokens of the slower rank, predicts the "off" time (a
+check of the line: "off" is not used to fit it) and the balanced time at the tokens balancing left, and so the speed-up
+balancing can reach on this machine, printed beside the measured one.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import token_budget  # noqa: E402
 PER_RANK = 16
 MINI_BATCHES = 2
 ROWS_PER_MICRO_BATCH = 4
+VARIANTS = ("off", "on", "short", "long")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -66,7 +74,9 @@ def run_worker(args: argparse.Namespace) -> None:
     rank = int(os.environ["RANK"])
     # Both ranks' widths: the budget and the model's positions must be the same on both.
     widest_prompt = max(max(draw_lengths(args.max_length, r)[0]) for r in range(2))
-    prompt_lengths, response_lengths = draw_lengths(args.max_length, rank)
+    # `short`/`long`: both ranks hold the same rows (rank 0's or rank 1's draw), the equal loads of the fitted line.
+    drawn_for = {"short": 0, "long": 1}.get(args.worker, rank)
+    prompt_lengths, response_lengths = draw_lengths(args.max_length, drawn_for)
     rollout = token_budget.build_rollout(prompt_lengths, response_lengths)
     pair = token_budget.build_pair(widest_prompt + args.max_length + 8, args.hidden, args.layers, args.heads)
     config = PPOConfig(
@@ -152,7 +162,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat, one timed update")
-    parser.add_argument("--worker", choices=("off", "on"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.smoke:
@@ -168,10 +178,10 @@ def main() -> None:
         f"process; {args.repeats} repeat(s) × {args.updates} timed update(s) after 1 warm-up, off/on interleaved.",
         flush=True,
     )
-    runs: dict[str, list[dict]] = {"off": [], "on": []}
+    runs: dict[str, list[dict]] = {variant: [] for variant in VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
-            for variant in ("off", "on") if repeat % 2 == 0 else ("on", "off"):
+            for variant in VARIANTS if repeat % 2 == 0 else VARIANTS[::-1]:
                 runs[variant].append(launch(args, variant, os.path.join(tmp, f"{variant}{repeat}.json")))
             print(f"  done: repeat {repeat + 1}/{args.repeats}", flush=True)
     off = statistics.median(t for r in runs["off"] for t in r["seconds"])
@@ -188,9 +198,34 @@ def main() -> None:
     print(
         f"(ideal with whole rows: {ideal / left:.2f}; target: speed-up within 15 % of the ideal, ≥ {0.85 * ideal:.2f})"
     )
+    print_fixed_cost_line(runs, off=off, on=on, ideal=ideal, left=left)
     print("\nraw seconds per update (slower rank):")
-    for variant in ("off", "on"):
+    for variant in VARIANTS:
         print(f"  {variant}: " + " ".join(f"{t:.3f}" for r in runs[variant] for t in r["seconds"]))
+
+
+def print_fixed_cost_line(runs: dict[str, list[dict]], *, off: float, on: float, ideal: float, left: float) -> None:
+    """The line through the equal-load variants (see the module docstring) and what it predicts for "off" and "on"."""
+    short_tokens, long_tokens = runs["short"][0]["rank_tokens"][0], runs["long"][0]["rank_tokens"][0]
+    short = statistics.median(t for r in runs["short"] for t in r["seconds"])
+    long = statistics.median(t for r in runs["long"] for t in r["seconds"])
+    per_token = (long - short) / (long_tokens - short_tokens)
+    fixed = short - per_token * short_tokens
+    mean_tokens = sum(runs["off"][0]["rank_tokens"]) / 2
+    # The slower rank's tokens summed over the mini-batches: the imbalance times the mean rank's
+    predicted_off, predicted_on = fixed + per_token * ideal * mean_tokens, fixed + per_token * left * mean_tokens
+    print(
+        f"\nequal loads on both ranks: {short:.3f} s at {short_tokens:.0f} tokens, {long:.3f} s at {long_tokens:.0f}: "
+        f"fixed {fixed:.3f} s per update + {per_token * 1e3:.3f} ms per token of the slower rank"
+    )
+    print(
+        f"the line predicts off {predicted_off:.3f} s (measured {off:.3f}), on {predicted_on:.3f} s (measured {on:.3f})"
+    )
+    reachable = predicted_off / predicted_on
+    print(
+        f"speed-up the line allows with the rows balancing left: {reachable:.2f}; measured {off / on:.2f} "
+        f"({off / on / reachable:.2f} of it)"
+    )
 
 
 if __name__ == "__main__":
