@@ -53,11 +53,10 @@ def test_fsdp1_is_refused_with_the_fix(fsdp_env, tmp_path):
         check_fsdp_launch(launch(), config(tmp_path))
 
 
-def test_what_fsdp2_does_not_do_yet_is_refused_by_name(fsdp_env, tmp_path):
+def test_overlap_and_vllm_sampling_are_accepted(fsdp_env, tmp_path):
     fsdp_env(2)
-    with pytest.raises(FSDPError, match="not yet with max_staleness"):
-        check_fsdp_launch(launch(), config(tmp_path, max_staleness=1))
-    assert check_fsdp_launch(launch(), config(tmp_path, use_vllm=True)) is True  # vLLM sampling is not refused
+    assert check_fsdp_launch(launch(), config(tmp_path, max_staleness=1)) is True
+    assert check_fsdp_launch(launch(), config(tmp_path, use_vllm=True)) is True
 
 
 def test_lora_on_the_critic_is_accepted(fsdp_env, tmp_path):

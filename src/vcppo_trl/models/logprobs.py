@@ -27,6 +27,7 @@ from transformers import PreTrainedModel
 from trl.kernels import ChunkedLogProbFunction
 from trl.trainer.utils import entropy_from_logits, maybe_gather_lm_head_ctx, selective_log_softmax
 
+from ..parallel.fsdp import unsharded_class
 from .fp32_head import FP32LMHead, is_fp32_head
 from .packing import PackedRow
 
@@ -65,15 +66,6 @@ class CausalLMParts:
         finally:
             hook.remove()
         return captured["hidden"]
-
-
-def unsharded_class(module: nn.Module) -> type:
-    """The class of `module` before FSDP2's `fully_shard`, which swaps it for a subclass `FSDP<Name>` of
-    `FSDPModule` and the original."""
-    cls = type(module)
-    if issubclass(cls, FSDPModule):
-        return next(base for base in cls.__bases__ if base is not FSDPModule)
-    return cls
 
 
 def causal_lm_parts(model: nn.Module) -> CausalLMParts | None:

@@ -23,6 +23,7 @@ from .fsdp import (
     requested_fsdp_version,
     save_fsdp2_states,
     shard_with_fsdp2,
+    unsharded_class,
 )
 from .sequence import (
     SequenceGroup,
@@ -53,6 +54,7 @@ __all__ = [
     "save_fsdp2_states",
     "setup_sequence_parallel",
     "shard_with_fsdp2",
+    "unsharded_class",
     "sum_over_group",
     "ulysses_attention",
     "whitening_all_reduce",

@@ -56,16 +56,16 @@ def whitening_all_reduce(accelerator: Accelerator, scope: str) -> Callable[[torc
     return None
 
 
-def gathered_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+def gathered_state_dict(model: torch.nn.Module, every_rank: bool = False) -> dict[str, torch.Tensor] | None:
     """
     The full state dict of a ZeRO-3-partitioned model (gathered on every rank, copied to CPU) or of an FSDP2-sharded
-    one (on the first process only, which saves it), or `None` when the model holds no partitioned parameter (then
-    `save_pretrained` reads the weights itself).
+    one (on the first process only, which saves it; with `every_rank` on every process), or `None` when the model
+    holds no partitioned parameter (then `save_pretrained` reads the weights itself).
 
     Every rank must call it (the gathering is a collective).
     """
     if is_fsdp2_sharded(model):
-        return fsdp2_full_state_dict(model)
+        return fsdp2_full_state_dict(model, every_rank=every_rank)
     params = [p for p in model.parameters() if hasattr(p, "ds_id")]
     if not params:
         return None

@@ -73,14 +73,6 @@ def check_fsdp_launch(accelerator: Accelerator, args) -> bool:
             "gathers and reductions would do nothing. On a CPU pass `--use_cpu true` (PPOConfig(use_cpu=True)) so "
             "that it runs them as MULTI_CPU over gloo (configs/accelerate/fsdp2_cpu.yaml)."
         )
-    unsupported = {"max_staleness": args.max_staleness > 0}
-    given = [name for name, on in unsupported.items() if on]
-    if given:
-        raise FSDPError(
-            f"Under FSDP2 this version trains (LoRA included), evaluates, checkpoints, resumes and pushes, but not yet "
-            f"with {', '.join(given)}. Turn them off, or launch with DeepSpeed "
-            "ZeRO-3 (configs/accelerate/zero3.yaml), which has them all."
-        )
     return True
 
 
@@ -146,12 +138,15 @@ def is_fsdp2_sharded(model: torch.nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
-def fsdp2_full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def fsdp2_full_state_dict(model: torch.nn.Module, every_rank: bool = False) -> dict[str, torch.Tensor]:
     """The model's full state dict on CPU, gathered from its FSDP2 shards: on the first process only (the others get
-    an empty dict; it is a collective: every rank calls it). Tied parameters (the toy's embeddings and LM head) come
-    back as one tensor under both names, so that `save_pretrained` writes it once, as it does for an unsharded model."""
+    an empty dict), or with `every_rank` on every process (a rollout worker's copy of the policy), one tensor gathered
+    at a time. A collective: every rank calls it. Tied parameters (the toy's embeddings and LM head) come back as one
+    tensor under both names, so that `save_pretrained` writes it once, as it does for an unsharded model."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+    if every_rank:
+        return _full_state_dict_on_every_rank(model)
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     first_name: dict[int, str] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
@@ -159,6 +154,31 @@ def fsdp2_full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         if first != name and first in state and name in state:
             state[name] = state[first]
     return state
+
+
+def _full_state_dict_on_every_rank(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """[`fsdp2_full_state_dict`] on every process: each shard all-gathered (`full_tensor`, tied ones once) and copied
+    to CPU before the next, under the names of the unsharded model (FSDP's activation checkpointing wraps layers under
+    a name of its own)."""
+    gathered: dict[int, torch.Tensor] = {}
+    state = {}
+    for name, value in model.state_dict(keep_vars=True).items():
+        if id(value) not in gathered:
+            full = value.full_tensor() if hasattr(value, "full_tensor") else value
+            gathered[id(value)] = full.detach().to("cpu", copy=True)
+        state[name.replace("._checkpoint_wrapped_module", "")] = gathered[id(value)]
+    return state
+
+
+def unsharded_class(module: torch.nn.Module) -> type:
+    """The class of `module` before FSDP2's `fully_shard`, which swaps it for a subclass `FSDP<Name>` of `FSDPModule`
+    and the original."""
+    from torch.distributed.fsdp import FSDPModule
+
+    cls = type(module)
+    if issubclass(cls, FSDPModule):
+        return next(base for base in cls.__bases__ if base is not FSDPModule)
+    return cls
 
 
 def fsdp2_roots(model: torch.nn.Module) -> list[torch.nn.Module]:

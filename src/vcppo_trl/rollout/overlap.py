@@ -24,6 +24,7 @@ from accelerate.utils import is_peft_model
 from transformers.utils import logging
 
 from ..parallel.collectives import gathered_state_dict
+from ..parallel.fsdp import unsharded_class
 from ..sampling.seam import SamplerError, Samples
 from ..sampling.vllm_checks import named_policy_weights
 from ..sampling.vllm_samplers import VLLMColocateSampler
@@ -90,26 +91,28 @@ def overlapped_rollouts(
 
 def sampler_weights(policy: torch.nn.Module, sampler) -> dict[str, torch.Tensor]:
     """The weights a worker loads: for a vLLM engine, under the policy's checkpoint names (LoRA merged, as the colocate
-    sampler loads them); for HF, the policy's full state dict (gathered under ZeRO-3: a collective, every process
-    calls it)."""
+    sampler loads them); for HF, the policy's full state dict (gathered under ZeRO-3 and FSDP2: a collective, every
+    process calls it)."""
     if isinstance(sampler, VLLMColocateSampler):
         return dict(named_policy_weights(policy, sampler.gather, copy=sampler.copy_weights))
-    full = gathered_state_dict(policy)
+    full = gathered_state_dict(policy, every_rank=True)
     return policy.state_dict() if full is None else full
 
 
 def whole_policy(policy: torch.nn.Module) -> torch.nn.Module:
-    """The policy with all its weights: itself, or under ZeRO-3 (partitioned parameters) a new model of its class and
-    config holding the gathered weights (every process must call it: the gathering is a collective)."""
-    full = gathered_state_dict(policy)
+    """The policy with all its weights: itself, or under ZeRO-3 or FSDP2 (partitioned parameters) a new model of its
+    class (before sharding) and config holding the gathered weights (every process must call it: the gathering is a
+    collective)."""
+    full = gathered_state_dict(policy, every_rank=True)
     if full is None:
         return policy
     if is_peft_model(policy):
         raise ValueError(
-            "`max_staleness` > 0 with a PEFT policy under ZeRO-3 is not supported yet (the worker would need the "
-            "adapter merged from gathered shards). Use DDP, drop the adapter, or set max_staleness=0."
+            "`max_staleness` > 0 with a PEFT policy under ZeRO-3 or FSDP2 is not supported yet (the worker would need "
+            "the adapter merged from gathered shards). Use DDP, drop the adapter, or set max_staleness=0."
         )
-    copy = type(policy)(policy.config)  # a plain model: not partitioned (no zero.Init around the constructor)
+    # A plain model: not partitioned (no zero.Init around the constructor), not FSDP2's sharded class.
+    copy = unsharded_class(policy)(policy.config)
     copy.load_state_dict(full)
     return copy
 

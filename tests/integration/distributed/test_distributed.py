@@ -676,6 +676,18 @@ def test_overlap_under_zero3_gathers_the_policy_for_its_workers(tmp_path):
     assert r0["metrics"][1]["sampling/sampling_logp_difference/max"] < 1e-4
 
 
+def test_overlap_under_fsdp2_gathers_the_policy_for_its_workers(tmp_path):
+    """`max_staleness=1` under FSDP2: each rank's worker starts from, and is pushed, the policy gathered from its
+    shards on every rank (one tensor at a time, a collective), in a model of the class before sharding; the ranks end
+    with the same weights, the batches are one update stale after the first, and at staleness 0 the worker sampled
+    from the trainer's weights."""
+    r0, r1 = _launch_two(tmp_path, "fsdp2", {"max_staleness": 1, "total_episodes": 48})
+    assert r0["global_step"] == r1["global_step"] == 4
+    assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])
+    assert [m["sampling/staleness_max"] for m in r0["metrics"]] == [0.0, 0.0, 1.0, 1.0]
+    assert r0["metrics"][1]["sampling/sampling_logp_difference/max"] < 1e-4
+
+
 def test_windows_with_overlap_on_two_ranks(tmp_path):
     """`generation_window` with `max_staleness=1` under DDP: each rank's worker samples its pool's next window while
     the update trains; the ranks end with the same weights."""
