@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ...paths import BALANCE_WORKER, GRAD_WORKER, REPO, WORKER
+from ...paths import BALANCE_WORKER, GRAD_WORKER, LOADING_WORKER, REPO, WORKER
 
 
 def _clean_env(extra_env=None) -> dict:
@@ -821,3 +821,26 @@ def test_fsdp2_resume_from_its_sharded_checkpoint_equals_the_uninterrupted_run(t
         assert resumed[rank]["policy_hash"] == full[rank]["policy_hash"]
         assert resumed[rank]["critic_hash"] == full[rank]["critic_hash"]
     assert full[0]["policy_hash"] != full[0]["initial_policy_hash"]
+
+
+def test_fsdp2_low_memory_loading_shards_rank_0s_weights(tmp_path):
+    """`fsdp_cpu_ram_efficient_loading: true` with the models loaded from a directory: the policy (from the
+    checkpoint), the critic built from it (a new value head) and the reference (a copy), each sharded with accelerate's
+    broadcast of rank 0's weights. Rank 1 spoils its own copies before sharding (transformers 5 reads the checkpoint on
+    every rank, on CPU, not on `meta`), so only the broadcast can give the checkpoint's weights; without low-memory
+    loading the same run shards rank 1's copies and fails here. Then one update trains with finite losses."""
+    from vcppo_trl.toy.model import build_tiny_model
+    from vcppo_trl.toy.tokenizer import build_tokenizer
+
+    build_tiny_model(build_tokenizer(), hidden_size=32, num_layers=1, num_heads=2, seed=0).save_pretrained(
+        tmp_path / "model"
+    )
+    launch_args = ["--fsdp_cpu_ram_efficient_loading", "true"]
+    _run_worker(LOADING_WORKER, "fsdp2", [str(tmp_path / "out"), str(tmp_path / "model")], launch_args=launch_args)
+    result = json.load(open(tmp_path / "out" / "loading.json"))
+    assert result["sharded_on"] == [["cpu"], ["cpu"]]  # nothing left on `meta`
+    assert result["policy_equals_checkpoint"] and result["reference_equals_checkpoint"]
+    assert result["critic_backbone_equals_checkpoint"]
+    assert result["critic_head_is_rank_0s"] and result["critic_head_sum"] > 0
+    assert all(result["ranks_agree"].values())
+    assert result["finite_losses"] and len(result["losses"]) >= 2
