@@ -25,3 +25,16 @@ def test_two_activation_checkpointings_are_refused_and_either_alone_runs():
         check_fsdp2_options(launch(activation_checkpointing=True), SimpleNamespace(activation_checkpointing=True))
     check_fsdp2_options(launch(activation_checkpointing=True), SimpleNamespace(activation_checkpointing=False))
     check_fsdp2_options(launch(activation_checkpointing=False), SimpleNamespace(activation_checkpointing=True))
+
+
+def test_a_cpu_launch_gets_the_runs_mixed_precision_as_accelerate_sets_it():
+    """accelerate sets its own plugin's policy from the run's mixed precision; the plugin read from a CPU launch's
+    environment gets the same (without it a bf16 run computed in float32 without a word)."""
+    from vcppo_trl.parallel.fsdp import fsdp2_plugin
+
+    def cpu_launch(mixed_precision):
+        return SimpleNamespace(state=SimpleNamespace(fsdp_plugin=None), mixed_precision=mixed_precision)
+
+    policy = fsdp2_plugin(cpu_launch("bf16")).mixed_precision_policy
+    assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.bfloat16)
+    assert fsdp2_plugin(cpu_launch("no")).mixed_precision_policy is None

@@ -39,13 +39,18 @@ def requested_fsdp_version(accelerator: Accelerator) -> int | None:
 
 def fsdp2_plugin(accelerator: Accelerator):
     """accelerate's FSDP plugin of the launch: its own where it made one, else one read from the launch's `FSDP_*`
-    environment (what accelerate would have built on an accelerator device)."""
+    environment with the run's mixed precision set as accelerate sets it on its own plugin (`AcceleratorState`:
+    `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)` under bf16), so that a CPU launch computes in the
+    precision the run asks for rather than in float32 without a word."""
     plugin = getattr(accelerator.state, "fsdp_plugin", None)
     if plugin is not None:
         return plugin
     from accelerate.utils import FullyShardedDataParallelPlugin
 
-    return FullyShardedDataParallelPlugin(fsdp_version=2)
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
+    if getattr(accelerator, "mixed_precision", "no") != "no":
+        plugin.set_mixed_precision(accelerator.mixed_precision)
+    return plugin
 
 
 def check_fsdp_launch(accelerator: Accelerator, args) -> bool:

@@ -20,9 +20,11 @@ the policy loss), with fixed stop flags and correctness per rank.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
+import math
 import os
 import sys
 
@@ -51,6 +53,7 @@ def main(
     vapo: bool = False,
     sequence_parallel: bool = False,
     checkpointing: bool = False,
+    bf16: bool = False,
 ) -> None:
     from accelerate.utils import gather_object
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
@@ -92,7 +95,7 @@ def main(
         max_tokens_per_micro_batch=max_tokens,
         padding_free=padding_free,
         sequence_parallel_size=2 if sequence_parallel else 1,
-        bf16=False,
+        bf16=bf16,
         activation_checkpointing=checkpointing,
         report_to="none",
         save_strategy="no",
@@ -106,6 +109,7 @@ def main(
     )
     # The initial models, copied before the trainer exists (DeepSpeed partitions what it finds).
     reference = PolicyAndValueModel(copy.deepcopy(policy), copy.deepcopy(critic))
+    reference_bf16 = copy.deepcopy(reference) if bf16 else None  # float32 weights, computed in bf16 (see below)
     trainer = PPOTrainer(
         policy, reward, args=args, train_dataset=train, processing_class=tokenizer, value_model=critic
     )
@@ -137,7 +141,15 @@ def main(
         return original_step(*a, **k)
 
     trainer.optimizer.step = step  # (a no-op under DeepSpeed, whose engine steps inside the last backward)
+    computed_in = set()  # the dtypes the linear layers compute in during the update (FSDP2: its param_dtype)
+    hooks = [
+        m.register_forward_hook(lambda mod, args, out: computed_in.add(str(out.dtype)))
+        for m in wrapper.modules()
+        if isinstance(m, torch.nn.Linear)
+    ]
     update = trainer.learner.update(rollout, advantages, returns, value_cliprange=trainer.value_cliprange())
+    for hook in hooks:
+        hook.remove()
     stats = update.stats
     if update.old_logprobs is not None:  # the on-policy shortcut: the learner's own forward gave them
         rollout = dataclasses.replace(rollout, logprobs=update.old_logprobs)
@@ -157,41 +169,60 @@ def main(
     vf_count = sum(float(loss_normalizer(c["response_mask"], args.value_loss_type, length)) for c in chunks)
     policy_tokens = sum(float(c["policy_mask"].sum()) for c in chunks)
     positive_tokens = sum(float(c["positive_mask"].sum()) for c in chunks)
-    reference.eval()  # no dropout (the trainer disables it in its models)
-    expected_value_loss = 0.0
-    for c in chunks:
-        m, pm = c["response_mask"], c["policy_mask"]
-        whitened = (((c["advantages"].double() - mean) / std).float() * pm).float()
-        ids, attention = c["input_ids"], c["attention_mask"]
-        positions = position_ids_from_mask(attention)
-        # The full-logits path: under a ZeRO-3 config TRL's LM-head gathering expects partitioned weights.
-        logprobs, entropy = full_logits_logprobs(
-            reference.policy, ids, attention, positions, c["context_length"], args.temperature, compute_entropy=vapo
-        )
-        values = value_forward(reference.critic, ids, attention, positions, c["context_length"])
-        pg = clipped_policy_loss(
-            logprobs,
-            c["logprobs"],
-            whitened,
-            pm,
-            args.cliprange,
-            loss_type,
-            pg_count,
-            length,
-            cliprange_high=args.cliprange_high,
-            dual_clip_c=args.dual_clip_c,
-        )
-        vf = clipped_value_loss(
-            values, c["values"], c["returns"], m, args.cliprange_value, args.value_loss_type, vf_count, length
-        )
-        expected_value_loss += float(vf.loss)
-        loss = pg.loss + args.vf_coef * vf.loss
-        if vapo:
-            loss = loss - args.entropy_coef * token_mean_term(entropy, pm, policy_tokens)
-            loss = loss + args.positive_example_lm_coef * token_mean_term(
-                -logprobs, c["positive_mask"], positive_tokens
+
+    def whole_batch_backward(reference, compute_dtype=None) -> float:
+        """The whole batch's loss backpropagated through `reference` (one process); returns the value loss. With
+        `compute_dtype` (bf16) every forward runs on the weights cast to it, their gradients flowing back into the
+        float32 weights: what FSDP2's `MixedPrecisionPolicy(param_dtype=...)` does with its float32 shards."""
+        from torch.nn.utils.stateless import _reparametrize_module
+
+        reference.eval()  # no dropout (the trainer disables it in its models)
+        expected_value_loss = 0.0
+        for c in chunks:
+            cast = {n: p.to(compute_dtype) for n, p in reference.named_parameters()} if compute_dtype else {}
+            weights = _reparametrize_module(reference, cast, tie_weights=True) if cast else contextlib.nullcontext()
+            m, pm = c["response_mask"], c["policy_mask"]
+            whitened = (((c["advantages"].double() - mean) / std).float() * pm).float()
+            ids, attention = c["input_ids"], c["attention_mask"]
+            positions = position_ids_from_mask(attention)
+            with weights:
+                # The full-logits path: under a ZeRO-3 config TRL's LM-head gathering expects partitioned weights.
+                logprobs, entropy = full_logits_logprobs(
+                    reference.policy,
+                    ids,
+                    attention,
+                    positions,
+                    c["context_length"],
+                    args.temperature,
+                    compute_entropy=vapo,
+                )
+                values = value_forward(reference.critic, ids, attention, positions, c["context_length"])
+            pg = clipped_policy_loss(
+                logprobs,
+                c["logprobs"],
+                whitened,
+                pm,
+                args.cliprange,
+                loss_type,
+                pg_count,
+                length,
+                cliprange_high=args.cliprange_high,
+                dual_clip_c=args.dual_clip_c,
             )
-        loss.backward()
+            vf = clipped_value_loss(
+                values, c["values"], c["returns"], m, args.cliprange_value, args.value_loss_type, vf_count, length
+            )
+            expected_value_loss += float(vf.loss)
+            loss = pg.loss + args.vf_coef * vf.loss
+            if vapo:
+                loss = loss - args.entropy_coef * token_mean_term(entropy, pm, policy_tokens)
+                loss = loss + args.positive_example_lm_coef * token_mean_term(
+                    -logprobs, c["positive_mask"], positive_tokens
+                )
+            loss.backward()
+        return expected_value_loss
+
+    expected_value_loss = whole_batch_backward(reference)
     expected_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in reference.parameters()])))
     result = {
         "num_processes": acc.num_processes,
@@ -212,6 +243,10 @@ def main(
         # The logged value loss of each process (its mean over processes is the global loss) and the global loss
         "value_loss": gather_object([stats["loss/value"]]),
         "expected_value_loss": expected_value_loss,
+        "computed_in": sorted(computed_in),
+        # the trained parameters as the optimizer holds them (FSDP2: its shards, the master weights)
+        "parameter_dtypes": sorted({str(p.dtype) for p in wrapper.parameters()}),
+        "finite_losses": all(math.isfinite(float(v)) for k, v in stats.items() if k.startswith("loss/")),
     }
     if not trainer.is_deepspeed_enabled:  # DeepSpeed's gradients are partitioned and gone after its step
         worst = 0.0
@@ -220,6 +255,13 @@ def main(
             scale = float(expected.abs().max()) or 1.0
             worst = max(worst, float((stepped[name] - expected).abs().max()) / scale)
         result["max_relative_difference"] = worst
+    if bf16:  # against the one-process step computed in bf16
+        whole_batch_backward(reference_bf16, torch.bfloat16)
+        worst = 0.0
+        for name, p in reference_bf16.named_parameters():
+            expected = p.grad
+            worst = max(worst, float((stepped[name] - expected).abs().max()) / (float(expected.abs().max()) or 1.0))
+        result["max_relative_difference_bf16"] = worst
     if result["checkpoint_wrapped"]:  # the wrapped layers save under their own names, which load into a fresh model
         from transformers import AutoModelForCausalLM
 
@@ -240,4 +282,13 @@ if __name__ == "__main__":
     flags = sys.argv[3:]
     budget = next((int(f) for f in flags if f.isdigit()), None)
     loss = sys.argv[2] if len(sys.argv) > 2 else "token_mean"
-    main(sys.argv[1], loss, budget, "packed" in flags, "vapo" in flags, "sp" in flags, "checkpointing" in flags)
+    main(
+        sys.argv[1],
+        loss,
+        budget,
+        "packed" in flags,
+        "vapo" in flags,
+        "sp" in flags,
+        "checkpointing" in flags,
+        "bf16" in flags,
+    )
