@@ -11,3 +11,5 @@ WORKER = os.path.join(DISTRIBUTED, "worker.py")
 GRAD_WORKER = os.path.join(DISTRIBUTED, "grad_worker.py")
 # One rank of the 2-process check of balanced ranks.
 BALANCE_WORKER = os.path.join(DISTRIBUTED, "balance_worker.py")
+# One rank of the 2-process check of the rollout's split forwards (sequence parallelism).
+SP_ROLLOUT_WORKER = os.path.join(DISTRIBUTED, "sp_rollout_worker.py")

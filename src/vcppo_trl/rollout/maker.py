@@ -105,8 +105,9 @@ class RolloutMaker:
         self.sequence_group = None
         if settings.sequence_parallel_size > 1:
             models = dict(self._unwrapped_model().models())
-            if ref_model is not None:  # a DeepSpeed engine (ZeRO-3 reference): the model is inside
-                models["reference"] = ref_model if hasattr(ref_model, "config") else ref_model.module
+            if ref_model is not None:  # a DeepSpeed engine (ZeRO-3 reference) holds the model, its config a dict
+                engine = not hasattr(getattr(ref_model, "config", None), "get_text_config")
+                models["reference"] = ref_model.module if engine else ref_model
             self.sequence_group = setup_sequence_parallel(models, settings.sequence_parallel_size)
         self.forwards = ForwardEngine(settings.forwards, accelerator, self.sequence_group)
         self.reward_funcs = reward_funcs
