@@ -159,9 +159,11 @@ def one_process_world(tmp_path):
         dist.destroy_process_group()
 
 
-def test_the_rollout_forwards_of_a_group_of_one_equal_the_padded_ones(one_process_world, tmp_path):
+@pytest.mark.parametrize("reference_kind", ["model", "peft"])
+def test_the_rollout_forwards_of_a_group_of_one_equal_the_padded_ones(one_process_world, tmp_path, reference_kind):
     """The maker's forwards over the group's shared rows, each micro-batch in the split layout, this process's own rows
-    kept: old log-probs, values, the reference's log-probs and a window's bootstrap values equal the padded ones."""
+    kept: old log-probs, values, the reference's log-probs and a window's bootstrap values equal the padded ones.
+    "peft": no reference model, the LoRA policy with its adapters off is the reference."""
     from types import SimpleNamespace
 
     from vcppo_trl.rollout.maker import RolloutMaker
@@ -169,6 +171,15 @@ def test_the_rollout_forwards_of_a_group_of_one_equal_the_padded_ones(one_proces
     from vcppo_trl.rollout.types import Rollout
 
     model, reference = tiny_models(), tiny_models(seed=1).policy
+    if reference_kind == "peft":
+        from peft import LoraConfig, get_peft_model
+
+        model.policy = get_peft_model(model.policy, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+        with torch.no_grad():  # adapters that move the outputs, so that the reference differs from the policy
+            for name, parameter in model.policy.named_parameters():
+                if "lora_B" in name:
+                    parameter.normal_(std=0.5)
+        reference = None
     accelerator = SimpleNamespace(num_processes=1, device=torch.device("cpu"), gather=lambda t: t)
     accelerator.unwrap_model = lambda m: m
     args = PPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, kl_coef=0.1, max_tokens_per_forward=12)
@@ -209,3 +220,4 @@ def test_the_rollout_forwards_of_a_group_of_one_equal_the_padded_ones(one_proces
         torch.testing.assert_close(b[mask], a[mask], rtol=1e-5, atol=1e-6, msg=name)
     torch.testing.assert_close(split[5], padded[5], rtol=1e-5, atol=1e-6)  # bootstrap values
     assert padded[5][0] == 0 and padded[5][1:].abs().min() > 0
+    assert (padded[2] - padded[0])[mask].abs().max() > 1e-3  # the reference is not the policy
