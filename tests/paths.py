@@ -13,3 +13,5 @@ GRAD_WORKER = os.path.join(DISTRIBUTED, "grad_worker.py")
 BALANCE_WORKER = os.path.join(DISTRIBUTED, "balance_worker.py")
 # One rank of the 2-process FSDP2 run with low-memory loading from a directory.
 LOADING_WORKER = os.path.join(DISTRIBUTED, "loading_worker.py")
+# One rank of the 2-process check of the rollout's split forwards (sequence parallelism).
+SP_ROLLOUT_WORKER = os.path.join(DISTRIBUTED, "sp_rollout_worker.py")

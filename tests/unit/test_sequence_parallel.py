@@ -145,3 +145,79 @@ def test_config_refuses_accelerates_sequence_split_and_names_its_own():
 
     with pytest.raises(ValueError, match="Set sequence_parallel_size instead"):
         PPOConfig(output_dir="unused", report_to="none", parallelism_config=ParallelismConfig(sp_size=2))
+
+
+@pytest.fixture
+def one_process_world(tmp_path):
+    """A process group of one (gloo): the rows of a group of one go through the all-to-all like any group's."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        yield SequenceGroup(size=1, rank=0, first_process=0, process_group=dist.group.WORLD)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("reference_kind", ["model", "peft"])
+def test_the_rollout_forwards_of_a_group_of_one_equal_the_padded_ones(one_process_world, tmp_path, reference_kind):
+    """The maker's forwards over the group's shared rows, each micro-batch in the split layout, this process's own rows
+    kept: old log-probs, values, the reference's log-probs and a window's bootstrap values equal the padded ones.
+    "peft": no reference model, the LoRA policy with its adapters off is the reference."""
+    from types import SimpleNamespace
+
+    from vcppo_trl.rollout.maker import RolloutMaker
+    from vcppo_trl.rollout.settings import RolloutSettings
+    from vcppo_trl.rollout.types import Rollout
+
+    model, reference = tiny_models(), tiny_models(seed=1).policy
+    if reference_kind == "peft":
+        from peft import LoraConfig, get_peft_model
+
+        model.policy = get_peft_model(model.policy, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+        with torch.no_grad():  # adapters that move the outputs, so that the reference differs from the policy
+            for name, parameter in model.policy.named_parameters():
+                if "lora_B" in name:
+                    parameter.normal_(std=0.5)
+        reference = None
+    accelerator = SimpleNamespace(num_processes=1, device=torch.device("cpu"), gather=lambda t: t)
+    accelerator.unwrap_model = lambda m: m
+    args = PPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, kl_coef=0.1, max_tokens_per_forward=12)
+    makers = [
+        RolloutMaker(
+            RolloutSettings.from_args(args),
+            accelerator,
+            tokenizer=SimpleNamespace(pad_token_id=0),
+            sampler=None,
+            current_model=lambda: model,
+            ref_model=reference,
+            reward_funcs=[],
+            reward_processing_classes=[],
+            reward_weights=torch.ones(0),
+            stop_token_ids=[0],
+            reference_is_initial_policy=False,
+        )
+        for _ in range(2)
+    ]
+    makers[1].forwards = ForwardEngine(makers[1].settings.forwards, accelerator, sequence_group=one_process_world)
+    mask = torch.arange(4)[None, :] < RESPONSES[:, None]
+    rollout = Rollout(
+        prompts=["p"] * 3, completions=["c"] * 3, extra_columns={}, query_ids=QUERY, query_mask=(QUERY != 0).long(),
+        response_ids=RESPONSE, response_mask=mask, has_stop=torch.ones(3, dtype=torch.bool), scores=torch.zeros(3),
+        raw_scores=torch.zeros(3), rewards_per_func=torch.zeros(3, 1), reward_failed=torch.zeros(3, dtype=torch.bool),
+    )  # fmt: skip
+    outputs = []
+    for maker in makers:
+        plan = maker.forward_plan(rollout)
+        assert (plan.own is not None) == (maker is makers[1])  # the group's rows, shared through the all-to-all
+        logprobs, values = maker.forward(rollout, compute_policy=True, plan=plan)
+        window = Rollout(**{**rollout.__dict__, "finished": torch.tensor([True, False, False])})
+        bootstrap = maker.forward_with_bootstrap(window, compute_policy=True)
+        outputs.append((logprobs, values, maker.reference_logprobs(rollout, plan), *bootstrap, len(plan)))
+    padded, split = outputs
+    assert split[-1] == padded[-1] > 1  # the same micro-batches (a group of one: the same budget)
+    for name, a, b in zip(("logprobs", "values", "reference", "window logprobs", "window values"), padded, split):
+        torch.testing.assert_close(b[mask], a[mask], rtol=1e-5, atol=1e-6, msg=name)
+    torch.testing.assert_close(split[5], padded[5], rtol=1e-5, atol=1e-6)  # bootstrap values
+    assert padded[5][0] == 0 and padded[5][1:].abs().min() > 0
+    assert (padded[2] - padded[0])[mask].abs().max() > 1e-3  # the reference is not the policy

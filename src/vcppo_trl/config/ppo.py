@@ -138,15 +138,17 @@ class PPOConfig(_BaseConfig):
             have been without. See docs/distributed.md.
         sequence_parallel_size (`int`, defaults to `1`): Sequence parallelism (DeepSpeed's Ulysses, as in
             accelerate's ALST and verl): every training forward of the PPO epochs (policy and critic, value
-            pretraining too) is split along the sequence across groups of this many consecutive processes. A group's
+            pretraining too) and the rollout's no-grad forwards (old log-probs, values, the reference's log-probs)
+            are split along the sequence across groups of this many consecutive processes. A group's
             processes share their rollouts' rows (one all-to-all per tensor and epoch) and run every micro-batch of
             the group together, each over its slice of the positions; inside each attention layer Ulysses trades the
             sequence split for a head split. Rows are laid out unpadded on the left (positions 0, 1, ...), so no
             attention mask is needed. The gradient equals the unsplit one up to summation order (tested with 2
-            processes on CPU under DDP, ZeRO-3 and FSDP2). `max_tokens_per_micro_batch` stays a budget per process:
-            a micro-batch holds up to `sequence_parallel_size` times it. Needs DeepSpeed installed, an attention
-            implementation other than eager, head counts the size divides, and a number of processes it divides; not
-            with `padding_free` or `balance_ranks`. Generation and the rollout's no-grad forwards are not split.
+            processes on CPU under DDP, ZeRO-3 and FSDP2). `max_tokens_per_micro_batch` and
+            `max_tokens_per_forward` stay budgets per process: a micro-batch holds up to `sequence_parallel_size`
+            times them. Needs DeepSpeed installed, an attention implementation other than eager, head counts the size
+            divides, and a number of processes it divides; not with `padding_free` or `balance_ranks`. Generation
+            and reward models are not split.
             Set it here, not through accelerate's `parallelism_config` (whose `sp_size` splits dataloader batches).
         max_tokens_per_forward (`int`, *optional*): Token budget of one no-grad rollout forward (values, old and
             reference log-probabilities, reward models), counted the same way. Defaults to
@@ -458,8 +460,9 @@ class PPOConfig(_BaseConfig):
     sequence_parallel_size: int = field(
         default=1,
         metadata={
-            "help": "Split every training forward along the sequence across groups of this many processes "
-            "(DeepSpeed's Ulysses attention): the activations of long responses spread over the group. Needs "
+            "help": "Split every training forward and the rollout's no-grad forwards along the sequence across "
+            "groups of this many processes (DeepSpeed's Ulysses attention): the activations of long responses "
+            "spread over the group. Needs "
             "DeepSpeed, sdpa/flash/flex attention and head counts it divides; not with padding_free or balance_ranks."
         },
     )

@@ -26,10 +26,9 @@ from ..algo.rank_balance import (
     process_loads,
     rank_token_imbalance,
 )
+from ..models.group_rows import TOKEN_FIELDS, padded_token_rows
 from ..models.packing import TokenBatch
 from ..parallel.collectives import exchange_rows
-
-TOKEN_FIELDS = ("query_ids", "query_mask", "response_ids", "response_mask")
 
 
 @dataclasses.dataclass
@@ -138,13 +137,8 @@ def exchange_epoch_rows(
     (`recv_counts[q]` from process `q`, in process order, then put in `arrange` order), every tensor padded to the
     common `widths` (prompt, response) first.
     """
-    prompt_width, response_width = widths
-    sources = {
-        "query_ids": pad_columns(tokens.query_ids[rows], prompt_width, left=True),
-        "query_mask": pad_columns(tokens.attention_mask[:, : tokens.context_length][rows], prompt_width, left=True),
-        "response_ids": pad_columns(tokens.response_ids[rows], response_width),
-        "response_mask": pad_columns(tokens.attention_mask[:, tokens.context_length :][rows].bool(), response_width),
-    }
+    response_width = widths[1]
+    sources = padded_token_rows(tokens, rows, widths)
     names = [f.name for f in dataclasses.fields(PPOBatch)]
     first: dict[int, str] = {}  # a tensor the batch holds under two names (masks) moves once
     for name in names:

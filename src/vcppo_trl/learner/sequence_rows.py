@@ -16,6 +16,7 @@ import torch
 from accelerate import Accelerator
 
 from ..algo.objective import PPOBatch
+from ..models.group_rows import group_row_shapes
 from ..models.packing import TokenBatch
 from ..parallel.sequence import SequenceGroup
 from .balancing import EpochRows, exchange_epoch_rows
@@ -43,16 +44,12 @@ class SequenceGroupRows:
         group, world = self.group, self.accelerator.num_processes
         device = order.device
         rows = order.numel()
-        shape = torch.tensor(
-            [rows, tokens.context_length, tokens.response_ids.shape[1]], device=self.accelerator.device
-        )
-        shapes = self.accelerator.gather(shape).view(world, 3).cpu()[group.processes]
-        if (shapes[:, 0] != rows).any():
+        row_counts, widths = group_row_shapes(self.accelerator, group, tokens)
+        if any(count != rows for count in row_counts):
             raise RuntimeError(
-                f"The processes of a sequence-parallel group hold different numbers of rows ({shapes[:, 0].tolist()}): "
+                f"The processes of a sequence-parallel group hold different numbers of rows ({row_counts}): "
                 "every process must roll out the same number of sequences per update."
             )
-        widths = shapes[:, 1:].amax(dim=0).tolist()
         counts = [rows if process in group.processes else 0 for process in range(world)]
         shared_batch, shared_tokens = exchange_epoch_rows(
             batch, tokens, order.repeat(group.size), widths=widths, send_counts=counts, recv_counts=counts

@@ -3,8 +3,9 @@ load, check, save; LoRA), padding-free packing, the float32 LM head, and loading
 """
 
 from .critic_peft import load_value_adapter, wrap_value_model
-from .forward_engine import ForwardEngine, ForwardSettings
+from .forward_engine import ForwardEngine, ForwardPlan, ForwardSettings
 from .fp32_head import FP32LMHead, KeepOutputDtype, cast_lm_head_to_fp32, is_fp32_head
+from .group_rows import TOKEN_FIELDS, group_row_shapes, padded_token_rows, share_group_rows
 from .loading import (
     build_critic,
     is_zero3_partitioned,
@@ -27,9 +28,11 @@ from .value_model import (
 
 __all__ = [
     "ForwardEngine",
+    "ForwardPlan",
     "ForwardSettings",
     "FP32LMHead",
     "KeepOutputDtype",
+    "TOKEN_FIELDS",
     "response_logprobs_of",
     "PackedRow",
     "PackingError",
@@ -42,6 +45,7 @@ __all__ = [
     "check_value_model_source",
     "create_value_model_from_policy",
     "full_logits_logprobs",
+    "group_row_shapes",
     "is_fp32_head",
     "is_zero3_partitioned",
     "load_policy",
@@ -51,11 +55,13 @@ __all__ = [
     "load_value_model",
     "pack_micro_batch",
     "packed_response_logprobs",
+    "padded_token_rows",
     "policy_logprobs",
     "position_ids_from_mask",
     "resolve_stop_token_ids",
     "response_logprobs",
     "save_value_model",
+    "share_group_rows",
     "value_forward",
     "wrap_value_model",
 ]

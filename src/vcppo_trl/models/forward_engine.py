@@ -20,6 +20,7 @@ from transformers.utils import logging
 from ..algo.micro_batches import ForwardWork, MicroBatch, plan_forwards, warn_once_over_budget
 from ..parallel.collectives import max_across_processes
 from ..parallel.sequence import SequenceGroup
+from .group_rows import share_group_rows
 from .packing import TokenBatch, check_packing
 
 logger = logging.get_logger(__name__)
@@ -36,6 +37,23 @@ class ForwardSettings:
     budget_field: str
     sequences: int
     padding_free: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardPlan:
+    """
+    The micro-batches of forwards over every row of a batch (the rollout's no-grad forwards), and the rows they run:
+    this process's, or with sequence parallelism its group's ([`~models.group_rows.share_group_rows`]), this process's
+    own at `own`, its outputs `width` wide.
+    """
+
+    tokens: TokenBatch
+    micro_batches: list[MicroBatch]
+    own: slice | None = None  # None: `tokens` are this process's rows
+    width: int | None = None  # this process's response width, when `own` is set
+
+    def __len__(self) -> int:
+        return len(self.micro_batches)
 
 
 class ForwardEngine:
@@ -74,6 +92,18 @@ class ForwardEngine:
             packed=settings.padding_free,
         )
         return plans
+
+    def plan_all(self, tokens: TokenBatch) -> ForwardPlan:
+        """The micro-batches of all rows of `tokens`, warned about once when over budget. Split across a
+        sequence-parallel group: over the group's rows, shared first, the same plan on every process of the group."""
+        own = width = None
+        if self.sequence_group is not None:
+            width = tokens.response_ids.shape[1]
+            tokens, own = share_group_rows(tokens, self.accelerator, self.sequence_group)
+        rows = torch.arange(tokens.response_ids.shape[0], device=tokens.response_ids.device)
+        (micro_batches,) = self.plan(tokens, [rows], tokens.response_ids.shape[1])
+        self.warn_over_budget(micro_batches)
+        return ForwardPlan(tokens, micro_batches, own=own, width=width)
 
     @property
     def max_tokens(self) -> int | None:
@@ -124,26 +154,30 @@ class ForwardEngine:
 
     def gather(
         self,
-        tokens: TokenBatch,
-        plan: list[MicroBatch],
+        plan: ForwardPlan,
         run: Callable[[dict], tuple[torch.Tensor | None, ...]],
-        shape: torch.Size,
         work: ForwardWork | None = None,
     ) -> tuple[torch.Tensor | None, ...]:
         """
-        Run `run(inputs)` on every micro-batch of `plan` and gather its `[b, w]` outputs into `shape` (`[B, T]`)
-        tensors, zero after each micro-batch's longest response; an output `run` gives as `None` stays `None`.
+        Run `run(inputs)` on every micro-batch of `plan` and gather its `[b, w]` outputs into `[B, T]` tensors of this
+        process's rows, zero after each micro-batch's longest response (split: after each response); an output `run`
+        gives as `None` stays `None`.
         """
+        tokens = plan.tokens
         gathered: list[torch.Tensor | None] | None = None
-        for micro in plan:
+        for micro in plan.micro_batches:
             outputs = run(self.inputs(tokens, micro))
             if gathered is None:
-                gathered = [None if out is None else out.new_zeros(shape) for out in outputs]
+                gathered = [None if out is None else out.new_zeros(tokens.response_ids.shape) for out in outputs]
             for full, out in zip(gathered, outputs):
                 if out is not None:
                     full[micro.indices, : micro.response_width] = out
             self.count(work, tokens, micro)
-        return tuple(gathered) if gathered is not None else ()
+        if gathered is None:
+            return ()
+        if plan.own is not None:  # split: every process of the group computed the group's rows; keep its own
+            gathered = [None if full is None else full[plan.own, : plan.width].contiguous() for full in gathered]
+        return tuple(gathered)
 
     def micro_batches(
         self, tokens: TokenBatch, plan: list[MicroBatch], work: ForwardWork | None = None

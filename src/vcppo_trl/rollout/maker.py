@@ -22,11 +22,12 @@ from trl.data_utils import maybe_apply_chat_template
 
 from ..algo.dynamic_sampling import DynamicSamplingStats, choose_groups, informative_groups
 from ..algo.losses import kl_penalty
-from ..algo.micro_batches import ForwardWork, MicroBatch, measured
-from ..models.forward_engine import ForwardEngine
+from ..algo.micro_batches import ForwardWork, measured
+from ..models.forward_engine import ForwardEngine, ForwardPlan
 from ..models.packing import TokenBatch
 from ..models.policy_and_value import PolicyAndValueModel, response_logprobs_of
 from ..parallel.collectives import max_across_processes, whitening_all_reduce
+from ..parallel.sequence import setup_sequence_parallel
 from ..rewards.calls import call_reward_function
 from ..rewards.reward_models import reward_model_scores
 from ..sampling.hf import eval_mode
@@ -95,11 +96,20 @@ class RolloutMaker:
     ):
         self.settings = settings
         self.accelerator = accelerator
-        self.forwards = ForwardEngine(settings.forwards, accelerator)
         self.tokenizer = tokenizer
         self.sampler = sampler
         self.current_model = current_model
         self.ref_model = ref_model
+        # Sequence parallelism: the no-grad forwards split along the sequence across a group of processes, Ulysses
+        # installed in front of every forwarded model's attention (generation keeps the original one).
+        self.sequence_group = None
+        if settings.sequence_parallel_size > 1:
+            models = dict(self._unwrapped_model().models())
+            if ref_model is not None:  # a DeepSpeed engine (ZeRO-3 reference) holds the model, its config a dict
+                engine = not hasattr(getattr(ref_model, "config", None), "get_text_config")
+                models["reference"] = ref_model.module if engine else ref_model
+            self.sequence_group = setup_sequence_parallel(models, settings.sequence_parallel_size)
+        self.forwards = ForwardEngine(settings.forwards, accelerator, self.sequence_group)
         self.reward_funcs = reward_funcs
         self.reward_processing_classes = reward_processing_classes
         self.reward_weights = reward_weights
@@ -486,24 +496,21 @@ class RolloutMaker:
         all_none = torch.isnan(rewards_per_func).all(dim=1)
         return torch.where(all_none, torch.full_like(raw_scores, float("nan")), raw_scores)
 
-    def forward_plan(self, rollout: Rollout, tokens: TokenBatch | None = None) -> list[MicroBatch]:
+    def forward_plan(self, rollout: Rollout) -> ForwardPlan:
         """
         The micro-batches of the rollout's no-grad forwards: `local_rollout_forward_batch_size` sequences at full
         width, or by `max_tokens_per_forward` (grouped by length, each cut to its widths or packed, the same count on
-        every process; see [`~models.forward_engine.ForwardEngine`]).
+        every process; see [`~models.forward_engine.ForwardEngine`]). With `sequence_parallel_size` > 1: over the rows
+        of this process's group, shared first, each micro-batch split along the sequence across the group.
         """
-        tokens = tokens or TokenBatch.of(rollout)
-        rows = torch.arange(rollout.response_ids.shape[0], device=rollout.response_ids.device)
-        (plan,) = self.forwards.plan(tokens, [rows], rollout.response_ids.shape[1])
-        self.forwards.warn_over_budget(plan)
-        return plan
+        return self.forwards.plan_all(TokenBatch.of(rollout))
 
     @torch.no_grad()
     def forward(
         self,
         rollout: Rollout,
         compute_policy: bool,
-        plan: list[MicroBatch] | None = None,
+        plan: ForwardPlan | None = None,
         work: ForwardWork | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Old log-probabilities (`None` unless `compute_policy`) and values of a rollout, `[B, T]` (0 after each
@@ -511,8 +518,7 @@ class RolloutMaker:
         like generation."""
         model = self._unwrapped_model()
         self.check_packing(*model.models().values())
-        tokens = TokenBatch.of(rollout)
-        plan = self.forward_plan(rollout, tokens) if plan is None else plan
+        plan = self.forward_plan(rollout) if plan is None else plan
 
         def run(inputs: dict) -> tuple[torch.Tensor | None, torch.Tensor]:
             logprobs, _, values = model(
@@ -524,19 +530,18 @@ class RolloutMaker:
             return logprobs, values
 
         with eval_mode(model):
-            logprobs, values = self.forwards.gather(tokens, plan, run, shape=rollout.response_ids.shape, work=work)
+            logprobs, values = self.forwards.gather(plan, run, work=work)
         return logprobs, values
 
     @torch.no_grad()
     def reference_logprobs(
-        self, rollout: Rollout, plan: list[MicroBatch] | None = None, work: ForwardWork | None = None
+        self, rollout: Rollout, plan: ForwardPlan | None = None, work: ForwardWork | None = None
     ) -> torch.Tensor:
         """Log-probabilities of the response tokens under the reference policy (the base model under PEFT), `[B, T]`
         (0 after each micro-batch's longest response)."""
         reference = self.ref_model if self.ref_model is not None else self._unwrapped_model().policy
         self.check_packing(reference)
-        tokens = TokenBatch.of(rollout)
-        plan = self.forward_plan(rollout, tokens) if plan is None else plan
+        plan = self.forward_plan(rollout) if plan is None else plan
 
         def run(inputs: dict) -> tuple[torch.Tensor]:
             return (response_logprobs_of(reference, self.settings.temperature, **inputs)[0],)
@@ -544,7 +549,7 @@ class RolloutMaker:
         # PEFT without a reference model: the reference is the policy's base model, adapters disabled.
         adapters_off = reference.disable_adapter() if self.ref_model is None else contextlib.nullcontext()
         with adapters_off, eval_mode(reference):
-            (logprobs,) = self.forwards.gather(tokens, plan, run, shape=rollout.response_ids.shape, work=work)
+            (logprobs,) = self.forwards.gather(plan, run, work=work)
         return logprobs
 
     def check_packing(self, *models: torch.nn.Module) -> None:

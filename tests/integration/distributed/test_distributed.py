@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ...paths import BALANCE_WORKER, GRAD_WORKER, LOADING_WORKER, REPO, WORKER
+from ...paths import BALANCE_WORKER, GRAD_WORKER, LOADING_WORKER, REPO, SP_ROLLOUT_WORKER, WORKER
 
 
 def _clean_env(extra_env=None) -> dict:
@@ -516,6 +516,30 @@ def test_sequence_parallel_training_on_two_ranks_under_zero3(tmp_path):
     losses = [m[name] for m in r0["metrics"] for name in names if name in m]
     assert len(losses) > 2 and all(math.isfinite(x) for x in losses)
     assert _state_hash(AutoModelForCausalLM.from_pretrained(tmp_path / "model")) == r0["policy_hash"]
+
+
+@pytest.mark.parametrize("launcher", ["ddp", "zero3"])
+def test_sequence_parallel_rollout_forwards_equal_the_whole_ones(tmp_path, launcher):
+    """`sequence_parallel_size=2`: the rollout's no-grad forwards, each micro-batch split across both processes over
+    their shared rows, give every process the old log-probs, values and reference log-probs (a reference model of its
+    own: a ZeRO-3 engine under ZeRO-3) that the same forwards whole on each process give, with a token budget, on a
+    rollout the trainer made and on rows of uneven lengths and counts, and a generation window's bootstrap values;
+    generation ran with the switch off. Without the sum over the group they would not agree."""
+    _run_worker(SP_ROLLOUT_WORKER, launcher, [str(tmp_path)])
+    result = json.load(open(tmp_path / "sp_rollout.json"))
+    assert result["num_processes"] == 2 and result["deepspeed"] == (launcher == "zero3")
+    assert result["reference_is_engine"] == (launcher == "zero3")
+    r0, r1 = result["ranks"]
+    for r in (r0, r1):
+        for case in ("made", "uneven", "window"):
+            for name, difference in r[case].items():
+                assert difference < 1e-5, (case, name, difference)
+        assert all(difference > 0.1 for difference in r["unsummed"].values()), r["unsummed"]
+        assert r["switch_in_generation"] == [0] and r["switch_after"] == 0
+        assert r["split_micro_batches"] > 1  # the budget cut the group's rows
+    # Both processes ran the same split micro-batches, each its share of the tokens.
+    assert r0["split_micro_batches"] == r1["split_micro_batches"]
+    assert r0["computed_tokens"] == r1["computed_tokens"]
 
 
 @pytest.mark.parametrize(("launcher", "forwards"), [("ddp", "budget"), ("ddp", "packed"), ("zero3", "budget")])
