@@ -145,11 +145,21 @@ def launch(args: argparse.Namespace, variant: str, out: str) -> dict:
         *("--threads", str(args.threads), "--hidden", str(args.hidden), "--layers", str(args.layers)),
         *("--heads", str(args.heads)),
     ]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
-    if done.returncode:
+    for attempt in (1, 2):
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
+        if not done.returncode:
+            break
+        if os.path.exists(out):  # rank 0 wrote every timing before the processes' teardown failed
+            print(f"  ({variant}: exit {done.returncode} after its timings were written, kept)", flush=True)
+            break
+        print(f"  ({variant}: failed with exit {done.returncode}, attempt {attempt} of 2)", flush=True)
+    else:
         raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
     with open(out) as f:
-        return json.load(f)
+        result = json.load(f)
+    # Every launch's raw seconds as it finishes: a later failure loses none of them.
+    print(f"  {variant}: " + " ".join(f"{t:.3f}" for t in result["seconds"]), flush=True)
+    return result
 
 
 def main() -> None:
