@@ -25,6 +25,19 @@ def tiny_policy(tokenizer):
     return build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
 
 
+@pytest.fixture
+def gloo_world_of_one(tmp_path):
+    """A process group of one process (gloo) in this process: collectives and FSDP2's sharding run as on a world of
+    many, without a launcher."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.fixture(scope="session")
 def toy_splits():
     from vcppo_trl.toy.task import make_splits

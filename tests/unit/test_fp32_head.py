@@ -231,3 +231,45 @@ def test_config_field_default_help_and_parser(tmp_path):
         ["--output_dir", str(tmp_path), "--use_cpu", "true", "--cast_lm_head_to_fp32", "true"]
     )
     assert args.cast_lm_head_to_fp32 is True
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_fsdp2_under_bf16_gathers_the_float32_head_in_float32(gloo_world_of_one, tied):
+    """FSDP2 with a bf16 policy (accelerate's for `mixed_precision: bf16`): the decoder layers compute in bf16 and the
+    cast head in float32 from its float32 weights, on the full-logits and the chunked path alike. Without the head
+    unit's own policy, FSDP2 would gather the head in bf16 too."""
+    from types import SimpleNamespace
+
+    from trl.trainer.utils import selective_log_softmax
+
+    from vcppo_trl.parallel.fsdp import shard_with_fsdp2
+
+    model = tiny_lm(tied=tied)
+    cast_lm_head_to_fp32(model)
+    head_weight = model.get_output_embeddings().weight.detach().clone()
+    accelerator = SimpleNamespace(
+        state=SimpleNamespace(fsdp_plugin=None),
+        mixed_precision="bf16",
+        is_main_process=True,
+        device=torch.device("cpu"),
+    )
+    shard_with_fsdp2(accelerator, [model])
+    seen = {}
+
+    def see_head(module, args):  # the first call's (the chunked path calls the head on no position)
+        seen.setdefault("head", (module.weight.dtype, args[0]))
+
+    model.get_output_embeddings().register_forward_pre_hook(see_head)
+    model.model.layers[0].self_attn.q_proj.register_forward_pre_hook(
+        lambda module, args: seen.update(layer=module.weight.dtype)
+    )
+    input_ids, attention_mask = batch()
+    positions = position_ids_from_mask(attention_mask)
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).logits
+        chunked, _ = response_logprobs(model, input_ids, attention_mask, positions, CONTEXT, TEMPERATURE)
+    head_dtype, hidden = seen["head"]
+    assert seen["layer"] == torch.bfloat16 and head_dtype == torch.float32
+    torch.testing.assert_close(logits, hidden.float() @ head_weight.t(), rtol=0, atol=0)
+    expected = selective_log_softmax(logits[:, CONTEXT - 1 : -1] / TEMPERATURE, input_ids[:, CONTEXT:])
+    torch.testing.assert_close(chunked, expected, rtol=1e-5, atol=1e-5)

@@ -148,15 +148,9 @@ def test_config_refuses_accelerates_sequence_split_and_names_its_own():
 
 
 @pytest.fixture
-def one_process_world(tmp_path):
-    """A process group of one (gloo): the rows of a group of one go through the all-to-all like any group's."""
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
-    try:
-        yield SequenceGroup(size=1, rank=0, first_process=0, process_group=dist.group.WORLD)
-    finally:
-        dist.destroy_process_group()
+def one_process_world(gloo_world_of_one):
+    """A group of one over a process group of one: its rows go through the all-to-all like any group's."""
+    return SequenceGroup(size=1, rank=0, first_process=0, process_group=gloo_world_of_one)
 
 
 @pytest.mark.parametrize("reference_kind", ["model", "peft"])

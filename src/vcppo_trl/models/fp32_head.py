@@ -26,6 +26,9 @@ class FP32LMHead(nn.Linear):
     `copy.deepcopy` (the reference policy) and pickling (a rollout worker's copy), which a patched `forward` would not.
     """
 
+    # Read by FSDP2's sharding (`parallel.fsdp`), which gathers such a head in float32 under a bf16 policy.
+    computes_in_float32 = True
+
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         with torch.autocast(hidden_states.device.type, enabled=False):
             return nn.functional.linear(

@@ -132,8 +132,58 @@ def shard_with_fsdp2(accelerator: Accelerator, models: list[torch.nn.Module]) ->
     for model in models:
         root = fsdp2_root_of(model)
         fsdp2_prepare_model(view, root)
+        gather_float32_head_in_float32(root)
         for marked in {id(m): m for m in (model, root)}.values():
             marked._is_fsdp_managed_module = True  # transformers' own flag: generate(synced_gpus=True)
+
+
+def gather_float32_head_in_float32(root: torch.nn.Module) -> None:
+    """
+    Under a mixed-precision policy that gathers parameters in bf16, have the FSDP2 unit of a head that computes in
+    float32 (`cast_lm_head_to_fp32`) gather, compute and reduce in float32 instead: accelerate gives every unit the
+    run's policy, so the float32 head's logits would come from bf16-rounded weights. That unit is accelerate's tail
+    (the final norm and the head, with tied embeddings the input embeddings too, whose output is cast back to the
+    policy's dtype for the backbone), which then runs in float32.
+
+    Sets the unit's policy before its first forward, when FSDP2 reads it (`FSDPParamGroup.lazy_init`); there is no
+    public setter, so this reads FSDP2's private state and stops, saying so, where a torch version lays it out
+    otherwise.
+    """
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
+
+    head = root.get_output_embeddings() if hasattr(root, "get_output_embeddings") else None
+    if not getattr(head, "computes_in_float32", False) or not isinstance(head, FSDPModule):
+        return
+    state = head._get_fsdp_state()
+    group = getattr(state, "_fsdp_param_group", None)
+    policy = getattr(group, "mp_policy", None)
+    if policy is None or not hasattr(state, "_mp_policy"):
+        raise FSDPError(
+            "cast_lm_head_to_fp32 under FSDP2 sets the head unit's mixed precision through FSDP2's internal state, "
+            f"which torch {torch.__version__} lays out differently. Set cast_lm_head_to_fp32=False, or use torch 2.13."
+        )
+    if policy.param_dtype in (None, torch.float32):
+        return
+    float32 = MixedPrecisionPolicy(
+        param_dtype=torch.float32,
+        reduce_dtype=torch.float32,
+        output_dtype=policy.output_dtype,
+        cast_forward_inputs=policy.cast_forward_inputs,
+    )
+    group.mp_policy = state._mp_policy = float32
+    embeddings = root.get_input_embeddings()
+    if embeddings is not None and embeddings.weight is head.weight:  # tied: the embeddings are in that unit too
+        embeddings.register_forward_hook(CastOutput(policy.param_dtype))  # the backbone keeps its bf16 input
+
+
+class CastOutput:
+    """A forward hook that casts a module's output to `dtype` (module level, so that it pickles)."""
+
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+
+    def __call__(self, module: torch.nn.Module, args, output: torch.Tensor) -> torch.Tensor:
+        return output.to(self.dtype)
 
 
 def is_fsdp2_sharded(model: torch.nn.Module) -> bool:

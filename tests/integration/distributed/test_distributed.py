@@ -724,6 +724,19 @@ def test_overlap_under_fsdp2_gathers_the_policy_for_its_workers(tmp_path):
     assert r0["metrics"][1]["sampling/sampling_logp_difference/max"] < 1e-4
 
 
+def test_fsdp2_bf16_with_the_lm_head_in_float32_trains_on_two_ranks(tmp_path):
+    """`cast_lm_head_to_fp32` under FSDP2 with bf16 (the head's unit gathered in float32, the rest in bf16; exactness
+    in tests/unit/test_fp32_head.py) through the whole run: value pretraining, PPO updates with the KL penalty on (the
+    reference's head cast too), generation and saving; both ranks end with the same weights and finite losses."""
+    overrides = {"bf16": True, "cast_lm_head_to_fp32": True, "kl_coef": 0.05}
+    r0, r1 = _launch_two(tmp_path, "fsdp2", overrides)
+    assert r0["fsdp2"] and r0["global_step"] == r1["global_step"] == 3
+    assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])
+    names = ("value_pretrain/loss_avg", "loss/value_avg", "loss/policy_avg")
+    losses = [m[name] for m in r0["metrics"] for name in names if name in m]
+    assert len(losses) > 2 and all(math.isfinite(x) for x in losses)
+
+
 def test_windows_with_overlap_on_two_ranks(tmp_path):
     """`generation_window` with `max_staleness=1` under DDP: each rank's worker samples its pool's next window while
     the update trains; the ranks end with the same weights."""
