@@ -215,3 +215,43 @@ def test_the_rollout_forwards_of_a_group_of_one_equal_the_padded_ones(one_proces
     torch.testing.assert_close(split[5], padded[5], rtol=1e-5, atol=1e-6)  # bootstrap values
     assert padded[5][0] == 0 and padded[5][1:].abs().min() > 0
     assert (padded[2] - padded[0])[mask].abs().max() > 1e-3  # the reference is not the policy
+
+
+def test_group_loads_sum_each_groups_mini_batches():
+    """4 processes in groups of 2, 4 rows each, mini-batches of 2: group g's k-th load sums its two processes' k-th
+    mini-batch rows (picked through each process's own order)."""
+    from vcppo_trl.learner.sequence_rows import group_loads
+
+    counts = torch.tensor([[1, 2, 3, 4], [10, 20, 30, 40], [100, 200, 300, 400], [5, 6, 7, 8]])
+    orders = torch.tensor([[3, 2, 1, 0], [0, 1, 2, 3], [1, 3, 0, 2], [2, 0, 3, 1]])
+    loads = group_loads(orders, counts, mini_batch_size=2, group_size=2)
+    assert loads.tolist() == [[4 + 3 + 10 + 20, 200 + 400 + 7 + 5], [2 + 1 + 30 + 40, 100 + 300 + 8 + 6]]
+
+
+def test_the_group_shares_its_rows_once_per_update_and_indexes_each_epochs_order(one_process_world, monkeypatch):
+    """Over two epochs of different orders: one exchange; each mini-batch's shared rows are the rows its order names;
+    what an epoch computes goes back to this process's rows; the imbalance of one group is 1."""
+    from types import SimpleNamespace
+
+    from vcppo_trl.algo.objective import PPOBatch
+    from vcppo_trl.learner import sequence_rows
+
+    exchanges = []
+    exchange = sequence_rows.exchange_epoch_rows
+    monkeypatch.setattr(sequence_rows, "exchange_epoch_rows", lambda *a, **k: exchanges.append(1) or exchange(*a, **k))
+    mask = torch.arange(4)[None, :] < RESPONSES[:, None]
+    tokens = TokenBatch(query_ids=QUERY, query_mask=(QUERY != 0).long(), response_ids=RESPONSE, response_mask=mask)
+    values = torch.arange(12, dtype=torch.float32).view(3, 4)
+    batch = PPOBatch(mask=mask, old_values=values, returns=values + 1, advantages=values + 2)
+    accelerator = SimpleNamespace(num_processes=1, device=torch.device("cpu"), gather=lambda t: t)
+    rows = sequence_rows.SequenceGroupRows(accelerator, mini_batch_size=1, group=one_process_world)
+    for order in (torch.tensor([2, 0, 1]), torch.tensor([1, 2, 0])):
+        epoch = rows.epoch(order, batch=batch, tokens=tokens)
+        for k, mini_batch in enumerate(epoch.mini_batches):
+            assert torch.equal(epoch.batch.old_values[mini_batch], values[order[k : k + 1]])
+            assert torch.equal(epoch.tokens.response_ids[mini_batch], RESPONSE[order[k : k + 1]])
+        into = torch.zeros(3, 4)
+        rows.restore(epoch, epoch.batch.returns * 2, into)
+        assert torch.equal(into, (values + 1) * 2)
+    assert len(exchanges) == 1
+    assert rows.metrics() == {"perf/rank_token_imbalance": 1.0}

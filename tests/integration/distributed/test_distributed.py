@@ -515,6 +515,8 @@ def test_sequence_parallel_training_on_two_ranks_under_zero3(tmp_path):
     names = ("value_pretrain/loss_avg", "loss/value_avg", "loss/policy_avg")
     losses = [m[name] for m in r0["metrics"] for name in names if name in m]
     assert len(losses) > 2 and all(math.isfinite(x) for x in losses)
+    # One group of both processes: nothing to wait for across groups
+    assert [m["perf/rank_token_imbalance"] for m in r0["metrics"] if "loss/policy_avg" in m] == [1.0, 1.0]
     assert _state_hash(AutoModelForCausalLM.from_pretrained(tmp_path / "model")) == r0["policy_hash"]
 
 
