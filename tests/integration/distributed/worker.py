@@ -8,7 +8,8 @@ Builds the tiny toy policy in-process (same seed on every rank), trains a few VC
 pretraining) and writes `OUT/rank<r>.json`: the prompt indices this rank rolled out at each update, the rewards it
 computed, the metrics it logged, and hashes of its policy and critic weights after training; rank 0 also saves the
 model to `OUT/model`. An optional JSON argument overrides config fields (`resume_from_checkpoint` resumes;
-`with_reward_model` adds a sequence-classification reward model; `lora` puts LoRA on the policy and the critic;
+`with_reward_model` adds a sequence-classification reward model; `lora` puts LoRA on the policy and the critic
+(`lora_random_B`: the policy's B random of that scale before training, where LoRA would start at B = 0);
 `push_to_hub` pushes at the end, to `HF_ENDPOINT`; `hidden_size` widens the policy, e.g. to 64 for vLLM's CPU backend).
 Under FSDP2 rank 0 also records whether the weights a vLLM sync would send equal the gathered full weights; with
 `lora`, after saving, how far the merged weights a sync sends (adapters' B set to random values first) are from those
@@ -72,6 +73,17 @@ def partition_counts(model: torch.nn.Module) -> dict[str, int]:
     return {"local": local, "total": total}
 
 
+def randomize_lora_b(policy_model: torch.nn.Module, rank: int, scale: float = 1.0) -> None:
+    """Every LoRA B of the policy (this rank's shard of it under FSDP2) set to random values of standard deviation
+    `scale`: LoRA starts at B = 0, which merges to the base weights."""
+    generator = torch.Generator().manual_seed(1000 + rank)
+    with torch.no_grad():
+        for name, param in policy_model.named_parameters():
+            if "lora_B" in name:
+                local = param.data.to_local() if hasattr(param.data, "to_local") else param.data
+                local.copy_(scale * torch.randn(local.shape, generator=generator, dtype=local.dtype))
+
+
 def lora_vllm_weights_check(policy_model: torch.nn.Module, rank: int) -> dict | None:
     """A LoRA policy sharded by FSDP2: every adapter's B set to random values (LoRA starts at B = 0, which would merge
     to the base weights), then the weights a vLLM sync sends (gathered, merged) against what the merge_adapter path
@@ -86,12 +98,7 @@ def lora_vllm_weights_check(policy_model: torch.nn.Module, rank: int) -> dict | 
     from vcppo_trl.parallel.fsdp import unsharded_class
     from vcppo_trl.sampling.vllm_checks import named_policy_weights
 
-    generator = torch.Generator().manual_seed(1000 + rank)
-    with torch.no_grad():
-        for name, param in policy_model.named_parameters():
-            if "lora_B" in name:  # this rank's shard of it
-                local = param.data.to_local()
-                local.copy_(torch.randn(local.shape, generator=generator, dtype=local.dtype))
+    randomize_lora_b(policy_model, rank)
     full = fsdp2_full_state_dict(policy_model, every_rank=True)
     sent = [(name, tensor.clone()) for name, tensor in named_policy_weights(policy_model, lambda _: nullcontext())]
     if rank != 0:
@@ -203,6 +210,7 @@ def main(out_dir: str, extra: list[str]) -> None:
         reward_funcs.append(AutoModelForSequenceClassification.from_config(config))
         reward_tokenizers.append(tokenizer)
     lora = settings.pop("lora", False)  # LoRA on the policy and on the critic
+    lora_random_b = settings.pop("lora_random_B", None)  # the policy's LoRA B random of this scale before training
     store_batches = settings.pop("store_rollouts", None)  # a store-rollouts job of that many batches, not training
     args = VCPPOConfig(**settings)
     peft_kwargs = {}
@@ -224,6 +232,8 @@ def main(out_dir: str, extra: list[str]) -> None:
         **peft_kwargs,
     )
     acc = trainer.accelerator
+    if lora_random_b:
+        randomize_lora_b(trainer.unwrapped_policy_and_critic()[0], acc.process_index, scale=lora_random_b)
     info = {
         "rank": acc.process_index,
         "num_processes": acc.num_processes,
