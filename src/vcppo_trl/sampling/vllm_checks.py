@@ -3,7 +3,8 @@
 - Before any engine starts: that vLLM is installed ([`require_vllm`]), the dtype to run it in, that the backend takes
   the model's shape and the context fits the rollouts ([`check_vllm_model`]), and the server's URL.
 - [`named_policy_weights`]: the policy's weights under their checkpoint names, which both samplers of
-  [`~sampling.vllm_samplers`] send to their engine after every policy update.
+  [`~sampling.vllm_samplers`] send to their engine after every policy update; a LoRA policy's merged, under FSDP2 from
+  gathered full tensors ([`fsdp2_merged_lora_weights`]).
 
 Nothing here imports vLLM at module level: the package works without it.
 """
@@ -87,7 +88,8 @@ def named_policy_weights(
     """
     The policy's weights under the names of its checkpoint, one tensor at a time.
 
-    A PEFT policy yields its base weights with the adapters merged (and unmerges them afterwards); `gather(params)` is
+    A PEFT policy yields its base weights with the adapters merged (and unmerges them afterwards; under FSDP2 they are
+    merged from gathered full tensors instead, the shards untouched: [`fsdp2_merged_lora_weights`]); `gather(params)` is
     a context that materialises ZeRO-3-partitioned parameters (a no-op elsewhere); an FSDP2 shard is gathered into a
     new full tensor (every process must iterate: each gather is a collective). With `copy`, each tensor is cloned
     before its parameter is released again (under ZeRO-3, where a gathered tensor does not outlive its context and
