@@ -627,15 +627,20 @@ def test_server_that_stops_answering_is_a_clear_error(vllm_server, make_trainer,
         sampler.generate(ids, mask, greedy=True, temperature=1.0)
 
 
-def test_an_fsdp2_policy_syncs_its_gathered_weights_into_vllm(tmp_path):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_an_fsdp2_policy_syncs_its_gathered_weights_into_vllm(tmp_path, lora):
     """vLLM colocate under FSDP2: one CPU process (`accelerate launch --num_processes 1` with fsdp2_cpu.yaml and
     `--use_cpu true`: a gloo group of one, the policy's parameters DTensors) runs tests/integration/distributed/worker.py
     (value pretraining, then PPO updates at lr 1e-3). Every sync sends the full weights gathered per tensor; after each
     policy step the sampler's log-probabilities still equal the training forward's (a sync that failed would leave vLLM
-    on the weights of an earlier update). The 2-process gathering itself is checked in test_distributed.py."""
+    on the weights of an earlier update). With LoRA (B random before training, so that the adapters matter from the
+    first sync) each sync sends the base weights merged with the gathered adapters, while training runs them unmerged.
+    The 2-process gathering and merging are checked in test_distributed.py."""
     config = os.path.join(REPO, "configs", "accelerate", "fsdp2_cpu.yaml")
     worker = os.path.join(REPO, "tests", "integration", "distributed", "worker.py")
     overrides = {"use_cpu": True, "use_vllm": True, "hidden_size": 64, "temperature": 1.0}
+    if lora:
+        overrides |= {"lora": True, "lora_random_B": 0.5}
     launch = ["-m", "accelerate.commands.accelerate_cli", "launch", "--config_file", config, "--num_processes", "1"]
     done = _run_script(*launch, "--main_process_port", "0", worker, str(tmp_path), json.dumps(overrides))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

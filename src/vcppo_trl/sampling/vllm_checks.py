@@ -3,7 +3,8 @@
 - Before any engine starts: that vLLM is installed ([`require_vllm`]), the dtype to run it in, that the backend takes
   the model's shape and the context fits the rollouts ([`check_vllm_model`]), and the server's URL.
 - [`named_policy_weights`]: the policy's weights under their checkpoint names, which both samplers of
-  [`~sampling.vllm_samplers`] send to their engine after every policy update.
+  [`~sampling.vllm_samplers`] send to their engine after every policy update; a LoRA policy's merged, under FSDP2 from
+  gathered full tensors ([`fsdp2_merged_lora_weights`]).
 
 Nothing here imports vLLM at module level: the package works without it.
 """
@@ -87,7 +88,8 @@ def named_policy_weights(
     """
     The policy's weights under the names of its checkpoint, one tensor at a time.
 
-    A PEFT policy yields its base weights with the adapters merged (and unmerges them afterwards); `gather(params)` is
+    A PEFT policy yields its base weights with the adapters merged (and unmerges them afterwards; under FSDP2 they are
+    merged from gathered full tensors instead, the shards untouched: [`fsdp2_merged_lora_weights`]); `gather(params)` is
     a context that materialises ZeRO-3-partitioned parameters (a no-op elsewhere); an FSDP2 shard is gathered into a
     new full tensor (every process must iterate: each gather is a collective). With `copy`, each tensor is cloned
     before its parameter is released again (under ZeRO-3, where a gathered tensor does not outlive its context and
@@ -96,21 +98,17 @@ def named_policy_weights(
     own = (lambda t: t.clone()) if copy else (lambda t: t)
     if is_peft_model(policy):
         params = list(policy.parameters())
-        if any(hasattr(p.data, "full_tensor") for p in params):
-            raise ValueError(
-                "vLLM sampling of a LoRA policy under FSDP2 is not supported yet: its weights reach vLLM merged into the "
-                "base weights, and merging into FSDP2's shards is not done. Sample with HF generate (use_vllm=False), "
-                "train LoRA under DeepSpeed ZeRO-3 with vLLM, or drop peft_config."
-            )
+        if any(
+            hasattr(p.data, "full_tensor") for p in params
+        ):  # FSDP2: merged from gathered tensors, shards untouched
+            yield from fsdp2_merged_lora_weights(policy)
+            return
         with gather(params):
             policy.merge_adapter()
             try:
-                prefix = policy.prefix  # "lora_"
                 for name, param in policy.named_parameters(remove_duplicate=False):
-                    name = name.removeprefix("base_model.model.").replace(".base_layer", "")
-                    if prefix in name or "original_module" in name:
-                        continue
-                    yield name.replace("modules_to_save.default.", ""), own(param.data)
+                    if (checkpoint_name := peft_checkpoint_name(name, policy.prefix)) is not None:
+                        yield checkpoint_name, own(param.data)
             finally:
                 policy.unmerge_adapter()
         return
@@ -123,6 +121,99 @@ def named_policy_weights(
             continue
         with gather([param]):
             yield name, own(param.data)
+
+
+def peft_checkpoint_name(name: str, prefix: str) -> str | None:
+    """The checkpoint name of a PEFT model's parameter `name` (`None`: not in the checkpoint: an adapter's own weight,
+    whose name holds `prefix`, "lora_", or the frozen original beside a `modules_to_save` copy, which takes its name)."""
+    name = name.removeprefix("base_model.model.").replace(".base_layer", "")
+    if prefix in name or "original_module" in name:
+        return None
+    return name.replace("modules_to_save.default.", "")
+
+
+def fsdp2_merged_lora_weights(policy: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """
+    What [`named_policy_weights`] yields for an unsharded PEFT policy after `merge_adapter` (the same names, the same
+    values up to rounding), for a LoRA policy sharded by FSDP2: the shards are not merged into; each LoRA layer's base
+    weight and its active adapters' A and B are gathered as full tensors (in `named_parameters` order: every process
+    must iterate, each gather is a collective), and merged by PEFT's own `get_delta_weight` (its scaling and
+    fan_in_fan_out) on those tensors.
+
+    Raises:
+        `ValueError`: for what this does not merge (a PEFT method other than LoRA, LoRA on a layer other than Linear,
+            DoRA or another LoRA variant, `lora_bias`, trainable tokens), before any gather.
+    """
+    lora_layers = _fsdp2_lora_layers(policy)
+    prefix = policy.prefix
+    for name, param in policy.named_parameters(remove_duplicate=False):
+        checkpoint_name = peft_checkpoint_name(name, prefix)
+        if checkpoint_name is None:  # an adapter's A or B (gathered with its layer's base weight) or an original
+            continue
+        checkpoint_name = checkpoint_name.replace("._checkpoint_wrapped_module", "")
+        layer = (
+            lora_layers.get(name.removesuffix(".base_layer.weight")) if name.endswith(".base_layer.weight") else None
+        )
+        weight = _full(param.data)
+        if layer is not None:
+            weight = weight.clone()
+            for adapter in [a for a in layer.active_adapters if a in layer.lora_A]:
+                weight += _lora_delta(layer, adapter)  # in the base weight's dtype, as PEFT's `merge` adds it
+        yield checkpoint_name, weight
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """A new full tensor of an FSDP2 shard (a collective), or the tensor itself when it is not sharded."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _lora_delta(layer: torch.nn.Module, adapter: str) -> torch.Tensor:
+    """PEFT's `get_delta_weight` of `layer` for `adapter` (scaling · B @ A, transposed for fan_in_fan_out, float32 on a
+    CPU for half precision), computed on A and B gathered into full tensors rather than on the layer's shards."""
+    import types
+
+    full = {
+        side: types.SimpleNamespace(weight=_full(getattr(layer, f"lora_{side}")[adapter].weight.data)) for side in "AB"
+    }
+    view = types.SimpleNamespace(
+        lora_A={adapter: full["A"]},
+        lora_B={adapter: full["B"]},
+        fan_in_fan_out=layer.fan_in_fan_out,
+        scaling=layer.scaling,
+    )
+    return type(layer).get_delta_weight(view, adapter)
+
+
+def _fsdp2_lora_layers(policy: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The LoRA Linear layers of a PEFT policy by module name; refuses, naming it, what FSDP2's merge does not do."""
+    from peft.tuners.lora import Linear as LoraLinear
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils.other import AuxiliaryTrainingWrapper, ModulesToSaveWrapper
+
+    def refuse(what: str) -> ValueError:
+        return ValueError(
+            f"vLLM sampling of a PEFT policy under FSDP2 merges plain LoRA on Linear layers only, and this policy has "
+            f"{what}. Sample with HF generate (use_vllm=False), train it under DDP or DeepSpeed ZeRO-3 with vLLM, or "
+            "use plain LoRA on Linear layers."
+        )
+
+    peft_types = {str(getattr(c.peft_type, "value", c.peft_type)) for c in policy.peft_config.values()}
+    if peft_types != {"LORA"}:
+        raise refuse(f"the PEFT method(s) {', '.join(sorted(peft_types))}")
+    layers = {}
+    for name, module in policy.named_modules(remove_duplicate=False):
+        if isinstance(module, AuxiliaryTrainingWrapper) and not isinstance(module, ModulesToSaveWrapper):
+            raise refuse(f"{type(module).__name__} at {name} (trainable tokens)")
+        if not isinstance(module, BaseTunerLayer):
+            continue
+        if not isinstance(module, LoraLinear):
+            raise refuse(f"LoRA on {name}, a {type(module).__name__} layer")
+        if module.lora_variant or any(module.lora_bias.values()):
+            raise refuse(f"a LoRA variant (DoRA) or lora_bias at {name}")
+        if module.merged:
+            raise refuse(f"adapters already merged into the shards at {name}")
+        layers[name] = module
+    return layers
 
 
 def server_base_url(args) -> str:

@@ -357,6 +357,12 @@ def test_fsdp2_with_lora_policy_and_critic_trains_saves_and_resumes(tmp_path):
     pretraining = r0["after_pretraining"]
     assert pretraining["policy"] == pretraining["policy_at_start"] != r0["policy_hash"]  # frozen, then trained
     assert (r0["policy_hash"], r0["critic_hash"]) == (r1["policy_hash"], r1["critic_hash"])  # gathered on each rank
+    # vLLM's sync of the LoRA policy (adapters' B set random after saving): each layer's base weight and adapters
+    # gathered and merged equal PEFT's merge_adapter on an unsharded copy, names in order, float32 up to rounding.
+    lora_sync = r0["vllm_lora"]
+    assert lora_sync["names_equal"] and lora_sync["merged_layers"] == 2 and lora_sync["dtype"] == "torch.float32"
+    assert lora_sync["lora_B_max"] > 0.5 and lora_sync["merged_moved"] > 0.01  # the merge changed every LoRA layer
+    assert lora_sync["max_abs_diff"] <= 1e-6, lora_sync
 
     # The saved policy is an adapter: on the initial toy policy it gives the trained (gathered) weights exactly.
     model = full_dir / "model"

@@ -8,9 +8,12 @@ Builds the tiny toy policy in-process (same seed on every rank), trains a few VC
 pretraining) and writes `OUT/rank<r>.json`: the prompt indices this rank rolled out at each update, the rewards it
 computed, the metrics it logged, and hashes of its policy and critic weights after training; rank 0 also saves the
 model to `OUT/model`. An optional JSON argument overrides config fields (`resume_from_checkpoint` resumes;
-`with_reward_model` adds a sequence-classification reward model; `lora` puts LoRA on the policy and the critic;
+`with_reward_model` adds a sequence-classification reward model; `lora` puts LoRA on the policy and the critic
+(`lora_random_B`: the policy's B random of that scale before training, where LoRA would start at B = 0);
 `push_to_hub` pushes at the end, to `HF_ENDPOINT`; `hidden_size` widens the policy, e.g. to 64 for vLLM's CPU backend).
-Under FSDP2 rank 0 also records whether the weights a vLLM sync would send equal the gathered full weights.
+Under FSDP2 rank 0 also records whether the weights a vLLM sync would send equal the gathered full weights; with
+`lora`, after saving, how far the merged weights a sync sends (adapters' B set to random values first) are from those
+PEFT's `merge_adapter` gives on an unsharded copy.
 """
 
 from __future__ import annotations
@@ -68,6 +71,54 @@ def partition_counts(model: torch.nn.Module) -> dict[str, int]:
     local = sum(held(p) for p in model.parameters())
     total = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters())
     return {"local": local, "total": total}
+
+
+def randomize_lora_b(policy_model: torch.nn.Module, rank: int, scale: float = 1.0) -> None:
+    """Every LoRA B of the policy (this rank's shard of it under FSDP2) set to random values of standard deviation
+    `scale`: LoRA starts at B = 0, which merges to the base weights."""
+    generator = torch.Generator().manual_seed(1000 + rank)
+    with torch.no_grad():
+        for name, param in policy_model.named_parameters():
+            if "lora_B" in name:
+                local = param.data.to_local() if hasattr(param.data, "to_local") else param.data
+                local.copy_(scale * torch.randn(local.shape, generator=generator, dtype=local.dtype))
+
+
+def lora_vllm_weights_check(policy_model: torch.nn.Module, rank: int) -> dict | None:
+    """A LoRA policy sharded by FSDP2: every adapter's B set to random values (LoRA starts at B = 0, which would merge
+    to the base weights), then the weights a vLLM sync sends (gathered, merged) against what the merge_adapter path
+    sends for an unsharded copy of the same PEFT model holding the gathered weights. A collective; rank 0's report (the
+    names in order, the largest absolute difference, how far the merge moved the weights), `None` on the others."""
+    import copy
+    from contextlib import nullcontext
+
+    from peft import get_peft_model
+
+    from vcppo_trl.parallel import fsdp2_full_state_dict
+    from vcppo_trl.parallel.fsdp import unsharded_class
+    from vcppo_trl.sampling.vllm_checks import named_policy_weights
+
+    randomize_lora_b(policy_model, rank)
+    full = fsdp2_full_state_dict(policy_model, every_rank=True)
+    sent = [(name, tensor.clone()) for name, tensor in named_policy_weights(policy_model, lambda _: nullcontext())]
+    if rank != 0:
+        return None
+    inner = policy_model.get_base_model()
+    unsharded = get_peft_model(
+        unsharded_class(inner)(inner.config), copy.deepcopy(policy_model.peft_config["default"])
+    )
+    unsharded.load_state_dict(full)
+    expected = [(name, tensor.clone()) for name, tensor in named_policy_weights(unsharded, lambda _: nullcontext())]
+    base = {name.replace(".base_layer", ""): t for name, t in full.items() if ".base_layer.weight" in name}
+    base = {name.removeprefix("base_model.model."): t for name, t in base.items()}
+    return {
+        "names_equal": [n for n, _ in sent] == [n for n, _ in expected],
+        "max_abs_diff": max((a - b).abs().max().item() for (_, a), (_, b) in zip(sent, expected, strict=True)),
+        "lora_B_max": max(t.abs().max().item() for n, t in full.items() if "lora_B" in n),
+        "merged_moved": min((dict(sent)[n] - t).abs().max().item() for n, t in base.items()),
+        "merged_layers": len(base),
+        "dtype": str(sent[0][1].dtype),
+    }
 
 
 def main(out_dir: str, extra: list[str]) -> None:
@@ -159,6 +210,7 @@ def main(out_dir: str, extra: list[str]) -> None:
         reward_funcs.append(AutoModelForSequenceClassification.from_config(config))
         reward_tokenizers.append(tokenizer)
     lora = settings.pop("lora", False)  # LoRA on the policy and on the critic
+    lora_random_b = settings.pop("lora_random_B", None)  # the policy's LoRA B random of this scale before training
     store_batches = settings.pop("store_rollouts", None)  # a store-rollouts job of that many batches, not training
     args = VCPPOConfig(**settings)
     peft_kwargs = {}
@@ -180,6 +232,8 @@ def main(out_dir: str, extra: list[str]) -> None:
         **peft_kwargs,
     )
     acc = trainer.accelerator
+    if lora_random_b:
+        randomize_lora_b(trainer.unwrapped_policy_and_critic()[0], acc.process_index, scale=lora_random_b)
     info = {
         "rank": acc.process_index,
         "num_processes": acc.num_processes,
@@ -227,7 +281,7 @@ def main(out_dir: str, extra: list[str]) -> None:
         batches_consumed=trainer.batches_consumed,
         last_rollout_rows=int(trainer.last_update.rollout.response_ids.shape[0]),
     )
-    # What a vLLM sync sends under FSDP2: the full weights, gathered per tensor (a LoRA policy with vLLM is refused there).
+    # What a vLLM sync sends under FSDP2: the full weights, gathered per tensor (LoRA merged: below, after saving).
     if trainer.is_fsdp2 and policy_model is not None and not lora:
         from contextlib import nullcontext
 
@@ -242,6 +296,8 @@ def main(out_dir: str, extra: list[str]) -> None:
     trainer.save_model(os.path.join(out_dir, "model"))
     if args.push_to_hub:  # every rank calls it, as a script would; the main process alone uploads
         info["pushed"] = trainer.push_to_hub() is not None
+    if trainer.is_fsdp2 and policy_model is not None and lora:  # changes the adapters: after the model is saved
+        info["vllm_lora"] = lora_vllm_weights_check(policy_model, acc.process_index)
     # This process's peak GPU memory over the whole run, saving included (benchmarks/gpu_check.py); None off CUDA.
     info["peak_gpu_bytes"] = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
     with open(os.path.join(out_dir, f"rank{acc.process_index}.json"), "w") as f:
