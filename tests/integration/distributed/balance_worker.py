@@ -35,6 +35,7 @@ torch.set_num_threads(1)
 
 def main(out_dir: str, forwards: str) -> None:
     from accelerate.utils import gather_object
+    from worker_exit import exit_worker  # beside this script
 
     from vcppo_trl import PPOConfig, PPOTrainer
     from vcppo_trl.algo.objective import PPOBatch
@@ -209,10 +210,7 @@ def main(out_dir: str, forwards: str) -> None:
     if rank == 0:
         with open(os.path.join(out_dir, "balance_check.json"), "w") as f:
             json.dump(results, f)
-    acc.wait_for_everyone()
-    torch.distributed.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)
+    exit_worker(acc)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ def main(
 ) -> None:
     from accelerate.utils import gather_object
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+    from worker_exit import exit_worker  # beside this script
 
     from vcppo_trl import PPOConfig, PPOTrainer
     from vcppo_trl.algo.losses import clipped_policy_loss, clipped_value_loss, loss_normalizer, token_mean_term
@@ -272,10 +273,7 @@ def main(
     if rank == 0:
         with open(os.path.join(out_dir, "grad_check.json"), "w") as f:
             json.dump(result, f)
-    acc.wait_for_everyone()
-    torch.distributed.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)
+    exit_worker(acc)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def main(out_dir: str, model_dir: str) -> None:
     from accelerate.utils import gather_object
     from transformers import AutoModelForCausalLM
+    from worker_exit import exit_worker  # beside this script
 
     import vcppo_trl.trainer.setup as setup
     from vcppo_trl import PPOConfig, PPOTrainer
@@ -144,10 +145,7 @@ def main(out_dir: str, model_dir: str) -> None:
         }
         with open(os.path.join(out_dir, "loading.json"), "w") as f:
             json.dump(result, f)
-    acc.wait_for_everyone()
-    torch.distributed.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)
+    exit_worker(acc)
 
 
 if __name__ == "__main__":

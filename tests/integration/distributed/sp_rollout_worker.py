@@ -36,6 +36,7 @@ def relative_difference(got: torch.Tensor, expected: torch.Tensor, mask: torch.T
 
 def main(out_dir: str) -> None:
     from accelerate.utils import gather_object
+    from worker_exit import exit_worker  # beside this script
 
     import vcppo_trl.models.packing as packing
     from vcppo_trl import PPOConfig, PPOTrainer
@@ -167,10 +168,7 @@ def main(out_dir: str) -> None:
         }
         with open(os.path.join(out_dir, "sp_rollout.json"), "w") as f:
             json.dump(summary, f)
-    acc.wait_for_everyone()
-    torch.distributed.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)
+    exit_worker(acc)
 
 
 if __name__ == "__main__":

@@ -123,6 +123,7 @@ def lora_vllm_weights_check(policy_model: torch.nn.Module, rank: int) -> dict | 
 
 def main(out_dir: str, extra: list[str]) -> None:
     from transformers import TrainerCallback
+    from worker_exit import exit_worker  # beside this script
 
     from vcppo_trl import TrainingInterrupted, VCPPOConfig, VCPPOTrainer
     from vcppo_trl.toy.model import build_tiny_model
@@ -302,14 +303,7 @@ def main(out_dir: str, extra: list[str]) -> None:
     info["peak_gpu_bytes"] = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
     with open(os.path.join(out_dir, f"rank{acc.process_index}.json"), "w") as f:
         json.dump(info, f)
-    acc.wait_for_everyone()
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()  # a rank leaving while its peer still talks aborts gloo
-    # Under DeepSpeed on CPU a rank sometimes aborts in interpreter teardown ("terminate called without an active
-    # exception", SIGABRT) after all work is done; skip the teardown once everything is written.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_worker(acc)
 
 
 if __name__ == "__main__":
