@@ -10,9 +10,9 @@ whole-response run) and exits non-zero when a pair differs.
 `record` trains each configuration below in-process on the toy policy and writes, per configuration: the logged
 metrics of every entry of `state.log_history` (timings left out), the printed output (timings masked), the result of
 `evaluate()`, and SHA-256 hashes of the policy's and the critic's weights. Run it at the commit before the change and
-after it (same machine, same torch), then `compare`. With `--checkpoints`, the `resume` configuration keeps its
-mid-run checkpoint there; `resume` then continues from that checkpoint with the code checked out now, and its
-fingerprint must equal the uninterrupted run's.
+after it (same machine, same torch), then `compare`. With `--checkpoints`, each `resume*` configuration keeps its
+mid-run checkpoint there (`DIR/<name>`); `resume` then continues from those checkpoints with the code checked out now,
+and each fingerprint must equal the uninterrupted run's.
 
 Multi-process runs (DDP, ZeRO-3) are fingerprinted by `tests/integration/distributed/worker.py`, which writes the
 same kind of record per rank.
@@ -161,6 +161,23 @@ CONFIGS: dict[str, tuple[str, dict, str | None]] = {
     # A generation window as long as the response must reproduce the whole-response run (its twin, below).
     "vcppo_window_as_long_as_response": ("VCPPO", dict(value_pretrain_steps=1, generation_window=16), None),
     "vcppo_window_quarter": ("VCPPO", dict(value_pretrain_steps=1, generation_window=4), None),
+    # One-step-off overlap (a rollout worker process), alone and under a window, and a checkpoint of each mid-run.
+    "vcppo_overlap": ("VCPPO", dict(value_pretrain_steps=1, max_staleness=1), None),
+    "vcppo_window_quarter_overlap": (
+        "VCPPO",
+        dict(value_pretrain_steps=1, generation_window=4, max_staleness=1),
+        None,
+    ),
+    "resume_overlap": (
+        "VCPPO",
+        dict(value_pretrain_steps=1, max_staleness=1, save_strategy="steps", save_steps=2),
+        None,
+    ),
+    "resume_window_overlap": (
+        "VCPPO",
+        dict(value_pretrain_steps=1, generation_window=4, max_staleness=1, save_strategy="steps", save_steps=2),
+        None,
+    ),
     # Needs vLLM (the CPU build: scripts/setup_vllm_cpu.sh, then run with .venv-vllm/bin/python --only vllm_colocate).
     "vllm_colocate": (
         "VCPPO",
@@ -229,9 +246,10 @@ def record(path: str, names: list[str], checkpoints: str | None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             out_dir = os.path.join(tmp, "out")
             results[name] = fingerprint(name, out_dir)
-            if name == "resume" and checkpoints:
-                shutil.rmtree(checkpoints, ignore_errors=True)
-                shutil.copytree(os.path.join(out_dir, "checkpoint-2"), checkpoints)
+            if name.startswith("resume") and checkpoints:
+                kept = os.path.join(checkpoints, name)
+                shutil.rmtree(kept, ignore_errors=True)
+                shutil.copytree(os.path.join(out_dir, "checkpoint-2"), kept)
         print(f"{name}: policy {results[name]['policy_sha256'][:12]} critic {results[name]['critic_sha256'][:12]}")
     with open(path, "w") as f:
         json.dump(results, f, indent=1, sort_keys=True)
@@ -260,17 +278,20 @@ def check_twins(results: dict) -> int:
 
 
 def resume(path: str, checkpoints: str) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        out_dir = os.path.join(tmp, "out")
-        os.makedirs(out_dir)
-        checkpoint = os.path.join(out_dir, "checkpoint-2")
-        shutil.copytree(checkpoints, checkpoint)
-        result = {"resume": fingerprint("resume", out_dir, resume_from=checkpoint)}
-    # Printed output of a resumed run starts at the checkpoint: compare only what a resumed run can reproduce.
-    result["resume"]["printed"] = None
+    """Continue every `resume*` checkpoint kept in `checkpoints` (see `record`) and fingerprint the whole runs."""
+    result = {}
+    for name in sorted(os.listdir(checkpoints)):
+        with tempfile.TemporaryDirectory() as tmp:
+            out_dir = os.path.join(tmp, "out")
+            os.makedirs(out_dir)
+            checkpoint = os.path.join(out_dir, "checkpoint-2")
+            shutil.copytree(os.path.join(checkpoints, name), checkpoint)
+            result[name] = fingerprint(name, out_dir, resume_from=checkpoint)
+        # Printed output of a resumed run starts at the checkpoint: compare only what a resumed run can reproduce.
+        result[name]["printed"] = None
+        print(f"{name}: policy {result[name]['policy_sha256'][:12]} critic {result[name]['critic_sha256'][:12]}")
     with open(path, "w") as f:
         json.dump(result, f, indent=1, sort_keys=True)
-    print(f"resume: policy {result['resume']['policy_sha256'][:12]} critic {result['resume']['critic_sha256'][:12]}")
 
 
 def compare(before_path: str, after_path: str) -> int:
