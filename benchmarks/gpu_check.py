@@ -1,12 +1,13 @@
 """One command for a machine with a GPU: does the package run there, how fast, in how much memory. Prints one table.
 
-    python benchmarks/gpu_check.py               # needs CUDA; under 2 minutes on one H200 without the rollout row
-                                                 # (at ea2077e; the windows row adds an estimated 2-4 minutes)
+    python benchmarks/gpu_check.py               # needs CUDA; without the windows and rollout rows 289 s on one
+                                                 # H200 at ee33196; the windows row about 10 minutes more (row 7)
     python benchmarks/gpu_check.py --cpu-smoke   # the same code paths on CPU at tiny sizes
                                                  # (tests/integration/scripts/test_gpu_check.py)
 
-Run on one H200 at commit ea2077e (all rows but `rollout`, which needs vLLM there, and `fp32-head` and `fsdp2-1proc`,
-added later): benchmarks/results/gpu_check_h200.txt, figures in docs/benchmarks.md. Rows:
+Run on one H200 at commit ee33196 with `--skip windows rollout` (vLLM could not be carried there; `windows` was tried
+alone and did not finish in the time it had, row 7) and `fsdp2-1proc` alone at aab52ec:
+benchmarks/results/gpu_check_h200_ee33196.txt, figures in docs/benchmarks.md. Rows:
 
 1. `gae`: `vcppo_trl.gae.dual_lambda_gae` against the per-token Python loop of benchmarks/gae.py, 64 x 16,384 tokens
    (smoke: 4 x 64), on the device; median times and their ratio, and the largest difference between the two.
@@ -26,19 +27,23 @@ added later): benchmarks/results/gpu_check_h200.txt, figures in docs/benchmarks.
    on 8 long-tailed responses up to 16,384 tokens (docs/long_responses.md) on the Qwen2.5-0.5B shape, padded (one
    sequence per micro-batch), with a token budget, and padding-free under sdpa and under flex attention; real tokens/s,
    MFU with attention FLOPs counted, peak memory (smoke: the tiny model, 4 responses up to 48 tokens; the flex row
-   says "not run" on CPU, where torch's flex attention has no backward).
+   says "not run" on CPU, where torch's flex attention has no backward). On one H200 at ee33196: 2,288 / 17,481 /
+   11,386 / 15,776 real tokens/s.
 7. `windows`: generation windows (`generation_window`, docs/rollout_windows.md) through `VCPPOTrainer` on the
    Qwen2.5-0.5B shape with random weights in bf16, benchmarks/windows.py's setting (its long-tailed lengths with the
    stop applied while sampling, batch 8, KL 0, the on-policy shortcut) with its token budget: whole responses against
    a window of T/4 in one run; finished responses per second, generation seconds per update, update seconds and peak
    GPU memory of each, the window's as ratios to the whole side's. T = 2,048 (`--windows-length`), not 16,384: see
-   `check_generation_windows` (smoke: the tiny model, T = 32, windows T/2 and T/4).
+   `check_generation_windows` (smoke: the tiny model, T = 32, windows T/2 and T/4). Not measured on a GPU: on one H200
+   at ee33196 the whole side did 2 of its 4 updates in 208 s (about 100 s each, start-up included) before a 190 s
+   limit stopped it; at T = 512 under 150 s the whole side finished and the T/4 side did not. At that pace the row at
+   T = 2,048 takes about 10 minutes.
 4. `zero3-1proc`, `fsdp2-1proc`: FSDP2 against ZeRO-3 with one process: tests/integration/distributed/worker.py (1
    value-pretraining + 4 VC-PPO updates of the tiny toy model, bf16 on the GPU) through `accelerate launch
    --num_processes 1` with configs/accelerate/zero3.yaml and with configs/accelerate/fsdp2.yaml (accelerate's own FSDP
    plugin over a process group of one). Both rows report the same: updates, whether the policy moved, peak GPU memory
-   per process, and the launch's seconds, start-up included (zero3-1proc took 44 s at ea2077e; fsdp2-1proc, added
-   later, is one more such launch and has not run on a GPU yet). Smoke: zero3_cpu.yaml with one process over gloo;
+   per process, and the launch's seconds, start-up included (on one H200: zero3-1proc 45 s at ee33196, fsdp2-1proc
+   34 s at aab52ec, both 5 updates with the policy moved). Smoke: zero3_cpu.yaml with one process over gloo;
    fsdp2_cpu.yaml with 2 CPU processes (`use_cpu`, MULTI_CPU over gloo), since on a CPU accelerate makes no FSDP
    plugin and the trainer refuses one process there; the row then also reports each rank's share of the policy's
    parameters.
@@ -46,8 +51,8 @@ added later): benchmarks/results/gpu_check_h200.txt, figures in docs/benchmarks.
    `cast_lm_head_to_fp32`: the Qwen2.5-0.5B shape with random weights in bf16 (tied embeddings), 16 random prompts of
    32 tokens, 256 sampled tokens at temperature 1, 3 seeds; HF `generate` as the sampler (its own log-probs), the
    chunked training log-probs under bf16 autocast as the trainer; mean and max |Δ log p| per token, mean ± 95 %
-   t-interval over the seeds (smoke: the tiny model, 4 prompts x 8 tokens). Not run yet on a GPU: the session that
-   added it had none; the CPU figures are in benchmarks/results/fp32_head_cpu.txt.
+   t-interval over the seeds (smoke: the tiny model, 4 prompts x 8 tokens). On one H200 at ee33196: mean 8.07e-03
+   without the cast, 8.11e-03 with it; CPU figures in benchmarks/results/fp32_head_cpu.txt.
 
 Sequence parallelism (`sequence_parallel_size`, docs/distributed.md#sequence-parallelism) splits sequences across a
 group of 2 or more processes, so it needs at least 2 GPUs: it has no row here (its CPU tests run 2 processes).
