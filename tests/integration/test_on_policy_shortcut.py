@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from vcppo_trl import PPOConfig, PPOTrainer
+from vcppo_trl.rollout import WholeResponses
 from vcppo_trl.rollout.settings import old_logprobs_from_training_forward
 
 
@@ -69,7 +70,9 @@ def test_shortcut_gives_the_same_losses_and_gradients_without_the_rollout_policy
         forwards = _spy_rollout_policy_forwards(trainer)
         grads = _capture_step_grads(trainer)
         torch.manual_seed(0)  # the same responses on both paths (no forward draws random numbers)
-        metrics = trainer.training_update(_rows(trainer))
+        rows = _rows(trainer)
+        trainer.rollouts = WholeResponses(trainer.rollout_maker, draw=lambda rows=rows: rows)
+        metrics = trainer.training_update()
         results[shortcut] = (forwards, grads, metrics, trainer.last_update.rollout)
 
     slow_forwards, slow_grads, slow_metrics, slow_rollout = results[False]

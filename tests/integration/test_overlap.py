@@ -94,7 +94,7 @@ def test_one_step_off_training_trains_each_batch_one_update_after_the_weights_th
             tokenizer, toy_splits, tiny_config, max_staleness=1, value_pretrain_steps=1, total_episodes=64
         )
         trainer.train()
-        assert not trainer.rollout_overlap.worker.process.is_alive()  # stopped with training
+        assert not trainer.rollouts.worker.process.is_alive()  # stopped with training
         runs.append((step_logs(trainer), weights(trainer)))
     logs = runs[0][0]
     # Update 1 (value pretraining: the policy does not move) and 2 were sampled by the initial weights; from update 3
@@ -144,7 +144,7 @@ def test_a_worker_that_dies_mid_run_stops_training_with_a_checkpoint_of_the_last
     class KillWorker(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step == 2:
-                trainer.rollout_overlap.worker.process.kill()
+                trainer.rollouts.worker.process.kill()
 
     trainer = fresh_trainer(
         tokenizer, toy_splits, tiny_config, max_staleness=1, total_episodes=64, output_dir=str(tmp_path / "run")
@@ -153,7 +153,7 @@ def test_a_worker_that_dies_mid_run_stops_training_with_a_checkpoint_of_the_last
     with pytest.raises(SamplerError, match="Sampling failed at update"):
         trainer.train()
     assert (tmp_path / "run" / "checkpoint-2" / "vcppo_state.json").is_file()
-    assert not trainer.rollout_overlap.worker.process.is_alive()
+    assert not trainer.rollouts.worker.process.is_alive()
 
 
 def test_a_pushed_lora_policy_samples_in_the_worker_as_it_does_here(tokenizer, tiny_policy):

@@ -263,8 +263,8 @@ def test_one_step_off_overlap_samples_in_a_vllm_worker_of_its_own(vllm_trainer):
     for _ in range(2):
         trainer = vllm_trainer(max_staleness=1, value_pretrain_steps=1, total_episodes=64)
         trainer.train()
-        assert trainer.rollout_overlap.worker.name == "vllm-worker"
-        assert not trainer.rollout_overlap.worker.process.is_alive()  # stopped with training
+        assert trainer.rollouts.worker.name == "vllm-worker"
+        assert not trainer.rollouts.worker.process.is_alive()  # stopped with training
         runs.append((step_logs(trainer), weights(trainer)))
     logs = runs[0][0]
     assert [logs[s]["sampling/staleness_max"] for s in sorted(logs)] == [0.0, 0.0, 1.0, 1.0, 1.0]

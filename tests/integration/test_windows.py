@@ -214,11 +214,13 @@ def test_an_update_that_finished_no_response_moves_the_policy_and_not_the_critic
 
 
 def test_a_pool_saved_by_another_number_of_processes_is_refused(tmp_path):
+    from vcppo_trl.rollout import WindowedRollouts
     from vcppo_trl.trainer.saving import load_rollout_pool, rollout_pool_file
 
     pool = ResponsePool(2, window=4, response_length=8)
+    source = WindowedRollouts(None, pool, draw=list)  # loading a state touches neither the maker nor the stream
     for rank in (0, 1):
-        torch.save(pool.state_dict(), rollout_pool_file(str(tmp_path), rank))
+        torch.save(source.state_dict(), rollout_pool_file(str(tmp_path), rank))
     with pytest.raises(ValueError, match="rollouts in flight of 2 processes, and this run has 1"):
-        load_rollout_pool([pool], str(tmp_path), rank=0, world=1)
-    load_rollout_pool([pool], str(tmp_path), rank=1, world=2)
+        load_rollout_pool(source, str(tmp_path), rank=0, world=1)
+    load_rollout_pool(source, str(tmp_path), rank=1, world=2)

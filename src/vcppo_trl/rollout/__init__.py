@@ -1,14 +1,22 @@
 """The rollout stage: dataset rows in, a typed [`Rollout`] out (the maker), with its stats types, the scored
-samples, the shaping of per-token rewards, generation windows (the pool of in-flight responses), and the queue of
-generations a rollout worker runs ahead of training (`max_staleness`), and rollouts stored as a dataset.
+samples and the shaping of per-token rewards; and the sources the trainer asks for rollouts ([`RolloutSource`],
+built by [`build_rollout_source`]): whole responses, generation windows (the pool of in-flight responses), the queue
+of generations a rollout worker runs ahead of training (`max_staleness`), and rollouts stored as a dataset.
 """
 
 from .maker import GenerationStats, RolloutMaker, RolloutStats
-from .overlap import AheadOfTraining, OverlappedRollouts, WindowAhead, overlapped_rollouts, request_seed
-from .replay import StoredRolloutSource, mismatches, resolve_stored_rollouts, scored_from_records
+from .overlap import AheadOfTraining, OverlappedRollouts, WindowAhead, request_seed, rollout_worker
+from .replay import (
+    StoredRolloutSource,
+    mismatches,
+    open_stored_rollouts,
+    resolve_stored_rollouts,
+    scored_from_records,
+)
 from .scoring import ScoredSamples, concat_scored, decode_completions
 from .settings import RolloutSettings, old_logprobs_from_training_forward
 from .shaping import overlong_penalty, token_rewards
+from .sources import CriticFirst, RolloutSource, SourceSettings, WholeResponses, build_rollout_source
 from .stored import (
     RolloutWriter,
     StoredRolloutsError,
@@ -21,10 +29,18 @@ from .stored import (
     weights_sha256,
 )
 from .types import OverlapStats, Rollout, is_correct
-from .windowed import gae_bootstrap, make_window
+from .windowed import WindowedRollouts, gae_bootstrap, make_window
 from .windows import InFlight, ResponsePool, WindowStep
 
 __all__ = [
+    "RolloutSource",
+    "build_rollout_source",
+    "SourceSettings",
+    "WholeResponses",
+    "WindowedRollouts",
+    "CriticFirst",
+    "open_stored_rollouts",
+    "rollout_worker",
     "StoredRolloutSource",
     "mismatches",
     "resolve_stored_rollouts",
@@ -44,7 +60,6 @@ __all__ = [
     "OverlapStats",
     "WindowAhead",
     "OverlappedRollouts",
-    "overlapped_rollouts",
     "request_seed",
     "ResponsePool",
     "WindowStep",

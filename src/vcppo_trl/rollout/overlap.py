@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -52,41 +51,30 @@ def request_seed(seed: int, request: int, rank: int = 0) -> int:
     return (seed * 1_000_003 + request * 7_919 + rank * 104_729 + 1) % (2**63 - 1)
 
 
-def overlapped_rollouts(
-    args, maker: RolloutMaker, policy: Callable[[], torch.nn.Module]
-) -> OverlappedRollouts | WindowAhead | None:
-    """The overlap of `args.max_staleness` (`None` at 0): a rollout worker per training process (each samples its own
-    prompts), with the trainer's sampler's engine: HF `generate` on a copy of the whole policy (under ZeRO-3 the copy
-    and every push gather the shards), or a vLLM engine of its own beside the colocate sampler's (`use_vllm`; the
-    config refuses server mode)."""
-    if args.max_staleness == 0:
-        return None
-    accelerator, sampler = maker.accelerator, maker.sampler
-    common = dict(
-        stop_token_ids=maker.stop_token_ids, device=accelerator.device, num_threads=args.rollout_worker_threads
-    )
+def rollout_worker(
+    maker: RolloutMaker, policy: torch.nn.Module, num_threads: int
+) -> tuple[RolloutWorker, Callable[..., Any]]:
+    """A rollout worker process for this training process (each samples its own prompts) with the trainer's sampler's
+    engine: HF `generate` on a copy of the whole policy (under ZeRO-3 the copy and every push gather the shards), or a
+    vLLM engine of its own beside the colocate sampler's (`use_vllm`; the config refuses server mode). Returns it and
+    its sampling settings of a training rollout, given at most how many new tokens (`max_new_tokens=None`:
+    `response_length`). Every process must call it (the gathering is a collective)."""
+    accelerator, sampler, temperature = maker.accelerator, maker.sampler, maker.settings.temperature
+    common = dict(stop_token_ids=maker.stop_token_ids, device=accelerator.device, num_threads=num_threads)
     if isinstance(sampler, VLLMColocateSampler):
         spec = VLLMEngineSpec(
             sampler.config, sampler.engine_args, seed=sampler.seed, pad_token_id=maker.tokenizer.pad_token_id
         )
-        worker = RolloutWorker(spec, chunk_size=0, weights=sampler_weights(policy(), sampler), **common)
-        request_config = functools.partial(sampler.sampling_kwargs, False, args.temperature)
+        worker = RolloutWorker(spec, chunk_size=0, weights=sampler_weights(policy, sampler), **common)
+        configure = sampler.sampling_kwargs
     else:
-        worker = RolloutWorker(whole_policy(policy()), chunk_size=sampler.chunk_size, **common)
-        request_config = functools.partial(sampler.generation_config, False, args.temperature)
-    if args.generation_window is not None:
-        return WindowAhead(
-            maker, worker, policy, request_config=request_config, seed=args.seed, rank=accelerator.process_index
-        )
-    return OverlappedRollouts(
-        maker,
-        worker,
-        policy,
-        max_staleness=args.max_staleness,
-        request_config=request_config,
-        seed=args.seed,
-        rank=accelerator.process_index,
-    )
+        worker = RolloutWorker(whole_policy(policy), chunk_size=sampler.chunk_size, **common)
+        configure = sampler.generation_config
+
+    def request_config(max_new_tokens: int | None = None):
+        return configure(greedy=False, temperature=temperature, max_new_tokens=max_new_tokens)
+
+    return worker, request_config
 
 
 def sampler_weights(policy: torch.nn.Module, sampler) -> dict[str, torch.Tensor]:
@@ -173,6 +161,11 @@ class AheadOfTraining:
         """The policy changed: generations submitted from now on sample from its new weights."""
         self.worker.push_weights(sampler_weights(self.policy(), self.maker.sampler))
 
+    def after_policy_step(self) -> None:
+        """The trainer's sampler reloads the weights before its next generation; the worker gets them now."""
+        self.maker.sampler.mark_stale()
+        self.push_weights()
+
     def restore_worker(self, state: dict[str, Any]) -> None:
         """The worker's counters as saved, and the policy's weights (the checkpoint's) under the saved version."""
         self.worker.submitted = state["submitted"]
@@ -211,29 +204,42 @@ class AheadOfTraining:
 
 class OverlappedRollouts(AheadOfTraining):
     """
-    The queue of whole-response generations ahead of training (`max_staleness` of them), and the rollouts made from
-    them. Args as [`AheadOfTraining`]'s, and `max_staleness`.
+    The rollout source of whole-response generations queued ahead of training (`max_staleness` of them beyond the
+    one trained), and the rollouts made from them. Args as [`AheadOfTraining`]'s, and `draw` (this process's next
+    prompt rows) and `max_staleness`.
     """
 
-    def __init__(self, maker, worker, policy, *, max_staleness: int, request_config, seed: int, rank: int = 0):
+    holds_rollouts_in_flight = True
+
+    def __init__(
+        self,
+        maker,
+        worker,
+        policy,
+        *,
+        draw: Callable[[], list[dict[str, Any]]],
+        max_staleness: int,
+        request_config,
+        seed: int,
+        rank: int = 0,
+    ):
         super().__init__(maker, worker, policy, request_config=request_config, seed=seed, rank=rank)
+        self.draw = draw
         self.max_staleness = max_staleness
         self.queue: collections.deque[Prefetched] = collections.deque()
 
-    def fill(self, draw: Callable[[], list[dict[str, Any]]]) -> None:
+    def fill(self) -> None:
         """Submit generations until this update's and `max_staleness` more are queued."""
         while len(self.queue) < self.max_staleness + 1:
-            rows = draw()
+            rows = self.draw()
             query_ids, query_mask = self.maker.tokenize_prompts(self.maker.prompt_texts(rows))
             request = self.submit(query_ids, query_mask, self.request_config())
             self.queue.append(Prefetched(rows, query_ids, query_mask=query_mask, request=request))
 
-    def make(
-        self, draw: Callable[[], list[dict[str, Any]]], train_policy: bool, trainer_state=None
-    ) -> tuple[Rollout, RolloutStats]:
+    def next(self, train_policy: bool, trainer_state=None) -> tuple[Rollout, RolloutStats]:
         """This update's rollout: submit the generations ahead, take this one's samples, score them and complete the
         rollout with the trainer's current weights."""
-        self.fill(draw)
+        self.fill()
         batch = self.queue.popleft()
         generated, wait = self.take(batch.request, batch.generated)
         samples = generated.samples
@@ -298,7 +304,7 @@ class WindowAhead(AheadOfTraining):
 
     def submit_window(self, context_ids: torch.Tensor, context_mask: torch.Tensor, budget: int) -> None:
         """Queue the pool's next window (at most `budget` new tokens per response)."""
-        self.pending = (self.submit(context_ids, context_mask, self.request_config(budget)), None)
+        self.pending = (self.submit(context_ids, context_mask, self.request_config(max_new_tokens=budget)), None)
 
     def take_window(self) -> tuple[Generated, float]:
         request, generated = self.pending

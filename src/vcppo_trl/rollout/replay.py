@@ -10,6 +10,7 @@ offline phase ends at the same critic as the online one, bit for bit.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow.parquet
@@ -58,6 +59,36 @@ def resolve_stored_rollouts(source: str, token: str | None = None) -> str:
             f"value_pretrain_dataset={source!r} is neither a local folder nor a Hub dataset this machine can download "
             f"({type(err).__name__}: {err}). Give the folder `train.py --store_rollouts` wrote, or a Hub dataset id."
         ) from err
+
+
+def open_stored_rollouts(
+    source: str,
+    maker: RolloutMaker,
+    *,
+    this_run: StoredRolloutsInfo,
+    process_index: int,
+    heldout_batches: int = 0,
+    token: str | None = None,
+    draw: Callable[[], list[dict[str, Any]]] | None = None,
+) -> StoredRolloutSource:
+    """The [`StoredRolloutSource`] of `value_pretrain_dataset=source` (a folder or a Hub dataset), refused when the
+    rollouts are not this run's policy's, tokenizer's, sampling's, rewards' or layout's (naming each field that
+    differs from `this_run`)."""
+    stored = StoredRolloutSource(
+        maker,
+        resolve_stored_rollouts(source, token=token),
+        process_index=process_index,
+        heldout_batches=heldout_batches,
+        draw=draw,
+    )
+    differences = mismatches(stored.info, this_run)
+    if differences:
+        raise StoredRolloutsError(
+            f"value_pretrain_dataset={source!r} holds rollouts of another run: "
+            + "; ".join(differences)
+            + " (stored != this run). Store rollouts with this run's settings (train.py --store_rollouts)."
+        )
+    return stored
 
 
 def scored_from_records(records: list[dict[str, Any]], maker: RolloutMaker, device: torch.device) -> ScoredSamples:
@@ -109,8 +140,8 @@ def prompt_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 class StoredRolloutSource:
     """
-    Rollouts of value pretraining read from stored ones: update u (from 0) trains on this process's shard of training
-    batch `u mod n`, so a phase of more updates than stored batches runs several epochs over them. The last
+    The rollout source of value pretraining from stored rollouts: update u (from 0) trains on this process's shard of
+    training batch `u mod n`, so a phase of more updates than stored batches runs several epochs over them. The last
     `heldout_batches` stored batches are never trained on: [`heldout`] gives them, for the stop rule.
 
     Args:
@@ -118,10 +149,22 @@ class StoredRolloutSource:
         path: A local stored-rollouts folder (see [`resolve_stored_rollouts`]).
         process_index: This process (its shards are read).
         heldout_batches: Stored batches kept out of training.
+        draw: This process's next prompt rows, drawn once per rollout and not used, so that the prompt stream
+            advances as in an online phase and PPO afterwards draws what it would after one (`None`: no stream).
     """
 
-    def __init__(self, maker: RolloutMaker, path: str, process_index: int, heldout_batches: int = 0):
+    holds_rollouts_in_flight = False
+
+    def __init__(
+        self,
+        maker: RolloutMaker,
+        path: str,
+        process_index: int,
+        heldout_batches: int = 0,
+        draw: Callable[[], list[dict[str, Any]]] | None = None,
+    ):
         self.maker = maker
+        self.draw = draw
         self.path = path
         self.process_index = process_index
         self.info = read_info(path)
@@ -146,14 +189,25 @@ class StoredRolloutSource:
     def batch_for_update(self, update: int) -> int:
         return self.training_batches[update % len(self.training_batches)]
 
-    def make(
-        self, rows, train_policy: bool = False, trainer_state=None, more_rows=None
-    ) -> tuple[Rollout, RolloutStats]:
-        """The rollout of update `trainer_state.global_step`, from its stored batch (`rows`, the prompts the stream
-        drew, are not used: the stream still advances, so PPO afterwards draws what it would after an online phase)."""
+    def next(self, train_policy: bool = False, trainer_state=None) -> tuple[Rollout, RolloutStats]:
+        """The rollout of update `trainer_state.global_step`, from its stored batch."""
         if train_policy:
             raise RuntimeError("Stored rollouts are the frozen initial policy's: they train the critic only.")
+        if self.draw is not None:
+            self.draw()
         return self.rollout_of(self.batch_for_update(trainer_state.global_step))
+
+    def after_policy_step(self) -> None:
+        raise RuntimeError("Stored rollouts train the critic only: no policy step follows one.")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # the batch of each update follows from the update's number
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
     def rollout_of(self, batch: int) -> tuple[Rollout, RolloutStats]:
         records = self.records(batch)

@@ -1,5 +1,6 @@
-"""One update's rollout under generation windows: the pool ([`~rollout.windows.ResponsePool`]) extended by one window
-with the rollout maker's sampler, scored where responses finished, and completed by the maker like any rollout."""
+"""Generation windows as a rollout source ([`WindowedRollouts`]): each update's rollout is the pool
+([`~rollout.windows.ResponsePool`]) extended by one window, by the rollout maker's sampler or a rollout worker one
+update ahead, scored where responses finished, and completed by the maker like any rollout."""
 
 from __future__ import annotations
 
@@ -16,6 +17,66 @@ from .maker import GenerationStats, RolloutMaker, RolloutStats
 from .overlap import WindowAhead
 from .types import Rollout
 from .windows import ResponsePool, left_pad, right_pad
+
+
+class WindowedRollouts:
+    """
+    The rollout source of generation windows (`generation_window`): the pool of in-flight responses, extended by one
+    window per update ([`make_window`]).
+
+    Args:
+        maker: The trainer's rollout maker.
+        pool: This process's in-flight responses.
+        draw: This process's next prompt rows (the pool refills its free slots from them).
+        ahead: With one-step-off overlap (`max_staleness=1`), the rollout worker that samples the next window while
+            this update trains; `None`: the maker's sampler samples each window when it is needed.
+    """
+
+    holds_rollouts_in_flight = True
+
+    def __init__(
+        self,
+        maker: RolloutMaker,
+        pool: ResponsePool,
+        *,
+        draw: Callable[[], list[dict[str, Any]]],
+        ahead: WindowAhead | None = None,
+    ):
+        self.maker = maker
+        self.pool = pool
+        self.draw = draw
+        self.ahead = ahead
+
+    def next(self, train_policy: bool, trainer_state=None) -> tuple[Rollout, RolloutStats]:
+        return make_window(
+            self.maker,
+            self.pool,
+            draw=self.draw,
+            train_policy=train_policy,
+            trainer_state=trainer_state,
+            ahead=self.ahead,
+        )
+
+    def after_policy_step(self) -> None:
+        self.maker.sampler.mark_stale()  # the next window sampled here loads the updated weights first
+        if self.ahead is not None:
+            self.ahead.push_weights()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The pool's responses, and the window sampled ahead with the worker's counters."""
+        state = self.pool.state_dict()
+        if self.ahead is not None:
+            state |= self.ahead.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pool.load_state_dict(state)
+        if self.ahead is not None:
+            self.ahead.load_state_dict(state)
+
+    def close(self) -> None:
+        if self.ahead is not None:
+            self.ahead.close()
 
 
 def make_window(

@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from ..config.ppo import PPOConfig
 from ..sampling.seam import Samples
 
 
@@ -63,13 +62,6 @@ class ResponsePool:
         self.response_length = response_length
         self.slots: list[InFlight] = []
         self.pending: list[dict[str, Any]] = []  # rows drawn from the prompt stream, not started yet
-
-    @classmethod
-    def from_args(cls, args: PPOConfig, local_batch_size: int) -> ResponsePool | None:
-        """An empty pool of `local_batch_size` slots for `args.generation_window` (`None` without a window)."""
-        if args.generation_window is None:
-            return None
-        return cls(local_batch_size, window=args.generation_window, response_length=args.response_length)
 
     def refill(
         self,

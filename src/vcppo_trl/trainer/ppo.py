@@ -36,10 +36,9 @@ from ..models.loading import load_reward_funcs, resolve_stop_token_ids
 from ..models.policy_and_value import PolicyAndValueModel
 from ..parallel.checks import check_distributed_setup
 from ..rewards.reward_models import reward_func_name
-from ..rollout.overlap import OverlappedRollouts, overlapped_rollouts
+from ..rollout.sources import RolloutSource, SourceSettings, build_rollout_source
 from ..rollout.types import Rollout
-from ..rollout.windowed import gae_bootstrap, make_window
-from ..rollout.windows import ResponsePool
+from ..rollout.windowed import gae_bootstrap
 from ..sampling.seam import SamplerError
 from . import saving as trainer_saving
 from . import setup
@@ -176,9 +175,7 @@ class PPOTrainer(_BaseTrainer):
         self.learner: PPOLearner | None = None  # built by `_setup_training`, on the prepared model and optimizer
         self.last_update: UpdateRecord | None = None  # for the sample printout and the value-pretraining rule
         self.prompts: PromptStream | None = None  # this process's prompt batches, from `train`
-        self._resumed_batches = 0  # where the stream starts: 0, or a checkpoint's count
-        self.response_pool: ResponsePool | None = None  # in-flight responses under `generation_window`, from `train`
-        self.rollout_overlap: OverlappedRollouts | None = None  # a rollout worker's queue (`max_staleness`)
+        self.rollouts: RolloutSource | None = None  # where each update's rollout comes from, from `train`
 
         # The maker forwards the prepared model; it skips the KL (exactly 0) of a frozen policy to the initial one.
         self.rollout_maker = setup.build_rollout_maker(
@@ -242,9 +239,16 @@ class PPOTrainer(_BaseTrainer):
             bootstrap_values=gae_bootstrap(rollout, self.args.window_bootstrap),
         )
 
-    def rollout_source(self):
-        """What makes this update's rollout: the rollout maker (VC-PPO's phase may read stored rollouts instead)."""
-        return self.rollout_maker
+    def build_rollout_source(self, draw: Callable[[], list[dict[str, Any]]]) -> RolloutSource:
+        """This run's source of rollouts ([`~rollout.sources.build_rollout_source`]), drawing prompt rows with `draw`.
+        [`VCPPOTrainer`] composes value pretraining's stored rollouts in front of it when it begins the phase."""
+        return build_rollout_source(
+            SourceSettings.from_args(self.args),
+            self.rollout_maker,
+            draw=draw,
+            policy=lambda: self.unwrapped_policy_and_critic()[0],
+            local_batch_size=self.batches.local_batch_size,
+        )
 
     def critic_lambda(self) -> float:
         """The λ of the critic's targets that [`compute_advantages`] gives in the current update (the metrics reuse
@@ -290,22 +294,16 @@ class PPOTrainer(_BaseTrainer):
         if resume is not None and not self.is_deepspeed_enabled:
             trainer_saving.load_checkpoint_weights(self.model, resume.path)
         self._setup_training()
-        self.prompts, self._resumed_batches = None, 0  # a fresh state draws from the first batch
-        self.response_pool = ResponsePool.from_args(args, self.batches.local_batch_size)  # None without windows
-        self.rollout_overlap = overlapped_rollouts(
-            args, self.rollout_maker, lambda: self.unwrapped_policy_and_critic()[0]
-        )
-        if resume is not None:  # optimizer, scheduler, state, callbacks, phase, pool, RNG
-            self._resumed_batches = trainer_saving.restore_training_state(self, resume)
-        rank, start = self.accelerator.process_index, self.batches_consumed
-        self.prompts = PromptStream(
+        self.prompts = PromptStream(  # a fresh state draws from the first batch; a resumed one moves it below
             self.train_dataset,
             self.batches,
-            rank,
+            self.accelerator.process_index,
             seed=args.seed,
             num_generations=args.num_generations,
-            consumed=start,
         )
+        self.rollouts = self.build_rollout_source(self.prompts.draw)
+        if resume is not None:  # optimizer, scheduler, state, callbacks, phase, rollouts in flight, RNG
+            self.prompts.seek(trainer_saving.restore_training_state(self, resume))
         if self.sampler is not None:  # it starts from the weights training starts from (resumed ones included)
             self.sampler.mark_stale()
         self.before_training()
@@ -321,14 +319,11 @@ class PPOTrainer(_BaseTrainer):
         start_time = time.time()
         completion_log = CompletionLog.from_trainer(self)
         with SignalWatcher() as signals, contextlib.ExitStack() as stack:
-            if self.rollout_overlap is not None:  # the worker process stops with training, however it ends
-                stack.callback(self.rollout_overlap.close)
+            stack.callback(lambda: self.rollouts.close())  # a worker process stops with training, however it ends
             while self.state.global_step < self.state.max_steps:
                 self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
                 try:
-                    queued = self.response_pool or self.rollout_overlap  # a pool or a worker's queue draws its own
-                    rows = self.prompts.draw() if queued is None else None
-                    metrics = self.training_update(rows)
+                    metrics = self.training_update()
                 except SamplerError as err:
                     raise self._sampler_failed(err) from err
                 self.state.global_step += 1
@@ -368,30 +363,17 @@ class PPOTrainer(_BaseTrainer):
     @property
     def batches_consumed(self) -> int:
         """Prompt batches drawn so far: one per update, more under dynamic sampling (saved in checkpoints)."""
-        return self.prompts.consumed if self.prompts is not None else self._resumed_batches
+        return self.prompts.consumed if self.prompts is not None else 0
 
-    def training_update(self, rows: list[dict[str, Any]] | None) -> dict[str, float]:
-        """One rollout and the PPO epochs on it; returns the update's metrics. Under `generation_window` the rollout
-        is the pool's next window, refilled from the prompt stream (`rows` is then `None`)."""
+    def training_update(self) -> dict[str, float]:
+        """One rollout from the rollout source (`self.rollouts`, built by `train`) and the PPO epochs on it; returns
+        the update's metrics."""
         self._update_start = time.time()
         train_policy = self.trains_policy()
         if train_policy:
             planned = self.critic_only_updates() * self.optimizer_steps_per_update()
             self.learner.start_policy_schedule(planned)
-        more_rows = self.prompts.draw if self.prompts is not None else None  # None: called outside `train`
-        if self.response_pool is not None:
-            rollout, made = make_window(
-                self.rollout_maker,
-                self.response_pool,
-                draw=self.prompts.draw,
-                train_policy=train_policy,
-                trainer_state=self.state,
-                ahead=self.rollout_overlap,
-            )
-        elif self.rollout_overlap is not None:
-            rollout, made = self.rollout_overlap.make(self.prompts.draw, train_policy, trainer_state=self.state)
-        else:
-            rollout, made = self.rollout_source().make(rows, train_policy, self.state, more_rows=more_rows)
+        rollout, made = self.rollouts.next(train_policy, self.state)
         advantages, returns = self.compute_advantages(rollout)
         metric_settings = MetricSettings.from_args(self.args)
         metrics = rollout_metrics(
@@ -422,9 +404,7 @@ class PPOTrainer(_BaseTrainer):
         if result.old_logprobs is not None:  # the on-policy shortcut: the learner's forward gave them
             rollout = dataclasses.replace(rollout, logprobs=result.old_logprobs)
         if train_policy:
-            self.sampler.mark_stale()  # the next generation loads the updated weights first (once per update)
-            if self.rollout_overlap is not None:
-                self.rollout_overlap.push_weights()
+            self.rollouts.after_policy_step()  # later generations sample from the updated weights
         metrics.update(
             learner_metrics(
                 self.accelerator,

@@ -210,10 +210,13 @@ class PromptStream:
     """
 
     def __init__(self, dataset: Dataset, batches, rank: int, seed: int, num_generations: int, consumed: int = 0):
+        self._order = dict(dataset=dataset, batches=batches, rank=rank, seed=seed, num_generations=num_generations)
+        self.seek(consumed)
+
+    def seek(self, consumed: int) -> None:
+        """Continue after `consumed` batches (a checkpoint's count): the next draw is batch number `consumed`."""
         self.consumed = consumed
-        self._batches = prompt_batches(
-            dataset, batches, rank, seed=seed, num_generations=num_generations, start=consumed
-        )
+        self._batches = prompt_batches(**self._order, start=consumed)
 
     def draw(self) -> list[dict[str, Any]]:
         """The next batch of prompt rows (each `num_generations` times in a row)."""

@@ -50,8 +50,7 @@ from ..parallel import (
     requested_fsdp_version,
     save_fsdp2_states,
 )
-from ..rollout.overlap import AheadOfTraining
-from ..rollout.windows import ResponsePool
+from ..rollout.sources import RolloutSource
 from .console import no_nested_progress_bars
 
 logger = logging.get_logger(__name__)
@@ -193,7 +192,7 @@ def training_state(
 
 
 def rollout_pool_file(checkpoint: str, rank: int) -> str:
-    """Where process `rank` keeps its in-flight responses (`generation_window`) in a checkpoint."""
+    """Where process `rank` keeps its rollouts in flight (its rollout source's `state_dict`) in a checkpoint."""
     return os.path.join(checkpoint, f"rollout_pool_{rank}.pt")
 
 
@@ -201,8 +200,8 @@ def restore_training_state(trainer, resume: ResumePoint) -> int:
     """
     Everything of a checkpoint but the weights, into a trainer set up for training (`_setup_training` ran): the
     optimizer and scheduler (under DeepSpeed its engine's states), the trainer state and callbacks' states, the
-    learner's non-finite count, the subclass's phase, the generation window's pool, and last the RNG states. Returns
-    the prompt batches the run had drawn (where its prompt stream continues).
+    learner's non-finite count, the subclass's phase, the rollout source's rollouts in flight, and last the RNG
+    states. Returns the prompt batches the run had drawn (where its prompt stream continues).
     """
     if trainer.is_deepspeed_enabled:
         load_engine_states(trainer.model_wrapped, resume)
@@ -217,7 +216,7 @@ def restore_training_state(trainer, resume: ResumePoint) -> int:
     trainer.learner.nonfinite_steps_in_a_row = saved["nonfinite_steps_in_a_row"]
     trainer.restore_phase_state(saved)
     pool_batches = load_rollout_pool(
-        [h for h in (trainer.response_pool, trainer.rollout_overlap) if h is not None],
+        trainer.rollouts,
         resume.path,
         rank=accelerator.process_index,
         world=accelerator.num_processes,
@@ -232,16 +231,14 @@ def restore_training_state(trainer, resume: ResumePoint) -> int:
     return saved.get("batches_consumed", state.global_step)
 
 
-def load_rollout_pool(
-    holders: list[ResponsePool | AheadOfTraining], checkpoint: str, rank: int, world: int = 1
-) -> int | None:
-    """Restore this process's rollouts in flight: the in-flight responses of a `generation_window` run, or the
-    generations a rollout worker ran ahead (`max_staleness`), so that the run continues them; return the prompt
-    batches this process had drawn (a pool refills at its own pace, so the count differs per process; `None` when
-    nothing is restored). `holders`: this run's pool and worker queue, those it has. None saved: they start empty;
-    saved but this run has neither: they are dropped, and their prompts are not drawn again. Both say so."""
+def load_rollout_pool(source: RolloutSource, checkpoint: str, rank: int, world: int = 1) -> int | None:
+    """Restore this process's rollouts in flight into the run's rollout source (the in-flight responses of a
+    `generation_window` run, the generations a rollout worker ran ahead), so that the run continues them; return the
+    prompt batches this process had drawn (a pool refills at its own pace, so the count differs per process; `None`
+    when nothing is restored). None saved: the source starts empty; saved but this run's source holds nothing in
+    flight: they are dropped, and their prompts are not drawn again. Both say so."""
     path = rollout_pool_file(checkpoint, rank)
-    if not holders:
+    if not source.holds_rollouts_in_flight:
         if os.path.exists(path):
             logger.warning(
                 f"{checkpoint} holds rollouts in flight (generation_window or max_staleness); this run has neither, so "
@@ -259,15 +256,13 @@ def load_rollout_pool(
         logger.warning(f"{checkpoint} holds no rollouts in flight: the pool (or the worker's queue) starts empty.")
         return None
     state = torch.load(path, weights_only=False)  # this package's own file: rows are Python objects
-    for holder in holders:
-        holder.load_state_dict(state)
+    source.load_state_dict(state)
     return state.get("batches_consumed")
 
 
 def save_trainer_checkpoint(trainer, run_dir: str) -> str:
     """The trainer's `checkpoint-<step>` in `run_dir` ([`write_checkpoint`]): its resume state, and this process's
-    rollouts in flight (a generation window's pool, or the generations a rollout worker ran ahead) with its own
-    prompt-stream position."""
+    rollouts in flight (its rollout source's `state_dict`) with its own prompt-stream position."""
     resume_state = training_state(
         trainer.state,
         batches=trainer.batches,
@@ -278,10 +273,9 @@ def save_trainer_checkpoint(trainer, run_dir: str) -> str:
         callbacks=trainer.callback_handler.callbacks,
         batches_consumed=trainer.batches_consumed,
     )
-    pool = None
-    for in_flight in (trainer.response_pool, trainer.rollout_overlap):
-        if in_flight is not None:
-            pool = (pool or {"batches_consumed": trainer.batches_consumed}) | in_flight.state_dict()
+    pool, source = None, trainer.rollouts
+    if source is not None and source.holds_rollouts_in_flight:
+        pool = {"batches_consumed": trainer.batches_consumed} | source.state_dict()
     return write_checkpoint(trainer, run_dir, resume_state, rollout_pool=pool)
 
 
@@ -294,7 +288,7 @@ def write_checkpoint(
 
     `trainer` gives transformers' writers (`save_model`, `_save_optimizer_and_scheduler`, `_save_rng_state`) and is
     only read; `resume_state` is [`training_state`]'s; `rollout_pool` this process's in-flight responses
-    ([`~rollout.windows.ResponsePool.state_dict`]), written by every process. Returns the checkpoint's path.
+    (its rollout source's `state_dict`), written by every process. Returns the checkpoint's path.
     """
     args, accelerator = trainer.args, trainer.accelerator
     name = f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}"

@@ -17,7 +17,7 @@ from transformers.utils import logging
 from ..algo.gae import dual_lambda_gae
 from ..checkpoint import hub
 from ..config.vcppo import VCPPOConfig
-from ..rollout import StoredRolloutsError, StoredRolloutSource, mismatches, resolve_stored_rollouts
+from ..rollout import CriticFirst, StoredRolloutSource, open_stored_rollouts
 from ..rollout.types import Rollout
 from ..rollout.windowed import gae_bootstrap
 from .metrics import critic_fit, heldout_fit
@@ -141,8 +141,9 @@ class VCPPOTrainer(PPOTrainer):
         if not self.value_pretraining.should_begin():
             return
         self.begin_value_pretraining()
-        if self.args.value_pretrain_dataset is not None:
+        if self.args.value_pretrain_dataset is not None:  # the phase's rollouts are read, PPO's sampled after it
             self.stored_rollouts = self.open_stored_rollouts()
+            self.rollouts = CriticFirst(self.stored_rollouts, then=self.rollouts)
         if self.is_world_process_zero():
             source = (
                 "" if self.stored_rollouts is None else f" from the stored rollouts in {self.stored_rollouts.path}"
@@ -156,27 +157,15 @@ class VCPPOTrainer(PPOTrainer):
         """The stored rollouts of `value_pretrain_dataset`, refused when they are not this run's policy's, tokenizer's,
         sampling's, rewards' or layout's (naming each field that differs)."""
         args = self.args
-        path = resolve_stored_rollouts(args.value_pretrain_dataset, token=args.hub_token)
-        source = StoredRolloutSource(
+        return open_stored_rollouts(
+            args.value_pretrain_dataset,
             self.rollout_maker,
-            path,
+            this_run=run_info(self),
             process_index=self.accelerator.process_index,
             heldout_batches=args.value_pretrain_heldout_batches,
+            token=args.hub_token,
+            draw=None if self.prompts is None else self.prompts.draw,
         )
-        differences = mismatches(source.info, run_info(self))
-        if differences:
-            raise StoredRolloutsError(
-                f"value_pretrain_dataset={args.value_pretrain_dataset!r} holds rollouts of another run: "
-                + "; ".join(differences)
-                + " (stored != this run). Store rollouts with this run's settings (train.py --store_rollouts)."
-            )
-        return source
-
-    def rollout_source(self):
-        """Stored rollouts during value pretraining with `value_pretrain_dataset`, else the rollout maker."""
-        if self.in_value_pretraining and self.stored_rollouts is not None:
-            return self.stored_rollouts
-        return self.rollout_maker
 
     def phase_fit(self):
         """The critic's fit the stop rule reads: on the update's own rollout, or on the held-out stored batches."""

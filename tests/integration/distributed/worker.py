@@ -292,7 +292,9 @@ def main(out_dir: str, extra: list[str]) -> None:
         full = fsdp2_full_state_dict(policy_model)  # on the CPU; the sampler's copies stay on the device
         sent = {name: tensor.clone() for name, tensor in named_policy_weights(policy_model, lambda _: nullcontext())}
         if acc.is_main_process:
-            info["vllm_weights_match"] = set(sent) >= set(full) and all(torch.equal(sent[k].cpu(), full[k].cpu()) for k in full)
+            info["vllm_weights_match"] = set(sent) >= set(full) and all(
+                torch.equal(sent[k].cpu(), full[k].cpu()) for k in full
+            )
     info["fsdp2"] = trainer.is_fsdp2
     trainer.save_model(os.path.join(out_dir, "model"))
     if args.push_to_hub:  # every rank calls it, as a script would; the main process alone uploads
