@@ -517,9 +517,11 @@ def check_generation_windows(device: torch.device, smoke: bool, response_length:
     24-layer model takes on the order of 10-20 ms per step on a GPU (launch-bound at batch 8). At T = 16,384 one
     whole-response update alone is ~3-5 minutes and the row (whole: 4 x T steps, T/4: 7 x T/4) ~15-30, past what the
     whole check may take (a few minutes) and a lent machine's 10-minute command. At the default T = 2,048 the row
-    decodes ~11,800 steps (~2-4 minutes); generation dominates the update there as at 16,384 (the learner's share,
-    8 responses of mean ~T/4 under a token budget, is ~1 s against tens of seconds of decoding), so the ratios read
-    the same trade. `--windows-length 16384` runs it at the full length where the time is there. T/2 is left out on the
+    decodes ~11,800 steps; the estimate of 10-20 ms per step was wrong: on one H200 (commit ee33196) the whole side
+    did 2 updates in 190 s, start-up included (~45-50 ms per step if all of it were decoding), and at T = 512 the row
+    did not finish within 150 s, so the row needs about 10 minutes on its own and has no GPU figure yet. Generation
+    dominates the update there as at 16,384 (the learner's share, 8 responses of mean ~T/4 under a token budget, is
+    ~1 s against tens of seconds of decoding), so the ratios read the same trade. `--windows-length 16384` runs it at the full length where the time is there. T/2 is left out on the
     GPU (another 5 x T/2 steps); the smoke run has it. Smoke: the tiny model, T = 32, 2 timed updates.
     """
     config, updates = (SMOKE_MODEL, 2) if smoke else (QWEN25_05B, 3)
