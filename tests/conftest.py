@@ -11,6 +11,18 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 torch.set_num_threads(1)
 
 
+UNIT_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "unit") + os.sep
+
+
+def pytest_collection_modifyitems(config, items):
+    """The fast tier, `pytest -m fast` (about a minute on 2 cores, run it before every commit): the tests under
+    tests/unit/, which build at most a tiny model in-process and launch no process; `pytest -m "not fast"` runs the
+    rest (trainer runs, launches, scripts, notebooks)."""
+    for item in items:
+        if str(item.path).startswith(UNIT_TESTS):
+            item.add_marker(pytest.mark.fast)
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from vcppo_trl.toy.tokenizer import build_tokenizer
