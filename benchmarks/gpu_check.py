@@ -250,7 +250,7 @@ def check_update(device: torch.device, smoke: bool) -> dict:
 
 def check_long_responses(device: torch.device, smoke: bool, variant: str, attention: str) -> dict:
     """
-    One bf16 update through the trainer's own parts (`RolloutMaker.forward`, `PPOLearner.update`) on long-tailed
+    One bf16 update through the trainer's own parts (`RolloutForwards.forward`, `PPOLearner.update`) on long-tailed
     responses (benchmarks/token_budget.py's distribution: mean ≈ 0.25 × max, 1 of 8 at the cap) up to 16,384 tokens
     on the Qwen2.5-0.5B-shaped pair, activation checkpointing: `padded` (one sequence per micro-batch and per no-grad
     forward, full width), `budget` (`max_tokens_per_micro_batch` = `max_tokens_per_forward` = the longest sequence),
@@ -270,7 +270,7 @@ def check_long_responses(device: torch.device, smoke: bool, variant: str, attent
     from vcppo_trl.learner.ppo_learner import PPOLearner
     from vcppo_trl.learner.settings import LearnerSettings
     from vcppo_trl.models.policy_and_value import PolicyAndValueModel
-    from vcppo_trl.rollout.maker import RolloutMaker
+    from vcppo_trl.rollout.forwards import RolloutForwards
     from vcppo_trl.rollout.settings import RolloutSettings
     from vcppo_trl.rollout.shaping import token_rewards
 
@@ -324,18 +324,12 @@ def check_long_responses(device: torch.device, smoke: bool, variant: str, attent
         is_deepspeed=False,
         local_mini_batch_size=sequences,
     )
-    maker = RolloutMaker(
+    rollout_forwards = RolloutForwards(  # the rollout's no-grad forwards, as a rollout maker runs them
         RolloutSettings.from_args(args),
         accelerator,
-        tokenizer=None,
-        sampler=None,
         current_model=lambda: pair,
         ref_model=None,
-        reward_funcs=[],
-        reward_processing_classes=[],
-        reward_weights=torch.ones(0),
-        stop_token_ids=[0],
-        reference_is_initial_policy=True,
+        pad_token_id=0,
     )
     rollout.kl = torch.zeros(rollout.response_mask.shape, device=device)
     rollout.rewards = token_rewards(rollout.scores, rollout.kl, rollout.response_mask, 0.0)
@@ -343,7 +337,7 @@ def check_long_responses(device: torch.device, smoke: bool, variant: str, attent
     def one_update() -> tuple[float, ForwardWork]:
         sync(device)
         start = time.perf_counter()
-        rollout.logprobs, rollout.values = maker.forward(rollout, True)
+        rollout.logprobs, rollout.values = rollout_forwards.forward(rollout, True)
         returns = rollout.rewards.flip(1).cumsum(1).flip(1) * rollout.response_mask
         work = learner.update(rollout, returns - rollout.values, returns, value_cliprange=0.2).work
         sync(device)

@@ -3,7 +3,7 @@
     python benchmarks/token_budget.py                 # max 2048 tokens, long-tailed and uniform lengths (minutes)
     python benchmarks/token_budget.py --smoke         # CI smoke: tiny sizes, one timed update, seconds
 
-One update = the rollout's no-grad forwards (old log-probabilities and values: `RolloutMaker.forward`) and the PPO
+One update = the rollout's no-grad forwards (old log-probabilities and values: `RolloutForwards.forward`) and the PPO
 epoch (`PPOLearner.update`: forward and backward of policy and critic, an AdamW step); generation and rewards are
 left out. The responses are fixed, drawn once from a seed:
 - `long-tailed`: 93 % lognormal (σ = 0.8, median 0.14 × max, clipped to [32, max] at max ≥ 512) and 7 % at the cap,
@@ -120,7 +120,7 @@ def run_cell(args: argparse.Namespace) -> dict:
     from vcppo_trl.learner.optimizers import parameter_groups
     from vcppo_trl.learner.ppo_learner import PPOLearner
     from vcppo_trl.learner.settings import LearnerSettings
-    from vcppo_trl.rollout.maker import RolloutMaker
+    from vcppo_trl.rollout.forwards import RolloutForwards
     from vcppo_trl.rollout.settings import RolloutSettings
     from vcppo_trl.rollout.shaping import token_rewards
 
@@ -159,27 +159,21 @@ def run_cell(args: argparse.Namespace) -> dict:
         is_deepspeed=False,
         local_mini_batch_size=SEQUENCES,
     )
-    maker = RolloutMaker(
+    rollout_forwards = RolloutForwards(  # the rollout's no-grad forwards, as a rollout maker runs them
         RolloutSettings.from_args(config),
         accelerator,
-        tokenizer=None,
-        sampler=None,
         current_model=lambda: pair,
         ref_model=None,
-        reward_funcs=[],
-        reward_processing_classes=[],
-        reward_weights=torch.ones(0),
-        stop_token_ids=[0],
-        reference_is_initial_policy=True,
+        pad_token_id=0,
     )
     rollout.kl = torch.zeros(rollout.response_mask.shape)
     rollout.rewards = token_rewards(rollout.scores, rollout.kl, rollout.response_mask, 0.0)
     seconds, forwards, update = [], None, None
     for i in range(args.warmup + args.updates):
         started = time.perf_counter()
-        plan = maker.forward_plan(rollout)
+        plan = rollout_forwards.forward_plan(rollout)
         forwards = ForwardWork()
-        rollout.logprobs, rollout.values = maker.forward(rollout, True, plan, forwards)
+        rollout.logprobs, rollout.values = rollout_forwards.forward(rollout, True, plan, forwards)
         returns = rollout.rewards.flip(1).cumsum(1).flip(1) * rollout.response_mask
         update = learner.update(rollout, returns - rollout.values, returns, value_cliprange=0.2).work
         if i >= args.warmup:

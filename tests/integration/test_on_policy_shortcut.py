@@ -19,15 +19,15 @@ def _rows(trainer):
 
 
 def _spy_rollout_policy_forwards(trainer):
-    """Record `compute_policy` of every rollout forward."""
+    """Record `compute_policy` of every rollout forward (the maker's [`~rollout.forwards.RolloutForwards`] runs them)."""
     calls = []
-    original = trainer.rollout_maker.forward
+    original = trainer.rollout_maker.forwarder.forward
 
     def spy(rollout, compute_policy, **kwargs):
         calls.append(compute_policy)
         return original(rollout, compute_policy, **kwargs)
 
-    trainer.rollout_maker.forward = spy
+    trainer.rollout_maker.forwarder.forward = spy
     return calls
 
 

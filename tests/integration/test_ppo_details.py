@@ -90,7 +90,7 @@ def test_value_pretraining_without_clipping_reaches_far_targets(make_trainer, ti
         rollout = _make_rollout(trainer, _rows(trainer), train_policy=False)
         advantages, returns = trainer.compute_advantages(rollout)
         _update(trainer, rollout, advantages, returns, train_policy=False)
-        _, after = trainer.rollout_maker.forward(rollout, compute_policy=False)
+        _, after = trainer.rollout_maker.forwarder.forward(rollout, compute_policy=False)
         mask = rollout.response_mask
         moved[clip] = float((after - rollout.values)[mask].abs().mean())
     # Clipped, a value whose clipped loss wins gets no gradient once it has moved 0.2; unclipped it keeps going.

@@ -19,7 +19,7 @@ from vcppo_trl.learner.ppo_learner import PPOLearner
 from vcppo_trl.learner.settings import LearnerSettings
 from vcppo_trl.models.policy_and_value import PolicyAndValueModel
 from vcppo_trl.models.value_model import create_value_model_from_policy
-from vcppo_trl.rollout.maker import RolloutMaker
+from vcppo_trl.rollout.forwards import RolloutForwards
 from vcppo_trl.rollout.settings import RolloutSettings
 from vcppo_trl.rollout.shaping import token_rewards
 from vcppo_trl.rollout.types import Rollout
@@ -96,20 +96,14 @@ def config(tmp_path, **overrides):
     return PPOConfig(**kwargs)
 
 
-def forward_maker(args, model, accelerator=None, ref_model=None, reference_is_initial_policy=True):
-    """A rollout maker for its no-grad forwards only (no sampler, tokenizer or reward functions)."""
-    return RolloutMaker(
+def rollout_forwards(args, model, accelerator=None, ref_model=None):
+    """The rollout's no-grad forwards alone ([`RolloutForwards`], what a rollout maker runs them with)."""
+    return RolloutForwards(
         RolloutSettings.from_args(args),
         accelerator or Accelerator(cpu=True),
-        tokenizer=None,
-        sampler=None,
         current_model=lambda: model,
         ref_model=ref_model,
-        reward_funcs=[],
-        reward_processing_classes=[],
-        reward_weights=torch.ones(0),
-        stop_token_ids=[0],
-        reference_is_initial_policy=reference_is_initial_policy,
+        pad_token_id=0,
     )
 
 
@@ -135,10 +129,10 @@ def run_update(model, args, rollout, train_policy=True):
         is_deepspeed=False,
         local_mini_batch_size=local,
     )
-    maker = forward_maker(args, model, accelerator=accelerator, reference_is_initial_policy=True)
+    forwards = rollout_forwards(args, model, accelerator=accelerator)
     rollout = copy.copy(rollout)
     with torch.no_grad():
-        rollout.logprobs, rollout.values = maker.forward(rollout, compute_policy=True)
+        rollout.logprobs, rollout.values = forwards.forward(rollout, compute_policy=True)
     returns = rollout.rewards.flip(1).cumsum(1).flip(1) * rollout.response_mask
     advantages = returns - rollout.values * rollout.response_mask
     if args.on_policy_shortcut:
@@ -281,12 +275,10 @@ def test_budget_rollout_forwards_equal_the_padded_ones(pair, tokenizer, tmp_path
     for budget, padding_free in ((None, False), (18, False), (40, False), (None, True), (40, True)):
         args = config(tmp_path, max_tokens_per_forward=budget, kl_coef=0.1, padding_free=padding_free)
         accelerator = Accelerator(cpu=True)
-        maker = forward_maker(
-            args, pair, accelerator=accelerator, ref_model=reference, reference_is_initial_policy=False
-        )
-        plan = maker.forward_plan(rollout)
-        logprobs, values = maker.forward(rollout, compute_policy=True, plan=plan)
-        outputs[budget, padding_free] = (logprobs, values, maker.reference_logprobs(rollout, plan), len(plan))
+        forwards = rollout_forwards(args, pair, accelerator=accelerator, ref_model=reference)
+        plan = forwards.forward_plan(rollout)
+        logprobs, values = forwards.forward(rollout, compute_policy=True, plan=plan)
+        outputs[budget, padding_free] = (logprobs, values, forwards.reference_logprobs(rollout, plan), len(plan))
     mask = rollout.response_mask
     for key in ((18, False), (40, False), (None, True), (40, True)):
         for got, expected in zip(outputs[key][:3], outputs[None, False][:3]):
@@ -315,12 +307,15 @@ def test_budget_with_lora_equals_the_padded_path(tokenizer, tmp_path, padding_fr
     assert any("lora" in name for name in padded[1][0])  # the adapters got gradients
     # The PEFT reference (the base model, adapters disabled) under the forward budget too.
     args = config(tmp_path, max_tokens_per_forward=24, kl_coef=0.1, padding_free=padding_free)
-    maker = forward_maker(args, pair, reference_is_initial_policy=False)
+    forwards = rollout_forwards(args, pair)
     padded_args = config(tmp_path, kl_coef=0.1)
-    padded_maker = forward_maker(padded_args, pair, reference_is_initial_policy=False)
+    padded_forwards = rollout_forwards(padded_args, pair)
     mask = rollout.response_mask
     torch.testing.assert_close(
-        maker.reference_logprobs(rollout)[mask], padded_maker.reference_logprobs(rollout)[mask], rtol=1e-5, atol=1e-6
+        forwards.reference_logprobs(rollout)[mask],
+        padded_forwards.reference_logprobs(rollout)[mask],
+        rtol=1e-5,
+        atol=1e-6,
     )
 
 

@@ -83,8 +83,8 @@ def _hf_sampler(trainer, response_length):
 
 
 def _training_logprobs(policy, query_ids, query_mask, samples, temperature):
+    from vcppo_trl.models import eval_mode
     from vcppo_trl.models.policy_and_value import policy_logprobs
-    from vcppo_trl.sampling.hf import eval_mode
 
     ids = torch.cat([query_ids, samples.response_ids], 1)
     mask = torch.cat([query_mask.bool(), samples.response_mask], 1).long()

@@ -34,7 +34,7 @@ ROLLOUT_MODE_FIELDS = {
         "config/ppo.py",
         "rollout/settings.py",
         "learner/settings.py",
-        "rollout/maker.py",
+        "rollout/forwards.py",
         "learner/ppo_learner.py",
     },
 }

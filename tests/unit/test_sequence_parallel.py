@@ -193,7 +193,9 @@ def test_the_rollout_forwards_of_a_group_of_one_equal_the_padded_ones(one_proces
         )
         for _ in range(2)
     ]
-    makers[1].forwards = ForwardEngine(makers[1].settings.forwards, accelerator, sequence_group=one_process_world)
+    makers[1].forwarder.forwards = ForwardEngine(
+        makers[1].settings.forwards, accelerator, sequence_group=one_process_world
+    )
     mask = torch.arange(4)[None, :] < RESPONSES[:, None]
     rollout = Rollout(
         prompts=["p"] * 3, completions=["c"] * 3, extra_columns={}, query_ids=QUERY, query_mask=(QUERY != 0).long(),
@@ -202,12 +204,13 @@ def test_the_rollout_forwards_of_a_group_of_one_equal_the_padded_ones(one_proces
     )  # fmt: skip
     outputs = []
     for maker in makers:
-        plan = maker.forward_plan(rollout)
+        forwards = maker.forwarder
+        plan = forwards.forward_plan(rollout)
         assert (plan.own is not None) == (maker is makers[1])  # the group's rows, shared through the all-to-all
-        logprobs, values = maker.forward(rollout, compute_policy=True, plan=plan)
+        logprobs, values = forwards.forward(rollout, compute_policy=True, plan=plan)
         window = Rollout(**{**rollout.__dict__, "finished": torch.tensor([True, False, False])})
-        bootstrap = maker.forward_with_bootstrap(window, compute_policy=True)
-        outputs.append((logprobs, values, maker.reference_logprobs(rollout, plan), *bootstrap, len(plan)))
+        bootstrap = forwards.forward_with_bootstrap(window, compute_policy=True)
+        outputs.append((logprobs, values, forwards.reference_logprobs(rollout, plan), *bootstrap, len(plan)))
     padded, split = outputs
     assert split[-1] == padded[-1] > 1  # the same micro-batches (a group of one: the same budget)
     for name, a, b in zip(("logprobs", "values", "reference", "window logprobs", "window values"), padded, split):

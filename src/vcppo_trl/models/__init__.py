@@ -1,5 +1,6 @@
 """The models: the joint policy-and-value module, log-probabilities without `[B, T, V]` logits, the critic (create,
-load, check, save; LoRA), padding-free packing, the float32 LM head, and loading what a trainer is built from.
+load, check, save; LoRA), padding-free packing, the float32 LM head, eval mode outside training, and loading what a
+trainer is built from.
 """
 
 from .critic_peft import load_value_adapter, wrap_value_model
@@ -15,6 +16,7 @@ from .loading import (
     resolve_stop_token_ids,
 )
 from .logprobs import full_logits_logprobs, packed_response_logprobs, response_logprobs
+from .modes import eval_mode
 from .packing import PackedRow, PackingError, TokenBatch, check_packing, pack_micro_batch
 from .policy_and_value import PolicyAndValueModel, policy_logprobs, position_ids_from_mask, response_logprobs_of
 from .value_model import (
@@ -44,6 +46,7 @@ __all__ = [
     "check_packing",
     "check_value_model_source",
     "create_value_model_from_policy",
+    "eval_mode",
     "full_logits_logprobs",
     "group_row_shapes",
     "is_fp32_head",

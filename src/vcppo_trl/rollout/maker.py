@@ -1,15 +1,14 @@
 """The rollout maker: dataset rows in, a [`~rollout.types.Rollout`] with everything the PPO epochs need out.
 
 prompts → chat template and tokenisation → the sampler (HF `generate` or vLLM) → decoding → the reward functions →
-no-grad forwards (old log-probabilities, values, reference log-probabilities) → KL penalty → per-token rewards.
-Training uses all of it ([`RolloutMaker.make`]); evaluation the part up to the rewards
-([`RolloutMaker.sample_and_score`]), so a reward function sees both kinds of completions alike. The maker owns the
-sampler and reports what generation took ([`GenerationStats`]) with the rollout.
+no-grad forwards (old log-probabilities, values, reference log-probabilities; [`~rollout.forwards.RolloutForwards`])
+→ KL penalty → per-token rewards. Training uses all of it ([`RolloutMaker.make`]); evaluation the part up to the
+rewards ([`RolloutMaker.sample_and_score`]), so a reward function sees both kinds of completions alike. The maker owns
+the sampler and the forwards, and reports what generation took ([`GenerationStats`]) with the rollout.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -23,19 +22,15 @@ from trl.data_utils import maybe_apply_chat_template
 from ..algo.dynamic_sampling import DynamicSamplingStats, choose_groups, informative_groups
 from ..algo.losses import kl_penalty
 from ..algo.micro_batches import ForwardWork, measured
-from ..models.forward_engine import ForwardEngine, ForwardPlan
-from ..models.packing import TokenBatch
-from ..models.policy_and_value import PolicyAndValueModel, response_logprobs_of
 from ..parallel.collectives import max_across_processes, whitening_all_reduce
-from ..parallel.sequence import setup_sequence_parallel
 from ..rewards.calls import call_reward_function
 from ..rewards.reward_models import reward_model_scores
-from ..sampling.hf import eval_mode
 from ..sampling.seam import Samples
+from .forwards import RolloutForwards
 from .scoring import ScoredSamples, concat_scored, decode_completions
 from .settings import RolloutSettings
 from .shaping import overlong_penalty, token_rewards
-from .types import OverlapStats, Rollout, is_correct
+from .types import OverlapStats, Rollout, WindowMarks, is_correct
 from .windows import WindowStep
 
 logger = logging.get_logger(__name__)
@@ -77,6 +72,9 @@ class RolloutMaker:
         reward_weights: `[F]` weight of each reward function.
         stop_token_ids: Ids that end a response.
         reference_is_initial_policy: Whether KL(policy ‖ reference) is exactly 0 while the policy is frozen.
+
+    The no-grad forwards (and the sequence-parallel group that splits them) are `forwarder`'s
+    ([`~rollout.forwards.RolloutForwards`]), built here from `settings`, `current_model` and `ref_model`.
     """
 
     def __init__(
@@ -98,27 +96,19 @@ class RolloutMaker:
         self.accelerator = accelerator
         self.tokenizer = tokenizer
         self.sampler = sampler
-        self.current_model = current_model
-        self.ref_model = ref_model
-        # Sequence parallelism: the no-grad forwards split along the sequence across a group of processes, Ulysses
-        # installed in front of every forwarded model's attention (generation keeps the original one).
-        self.sequence_group = None
-        if settings.sequence_parallel_size > 1:
-            models = dict(self._unwrapped_model().models())
-            if ref_model is not None:  # a DeepSpeed engine (ZeRO-3 reference) holds the model, its config a dict
-                engine = not hasattr(getattr(ref_model, "config", None), "get_text_config")
-                models["reference"] = ref_model.module if engine else ref_model
-            self.sequence_group = setup_sequence_parallel(models, settings.sequence_parallel_size)
-        self.forwards = ForwardEngine(settings.forwards, accelerator, self.sequence_group)
+        self.forwarder = RolloutForwards(
+            settings,
+            accelerator,
+            current_model=current_model,
+            ref_model=ref_model,
+            pad_token_id=tokenizer.pad_token_id,
+        )
         self.reward_funcs = reward_funcs
         self.reward_processing_classes = reward_processing_classes
         self.reward_weights = reward_weights
         self.stop_token_ids = stop_token_ids
         self.reference_is_initial_policy = reference_is_initial_policy
         self.warned: set[str] = set()
-
-    def _unwrapped_model(self) -> PolicyAndValueModel:
-        return self.accelerator.unwrap_model(self.current_model())
 
     # --------------------------------------------------------- prompts to scores
 
@@ -344,17 +334,17 @@ class RolloutMaker:
         rows: list[dict[str, Any]],
         scored: ScoredSamples,
         train_policy: bool,
-        window: tuple[torch.Tensor, torch.Tensor] | None = None,
+        window: WindowMarks | None = None,
     ) -> tuple[Rollout, ForwardWork]:
         """
         The rollout of scored samples: penalties, masks, the no-grad forwards (old log-probabilities, values,
-        reference log-probabilities), the KL penalty and the per-token rewards. `window`: `(window_mask, finished)`
-        of a generation window; penalties and rewards then act on finished responses only.
+        reference log-probabilities), the KL penalty and the per-token rewards. `window`: the marks of a generation
+        window ([`~rollout.types.WindowMarks`]); penalties and rewards then act on finished responses only, and the
+        unfinished ones get the critic's bootstrap value.
         """
-        settings = self.settings
+        settings, forwarder = self.settings, self.forwarder
         samples, raw_scores, has_stop = scored.samples, scored.raw_scores, scored.samples.has_stop
-        finished = None if window is None else window[1]
-        done = torch.ones_like(has_stop) if finished is None else finished
+        done = torch.ones_like(has_stop) if window is None else window.finished  # the responses with a score
         scores = raw_scores.nan_to_num(0.0).clone()
         if settings.missing_eos_penalty is not None:
             scores = scores - settings.missing_eos_penalty * (~has_stop & done).float()
@@ -368,8 +358,8 @@ class RolloutMaker:
                 buffer_length=settings.overlong_buffer_length,
                 factor=settings.overlong_penalty_factor,
             )
-            if finished is not None:
-                overlong_penalties = torch.where(finished, overlong_penalties, 0.0)
+            if window is not None:
+                overlong_penalties = torch.where(window.finished, overlong_penalties, 0.0)
             scores = scores + torch.where(torch.isnan(raw_scores), 0.0, overlong_penalties)
         # A finished sample that no reward function could score is dropped from the losses.
         response_mask = samples.response_mask & ~(torch.isnan(raw_scores) & done).unsqueeze(1)
@@ -389,26 +379,26 @@ class RolloutMaker:
             reward_failed=scored.reward_failed,
             sampler_logprobs=samples.logprobs,
             overlong_penalties=overlong_penalties,
+            window_mask=None if window is None else window.window_mask & response_mask,
+            finished=None if window is None else window.finished,
         )
-        if window is not None:
-            rollout.window_mask, rollout.finished = window[0] & response_mask, finished
         with_kl = settings.kl_coef > 0 and (train_policy or not self.reference_is_initial_policy)
         needs_old_logprobs = train_policy and not settings.old_logprobs_from_training_forward
         with measured(ForwardWork(), self.accelerator.device) as work:
-            if finished is None or bool(finished.all()):  # every response finished: nothing to bootstrap
-                plan = self.forward_plan(rollout)
-                rollout.logprobs, rollout.values = self.forward(
+            if window is None or bool(window.finished.all()):  # every response finished: nothing to bootstrap
+                plan = forwarder.forward_plan(rollout)
+                rollout.logprobs, rollout.values = forwarder.forward(
                     rollout, needs_old_logprobs or with_kl, plan=plan, work=work
                 )
-                if finished is not None:
+                if window is not None:
                     rollout.bootstrap_values = torch.zeros_like(rollout.scores)
             else:
                 plan = None
-                rollout.logprobs, rollout.values, rollout.bootstrap_values = self.forward_with_bootstrap(
+                rollout.logprobs, rollout.values, rollout.bootstrap_values = forwarder.forward_with_bootstrap(
                     rollout, needs_old_logprobs or with_kl, work=work
                 )
             if with_kl:
-                rollout.ref_logprobs = self.reference_logprobs(rollout, plan, work)
+                rollout.ref_logprobs = forwarder.reference_logprobs(rollout, plan, work)
         if with_kl:
             rollout.kl = kl_penalty(rollout.logprobs, rollout.ref_logprobs, settings.kl_estimator) * response_mask
         else:
@@ -423,29 +413,6 @@ class RolloutMaker:
             all_reduce=all_reduce,
         )
         return rollout, work
-
-    @torch.no_grad()
-    def forward_with_bootstrap(
-        self, rollout: Rollout, compute_policy: bool, work: ForwardWork | None = None
-    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
-        """
-        [`forward`] of a window's rollout, with the critic's value after the last token of each unfinished response:
-        those rows get one more (pad) token, whose value column is the critic's output at the last real token,
-        V(s_cut), exactly (causal attention: the extra token changes no earlier output). Returns the `[B, T]` old
-        log-probabilities (or `None`) and values, and the `[B]` bootstrap values (0 for finished rows).
-        """
-        unfinished = ~rollout.finished
-        lengths = rollout.response_mask.sum(1)
-        pad = self.tokenizer.pad_token_id
-        ids = torch.nn.functional.pad(rollout.response_ids, (0, 1), value=pad)
-        mask = torch.nn.functional.pad(rollout.response_mask, (0, 1), value=False)
-        rows = torch.arange(ids.shape[0], device=ids.device)
-        mask[rows, lengths] = mask[rows, lengths] | unfinished
-        extended = dataclasses.replace(rollout, response_ids=ids, response_mask=mask)
-        logprobs, values = self.forward(extended, compute_policy, work=work)
-        bootstrap = torch.where(unfinished, values[rows, lengths].float(), 0.0)
-        width = rollout.response_ids.shape[1]
-        return (None if logprobs is None else logprobs[:, :width]), values[:, :width], bootstrap
 
     def score_samples(
         self,
@@ -495,71 +462,3 @@ class RolloutMaker:
         raw_scores = (rewards_per_func.nan_to_num(0.0) * weights).sum(dim=1)
         all_none = torch.isnan(rewards_per_func).all(dim=1)
         return torch.where(all_none, torch.full_like(raw_scores, float("nan")), raw_scores)
-
-    def forward_plan(self, rollout: Rollout) -> ForwardPlan:
-        """
-        The micro-batches of the rollout's no-grad forwards: `local_rollout_forward_batch_size` sequences at full
-        width, or by `max_tokens_per_forward` (grouped by length, each cut to its widths or packed, the same count on
-        every process; see [`~models.forward_engine.ForwardEngine`]). With `sequence_parallel_size` > 1: over the rows
-        of this process's group, shared first, each micro-batch split along the sequence across the group.
-        """
-        return self.forwards.plan_all(TokenBatch.of(rollout))
-
-    @torch.no_grad()
-    def forward(
-        self,
-        rollout: Rollout,
-        compute_policy: bool,
-        plan: ForwardPlan | None = None,
-        work: ForwardWork | None = None,
-    ) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """Old log-probabilities (`None` unless `compute_policy`) and values of a rollout, `[B, T]` (0 after each
-        micro-batch's longest response), micro-batch by micro-batch ([`forward_plan`]), in eval mode (no dropout),
-        like generation."""
-        model = self._unwrapped_model()
-        self.check_packing(*model.models().values())
-        plan = self.forward_plan(rollout) if plan is None else plan
-
-        def run(inputs: dict) -> tuple[torch.Tensor | None, torch.Tensor]:
-            logprobs, _, values = model(
-                temperature=self.settings.temperature,
-                compute_policy=compute_policy,
-                compute_entropy=False,
-                **inputs,
-            )
-            return logprobs, values
-
-        with eval_mode(model):
-            logprobs, values = self.forwards.gather(plan, run, work=work)
-        return logprobs, values
-
-    @torch.no_grad()
-    def reference_logprobs(
-        self, rollout: Rollout, plan: ForwardPlan | None = None, work: ForwardWork | None = None
-    ) -> torch.Tensor:
-        """Log-probabilities of the response tokens under the reference policy (the base model under PEFT), `[B, T]`
-        (0 after each micro-batch's longest response)."""
-        reference = self.ref_model if self.ref_model is not None else self._unwrapped_model().policy
-        self.check_packing(reference)
-        plan = self.forward_plan(rollout) if plan is None else plan
-
-        def run(inputs: dict) -> tuple[torch.Tensor]:
-            return (response_logprobs_of(reference, self.settings.temperature, **inputs)[0],)
-
-        # PEFT without a reference model: the reference is the policy's base model, adapters disabled.
-        adapters_off = reference.disable_adapter() if self.ref_model is None else contextlib.nullcontext()
-        with adapters_off, eval_mode(reference):
-            (logprobs,) = self.forwards.gather(plan, run, work=work)
-        return logprobs
-
-    def check_packing(self, *models: torch.nn.Module) -> None:
-        """Before the first padding-free forward of each model: refuse one that lets packed sequences attend to each
-        other ([`~models.packing.check_packing`]). Padded forwards need no check."""
-        if not self.settings.forwards.padding_free:
-            return
-        for model in models:
-            config = model.config
-            if not hasattr(config, "get_text_config"):  # a DeepSpeed engine (ZeRO-3 reference): the model is inside
-                config = model.module.config
-            vocab = config.get_text_config().vocab_size
-            self.forwards.check_packing({type(model).__name__: model}, vocab)

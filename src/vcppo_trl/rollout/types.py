@@ -1,5 +1,5 @@
 """The [`Rollout`] of one update (tokens, masks, log-probabilities, values and scores), the type its maker produces
-and the learner and metrics consume, and the correctness of a score."""
+and the learner and metrics consume, the correctness of a score, and a generation window's marks ([`WindowMarks`])."""
 
 from __future__ import annotations
 
@@ -78,6 +78,18 @@ def is_correct(raw_scores: torch.Tensor, accuracy_threshold: float) -> torch.Ten
     """Whether each response counts as correct: its reward before penalties and shaping exceeds the threshold (False
     where it was not scored, nan). The rule of `diagnostics/accuracy`, `eval/accuracy` and the positive-example LM loss."""
     return raw_scores > accuracy_threshold  # nan compares False
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowMarks:
+    """
+    What marks a generation window's rollout apart from one of whole responses (see `rollout/windowed.py`): the
+    tokens sampled in this update and the responses that finished in it. Penalties, scores and rewards act on the
+    finished responses only; the others are bootstrapped from the critic.
+    """
+
+    window_mask: torch.Tensor  # [B, T] bool: the tokens sampled in this update
+    finished: torch.Tensor  # [B] bool: finished in this update (stop token, or `response_length`)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ from ..parallel.collectives import max_across_processes
 from ..sampling.seam import Samples, unpadded_prompts
 from .maker import GenerationStats, RolloutMaker, RolloutStats
 from .overlap import WindowAhead
-from .types import Rollout
+from .types import Rollout, WindowMarks
 from .windows import ResponsePool, left_pad, right_pad
 
 
@@ -136,7 +136,7 @@ def make_window(
         rows, query_ids, query_mask, samples=whole, which=finished, trainer_state=trainer_state
     )
     window_mask = response_mask & (positions >= torch.tensor(step.starts, device=device).unsqueeze(1))
-    rollout, work = maker.complete(rows, scored, train_policy, window=(window_mask, finished))
+    rollout, work = maker.complete(rows, scored, train_policy, window=WindowMarks(window_mask, finished))
     step = dataclasses.replace(step, in_flight=pool.release(step.finished))
     if ahead is not None:  # the next window's contexts are known now: the worker samples it while this update trains
         context_ids, context_mask, budget = next_window(maker, pool, draw=draw)

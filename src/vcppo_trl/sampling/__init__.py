@@ -2,7 +2,7 @@
 the checks a vLLM engine needs before it starts, and the rollout worker process that samples ahead of training.
 """
 
-from .hf import HFSampler, eval_mode, neutralised_generation_fields, sample_with_policy
+from .hf import HFSampler, neutralised_generation_fields, sample_with_policy
 from .seam import Sampler, SamplerError, Samples, truncate_at_stop, unpadded_prompts
 from .settings import SamplerSettings
 from .vllm_checks import (
@@ -29,7 +29,6 @@ __all__ = [
     "VLLMEngineSpec",
     "VLLMServerSampler",
     "check_vllm_model",
-    "eval_mode",
     "named_policy_weights",
     "neutralised_generation_fields",
     "require_vllm",

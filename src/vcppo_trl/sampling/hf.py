@@ -12,6 +12,7 @@ import torch
 from accelerate.utils import is_peft_model
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
+from ..models.modes import eval_mode
 from .seam import Samples, truncate_at_stop
 
 # ---------------------------------------------------------------------------------------------------- HF generate
@@ -146,18 +147,6 @@ def sample_with_policy(
         logprobs = torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in logprob_pieces])
         logprobs = (logprobs * response_mask).nan_to_num(0.0)  # -inf of a forced pad after the stop: outside the mask
     return Samples(response_ids, response_mask, has_stop, logprobs=logprobs)
-
-
-@contextlib.contextmanager
-def eval_mode(module: torch.nn.Module) -> Iterator[None]:
-    """Run `module` in eval mode (dropout off) and restore each submodule's own training flag afterwards."""
-    flags = [(m, m.training) for m in module.modules()]
-    module.eval()
-    try:
-        yield
-    finally:
-        for m, training in flags:
-            m.training = training
 
 
 # Fields of a model's generation config that do not change which tokens are sampled (ids, lengths, caching, outputs).

@@ -88,8 +88,8 @@ def main(out_dir: str) -> None:
         acc,
         tokenizer=tokenizer,
         sampler=None,
-        current_model=split.current_model,
-        ref_model=split.ref_model,
+        current_model=split.forwarder.current_model,
+        ref_model=split.forwarder.ref_model,
         reward_funcs=[],
         reward_processing_classes=[],
         reward_weights=torch.ones(0),
@@ -109,13 +109,14 @@ def main(out_dir: str) -> None:
     rollout, stats = split.make(rows)
 
     def outputs(maker, rollout):
-        plan = maker.forward_plan(rollout)
-        logprobs, values = maker.forward(rollout, compute_policy=True, plan=plan)
-        return {"logprobs": logprobs, "values": values, "ref_logprobs": maker.reference_logprobs(rollout, plan)}
+        forwards = maker.forwarder
+        plan = forwards.forward_plan(rollout)
+        logprobs, values = forwards.forward(rollout, compute_policy=True, plan=plan)
+        return {"logprobs": logprobs, "values": values, "ref_logprobs": forwards.reference_logprobs(rollout, plan)}
 
     result = {
-        "split_micro_batches": len(split.forward_plan(rollout)),
-        "whole_micro_batches": len(whole.forward_plan(rollout)),
+        "split_micro_batches": len(split.forwarder.forward_plan(rollout)),
+        "whole_micro_batches": len(whole.forwarder.forward_plan(rollout)),
     }
     expected = outputs(whole, rollout)
     mask = rollout.response_mask
@@ -138,8 +139,8 @@ def main(out_dir: str) -> None:
     expected = outputs(whole, uneven)
     got = outputs(split, uneven)
     result["uneven"] = {name: relative_difference(got[name], expected[name], cut) for name in expected}
-    window_expected = whole.forward_with_bootstrap(uneven, compute_policy=True)
-    window_got = split.forward_with_bootstrap(uneven, compute_policy=True)
+    window_expected = whole.forwarder.forward_with_bootstrap(uneven, compute_policy=True)
+    window_got = split.forwarder.forward_with_bootstrap(uneven, compute_policy=True)
     unfinished = ~uneven.finished
     result["window"] = {
         "logprobs": relative_difference(window_got[0], window_expected[0], cut),
