@@ -215,7 +215,8 @@ def test_an_update_that_finished_no_response_moves_the_policy_and_not_the_critic
 
 def test_a_pool_saved_by_another_number_of_processes_is_refused(tmp_path):
     from vcppo_trl.rollout import WindowedRollouts
-    from vcppo_trl.trainer.saving import load_rollout_pool, rollout_pool_file
+    from vcppo_trl.trainer.resuming import load_rollout_pool
+    from vcppo_trl.trainer.saving import rollout_pool_file
 
     pool = ResponsePool(2, window=4, response_length=8)
     source = WindowedRollouts(None, pool, draw=list)  # loading a state touches neither the maker nor the stream

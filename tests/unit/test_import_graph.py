@@ -84,7 +84,7 @@ def test_the_check_finds_a_circle():
 # The top level (`vcppo_trl/__init__.py`, `cli.py` and the one-line import paths kept for users) sits above them all.
 LAYERS = (
     "toy",  # the embedded default task, tiny model and cold start: built from rewards, models and diagnostics
-    "trainer",  # the loop, presets, setup, metrics, evaluation, value pretraining, prompts, console, saving
+    "trainer",  # the loop, presets, setup, metrics, evaluation, value pretraining, prompts, console, saving, resuming
     "checkpoint",  # checkpoint files, universal checkpoints, Hub pushes, model cards
     "learner",  # PPO epochs over one rollout; optimizers and schedules
     "rollout",  # the Rollout type and its maker, scoring, per-token reward shaping
@@ -148,7 +148,8 @@ def test_the_graph_sees_local_and_type_checking_imports():
             assert {folder_of(t) for t in targets} <= {"algo"}, module
     # The value-pretraining phase is plain state and rules; the trainer's parts do not import the trainer classes.
     assert graph["vcppo_trl.trainer.value_pretraining"] == set()
-    for part in ("rollout.maker", "learner.ppo_learner", "trainer.saving", "trainer.setup", "trainer.evaluation"):
+    parts = ("rollout.maker", "learner.ppo_learner", "trainer.saving", "trainer.resuming", "trainer.setup")
+    for part in (*parts, "trainer.evaluation"):
         assert not graph[f"vcppo_trl.{part}"] & {"vcppo_trl.trainer.ppo", "vcppo_trl.trainer.vcppo"}, part
 
 

@@ -39,7 +39,7 @@ ROLLOUT_MODE_FIELDS = {
     },
 }
 # The trainer's loop and the checkpoint code never ask which source or split a run has.
-NEVER_READ_THERE = ("trainer/ppo.py", "trainer/saving.py")
+NEVER_READ_THERE = ("trainer/ppo.py", "trainer/saving.py", "trainer/resuming.py")
 
 
 def attribute_reads(source: str, names: set[str]) -> list[str]:

@@ -39,8 +39,8 @@ __all__ = [
     "policy_repo_id",
     "pretrained_value_repo_id",
     "push_folder",
+    "push_models",
     "push_pretrained_critic",
-    "push_trainer",
     "upload_command",
     "value_repo_id",
     "write_cards",
@@ -145,48 +145,36 @@ def upload_command(
     return " ".join(parts)
 
 
-def push_trainer(
-    trainer: Trainer,
+def push_models(
+    policy_dir: str,
+    value_dir: str,
+    *,
+    policy_repo: str,
+    value_repo: str,
     commit_message: str = "End of training",
     token: str | None = None,
-    revision: str | None = None,
     private: bool | None = None,
-    dataset_name: str | list[str] | None = None,
-    tags: list[str] | None = None,
-    **kwargs,
-) -> dict[str, CommitInfo] | None:
+    revision: str | None = None,
+) -> dict[str, CommitInfo]:
     """
-    Save the policy and the critic locally, write their model cards, and push them to their two repos.
+    Push a saved policy (`policy_dir`, without the critic's folders, checkpoints and logs: `POLICY_IGNORE_PATTERNS`)
+    to `policy_repo` and its critic (`value_dir`) to `value_repo`, the policy first. Call on the main process.
 
     Returns:
-        `{"policy": CommitInfo, "value": CommitInfo}` on the main process, `None` on the others.
-    """
-    args = trainer.args
-    if args.is_critic_job:
-        raise ValueError(
-            "A critic job (value_pretrain_only with value_pretrain_dataset) holds no policy to push: "
-            "value_pretrain_push=True pushes the pretrained critic when the phase ends."
-        )
-    token = token if token is not None else args.hub_token
-    private = private if private is not None else args.hub_private_repo
-    revision = revision if revision is not None else args.hub_revision
-    trainer.callback_handler.on_push_begin(args, trainer.state, trainer.control)
-    trainer.save_model(_internal_call=True)  # every process (sharded states are gathered)
-    if not trainer.is_world_process_zero():
-        return None
+        `{"policy": CommitInfo, "value": CommitInfo}`.
 
-    policy_dir = args.output_dir
-    value_dir = os.path.join(args.output_dir, VALUE_MODEL_DIRNAME)
-    policy_id, value_id = policy_repo_id(args), value_repo_id(args)
-    write_cards(trainer, args.output_dir, dataset_name=dataset_name, tags=tags)
+    Raises:
+        [`HubPushError`]: the policy's push failed (nothing was pushed; the message gives one `hf upload` command per
+            repo), or the critic's.
+    """
     push = {"token": token, "private": private, "revision": revision, "commit_message": commit_message}
     commands = [
-        upload_command(policy_id, policy_dir, POLICY_IGNORE_PATTERNS, revision=revision, private=private),
-        upload_command(value_id, value_dir, None, revision=revision, private=private),
+        upload_command(policy_repo, policy_dir, POLICY_IGNORE_PATTERNS, revision=revision, private=private),
+        upload_command(value_repo, value_dir, None, revision=revision, private=private),
     ]
     try:
         policy_commit = push_folder(
-            policy_dir, policy_id, what="policy", ignore_patterns=POLICY_IGNORE_PATTERNS, **push
+            policy_dir, policy_repo, what="policy", ignore_patterns=POLICY_IGNORE_PATTERNS, **push
         )
     except HubPushError as err:
         # Two models, two repos: one command each (a plain `hf upload <repo> <output_dir>` would put the critic's
@@ -194,7 +182,7 @@ def push_trainer(
         raise HubPushError(
             f"{err} Nothing was pushed; to push both models by hand, each to its own repo:\n  " + "\n  ".join(commands)
         ) from err.__cause__
-    value_commit = push_folder(value_dir, value_id, what="critic (value model)", **push)
+    value_commit = push_folder(value_dir, value_repo, what="critic (value model)", **push)
     logger.warning(f"Pushed the policy to {policy_commit.repo_url} and the critic to {value_commit.repo_url}.")
     return {"policy": policy_commit, "value": value_commit}
 

@@ -40,8 +40,8 @@ from ..rollout.sources import RolloutSource, SourceSettings, build_rollout_sourc
 from ..rollout.types import Rollout
 from ..rollout.windowed import gae_bootstrap
 from ..sampling.seam import SamplerError
+from . import resuming, setup
 from . import saving as trainer_saving
-from . import setup
 from .cadence import is_due
 from .completions import CompletionLog
 from .console import CompactPrinterCallback, RolloutProgressCallback
@@ -283,7 +283,7 @@ class PPOTrainer(_BaseTrainer):
                 RNG states, the update counter, the position in the data, and the value-pretraining phase.
         """
         args = self.args
-        resume = trainer_saving.resolve_checkpoint(
+        resume = resuming.resolve_checkpoint(
             resume_from_checkpoint,
             args,
             accelerator=self.accelerator,
@@ -292,7 +292,7 @@ class PPOTrainer(_BaseTrainer):
             train_rows=len(self.train_dataset),
         )
         if resume is not None and not self.is_deepspeed_enabled:
-            trainer_saving.load_checkpoint_weights(self.model, resume.path)
+            resuming.load_checkpoint_weights(self.model, resume.path)
         self._setup_training()
         self.prompts = PromptStream(  # a fresh state draws from the first batch; a resumed one moves it below
             self.train_dataset,
@@ -303,7 +303,7 @@ class PPOTrainer(_BaseTrainer):
         )
         self.rollouts = self.build_rollout_source(self.prompts.draw)
         if resume is not None:  # optimizer, scheduler, state, callbacks, phase, rollouts in flight, RNG
-            self.prompts.seek(trainer_saving.restore_training_state(self, resume))
+            self.prompts.seek(resuming.restore_training_state(self, resume))
         if self.sampler is not None:  # it starts from the weights training starts from (resumed ones included)
             self.sampler.mark_stale()
         self.before_training()
@@ -570,10 +570,10 @@ class PPOTrainer(_BaseTrainer):
         **kwargs,
     ):
         """Save, then push the policy to `hub_model_id` and the critic to `value_hub_model_id` (default
-        `<hub_model_id>-value`), each with a model card; see [`~checkpoint.hub.push_trainer`]. `kwargs`: `dataset_name`, `tags`."""
+        `<hub_model_id>-value`), each with a model card; see [`~trainer.saving.push_trainer`]. `kwargs`: `dataset_name`, `tags`."""
         kwargs.pop("model_name", None)
         if kwargs.get("dataset_name") is not None:
             self.model_card_dataset_name = kwargs["dataset_name"]  # later saves keep naming it
-        return hub.push_trainer(
+        return trainer_saving.push_trainer(
             self, commit_message=commit_message or "Upload", token=token, revision=revision, private=private, **kwargs
         )
