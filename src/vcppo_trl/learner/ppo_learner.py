@@ -28,7 +28,7 @@ from ..models.forward_engine import ForwardEngine
 from ..models.packing import TokenBatch
 from ..parallel.collectives import micro_batch_context, whitening_all_reduce
 from ..parallel.fsdp import full_tensor
-from ..parallel.sequence import setup_sequence_parallel, ulysses_attention
+from ..parallel.sequence import SequenceGroup, ulysses_attention
 from ..rollout.types import Rollout
 from .balancing import RankBalancer
 from .optimizers import NonFiniteTrainingError, reset_optimizer_state
@@ -78,6 +78,7 @@ class PPOLearner:
         settings ([`~learner.settings.LearnerSettings`]): What it reads of the config.
         is_deepspeed: Whether the model is a DeepSpeed engine (it steps inside the last backward of a mini-batch).
         local_mini_batch_size: Sequences of this process per mini-batch.
+        sequence_group: The sequence-parallel group that splits every training forward (`None`: whole sequences).
     """
 
     def __init__(
@@ -90,17 +91,16 @@ class PPOLearner:
         settings: LearnerSettings,
         is_deepspeed: bool,
         local_mini_batch_size: int,
+        sequence_group: SequenceGroup | None = None,
     ):
         self.model = model
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.accelerator = accelerator
         self.settings = settings
-        # Sequence parallelism: every training forward split along the sequence across a group of processes.
-        self.sequence_group = None
-        if settings.sequence_parallel_size > 1:
-            models = accelerator.unwrap_model(model).models()
-            self.sequence_group = setup_sequence_parallel(models, settings.sequence_parallel_size)
+        # Sequence parallelism: every training forward split along the sequence across this group (the trainer's
+        # setup built it, Ulysses installed; `None`: whole sequences).
+        self.sequence_group = sequence_group
         self.forwards = ForwardEngine(settings.forwards, accelerator, self.sequence_group)
         self.is_deepspeed = is_deepspeed
         self.local_mini_batch_size = local_mini_batch_size

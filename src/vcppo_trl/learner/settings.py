@@ -30,8 +30,6 @@ class LearnerSettings:
     forwards: ForwardSettings
     # Hand each global mini-batch's sequences out to processes by token count (see `learner.balancing`)
     balance_ranks: bool = False
-    # Split every training forward along the sequence across this many processes (see `parallel.sequence`)
-    sequence_parallel_size: int = 1
 
     @classmethod
     def from_args(cls, args: PPOConfig) -> LearnerSettings:
@@ -55,5 +53,4 @@ class LearnerSettings:
                 padding_free=args.padding_free,
             ),
             balance_ranks=args.balance_ranks,
-            sequence_parallel_size=args.sequence_parallel_size,
         )

@@ -21,7 +21,7 @@ from ..models.forward_engine import ForwardEngine, ForwardPlan
 from ..models.modes import eval_mode
 from ..models.packing import TokenBatch
 from ..models.policy_and_value import PolicyAndValueModel, response_logprobs_of
-from ..parallel.sequence import setup_sequence_parallel
+from ..parallel.sequence import SequenceGroup
 from .settings import RolloutSettings
 from .types import Rollout
 
@@ -32,13 +32,15 @@ class RolloutForwards:
 
     Args:
         settings ([`~rollout.settings.RolloutSettings`]): What it reads of the config: how the forwards are cut
-            (`forwards`), the sampling `temperature` the log-probabilities are taken at, and `sequence_parallel_size`
-            (split every forward along the sequence across groups of that many processes; 1: whole).
+            (`forwards`) and the sampling `temperature` the log-probabilities are taken at.
         accelerator: The trainer's accelerator (device, process count, unwrapping).
         current_model: Returns the current (prepared) [`~models.policy_and_value.PolicyAndValueModel`]; called at
             each use, since preparing the model for training replaces it.
         ref_model: The frozen reference policy, or `None` (no KL, or PEFT: the base model with adapters disabled).
         pad_token_id: The tokenizer's pad id (the extra token of a window's bootstrap forward).
+        sequence_group: The sequence-parallel group that splits every forward along the sequence (`None`: whole),
+            built once by the trainer's setup with Ulysses installed in front of the models' attention (generation
+            keeps the original one).
     """
 
     def __init__(
@@ -49,21 +51,14 @@ class RolloutForwards:
         current_model: Callable[[], torch.nn.Module],
         ref_model: PreTrainedModel | None,
         pad_token_id: int,
+        sequence_group: SequenceGroup | None = None,
     ):
         self.settings = settings
         self.accelerator = accelerator
         self.current_model = current_model
         self.ref_model = ref_model
         self.pad_token_id = pad_token_id
-        # Sequence parallelism: the no-grad forwards split along the sequence across a group of processes, Ulysses
-        # installed in front of every forwarded model's attention (generation keeps the original one).
-        self.sequence_group = None
-        if settings.sequence_parallel_size > 1:
-            models = dict(self._unwrapped_model().models())
-            if ref_model is not None:  # a DeepSpeed engine (ZeRO-3 reference) holds the model, its config a dict
-                engine = not hasattr(getattr(ref_model, "config", None), "get_text_config")
-                models["reference"] = ref_model.module if engine else ref_model
-            self.sequence_group = setup_sequence_parallel(models, settings.sequence_parallel_size)
+        self.sequence_group = sequence_group
         self.forwards = ForwardEngine(settings.forwards, accelerator, self.sequence_group)
 
     def _unwrapped_model(self) -> PolicyAndValueModel:
@@ -73,7 +68,7 @@ class RolloutForwards:
         """
         The micro-batches of the rollout's no-grad forwards: `local_rollout_forward_batch_size` sequences at full
         width, or by `max_tokens_per_forward` (grouped by length, each cut to its widths or packed, the same count on
-        every process; see [`~models.forward_engine.ForwardEngine`]). With `sequence_parallel_size` > 1: over the rows
+        every process; see [`~models.forward_engine.ForwardEngine`]). With a sequence-parallel group: over the rows
         of this process's group, shared first, each micro-batch split along the sequence across the group.
         """
         return self.forwards.plan_all(TokenBatch.of(rollout))

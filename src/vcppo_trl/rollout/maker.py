@@ -23,6 +23,7 @@ from ..algo.dynamic_sampling import DynamicSamplingStats, choose_groups, informa
 from ..algo.losses import kl_penalty
 from ..algo.micro_batches import ForwardWork, measured
 from ..parallel.collectives import max_across_processes, whitening_all_reduce
+from ..parallel.sequence import SequenceGroup
 from ..rewards.calls import call_reward_function
 from ..rewards.reward_models import reward_model_scores
 from ..sampling.seam import Samples
@@ -72,6 +73,7 @@ class RolloutMaker:
         reward_weights: `[F]` weight of each reward function.
         stop_token_ids: Ids that end a response.
         reference_is_initial_policy: Whether KL(policy ‖ reference) is exactly 0 while the policy is frozen.
+        sequence_group: The sequence-parallel group of its forwards (`None`: whole sequences).
 
     The no-grad forwards (and the sequence-parallel group that splits them) are `forwarder`'s
     ([`~rollout.forwards.RolloutForwards`]), built here from `settings`, `current_model` and `ref_model`.
@@ -91,6 +93,7 @@ class RolloutMaker:
         reward_weights: torch.Tensor,
         stop_token_ids: list[int],
         reference_is_initial_policy: bool,
+        sequence_group: SequenceGroup | None = None,
     ):
         self.settings = settings
         self.accelerator = accelerator
@@ -102,6 +105,7 @@ class RolloutMaker:
             current_model=current_model,
             ref_model=ref_model,
             pad_token_id=tokenizer.pad_token_id,
+            sequence_group=sequence_group,
         )
         self.reward_funcs = reward_funcs
         self.reward_processing_classes = reward_processing_classes

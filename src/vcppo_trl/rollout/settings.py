@@ -53,8 +53,6 @@ class RolloutSettings:
     forwards: ForwardSettings
     reward_model_batch_size: int
     old_logprobs_from_training_forward: bool
-    # The no-grad forwards split along the sequence across groups of this many processes (1: whole).
-    sequence_parallel_size: int = 1
 
     @classmethod
     def from_args(cls, args: PPOConfig) -> RolloutSettings:
@@ -83,5 +81,4 @@ class RolloutSettings:
             ),
             reward_model_batch_size=args.local_rollout_forward_batch_size,
             old_logprobs_from_training_forward=old_logprobs_from_training_forward(args),
-            sequence_parallel_size=args.sequence_parallel_size,
         )

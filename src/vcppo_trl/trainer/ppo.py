@@ -177,6 +177,8 @@ class PPOTrainer(_BaseTrainer):
         self.prompts: PromptStream | None = None  # this process's prompt batches, from `train`
         self.rollouts: RolloutSource | None = None  # where each update's rollout comes from, from `train`
 
+        # One sequence-parallel group (None without one), shared by the rollout's forwards and the learner's.
+        self.sequence_group = setup.build_sequence_group(args, self.model, ref_model=self.ref_model)
         # The maker forwards the prepared model; it skips the KL (exactly 0) of a frozen policy to the initial one.
         self.rollout_maker = setup.build_rollout_maker(
             args,
@@ -190,6 +192,7 @@ class PPOTrainer(_BaseTrainer):
             reward_funcs=self.reward_funcs,
             reward_processing_classes=reward_processing_classes,
             datasets=[self.train_dataset, self.eval_dataset],
+            sequence_group=self.sequence_group,
         )
 
     @property
@@ -468,6 +471,7 @@ class PPOTrainer(_BaseTrainer):
             settings=LearnerSettings.from_args(args),
             is_deepspeed=self.is_deepspeed_enabled,
             local_mini_batch_size=self.batches.local_mini_batch_size,
+            sequence_group=self.sequence_group,
         )
         stateful = [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]
         self.state = setup.new_trainer_state(

@@ -23,7 +23,13 @@ from ..config.ppo import PPOConfig
 from ..models.critic_peft import wrap_value_model
 from ..models.fp32_head import cast_lm_head_to_fp32
 from ..models.loading import build_critic, is_zero3_partitioned, load_policy, load_tokenizer
-from ..parallel import apply_fsdp2_activation_checkpointing, check_launch_environment, shard_with_fsdp2
+from ..parallel import (
+    SequenceGroup,
+    apply_fsdp2_activation_checkpointing,
+    check_launch_environment,
+    setup_sequence_parallel,
+    shard_with_fsdp2,
+)
 from ..rollout.maker import RolloutMaker
 from ..rollout.settings import RolloutSettings
 from ..sampling.hf import HFSampler, neutralised_generation_fields
@@ -360,6 +366,22 @@ def warn_about_generation_config(policy: PreTrainedModel, args: PPOConfig) -> No
         )
 
 
+def build_sequence_group(
+    args: PPOConfig, model: torch.nn.Module, ref_model: torch.nn.Module | None
+) -> SequenceGroup | None:
+    """This process's one sequence-parallel group of `args.sequence_parallel_size` processes (`None` at 1), with
+    Ulysses installed in front of the attention of every model whose forwards it splits, each checked first: the
+    policy and the critic of `model` (a [`~models.policy_and_value.PolicyAndValueModel`]) and the reference. The
+    rollout's no-grad forwards and the learner's are handed the same group."""
+    if args.sequence_parallel_size == 1:
+        return None
+    models = dict(model.models())
+    if ref_model is not None:  # a DeepSpeed engine (ZeRO-3 reference) holds the model, its config a dict
+        engine = not hasattr(getattr(ref_model, "config", None), "get_text_config")
+        models["reference"] = ref_model.module if engine else ref_model
+    return setup_sequence_parallel(models, args.sequence_parallel_size)
+
+
 def build_rollout_maker(
     args: PPOConfig,
     accelerator: Accelerator,
@@ -373,9 +395,10 @@ def build_rollout_maker(
     reward_funcs: list,
     reward_processing_classes: list,
     datasets: list,
+    sequence_group: SequenceGroup | None = None,
 ) -> RolloutMaker:
     """The [`~rollout.maker.RolloutMaker`] with its sampler ([`build_sampler`]; none without a policy, in a critic
-    job) and the reward weights."""
+    job), the reward weights and the sequence-parallel group of its forwards ([`build_sequence_group`])."""
     sampler = None
     if policy is not None:
         sampler = build_sampler(
@@ -399,6 +422,7 @@ def build_rollout_maker(
         reward_weights=reward_weights(args, len(reward_funcs)),
         stop_token_ids=stop_token_ids,
         reference_is_initial_policy=reference_is_initial_policy,
+        sequence_group=sequence_group,
     )
 
 

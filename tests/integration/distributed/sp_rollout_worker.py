@@ -82,7 +82,6 @@ def main(out_dir: str) -> None:
     whole = RolloutMaker(
         dataclasses.replace(  # whole, at full width (a budget would need as many rows on each process)
             split.settings,
-            sequence_parallel_size=1,
             forwards=dataclasses.replace(split.settings.forwards, max_tokens=None),
         ),
         acc,
@@ -164,7 +163,7 @@ def main(out_dir: str) -> None:
         summary = {
             "num_processes": acc.num_processes,
             "deepspeed": trainer.is_deepspeed_enabled,
-            "reference_is_engine": type(split.ref_model).__name__ == "DeepSpeedEngine",
+            "reference_is_engine": type(split.forwarder.ref_model).__name__ == "DeepSpeedEngine",
             "ranks": gathered,
         }
         with open(os.path.join(out_dir, "sp_rollout.json"), "w") as f:
