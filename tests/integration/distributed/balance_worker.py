@@ -35,6 +35,7 @@ torch.set_num_threads(1)
 
 def main(out_dir: str, forwards: str) -> None:
     from accelerate.utils import gather_object
+    from common import parity_reward, tiny_critic, tiny_models_and_prompts, worker_config  # beside this script
     from worker_exit import exit_worker  # beside this script
 
     from vcppo_trl import PPOConfig, PPOTrainer
@@ -42,24 +43,15 @@ def main(out_dir: str, forwards: str) -> None:
     from vcppo_trl.learner.balancing import RankBalancer
     from vcppo_trl.learner.ppo_learner import mini_batch_order
     from vcppo_trl.models.packing import TokenBatch
-    from vcppo_trl.models.value_model import create_value_model_from_policy
     from vcppo_trl.rollout.shaping import token_rewards
-    from vcppo_trl.toy.model import build_tiny_model
-    from vcppo_trl.toy.task import make_splits
-    from vcppo_trl.toy.tokenizer import build_tokenizer
     from vcppo_trl.trainer.prompts import prompt_batches
 
-    tokenizer = build_tokenizer()
-    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
-    train = make_splits(64, 8, seed=0, min_digits=1, max_digits=3)["train"]
-
-    def reward(completions, **kwargs):
-        return [1.0 if len(c) % 2 else -1.0 for c in completions]
-
-    torch.manual_seed(0)  # the critic's fresh head: the same on both ranks
-    critic = create_value_model_from_policy(policy)
-    args = PPOConfig(
-        output_dir=os.path.join(out_dir, "run"),
+    tokenizer, policy, train = tiny_models_and_prompts()
+    critic = tiny_critic(policy)  # before the config: under DeepSpeed a model created after it is partitioned
+    args = worker_config(
+        PPOConfig,
+        out_dir,
+        gloo_under_deepspeed=True,
         per_device_train_batch_size=2,
         gradient_accumulation_steps=2,
         num_mini_batches=2,
@@ -71,18 +63,11 @@ def main(out_dir: str, forwards: str) -> None:
         max_tokens_per_micro_batch=None if forwards == "packed" else 64,
         padding_free=forwards == "packed",
         balance_ranks=True,
-        bf16=False,
         gradient_checkpointing=False,
-        report_to="none",
-        save_strategy="no",
-        num_sample_generations=0,
         local_rollout_forward_batch_size=8,
-        disable_tqdm=True,
-        seed=0,
-        **({"ddp_backend": "gloo"} if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true" else {}),
     )
     trainer = PPOTrainer(
-        policy, reward, args=args, train_dataset=train, processing_class=tokenizer, value_model=critic
+        policy, parity_reward, args=args, train_dataset=train, processing_class=tokenizer, value_model=critic
     )
     acc = trainer.accelerator
     rank = acc.process_index

@@ -56,6 +56,7 @@ def main(
     bf16: bool = False,
 ) -> None:
     from accelerate.utils import gather_object
+    from common import parity_reward, tiny_critic, tiny_models_and_prompts, worker_config  # beside this script
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
     from worker_exit import exit_worker  # beside this script
 
@@ -63,27 +64,19 @@ def main(
     from vcppo_trl.algo.losses import clipped_policy_loss, clipped_value_loss, loss_normalizer, token_mean_term
     from vcppo_trl.models.logprobs import causal_lm_parts, full_logits_logprobs
     from vcppo_trl.models.policy_and_value import PolicyAndValueModel, position_ids_from_mask
-    from vcppo_trl.models.value_model import create_value_model_from_policy, value_forward
+    from vcppo_trl.models.value_model import value_forward
     from vcppo_trl.parallel import full_tensor
     from vcppo_trl.rollout.settings import old_logprobs_from_training_forward
     from vcppo_trl.rollout.shaping import token_rewards
-    from vcppo_trl.toy.model import build_tiny_model
-    from vcppo_trl.toy.task import make_splits
-    from vcppo_trl.toy.tokenizer import build_tokenizer
     from vcppo_trl.trainer.prompts import prompt_batches
 
-    tokenizer = build_tokenizer()
-    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
-    train = make_splits(64, 8, seed=0, min_digits=1, max_digits=3)["train"]
-
-    def reward(completions, **kwargs):
-        return [1.0 if len(c) % 2 else -1.0 for c in completions]
-
+    tokenizer, policy, train = tiny_models_and_prompts()
     # Built before the config: under DeepSpeed, a model created once the config exists is created partitioned.
-    torch.manual_seed(0)  # the critic's fresh head: the same on both ranks
-    critic = create_value_model_from_policy(policy)
-    args = PPOConfig(
-        output_dir=os.path.join(out_dir, "run"),
+    critic = tiny_critic(policy)
+    args = worker_config(
+        PPOConfig,
+        out_dir,
+        gloo_under_deepspeed=True,
         per_device_train_batch_size=1,
         gradient_accumulation_steps=4,
         num_mini_batches=1,
@@ -98,13 +91,7 @@ def main(
         sequence_parallel_size=2 if sequence_parallel else 1,
         bf16=bf16,
         activation_checkpointing=checkpointing,
-        report_to="none",
-        save_strategy="no",
-        num_sample_generations=0,
         local_rollout_forward_batch_size=8,
-        disable_tqdm=True,
-        seed=0,
-        **({"ddp_backend": "gloo"} if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true" else {}),
         **({"use_cpu": True} if os.environ.get("ACCELERATE_USE_FSDP") == "true" else {}),  # FSDP2 over gloo
         **(VAPO_TERMS if vapo else {}),
     )
@@ -112,7 +99,7 @@ def main(
     reference = PolicyAndValueModel(copy.deepcopy(policy), copy.deepcopy(critic))
     reference_bf16 = copy.deepcopy(reference) if bf16 else None  # float32 weights, computed in bf16 (see below)
     trainer = PPOTrainer(
-        policy, reward, args=args, train_dataset=train, processing_class=tokenizer, value_model=critic
+        policy, parity_reward, args=args, train_dataset=train, processing_class=tokenizer, value_model=critic
     )
     acc = trainer.accelerator
     rank = acc.process_index

@@ -38,13 +38,12 @@ def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def main(out_dir: str, model_dir: str) -> None:
     from accelerate.utils import gather_object
+    from common import parity_reward, tiny_splits, tiny_tokenizer, worker_config  # beside this script
     from transformers import AutoModelForCausalLM
     from worker_exit import exit_worker  # beside this script
 
     import vcppo_trl.trainer.setup as setup
     from vcppo_trl import PPOConfig, PPOTrainer
-    from vcppo_trl.toy.task import make_splits
-    from vcppo_trl.toy.tokenizer import build_tokenizer
 
     built_on = {}  # the devices each model's parameters were built on, before sharding
     head = [None]  # the critic's new value head as rank 0 built it
@@ -85,11 +84,9 @@ def main(out_dir: str, model_dir: str) -> None:
     setup.load_policy, setup.build_critic = recording_load_policy, recording_build_critic
     setup.prepare_for_training = recording_prepare_for_training
 
-    def reward(completions, **kwargs):
-        return [1.0 if len(c) % 2 else -1.0 for c in completions]
-
-    args = PPOConfig(
-        output_dir=os.path.join(out_dir, "run"),
+    args = worker_config(
+        PPOConfig,
+        out_dir,
         use_cpu=True,  # FSDP2 over gloo
         per_device_train_batch_size=2,
         gradient_accumulation_steps=1,
@@ -98,16 +95,10 @@ def main(out_dir: str, model_dir: str) -> None:
         response_length=8,
         lam=0.95,
         kl_coef=0.05,  # a reference model
-        bf16=False,
-        report_to="none",
-        save_strategy="no",
-        num_sample_generations=0,
-        disable_tqdm=True,
-        seed=0,
         logging_steps=1,
     )
-    train = make_splits(16, 4, seed=0, min_digits=1, max_digits=2)["train"]
-    trainer = PPOTrainer(model_dir, reward, args=args, train_dataset=train, processing_class=build_tokenizer())
+    train = tiny_splits(16, 4, max_digits=2)["train"]
+    trainer = PPOTrainer(model_dir, parity_reward, args=args, train_dataset=train, processing_class=tiny_tokenizer())
     acc = trainer.accelerator
     weights["reference"] = full_weights(trainer.ref_model)  # sharded when the trainer is built
     trainer.train()

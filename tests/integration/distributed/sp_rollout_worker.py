@@ -36,27 +36,21 @@ def relative_difference(got: torch.Tensor, expected: torch.Tensor, mask: torch.T
 
 def main(out_dir: str) -> None:
     from accelerate.utils import gather_object
+    from common import parity_reward, tiny_models_and_prompts, tiny_policy, worker_config  # beside this script
     from worker_exit import exit_worker  # beside this script
 
     import vcppo_trl.models.packing as packing
     from vcppo_trl import PPOConfig, PPOTrainer
     from vcppo_trl.parallel import sequence
     from vcppo_trl.rollout.maker import RolloutMaker
-    from vcppo_trl.toy.model import build_tiny_model
-    from vcppo_trl.toy.task import make_splits
-    from vcppo_trl.toy.tokenizer import build_tokenizer
     from vcppo_trl.trainer.prompts import prompt_batches
 
-    tokenizer = build_tokenizer()
-    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, seed=0)
-    reference = build_tiny_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, seed=1)
-    train = make_splits(64, 8, seed=0, min_digits=1, max_digits=3)["train"]
-
-    def reward(completions, **kwargs):
-        return [1.0 if len(c) % 2 else -1.0 for c in completions]
-
-    args = PPOConfig(
-        output_dir=os.path.join(out_dir, "run"),
+    tokenizer, policy, train = tiny_models_and_prompts(num_layers=2)
+    reference = tiny_policy(tokenizer, seed=1, num_layers=2)
+    args = worker_config(
+        PPOConfig,
+        out_dir,
+        gloo_under_deepspeed=True,
         per_device_train_batch_size=4,
         gradient_accumulation_steps=1,
         num_mini_batches=1,
@@ -64,16 +58,9 @@ def main(out_dir: str) -> None:
         kl_coef=0.1,
         sequence_parallel_size=2,
         max_tokens_per_forward=40,  # per process: split micro-batches of up to 80 tokens, about 2 rows each
-        bf16=False,
-        report_to="none",
-        save_strategy="no",
-        num_sample_generations=0,
-        disable_tqdm=True,
-        seed=0,
-        **({"ddp_backend": "gloo"} if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true" else {}),
     )
     trainer = PPOTrainer(
-        policy, reward, args=args, train_dataset=train, processing_class=tokenizer, ref_model=reference
+        policy, parity_reward, args=args, train_dataset=train, processing_class=tokenizer, ref_model=reference
     )
     acc = trainer.accelerator
     rank = acc.process_index

@@ -122,21 +122,15 @@ def lora_vllm_weights_check(policy_model: torch.nn.Module, rank: int) -> dict | 
 
 
 def main(out_dir: str, extra: list[str]) -> None:
+    from common import tiny_models_and_prompts, worker_settings  # beside this script
     from transformers import TrainerCallback
     from worker_exit import exit_worker  # beside this script
 
     from vcppo_trl import TrainingInterrupted, VCPPOConfig, VCPPOTrainer
-    from vcppo_trl.toy.model import build_tiny_model
-    from vcppo_trl.toy.task import make_splits
-    from vcppo_trl.toy.tokenizer import build_tokenizer
 
     overrides = json.loads(extra[0]) if extra else {}
-    tokenizer = build_tokenizer()
     # `hidden_size` 64: heads 32 wide, which vLLM's CPU backend needs.
-    policy = build_tiny_model(
-        tokenizer, hidden_size=overrides.pop("hidden_size", 32), num_layers=1, num_heads=2, seed=0
-    )
-    train = make_splits(64, 8, seed=0, min_digits=1, max_digits=3)["train"]
+    tokenizer, policy, train = tiny_models_and_prompts(hidden_size=overrides.pop("hidden_size", 32))
     train = train.add_column("idx", list(range(len(train))))
 
     seen: list[list[int]] = []
@@ -180,8 +174,8 @@ def main(out_dir: str, extra: list[str]) -> None:
                 hashes_after_pretraining["policy"] = gathered_hash(policy_model)
                 hashes_after_pretraining["critic"] = gathered_hash(critic_model)
 
-    settings = dict(
-        output_dir=os.path.join(out_dir, "run"),
+    settings = worker_settings(
+        out_dir,
         per_device_train_batch_size=2,
         gradient_accumulation_steps=2,
         num_mini_batches=2,
@@ -189,17 +183,11 @@ def main(out_dir: str, extra: list[str]) -> None:
         total_episodes=32,  # 2 PPO updates of 16 prompts (8 per rank), after 1 value-pretraining update
         value_pretrain_steps=1,
         response_length=12,
-        bf16=False,
         activation_checkpointing=False,
         logging_steps=1,
-        report_to="none",
-        save_strategy="no",
         learning_rate=1e-3,
-        num_sample_generations=0,
         local_rollout_forward_batch_size=8,
-        disable_tqdm=True,
         kl_coef=0.0,
-        seed=0,
     )
     settings.update(overrides)
     reward_funcs, reward_tokenizers = [recording_reward, recording_completions], [None, None]
