@@ -1,4 +1,5 @@
-"""docs/architecture.md names files that exist: a contributor follows its file table and "where to add X" to the code."""
+"""docs/architecture.md and the files agree: every path it names exists, and every module of the package is named (a
+contributor follows its file table and "where to add X" to the code)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,15 @@ def test_the_path_check_finds_a_missing_file():
     ]
     assert exists("trainer/ppo.py", names) and exists("rollout/", names) and exists("ppo.py", names)
     assert not exists("rollout/nowhere.py", names) and not exists("nowhere.py", names)
+
+
+def test_every_module_of_the_package_is_named_on_the_architecture_page():
+    named = set(named_paths(open(DOC).read()))
+    unnamed = []
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py") and name != "__init__.py":
+                relative = os.path.relpath(os.path.join(folder, name), PACKAGE).replace(os.sep, "/")
+                if relative not in named and name not in named:
+                    unnamed.append(relative)
+    assert not unnamed, f"docs/architecture.md's file table does not name: {sorted(unnamed)}"

@@ -1,6 +1,6 @@
 """The trainers and their loop: [`PPOTrainer`] (rollout → advantages → learner → metrics), the presets
 ([`VCPPOTrainer`], [`VAPOTrainer`]), building their parts, metrics, evaluation, the value-pretraining phase with its
-stop rule and callback, prompts, the console, saving and preemption, and the store-rollouts job.
+stop rule and callback, prompts, the console, saving, resuming and preemption, and the store-rollouts job.
 """
 
 from .console import CompactPrinterCallback, RolloutProgressCallback, silence_unused_backend_notices

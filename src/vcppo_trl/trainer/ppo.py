@@ -1,8 +1,8 @@
-"""PPOTrainer on current TRL: the loop, and the parts it holds (see `training_update`): the rollout maker
-(`rollout/maker.py`), `compute_advantages` (the seam subclasses change), the learner (`learner/ppo_learner.py`) and the
-metrics (`trainer/metrics.py`). A subclass adds a phase through the seams `trains_policy`, `critic_only_updates`,
+"""PPOTrainer on current TRL: the loop, and the parts it holds (see `training_update`): the rollout source
+(`rollout/sources.py`, over the rollout maker `rollout/maker.py`), `compute_advantages` (the seam subclasses change),
+the learner (`learner/ppo_learner.py`) and the metrics (`trainer/metrics.py`). A subclass adds a phase through the seams `trains_policy`, `critic_only_updates`,
 `num_training_updates`, `phase_state` and the `before_training`/`after_update` hooks (VC-PPO's value pretraining:
-`trainer/vcppo.py`). Construction uses `trainer/setup.py`; saving and resuming `trainer/saving.py`, through thin
+`trainer/vcppo.py`). Construction uses `trainer/setup.py`; saving `trainer/saving.py` and resuming `trainer/resuming.py`, through thin
 overrides of transformers' hooks at the end of this file."""
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ class PPOTrainer(_BaseTrainer):
         )
         self.is_fsdp2 = check_distributed_setup(self.accelerator, args, is_deepspeed=self.is_deepspeed_enabled)
         if self.accelerator.num_processes > 1:
-            # A seed per rank: distinct samples on each (the prompt order does not depend on it: `data.prompt_batches`).
+            # A seed per rank: distinct samples on each (the prompt order does not depend on it: `trainer/prompts.py`).
             set_seed(args.seed, device_specific=True)
         self.remove_callback(ProgressCallback)
         self.remove_callback(PrinterCallback)
