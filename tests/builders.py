@@ -95,6 +95,8 @@ def tiny_trainer(cls=None, *, output_dir=None, **kwargs):
     if "model" not in kwargs:
         kwargs["model"] = tiny_policy(kwargs["processing_class"])
     if "args" not in kwargs:
+        if output_dir is None:
+            raise ValueError("tiny_trainer needs `args` or an `output_dir` for the tiny config")
         kwargs["args"] = tiny_config(output_dir)
     if "train_dataset" not in kwargs:
         kwargs["train_dataset"] = tiny_splits()["train"]

@@ -11,19 +11,12 @@ import types
 import pandas as pd
 import pytest
 
-from ..conftest import fresh_trainer
-
 COLUMNS = ["step", "prompt", "completion", "score", "length_reward", "advantage", "value", "length"]
 
 
-def test_every_logging_step_writes_the_updates_completions(
-    tokenizer, toy_splits, tiny_config, tmp_path, capsys, monkeypatch
-):
+def test_every_logging_step_writes_the_updates_completions(fresh_trainer, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
     trainer = fresh_trainer(
-        tokenizer,
-        toy_splits,
-        tiny_config,
         log_completions=True,
         num_completions_to_print=2,
         logging_steps=2,
@@ -54,10 +47,8 @@ def test_every_logging_step_writes_the_updates_completions(
     assert text.startswith("| step | prompt | completion |") and text.count("\n") == 1 + len(frame)
 
 
-def test_windows_mark_the_unfinished_responses_which_have_no_score_yet(tokenizer, toy_splits, tiny_config):
-    trainer = fresh_trainer(
-        tokenizer, toy_splits, tiny_config, log_completions=True, generation_window=4, total_episodes=32
-    )
+def test_windows_mark_the_unfinished_responses_which_have_no_score_yet(fresh_trainer):
+    trainer = fresh_trainer(log_completions=True, generation_window=4, total_episodes=32)
     trainer.train()
     folder = pathlib.Path(trainer.args.output_dir) / "completions"
     frame = pd.concat([pd.read_parquet(p) for p in sorted(folder.glob("*.parquet"))])

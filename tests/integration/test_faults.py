@@ -13,11 +13,11 @@ import pytest
 import torch
 from datasets import Dataset
 
-from vcppo_trl import NonFiniteTrainingError, RewardFunctionError, VCPPOTrainer
+from vcppo_trl import NonFiniteTrainingError, RewardFunctionError
 from vcppo_trl.checkpoint.files import missing_checkpoint_files
 from vcppo_trl.rewards.calls import call_reward_function
 
-from ..conftest import length_reward
+from ..builders import tiny_policy
 
 # ------------------------------------------------------------------ verifier faults
 
@@ -151,7 +151,7 @@ def test_persistent_nonfinite_loss_stops_with_last_checkpoint_intact(make_traine
 # ------------------------------------------------------------------ data faults
 
 
-def test_bad_rows_are_dropped_and_counted(tiny_policy, tokenizer, tiny_config):
+def test_bad_rows_are_dropped_and_counted(make_trainer, tiny_config):
     from vcppo_trl.rewards.math_verify import math_verify_reward
 
     rows = {
@@ -159,12 +159,10 @@ def test_bad_rows_are_dropped_and_counted(tiny_policy, tokenizer, tiny_config):
         "solution": ["3"] * 16 + ["1", "1", None, "1"],
     }
     args = tiny_config(max_prompt_length=40, overlong_prompt="drop", total_episodes=16)
-    trainer = VCPPOTrainer(
-        model=tiny_policy,
+    trainer = make_trainer(
         reward_funcs=math_verify_reward,  # takes `solution` by name: rows without one cannot be scored
         args=args,
         train_dataset=Dataset.from_dict(rows),
-        processing_class=tokenizer,
     )
     report = trainer.data_reports["train"]
     assert report.dropped == {"empty_prompt": 2, "missing_solution": 1, "overlong_prompt": 1}
@@ -175,14 +173,10 @@ def test_bad_rows_are_dropped_and_counted(tiny_policy, tokenizer, tiny_config):
     assert first["data/train_rows_dropped_overlong_prompt"] == 1.0
 
 
-def test_overlong_prompts_are_truncated_and_counted(tiny_policy, tokenizer, tiny_config):
+def test_overlong_prompts_are_truncated_and_counted(make_trainer, tiny_config):
     rows = {"prompt": ["Add 1 and 2.\n"] * 15 + ["Add " + "9" * 80 + " and 1.\n"]}
-    trainer = VCPPOTrainer(
-        model=tiny_policy,
-        reward_funcs=length_reward,
-        args=tiny_config(max_prompt_length=40, total_episodes=16),
-        train_dataset=Dataset.from_dict(rows),
-        processing_class=tokenizer,
+    trainer = make_trainer(
+        args=tiny_config(max_prompt_length=40, total_episodes=16), train_dataset=Dataset.from_dict(rows)
     )
     assert trainer.data_reports["train"].truncated_prompts == 1
     maker = trainer.rollout_maker
@@ -198,15 +192,9 @@ def test_overlong_prompts_are_truncated_and_counted(tiny_policy, tokenizer, tiny
         ([""] * 4, "no usable rows"),
     ],
 )
-def test_wrong_schema_stops_before_training(tiny_policy, tokenizer, tiny_config, prompts, message):
+def test_wrong_schema_stops_before_training(make_trainer, prompts, message):
     with pytest.raises(ValueError, match=message):
-        VCPPOTrainer(
-            model=tiny_policy,
-            reward_funcs=length_reward,
-            args=tiny_config(),
-            train_dataset=Dataset.from_dict({"prompt": prompts}),
-            processing_class=tokenizer,
-        )
+        make_trainer(train_dataset=Dataset.from_dict({"prompt": prompts}))
 
 
 # ------------------------------------------------------------------ degenerate responses
@@ -214,9 +202,7 @@ def test_wrong_schema_stops_before_training(tiny_policy, tokenizer, tiny_config,
 
 def always_stop_policy(tokenizer):
     """A policy whose first sampled token is always EOS: every response is empty."""
-    from vcppo_trl.toy.model import build_tiny_model
-
-    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    policy = tiny_policy(tokenizer)
     head = torch.nn.Linear(policy.config.hidden_size, policy.config.vocab_size, bias=True)
     with torch.no_grad():
         head.weight.zero_()
@@ -295,7 +281,7 @@ print("FINISHED", flush=True)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_signal_saves_a_checkpoint_and_exits_nonzero(tmp_path, signum, make_trainer, tiny_config, tokenizer):
+def test_signal_saves_a_checkpoint_and_exits_nonzero(tmp_path, signum, make_trainer, tiny_config):
     script = tmp_path / "run.py"
     script.write_text(PREEMPTIBLE_RUN)
     out_dir = tmp_path / "out"
@@ -324,8 +310,6 @@ def test_signal_saves_a_checkpoint_and_exits_nonzero(tmp_path, signum, make_trai
     assert 1 <= step < 1000
 
     # The checkpoint resumes: one more update from where the signal stopped the run.
-    from vcppo_trl.toy.model import build_tiny_model
-
     ppo_updates = max(1, step - 1)  # 2 pretraining updates + this many PPO updates: at least one more update
     args = tiny_config(
         output_dir=str(tmp_path / "resumed"),
@@ -335,8 +319,7 @@ def test_signal_saves_a_checkpoint_and_exits_nonzero(tmp_path, signum, make_trai
         total_episodes=4 * ppo_updates,
         value_pretrain_steps=2,
     )
-    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
-    trainer = make_trainer(model=policy, args=args)
+    trainer = make_trainer(args=args)
     trainer.train(resume_from_checkpoint=checkpoint)
     assert trainer.state.global_step == 2 + ppo_updates > step
 

@@ -14,11 +14,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vcppo_trl import VCPPOConfig, VCPPOTrainer
+from vcppo_trl import VCPPOConfig
 from vcppo_trl.learner import ppo_learner
-from vcppo_trl.toy.model import build_tiny_model
 
-from ..conftest import length_reward, step_logs
+from ..builders import step_logs
 from ..paths import REPO
 
 # Commits of main (they stay reachable however a branch is merged): the whole trainer still in
@@ -27,8 +26,8 @@ OLDER_CODE = {
     "one-file trainer": "d7f8841dcf85fcdb92e967c0517eadc4505cd01f",
     "mixin trainer": "07d77ef98850a89c121da07cd7490324829f4307",
 }
-# 1 value-pretraining update and 2 PPO updates on the toy task, a checkpoint after each (the settings of conftest's
-# `tiny_config`).
+# 1 value-pretraining update and 2 PPO updates on the toy task, a checkpoint after each (the settings of
+# tests/builders.py's `tiny_config`, spelled out: the older code must accept each of them).
 SETTINGS = dict(
     per_device_train_batch_size=4,
     gradient_accumulation_steps=2,
@@ -110,7 +109,7 @@ def _older_source(commit: str, dest) -> str:
 
 
 @pytest.mark.parametrize("code", sorted(OLDER_CODE))
-def test_resume_from_a_checkpoint_written_by_older_code(tmp_path, tokenizer, toy_splits, code, monkeypatch):
+def test_resume_from_a_checkpoint_written_by_older_code(tmp_path, make_trainer, code, monkeypatch):
     source = _older_source(OLDER_CODE[code], tmp_path / "before")
     old = tmp_path / "old"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
@@ -131,13 +130,7 @@ def test_resume_from_a_checkpoint_written_by_older_code(tmp_path, tokenizer, toy
     # from a generator of its own (44a92ca), which changes the order by design. The older shuffle is patched back in
     # so the resumed update can be compared with the older code's own run bit for bit.
     monkeypatch.setattr(ppo_learner, "mini_batch_order", lambda size, **seeds: torch.randperm(size))
-    resumed = VCPPOTrainer(
-        model=build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0),
-        reward_funcs=length_reward,
-        args=VCPPOConfig(output_dir=str(tmp_path / "resumed"), **SETTINGS),
-        train_dataset=toy_splits["train"],
-        processing_class=tokenizer,
-    )
+    resumed = make_trainer(args=VCPPOConfig(output_dir=str(tmp_path / "resumed"), **SETTINGS))
     resumed.train(resume_from_checkpoint=str(old / "run" / "checkpoint-2"))  # after pretraining, 1 PPO update left
     assert resumed.state.global_step == 3
     logs = step_logs(resumed)

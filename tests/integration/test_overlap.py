@@ -8,7 +8,7 @@ import torch
 
 from vcppo_trl.sampling.seam import SamplerError
 
-from ..conftest import fresh_trainer, step_logs, weights
+from ..builders import step_logs, weights
 
 
 def prompts(tokenizer, n=4):
@@ -85,14 +85,10 @@ def test_a_worker_that_cannot_start_says_why(tokenizer, tiny_policy):
     worker.close()
 
 
-def test_one_step_off_training_trains_each_batch_one_update_after_the_weights_that_sampled_it(
-    tokenizer, toy_splits, tiny_config
-):
+def test_one_step_off_training_trains_each_batch_one_update_after_the_weights_that_sampled_it(fresh_trainer):
     runs = []
     for _ in range(2):
-        trainer = fresh_trainer(
-            tokenizer, toy_splits, tiny_config, max_staleness=1, value_pretrain_steps=1, total_episodes=64
-        )
+        trainer = fresh_trainer(max_staleness=1, value_pretrain_steps=1, total_episodes=64)
         trainer.train()
         assert not trainer.rollouts.worker.process.is_alive()  # stopped with training
         runs.append((step_logs(trainer), weights(trainer)))
@@ -108,14 +104,14 @@ def test_one_step_off_training_trains_each_batch_one_update_after_the_weights_th
     assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
 
 
-def test_a_resumed_overlapped_run_equals_the_uninterrupted_one(tokenizer, toy_splits, tiny_config, tmp_path):
+def test_a_resumed_overlapped_run_equals_the_uninterrupted_one(fresh_trainer, tmp_path):
     overrides = dict(max_staleness=1, value_pretrain_steps=1, total_episodes=64, output_dir=str(tmp_path / "run"))
-    whole = fresh_trainer(tokenizer, toy_splits, tiny_config, save_strategy="steps", save_steps=3, **overrides)
+    whole = fresh_trainer(save_strategy="steps", save_steps=3, **overrides)
     whole.train()
     checkpoint = tmp_path / "run" / "checkpoint-3"
     saved = torch.load(checkpoint / "rollout_pool_0.pt", weights_only=False)
     assert len(saved["batches"]) == 1 and saved["version"] == 2  # the batch generated ahead, and the pushes so far
-    resumed = fresh_trainer(tokenizer, toy_splits, tiny_config, **overrides)
+    resumed = fresh_trainer(**overrides)
     resumed.train(resume_from_checkpoint=str(checkpoint))
     after = {s: e for s, e in step_logs(resumed).items() if s > 3}
     assert after == {s: e for s, e in step_logs(whole).items() if s > 3} and len(after) == 2
@@ -136,9 +132,7 @@ def test_what_overlap_does_not_support_yet_is_refused_with_the_reason(tiny_confi
         tiny_config(**overrides)
 
 
-def test_a_worker_that_dies_mid_run_stops_training_with_a_checkpoint_of_the_last_update(
-    tokenizer, toy_splits, tiny_config, tmp_path
-):
+def test_a_worker_that_dies_mid_run_stops_training_with_a_checkpoint_of_the_last_update(fresh_trainer, tmp_path):
     from transformers import TrainerCallback
 
     class KillWorker(TrainerCallback):
@@ -146,9 +140,7 @@ def test_a_worker_that_dies_mid_run_stops_training_with_a_checkpoint_of_the_last
             if state.global_step == 2:
                 trainer.rollouts.worker.process.kill()
 
-    trainer = fresh_trainer(
-        tokenizer, toy_splits, tiny_config, max_staleness=1, total_episodes=64, output_dir=str(tmp_path / "run")
-    )
+    trainer = fresh_trainer(max_staleness=1, total_episodes=64, output_dir=str(tmp_path / "run"))
     trainer.add_callback(KillWorker())
     with pytest.raises(SamplerError, match="Sampling failed at update"):
         trainer.train()
@@ -188,16 +180,14 @@ def test_a_pushed_lora_policy_samples_in_the_worker_as_it_does_here(tokenizer, t
     assert generated.version == 1
 
 
-def test_windows_with_one_step_off_overlap_train_each_window_one_update_after_it_was_sampled(
-    tokenizer, toy_splits, tiny_config, tmp_path
-):
+def test_windows_with_one_step_off_overlap_train_each_window_one_update_after_it_was_sampled(fresh_trainer, tmp_path):
     """`generation_window` with `max_staleness=1`: the worker samples window k+1 (its contexts known once window k's
     finished responses left the pool) while update k trains; a checkpoint holds the pool and the window sampled
     ahead, and the resumed run equals the uninterrupted one."""
     overrides = dict(
         generation_window=4, max_staleness=1, value_pretrain_steps=1, total_episodes=64, output_dir=str(tmp_path / "r")
     )
-    whole = fresh_trainer(tokenizer, toy_splits, tiny_config, save_strategy="steps", save_steps=3, **overrides)
+    whole = fresh_trainer(save_strategy="steps", save_steps=3, **overrides)
     whole.train()
     logs = step_logs(whole)
     assert [logs[s]["sampling/staleness_max"] for s in sorted(logs)] == [0.0, 0.0, 1.0, 1.0, 1.0]
@@ -207,29 +197,23 @@ def test_windows_with_one_step_off_overlap_train_each_window_one_update_after_it
     assert logs[3]["sampling/sampling_logp_difference/max"] > 1e-3  # one update apart
     saved = torch.load(tmp_path / "r" / "checkpoint-3" / "rollout_pool_0.pt", weights_only=False)
     assert saved["ahead"] is not None and saved["slots"]  # the pool and the window sampled ahead for update 4
-    resumed = fresh_trainer(tokenizer, toy_splits, tiny_config, **overrides)
+    resumed = fresh_trainer(**overrides)
     resumed.train(resume_from_checkpoint=str(tmp_path / "r" / "checkpoint-3"))
     after = {s: e for s, e in step_logs(resumed).items() if s > 3}
     assert after == {s: e for s, e in logs.items() if s > 3} and len(after) == 2
     assert all(torch.equal(a, b) for a, b in zip(weights(resumed), weights(whole)))
 
 
-def test_one_step_off_with_an_fp32_lm_head_on_a_bf16_policy(tokenizer, toy_splits, tiny_config):
+def test_one_step_off_with_an_fp32_lm_head_on_a_bf16_policy(tiny_policy, tiny_config, make_trainer):
     """`cast_lm_head_to_fp32` with `max_staleness=1`: the worker's copy of a bf16 policy with tied embeddings (pickled
     to the spawned process) keeps the float32 head and the embeddings' bf16 output, and samples every update."""
     from vcppo_trl import PPOConfig, PPOTrainer
-    from vcppo_trl.toy.model import build_tiny_model
 
-    from ..conftest import length_reward
-
-    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0).to(torch.bfloat16)
-    args = tiny_config(PPOConfig, bf16=True, cast_lm_head_to_fp32=True, max_staleness=1, kl_coef=0.0)
-    trainer = PPOTrainer(
+    policy = tiny_policy.to(torch.bfloat16)
+    trainer = make_trainer(
+        PPOTrainer,
         model=policy,
-        reward_funcs=length_reward,
-        args=args,
-        train_dataset=toy_splits["train"],
-        processing_class=tokenizer,
+        args=tiny_config(PPOConfig, bf16=True, cast_lm_head_to_fp32=True, max_staleness=1, kl_coef=0.0),
     )
     trainer.train()
     logs = step_logs(trainer)

@@ -7,7 +7,7 @@ import torch
 from peft import LoraConfig, PeftModel
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-from ..conftest import StopAfterPretraining
+from ..builders import StopAfterPretraining
 
 LORA = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
 

@@ -281,9 +281,9 @@ def test_large_critic_gradients_do_not_shrink_the_policy_step(make_trainer, tiny
 
 
 def test_value_pretraining_targets_include_kl_to_a_user_reference(make_trainer, tokenizer, tiny_config):
-    from vcppo_trl.toy.model import build_tiny_model
+    from ..builders import tiny_policy
 
-    reference = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=1)  # not the policy
+    reference = tiny_policy(tokenizer, seed=1)  # not the policy
     args = tiny_config(value_pretrain_steps=1, total_episodes=16, kl_coef=0.1)
     trainer = make_trainer(args=args, ref_model=reference)
     rollout = _make_rollout(trainer, _rows(trainer), train_policy=False)

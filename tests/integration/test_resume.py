@@ -8,14 +8,9 @@ import torch
 
 from vcppo_trl import CheckpointError, InsufficientDiskSpaceError, PPOTrainer, VAPOTrainer, VCPPOTrainer
 from vcppo_trl.checkpoint.files import missing_checkpoint_files, read_training_state
-from vcppo_trl.toy.model import build_tiny_model
 from vcppo_trl.trainer.value_pretraining import saved_phase
 
-from ..conftest import length_reward, step_logs
-
-
-def fresh_policy(tokenizer):
-    return build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+from ..builders import step_logs, tiny_policy
 
 
 def assert_same_weights(a, b):
@@ -63,7 +58,7 @@ def assert_same_weights(a, b):
     ],
 )
 def test_resumed_run_equals_uninterrupted_run(
-    tokenizer, toy_splits, tiny_config, tmp_path, trainer_cls, extra, resume_at
+    tokenizer, tiny_config, make_trainer, tmp_path, trainer_cls, extra, resume_at
 ):
     config_cls = trainer_cls._config_class
     value_pretraining = issubclass(trainer_cls, VCPPOTrainer)
@@ -74,13 +69,7 @@ def test_resumed_run_equals_uninterrupted_run(
         )
         for k, v in overrides.items():
             setattr(args, k, v)
-        return trainer_cls(
-            model=fresh_policy(tokenizer),
-            reward_funcs=length_reward,
-            args=args,
-            train_dataset=toy_splits["train"],
-            processing_class=tokenizer,
-        )
+        return make_trainer(trainer_cls, model=tiny_policy(tokenizer), args=args)
 
     full = make(tmp_path / "full")
     full.train()
@@ -135,7 +124,7 @@ def test_updates_left_unused_by_an_early_end_of_value_pretraining_stay_out_after
     assert full.state.global_step == full.state.max_steps == 1 + 2
     saved = read_training_state(os.path.join(args.output_dir, "checkpoint-1"))
     assert (saved["value_pretraining"], saved["value_pretrain_updates"]) == (False, 1)
-    resumed = make_trainer(model=fresh_policy(tokenizer), args=args)
+    resumed = make_trainer(model=tiny_policy(tokenizer), args=args)
     resumed.train(resume_from_checkpoint=os.path.join(args.output_dir, "checkpoint-1"))
     assert resumed.state.global_step == resumed.state.max_steps == 3
 
@@ -146,7 +135,7 @@ def test_a_longer_value_pretraining_when_resuming_inside_it_keeps_every_ppo_upda
     args = tiny_config(total_episodes=48, save_strategy="steps", save_steps=1, value_pretrain_steps=2)
     make_trainer(args=args).train()
     longer = tiny_config(output_dir=args.output_dir + "-longer", total_episodes=48, value_pretrain_steps=3)
-    resumed = make_trainer(model=fresh_policy(tokenizer), args=longer)
+    resumed = make_trainer(model=tiny_policy(tokenizer), args=longer)
     resumed.train(resume_from_checkpoint=os.path.join(args.output_dir, "checkpoint-1"))
     assert resumed.value_pretrain_callback.steps == 3  # the phase keeps the new limit
     assert sum("loss/policy_avg" in entry for entry in resumed.state.log_history) == 3  # and PPO its 3 updates
@@ -167,7 +156,7 @@ def test_the_phase_of_a_checkpoint_saved_before_the_trainer_saved_it(old, phase)
 def test_resume_true_takes_latest_checkpoint(make_trainer, tiny_config, tokenizer):
     args = tiny_config(total_episodes=32, save_strategy="steps", save_steps=1)
     make_trainer(args=args).train()
-    resumed = make_trainer(model=fresh_policy(tokenizer), args=tiny_config(total_episodes=48))
+    resumed = make_trainer(model=tiny_policy(tokenizer), args=tiny_config(total_episodes=48))
     resumed.args.output_dir = args.output_dir
     resumed.train(resume_from_checkpoint=True)
     assert resumed.state.global_step == 3  # continued from checkpoint-2, with a larger budget
@@ -214,7 +203,7 @@ def test_stale_temp_checkpoint_is_removed_and_never_resumed(make_trainer, tiny_c
     os.makedirs(stale)
     with pytest.raises(CheckpointError, match="no checkpoint-<step>"):
         make_trainer(args=args).train(resume_from_checkpoint=True)
-    make_trainer(model=fresh_policy(tokenizer), args=args).train()
+    make_trainer(model=tiny_policy(tokenizer), args=args).train()
     assert sorted(os.listdir(args.output_dir)) == ["checkpoint-1"]
 
 
@@ -231,7 +220,7 @@ def test_damaged_checkpoint_is_refused(make_trainer, tiny_config, tokenizer, dam
     else:
         os.remove(os.path.join(checkpoint, "optimizer.pt" if damage == "remove_optimizer" else "vcppo_state.json"))
         message = "incomplete"
-    trainer = make_trainer(model=fresh_policy(tokenizer), args=tiny_config(total_episodes=32))
+    trainer = make_trainer(model=tiny_policy(tokenizer), args=tiny_config(total_episodes=32))
     with pytest.raises(CheckpointError, match=message):
         trainer.train(resume_from_checkpoint=checkpoint)
 
@@ -252,7 +241,7 @@ def test_a_checkpoint_of_another_backend_is_refused_with_the_way_out(make_traine
     else:
         os.makedirs(os.path.join(checkpoint, "fsdp2_states"))
         name = "FSDP2"
-    trainer = make_trainer(model=fresh_policy(tokenizer), args=tiny_config(total_episodes=32))
+    trainer = make_trainer(model=tiny_policy(tokenizer), args=tiny_config(total_episodes=32))
     with pytest.raises(CheckpointError, match=f"written under {name} and this run uses DDP") as error:
         trainer.train(resume_from_checkpoint=checkpoint)
     assert "value_model" in str(error.value) and "value_pretrain_steps=0" in str(error.value)
@@ -278,15 +267,15 @@ def test_checkpoint_backend_reads_which_backend_wrote_the_optimizer_state(tmp_pa
 def test_resume_with_other_batch_size_is_refused(make_trainer, tiny_config, tokenizer):
     args = tiny_config(total_episodes=16, save_strategy="steps", save_steps=1)
     make_trainer(args=args).train()
-    trainer = make_trainer(model=fresh_policy(tokenizer), args=tiny_config(total_episodes=32, num_mini_batches=1))
+    trainer = make_trainer(model=tiny_policy(tokenizer), args=tiny_config(total_episodes=32, num_mini_batches=1))
     with pytest.raises(CheckpointError, match="prompts per update"):
         trainer.train(resume_from_checkpoint=os.path.join(args.output_dir, "checkpoint-1"))
 
 
 def test_same_seed_gives_identical_metrics(make_trainer, tiny_config, tokenizer):
-    first = make_trainer(model=fresh_policy(tokenizer), args=tiny_config(total_episodes=32))
+    first = make_trainer(model=tiny_policy(tokenizer), args=tiny_config(total_episodes=32))
     first.train()
-    second = make_trainer(model=fresh_policy(tokenizer), args=tiny_config(total_episodes=32))
+    second = make_trainer(model=tiny_policy(tokenizer), args=tiny_config(total_episodes=32))
     second.train()
     assert step_logs(first) == step_logs(second)
     assert len(step_logs(first)) == 2

@@ -58,9 +58,7 @@ def run_once(model_dir):
     return json.loads(line[len("DIGESTS ") :])
 
 
-def test_same_seed_same_weights_across_processes(tokenizer, tmp_path):
-    from vcppo_trl.toy.model import build_tiny_model
-
-    build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0).save_pretrained(tmp_path / "policy")
+def test_same_seed_same_weights_across_processes(tiny_policy, tmp_path):
+    tiny_policy.save_pretrained(tmp_path / "policy")
     first, second = run_once(tmp_path / "policy"), run_once(tmp_path / "policy")
     assert first == second

@@ -15,22 +15,20 @@ from vcppo_trl import store_rollouts
 from vcppo_trl.rollout import StoredRolloutsError, load_stored_rollouts, read_info, weights_sha256
 from vcppo_trl.rollout.stored import INFO_FILENAME, ROLLOUT_COLUMNS
 
-from ..conftest import fresh_trainer
-
 # The tiny config's batch: 16 sequences per process and update (4 × 2 accumulation steps × 2 mini-batches).
 SAMPLES_PER_BATCH = 16
 
 
-def store(tokenizer, toy_splits, tiny_config, path, num_batches=None, **overrides):
-    trainer = fresh_trainer(tokenizer, toy_splits, tiny_config, **overrides)
+def store(fresh_trainer, path, num_batches=None, **overrides):
+    trainer = fresh_trainer(**overrides)
     return trainer, store_rollouts(trainer, str(path), num_batches=num_batches)
 
 
 def test_stored_rollouts_hold_the_online_phases_prompts_with_their_samples_and_scores(
-    tokenizer, toy_splits, tiny_config, tmp_path
+    fresh_trainer, tokenizer, tmp_path
 ):
     path = tmp_path / "rollouts"
-    trainer, report = store(tokenizer, toy_splits, tiny_config, path, value_pretrain_steps=3)
+    trainer, report = store(fresh_trainer, path, value_pretrain_steps=3)
     assert (report.batches_written, report.batches_found, report.complete_batches) == (3, 0, 3)  # value_pretrain_steps
     info, rows = load_stored_rollouts(str(path))
     assert len(rows) == 3 * SAMPLES_PER_BATCH
@@ -62,16 +60,14 @@ def test_stored_rollouts_hold_the_online_phases_prompts_with_their_samples_and_s
     assert card.startswith("---\nconfigs:") and "data/*.parquet" in card
 
 
-def test_an_interrupted_store_keeps_its_shards_and_a_rerun_writes_the_same_rollouts(
-    tokenizer, toy_splits, tiny_config, tmp_path
-):
+def test_an_interrupted_store_keeps_its_shards_and_a_rerun_writes_the_same_rollouts(fresh_trainer, tmp_path):
     whole = tmp_path / "whole"
-    store(tokenizer, toy_splits, tiny_config, whole, num_batches=3)
+    store(fresh_trainer, whole, num_batches=3)
     resumed = tmp_path / "resumed"
-    store(tokenizer, toy_splits, tiny_config, resumed, num_batches=1)  # "interrupted" after one batch
+    store(fresh_trainer, resumed, num_batches=1)  # "interrupted" after one batch
     first = sorted(os.listdir(resumed / "data"))
     mtimes = {name: os.stat(resumed / "data" / name).st_mtime_ns for name in first}
-    _, report = store(tokenizer, toy_splits, tiny_config, resumed, num_batches=3)
+    _, report = store(fresh_trainer, resumed, num_batches=3)
     assert (report.batches_found, report.batches_written) == (1, 2)
     assert all(os.stat(resumed / "data" / name).st_mtime_ns == mtimes[name] for name in first)  # written stays
     a, b = load_stored_rollouts(str(whole))[1], load_stored_rollouts(str(resumed))[1]
@@ -79,15 +75,13 @@ def test_an_interrupted_store_keeps_its_shards_and_a_rerun_writes_the_same_rollo
     assert not [name for name in os.listdir(resumed / "data") if name.endswith(".tmp")]
 
 
-def test_a_folder_of_another_runs_rollouts_is_refused_naming_what_differs(
-    tokenizer, toy_splits, tiny_config, tmp_path
-):
+def test_a_folder_of_another_runs_rollouts_is_refused_naming_what_differs(fresh_trainer, tmp_path):
     path = tmp_path / "rollouts"
-    store(tokenizer, toy_splits, tiny_config, path, num_batches=1)
+    store(fresh_trainer, path, num_batches=1)
     with pytest.raises(StoredRolloutsError, match=r"sampling\.temperature: 0\.7 != 0\.9"):
-        store(tokenizer, toy_splits, tiny_config, path, num_batches=2, temperature=0.9)
+        store(fresh_trainer, path, num_batches=2, temperature=0.9)
     with pytest.raises(StoredRolloutsError, match="sampling.response_length"):
-        store(tokenizer, toy_splits, tiny_config, path, num_batches=2, response_length=12)
+        store(fresh_trainer, path, num_batches=2, response_length=12)
 
 
 def test_reading_refuses_a_folder_without_rollouts_and_another_schema(tmp_path):
@@ -98,14 +92,12 @@ def test_reading_refuses_a_folder_without_rollouts_and_another_schema(tmp_path):
         read_info(str(tmp_path))
 
 
-def test_without_a_count_or_value_pretraining_the_job_asks_how_many_batches(
-    tokenizer, toy_splits, tiny_config, tmp_path
-):
+def test_without_a_count_or_value_pretraining_the_job_asks_how_many_batches(fresh_trainer, tmp_path):
     with pytest.raises(ValueError, match="How many prompt batches"):
-        store(tokenizer, toy_splits, tiny_config, tmp_path / "r", value_pretrain_steps=0)
+        store(fresh_trainer, tmp_path / "r", value_pretrain_steps=0)
 
 
-def test_stored_rollouts_push_to_a_hub_dataset_repo(tokenizer, toy_splits, tiny_config, tmp_path, monkeypatch):
+def test_stored_rollouts_push_to_a_hub_dataset_repo(fresh_trainer, tmp_path, monkeypatch):
     from ..hub_standin import HubStandIn
 
     server = HubStandIn().start()
@@ -117,7 +109,7 @@ def test_stored_rollouts_push_to_a_hub_dataset_repo(tokenizer, toy_splits, tiny_
         monkeypatch.setattr(constants, "ENDPOINT", server.endpoint)
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
         monkeypatch.setattr(constants, "AGENT_HARNESSES_PATH", str(tmp_path / "hf_home" / ".agent_harnesses.json"))
-        trainer = fresh_trainer(tokenizer, toy_splits, tiny_config, hub_token="token")
+        trainer = fresh_trainer(hub_token="token")
         report = store_rollouts(trainer, str(tmp_path / "r"), num_batches=2, push_to_hub="test-user/toy-rollouts")
         files = server.files("test-user/toy-rollouts")
         assert sorted(files) == sorted(
@@ -133,9 +125,6 @@ def test_stored_rollouts_push_to_a_hub_dataset_repo(tokenizer, toy_splits, tiny_
         critics = []
         for source in ("test-user/toy-rollouts", str(tmp_path / "r")):
             job = fresh_trainer(
-                tokenizer,
-                toy_splits,
-                tiny_config,
                 output_dir=str(tmp_path / "job" / str(len(critics))),
                 value_pretrain_dataset=source,
                 value_pretrain_only=True,
@@ -164,7 +153,7 @@ PHASE = dict(value_pretrain_steps=3, value_pretrain_min_steps=3, value_pretrain_
 
 def pretrain(trainer):
     """Run `trainer` through its value-pretraining phase only; returns its critic's parameters."""
-    from ..conftest import StopAfterPretraining
+    from ..builders import StopAfterPretraining
 
     trainer.add_callback(StopAfterPretraining(trainer.value_pretrain_callback))
     trainer.train()
@@ -174,13 +163,13 @@ def pretrain(trainer):
 
 @pytest.mark.parametrize("critic_job", [False, True], ids=["phase-of-a-run", "critic-job"])
 def test_fed_the_same_rollouts_the_offline_phase_ends_at_the_online_critic_bit_for_bit(
-    tokenizer, toy_splits, tiny_config, tmp_path, critic_job
+    fresh_trainer, tokenizer, tmp_path, critic_job
 ):
     from vcppo_trl.rollout import RolloutWriter
     from vcppo_trl.trainer.store import run_info
 
     captured = tmp_path / "captured"
-    online = fresh_trainer(tokenizer, toy_splits, tiny_config, output_dir=str(tmp_path / "online"), **PHASE)
+    online = fresh_trainer(output_dir=str(tmp_path / "online"), **PHASE)
     writer = RolloutWriter(str(captured), run_info(online), 0)
     writer.prepare()
     sample_and_score, batches = online.rollout_maker.sample_and_score, []
@@ -196,9 +185,6 @@ def test_fed_the_same_rollouts_the_offline_phase_ends_at_the_online_critic_bit_f
     assert len(batches) == 3
 
     offline = fresh_trainer(
-        tokenizer,
-        toy_splits,
-        tiny_config,
         output_dir=str(tmp_path / "offline"),
         value_pretrain_dataset=str(captured),
         value_pretrain_only=critic_job,  # a critic job: no policy held
@@ -225,31 +211,25 @@ def test_fed_the_same_rollouts_the_offline_phase_ends_at_the_online_critic_bit_f
 
 def initial_critic(tokenizer):
     from vcppo_trl.models.value_model import create_value_model_from_policy
-    from vcppo_trl.toy.model import build_tiny_model
 
-    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
-    return [v for v in create_value_model_from_policy(policy).state_dict().values()]
+    from ..builders import tiny_policy
+
+    return [v for v in create_value_model_from_policy(tiny_policy(tokenizer)).state_dict().values()]
 
 
-def test_stored_rollouts_of_another_run_are_refused_for_pretraining_naming_the_field(
-    tokenizer, toy_splits, tiny_config, tmp_path
-):
+def test_stored_rollouts_of_another_run_are_refused_for_pretraining_naming_the_field(fresh_trainer, tmp_path):
     path = tmp_path / "rollouts"
-    store(tokenizer, toy_splits, tiny_config, path, num_batches=2)
-    trainer = fresh_trainer(
-        tokenizer, toy_splits, tiny_config, value_pretrain_dataset=str(path), temperature=0.9, **PHASE
-    )
+    store(fresh_trainer, path, num_batches=2)
+    trainer = fresh_trainer(value_pretrain_dataset=str(path), temperature=0.9, **PHASE)
     with pytest.raises(StoredRolloutsError, match=r"sampling\.temperature: 0\.7 != 0\.9 \(stored != this run\)"):
         trainer.train()
 
 
-def test_held_out_batches_are_never_trained_on_and_feed_the_stop_rule(
-    tokenizer, toy_splits, tiny_config, tmp_path, monkeypatch
-):
+def test_held_out_batches_are_never_trained_on_and_feed_the_stop_rule(fresh_trainer, tmp_path, monkeypatch):
     from vcppo_trl.rollout import StoredRolloutSource
 
     path = tmp_path / "rollouts"
-    store(tokenizer, toy_splits, tiny_config, path, num_batches=3)
+    store(fresh_trainer, path, num_batches=3)
     read, batch_for_update = [], StoredRolloutSource.batch_for_update
 
     def recording(self, update):
@@ -258,9 +238,7 @@ def test_held_out_batches_are_never_trained_on_and_feed_the_stop_rule(
 
     monkeypatch.setattr(StoredRolloutSource, "batch_for_update", recording)
     phase = dict(PHASE, value_pretrain_steps=4, value_pretrain_min_steps=4)
-    trainer = fresh_trainer(
-        tokenizer, toy_splits, tiny_config, value_pretrain_dataset=str(path), value_pretrain_heldout_batches=1, **phase
-    )
+    trainer = fresh_trainer(value_pretrain_dataset=str(path), value_pretrain_heldout_batches=1, **phase)
     pretrain(trainer)
     assert read == [0, 1, 0, 1]  # batch 2 is held out; two epochs over the other two
     assert trainer.stored_rollouts.heldout_batches == [2]
@@ -268,15 +246,11 @@ def test_held_out_batches_are_never_trained_on_and_feed_the_stop_rule(
     assert len(logged) == 4 and all(math.isfinite(e["value_pretrain/heldout_loss"]) for e in logged)
 
 
-def test_a_critic_job_stops_after_the_phase_and_its_critic_loads_with_value_model_path(
-    tokenizer, toy_splits, tiny_config, tmp_path
-):
+def test_a_critic_job_stops_after_the_phase_and_its_critic_loads_with_value_model_path(fresh_trainer, tmp_path):
     path = tmp_path / "rollouts"
-    store(tokenizer, toy_splits, tiny_config, path, num_batches=2)
+    store(fresh_trainer, path, num_batches=2)
     phase = dict(PHASE, value_pretrain_steps=4, value_pretrain_min_steps=4)  # two epochs over the two batches
-    job = fresh_trainer(
-        tokenizer, toy_splits, tiny_config, value_pretrain_dataset=str(path), value_pretrain_only=True, **phase
-    )
+    job = fresh_trainer(value_pretrain_dataset=str(path), value_pretrain_only=True, **phase)
     job.rollout_maker.sample_and_score = None  # a critic job from stored rollouts samples nothing
     assert job.unwrapped_policy_and_critic()[0] is None and job.sampler is None and job.ref_model is None
     assert not any(name.startswith("policy.") for name, _ in job.model.named_parameters())
@@ -285,27 +259,25 @@ def test_a_critic_job_stops_after_the_phase_and_its_critic_loads_with_value_mode
     saved = job.value_pretrain_callback.saved_paths[-1]
     assert saved.endswith("value_pretrained")
     critic = job.unwrapped_policy_and_critic()[1].state_dict()
-    later = fresh_trainer(tokenizer, toy_splits, tiny_config, value_model_path=saved)
+    later = fresh_trainer(value_model_path=saved)
     loaded = later.unwrapped_policy_and_critic()[1].state_dict()
     assert all(torch.equal(critic[k], loaded[k]) for k in critic)
 
 
-def test_a_critic_job_keeps_no_policy_and_refuses_what_needs_one(tokenizer, toy_splits, tiny_config, tmp_path):
+def test_a_critic_job_keeps_no_policy_and_refuses_what_needs_one(
+    fresh_trainer, tokenizer, toy_splits, tiny_config, tmp_path
+):
     import gc
     import weakref
 
-    from vcppo_trl import VCPPOTrainer
-    from vcppo_trl.toy.model import build_tiny_model
-
-    from ..conftest import length_reward
+    from ..builders import tiny_policy, tiny_trainer
 
     path = tmp_path / "rollouts"
-    store(tokenizer, toy_splits, tiny_config, path, num_batches=2)
-    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    store(fresh_trainer, path, num_batches=2)
+    policy = tiny_policy(tokenizer)
     policy_ref = weakref.ref(policy)
-    job = VCPPOTrainer(
+    job = tiny_trainer(
         model=policy,
-        reward_funcs=length_reward,
         # use_vllm as the store job had it: a critic job starts no engine (vLLM need not even be installed)
         args=tiny_config(value_pretrain_dataset=str(path), value_pretrain_only=True, use_vllm=True, **PHASE),
         train_dataset=toy_splits["train"],
@@ -325,16 +297,16 @@ def test_a_critic_job_keeps_no_policy_and_refuses_what_needs_one(tokenizer, toy_
     assert "README.md" not in saved  # no policy card for a policy that is not saved
 
 
-def test_a_critic_job_resumes_from_its_checkpoint_to_the_same_critic(tokenizer, toy_splits, tiny_config, tmp_path):
+def test_a_critic_job_resumes_from_its_checkpoint_to_the_same_critic(fresh_trainer, tmp_path):
     path = tmp_path / "rollouts"
-    store(tokenizer, toy_splits, tiny_config, path, num_batches=2)
+    store(fresh_trainer, path, num_batches=2)
     phase = dict(PHASE, value_pretrain_steps=4, value_pretrain_min_steps=4)
     job = dict(value_pretrain_dataset=str(path), value_pretrain_only=True, save_strategy="steps", save_steps=2)
-    through = fresh_trainer(tokenizer, toy_splits, tiny_config, output_dir=str(tmp_path / "a"), **job, **phase)
+    through = fresh_trainer(output_dir=str(tmp_path / "a"), **job, **phase)
     through.train()
     checkpoint = tmp_path / "a" / "checkpoint-2"
     assert os.listdir(checkpoint / "value_model") and not (checkpoint / "model.safetensors").exists()
-    resumed = fresh_trainer(tokenizer, toy_splits, tiny_config, output_dir=str(tmp_path / "b"), **job, **phase)
+    resumed = fresh_trainer(output_dir=str(tmp_path / "b"), **job, **phase)
     resumed.train(resume_from_checkpoint=str(checkpoint))
     expected = through.unwrapped_policy_and_critic()[1].state_dict()
     got = resumed.unwrapped_policy_and_critic()[1].state_dict()

@@ -24,8 +24,7 @@ from vcppo_trl.rollout.settings import RolloutSettings
 from vcppo_trl.rollout.shaping import token_rewards
 from vcppo_trl.rollout.types import Rollout
 
-from ..conftest import step_logs
-from .test_resume import fresh_policy
+from ..builders import step_logs, tiny_policy
 
 PROMPT_LENGTHS = [5, 2, 4, 1, 3, 5, 2, 4]
 RESPONSE_LENGTHS = [12, 3, 7, 1, 12, 5, 2, 9]
@@ -33,9 +32,7 @@ RESPONSE_LENGTHS = [12, 3, 7, 1, 12, 5, 2, 9]
 
 @pytest.fixture
 def pair(tokenizer):
-    from vcppo_trl.toy.model import build_tiny_model
-
-    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, seed=0)
+    policy = tiny_policy(tokenizer, num_layers=2)
     torch.manual_seed(0)
     return no_dropout(PolicyAndValueModel(policy, create_value_model_from_policy(policy)))
 
@@ -290,9 +287,7 @@ def test_budget_rollout_forwards_equal_the_padded_ones(pair, tokenizer, tmp_path
 def test_budget_with_lora_equals_the_padded_path(tokenizer, tmp_path, padding_free):
     from peft import LoraConfig, get_peft_model
 
-    from vcppo_trl.toy.model import build_tiny_model
-
-    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, seed=0)
+    policy = tiny_policy(tokenizer, num_layers=2)
     torch.manual_seed(0)
     critic = create_value_model_from_policy(policy)
     lora = LoraConfig(
@@ -329,7 +324,7 @@ def test_training_with_budgets_matches_the_padded_run(make_trainer, tiny_config,
     for name, budget, padding_free in (("padded", None, False), ("budget", 48, False), ("packed", 48, True)):
         out = f"{tiny_config().output_dir}-{name}"
         args = tiny_config(max_tokens_per_micro_batch=budget, padding_free=padding_free, output_dir=out)
-        trainer = make_trainer(model=fresh_policy(tokenizer), args=args)
+        trainer = make_trainer(model=tiny_policy(tokenizer), args=args)
         trainer.train()
         runs[name] = step_logs(trainer)
     for variant in ("budget", "packed"):

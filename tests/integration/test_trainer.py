@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 from vcppo_trl import PPOConfig, PPOTrainer, ValuePretrainCallback, VCPPOTrainer, math_verify_reward
 from vcppo_trl.sampling.seam import truncate_at_stop
 
-from ..conftest import StopAfterPretraining, length_reward
+from ..builders import StopAfterPretraining, length_reward
 
 
 def _clone_state(model):
@@ -199,16 +199,10 @@ def test_truncate_at_stop_uses_first_stop_even_when_pad_is_eos():
 # ---------------------------------------------------------------- bad input
 
 
-def test_missing_prompt_column(tiny_policy, tokenizer, tiny_config):
+def test_missing_prompt_column(make_trainer):
     data = Dataset.from_dict({"question": ["Add 1 and 2."] * 16})
     with pytest.raises(ValueError, match="'prompt' column"):
-        VCPPOTrainer(
-            model=tiny_policy,
-            reward_funcs=length_reward,
-            args=tiny_config(),
-            train_dataset=data,
-            processing_class=tokenizer,
-        )
+        make_trainer(train_dataset=data)
 
 
 @pytest.mark.parametrize(
@@ -226,42 +220,24 @@ def test_bad_reward_function(make_trainer, tiny_policy, tokenizer, toy_splits, t
         trainer.train()
 
 
-def test_dataset_smaller_than_batch(tiny_policy, tokenizer, toy_splits, tiny_config):
+def test_dataset_smaller_than_batch(make_trainer, tiny_config):
     with pytest.raises(ValueError, match="needs batch_size"):
-        VCPPOTrainer(
-            model=tiny_policy,
-            reward_funcs=length_reward,
-            args=tiny_config(per_device_train_batch_size=64),
-            train_dataset=toy_splits["train"],
-            processing_class=tokenizer,
-        )
+        make_trainer(args=tiny_config(per_device_train_batch_size=64))
 
 
-def test_value_checkpoint_with_other_vocabulary(tiny_policy, tokenizer, toy_splits, tiny_config, tmp_path):
+def test_value_checkpoint_with_other_vocabulary(make_trainer, tiny_policy, tiny_config, tmp_path):
     config = tiny_policy.config.__class__.from_dict(tiny_policy.config.to_dict())
     config.vocab_size = config.vocab_size + 7
     config.num_labels = 1
     other = AutoModelForTokenClassification.from_config(config)
     other.save_pretrained(tmp_path / "critic")
     with pytest.raises(ValueError, match="vocabulary"):
-        VCPPOTrainer(
-            model=tiny_policy,
-            reward_funcs=length_reward,
-            args=tiny_config(value_model_path=str(tmp_path / "critic")),
-            train_dataset=toy_splits["train"],
-            processing_class=tokenizer,
-        )
+        make_trainer(args=tiny_config(value_model_path=str(tmp_path / "critic")))
 
 
-def test_vcppo_rejects_ppo_config(tiny_policy, tokenizer, toy_splits, tiny_config):
+def test_vcppo_rejects_ppo_config(make_trainer, tiny_config):
     with pytest.raises(TypeError, match="VCPPOConfig"):
-        VCPPOTrainer(
-            model=tiny_policy,
-            reward_funcs=length_reward,
-            args=tiny_config(PPOConfig),
-            train_dataset=toy_splits["train"],
-            processing_class=tokenizer,
-        )
+        make_trainer(VCPPOTrainer, args=tiny_config(PPOConfig))
 
 
 def test_reward_model_as_critic(make_trainer, tiny_policy, tokenizer, toy_splits, tiny_config):
@@ -520,17 +496,17 @@ def test_dynamic_sampling_needs_several_samples_per_prompt(tmp_path):
         PPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, dynamic_sampling=True)
 
 
-def test_bf16_run_with_fp32_lm_head(tokenizer, toy_splits, tiny_config):
+def test_bf16_run_with_fp32_lm_head(make_trainer, tokenizer, tiny_config):
     """`bf16=True, cast_lm_head_to_fp32=True` on a bf16 policy with untied embeddings: the heads of the policy and of
     the reference are float32 through the run, the first (on-policy) step's ratio is exactly 1, and the saved head is
     float32 beside bf16 weights."""
     from safetensors import safe_open
 
     from vcppo_trl.models import is_fp32_head
-    from vcppo_trl.toy.model import build_tiny_model
 
-    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, tie_word_embeddings=False)
-    policy = policy.to(torch.bfloat16)
+    from ..builders import tiny_policy
+
+    policy = tiny_policy(tokenizer, tie_word_embeddings=False).to(torch.bfloat16)
     args = tiny_config(
         PPOConfig,
         bf16=True,
@@ -540,13 +516,7 @@ def test_bf16_run_with_fp32_lm_head(tokenizer, toy_splits, tiny_config):
         gradient_accumulation_steps=4,
         total_episodes=16,
     )
-    trainer = PPOTrainer(
-        model=policy,
-        reward_funcs=length_reward,
-        args=args,
-        train_dataset=toy_splits["train"],
-        processing_class=tokenizer,
-    )
+    trainer = make_trainer(PPOTrainer, model=policy, args=args)
     trainer.train()
     assert trainer.state.global_step == 1
     for model in (trainer.model.policy, trainer.ref_model):

@@ -47,9 +47,9 @@ LOGPROB_TOLERANCE = 1e-4
 
 def _wide_policy(tokenizer, seed=0):
     """A tiny policy whose heads (32 wide) vLLM's CPU backend accepts; tied embeddings, like the toy's."""
-    from vcppo_trl.toy.model import build_tiny_model
+    from ..builders import tiny_policy
 
-    return build_tiny_model(tokenizer, hidden_size=64, num_layers=1, num_heads=2, seed=seed)
+    return tiny_policy(tokenizer, seed=seed, hidden_size=64)
 
 
 @pytest.fixture
@@ -257,7 +257,7 @@ def test_one_step_off_overlap_samples_in_a_vllm_worker_of_its_own(vllm_trainer):
     """`max_staleness=1` with vLLM: a worker process runs its own engine (started from the pushed weights), each batch
     is trained one update after the weights that sampled it, with vLLM's log-probs as the behaviour policy; two runs
     are identical (a seed per prompt, derived from its request's)."""
-    from ..conftest import step_logs, weights
+    from ..builders import step_logs, weights
 
     runs = []
     for _ in range(2):
@@ -307,7 +307,7 @@ def test_stored_vllm_rollouts_keep_the_samplers_logprobs_and_pretrain_a_critic(v
 def test_windows_with_one_step_off_overlap_on_a_vllm_worker(vllm_trainer):
     """`generation_window` with `max_staleness=1` on vLLM: the worker's engine continues the pool's responses from
     their token ids, one window ahead of training."""
-    from ..conftest import step_logs
+    from ..builders import step_logs
 
     trainer = vllm_trainer(generation_window=4, max_staleness=1, value_pretrain_steps=1, total_episodes=64)
     trainer.train()
@@ -488,9 +488,9 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory):
     """A `vllm serve` process on 127.0.0.1 for the toy tokenizer and the wide policy (CPU backend)."""
-    from vcppo_trl.toy.tokenizer import build_tokenizer
+    from ..builders import tiny_tokenizer
 
-    tokenizer = build_tokenizer()
+    tokenizer = tiny_tokenizer()
     path = str(tmp_path_factory.mktemp("served"))
     _wide_policy(tokenizer).save_pretrained(path)
     tokenizer.save_pretrained(path)

@@ -11,7 +11,7 @@ import torch
 from vcppo_trl.rollout.windows import ResponsePool
 from vcppo_trl.sampling.seam import Samples, truncate_at_stop
 
-from ..conftest import fresh_trainer, step_logs, weights
+from ..builders import step_logs, weights
 
 STOP, PAD = 2, 0
 
@@ -55,10 +55,10 @@ def test_a_window_of_zero_tokens_is_refused():
         ResponsePool(2, window=0, response_length=4)
 
 
-def test_a_window_as_long_as_the_response_reproduces_the_whole_response_run(tokenizer, toy_splits, tiny_config):
+def test_a_window_as_long_as_the_response_reproduces_the_whole_response_run(fresh_trainer):
     runs = {}
     for window in (None, 16, 40):
-        trainer = fresh_trainer(tokenizer, toy_splits, tiny_config, value_pretrain_steps=1, generation_window=window)
+        trainer = fresh_trainer(value_pretrain_steps=1, generation_window=window)
         trainer.train()
         runs[window] = (step_logs(trainer), weights(trainer))
     plain_logs, plain_weights = runs[None]
@@ -73,9 +73,7 @@ def test_a_window_as_long_as_the_response_reproduces_the_whole_response_run(toke
         assert all(entry["rollout/in_flight"] == 0 for entry in logs.values())
 
 
-def test_short_windows_train_on_window_tokens_and_the_critic_on_finished_responses(
-    tokenizer, toy_splits, tiny_config, monkeypatch
-):
+def test_short_windows_train_on_window_tokens_and_the_critic_on_finished_responses(fresh_trainer, monkeypatch):
     from vcppo_trl.learner.ppo_learner import PPOLearner
 
     seen = []
@@ -86,7 +84,7 @@ def test_short_windows_train_on_window_tokens_and_the_critic_on_finished_respons
         return update(self, rollout, advantages, returns, **kwargs)
 
     monkeypatch.setattr(PPOLearner, "update", spy)
-    trainer = fresh_trainer(tokenizer, toy_splits, tiny_config, generation_window=4, total_episodes=128)
+    trainer = fresh_trainer(generation_window=4, total_episodes=128)
     trainer.train()
     logs = step_logs(trainer)
     assert len(logs) == 8  # total_episodes keeps its meaning: updates × batch
@@ -108,14 +106,14 @@ def test_short_windows_train_on_window_tokens_and_the_critic_on_finished_respons
     assert any(entry.get("rollout/windows_per_finished_mean", 1) > 1 for entry in logs.values())
 
 
-def test_the_bootstrap_is_the_critics_value_after_the_last_token(tokenizer, toy_splits, tiny_config):
+def test_the_bootstrap_is_the_critics_value_after_the_last_token(fresh_trainer, toy_splits):
     """The extra pad token of an unfinished row gives V at the cut: the critic's output at the last real token, which
     a forward over the sequence alone gives too."""
     from vcppo_trl.models.value_model import value_forward
     from vcppo_trl.rollout.windowed import make_window
     from vcppo_trl.trainer.prompts import PromptStream
 
-    trainer = fresh_trainer(tokenizer, toy_splits, tiny_config, generation_window=3)
+    trainer = fresh_trainer(generation_window=3)
     trainer._setup_training()
     pool = ResponsePool(8, window=3, response_length=16)
     prompts = PromptStream(toy_splits["train"], trainer.batches, 0, seed=0, num_generations=1)
@@ -142,12 +140,12 @@ def test_the_bootstrap_is_the_critics_value_after_the_last_token(tokenizer, toy_
     assert checked > 0
 
 
-def test_t_ppo_rule_bootstraps_from_the_last_value_before_the_cut(tokenizer, toy_splits, tiny_config):
+def test_t_ppo_rule_bootstraps_from_the_last_value_before_the_cut(fresh_trainer, toy_splits):
     from vcppo_trl.algo.gae import last_valid_values
     from vcppo_trl.rollout.windowed import gae_bootstrap, make_window
     from vcppo_trl.trainer.prompts import PromptStream
 
-    trainer = fresh_trainer(tokenizer, toy_splits, tiny_config, generation_window=3, window_bootstrap="last_value")
+    trainer = fresh_trainer(generation_window=3, window_bootstrap="last_value")
     trainer._setup_training()
     pool = ResponsePool(8, window=3, response_length=16)
     prompts = PromptStream(toy_splits["train"], trainer.batches, 0, seed=0, num_generations=1)
@@ -157,13 +155,13 @@ def test_t_ppo_rule_bootstraps_from_the_last_value_before_the_cut(tokenizer, toy
     assert not torch.equal(gae_bootstrap(rollout, "value"), expected)
 
 
-def test_a_resumed_windowed_run_continues_its_pool_exactly(tokenizer, toy_splits, tiny_config, tmp_path):
+def test_a_resumed_windowed_run_continues_its_pool_exactly(fresh_trainer, tmp_path):
     overrides = dict(generation_window=4, total_episodes=48, value_pretrain_steps=2, output_dir=str(tmp_path / "run"))
-    whole = fresh_trainer(tokenizer, toy_splits, tiny_config, save_strategy="steps", save_steps=3, **overrides)
+    whole = fresh_trainer(save_strategy="steps", save_steps=3, **overrides)
     whole.train()  # value pretraining for 2 updates, then PPO; saved after update 3 with responses in flight
     checkpoint = tmp_path / "run" / "checkpoint-3"
     assert len(torch.load(checkpoint / "rollout_pool_0.pt", weights_only=False)["slots"]) > 0
-    resumed = fresh_trainer(tokenizer, toy_splits, tiny_config, **overrides)
+    resumed = fresh_trainer(**overrides)
     resumed.train(resume_from_checkpoint=str(checkpoint))
     after = {s: e for s, e in step_logs(resumed).items() if s > 3}  # the log history before comes from the checkpoint
     assert after == {s: e for s, e in step_logs(whole).items() if s > 3} and len(after) == 2
@@ -184,14 +182,14 @@ def test_what_windows_do_not_support_yet_is_refused_with_the_reason(tiny_config,
         tiny_config(**({"generation_window": 4} | overrides))
 
 
-def test_an_update_that_finished_no_response_moves_the_policy_and_not_the_critic(tokenizer, toy_splits, tiny_config):
+def test_an_update_that_finished_no_response_moves_the_policy_and_not_the_critic(fresh_trainer, toy_splits):
     from accelerate import Accelerator
 
     from vcppo_trl.rollout.windowed import gae_bootstrap, make_window
     from vcppo_trl.trainer.metrics import UpdateRecord, critic_fit
     from vcppo_trl.trainer.prompts import PromptStream
 
-    trainer = fresh_trainer(tokenizer, toy_splits, tiny_config, generation_window=2)
+    trainer = fresh_trainer(generation_window=2)
     trainer._setup_training()
     pool = ResponsePool(16, window=2, response_length=16)
     prompts = PromptStream(toy_splits["train"], trainer.batches, 0, seed=0, num_generations=1)

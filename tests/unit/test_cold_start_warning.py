@@ -4,25 +4,21 @@ import logging
 
 import pytest
 
-from vcppo_trl.toy import build_tiny_model, build_tokenizer, cold_start_sft, make_splits
+from vcppo_trl.toy import cold_start_sft
+
+from ..builders import tiny_policy, tiny_splits
 
 LOGGER = "vcppo_trl.toy.cold_start"
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
-
-
-@pytest.fixture(scope="module")
 def splits():
-    return make_splits(num_train=64, num_eval=8, seed=0, max_digits=2)
+    return tiny_splits(64, 8, max_digits=2)
 
 
 def _run(tokenizer, splits, tmp_path, target_accuracy, max_steps=5):
-    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
     cold_start_sft(
-        model,
+        tiny_policy(tokenizer),
         tokenizer,
         splits["train"],
         output_dir=str(tmp_path / "sft"),

@@ -10,7 +10,7 @@ from vcppo_trl import PPOConfig, PPOTrainer
 from vcppo_trl.algo.diagnostics import marker_token_ids, stop_advantage_gap, stop_positions
 from vcppo_trl.algo.gae import gae
 
-from ..conftest import length_reward
+from ..builders import length_reward
 
 L = 400  # ramp length of the note: b(t) = 1 − t/L, true values 0, reward 0
 

@@ -13,6 +13,8 @@ from vcppo_trl import PPOConfig
 from vcppo_trl.parallel import FSDPError, requested_fsdp_version
 from vcppo_trl.parallel.fsdp import check_fsdp_launch, fsdp2_root_of
 
+from ..builders import tiny_policy
+
 
 def launch(num_processes=2, distributed_type=DistributedType.MULTI_CPU, plugin=None):
     """What the checks read of an accelerator."""
@@ -65,15 +67,12 @@ def test_lora_on_the_critic_is_accepted(fsdp_env, tmp_path):
     assert check_fsdp_launch(launch(), config(tmp_path, value_peft_config=lora)) is True
 
 
-def test_a_peft_model_is_sharded_through_the_model_inside_it():
+def test_a_peft_model_is_sharded_through_the_model_inside_it(tokenizer):
     """PEFT's `generate` calls the transformers model inside the wrapper, never the wrapper: that inner model, which
     holds every parameter (adapters included), is the FSDP2 root."""
     from peft import LoraConfig, get_peft_model
 
-    from vcppo_trl.toy.model import build_tiny_model
-    from vcppo_trl.toy.tokenizer import build_tokenizer
-
-    model = build_tiny_model(build_tokenizer(), hidden_size=16, num_layers=1, num_heads=2, seed=0)
+    model = tiny_policy(tokenizer, hidden_size=16)
     assert fsdp2_root_of(model) is model
     wrapped = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
     root = fsdp2_root_of(wrapped)
@@ -82,13 +81,10 @@ def test_a_peft_model_is_sharded_through_the_model_inside_it():
     assert any(p.requires_grad for p in root.parameters()) and not all(p.requires_grad for p in root.parameters())
 
 
-def test_a_peft_model_with_parameters_outside_the_model_is_refused():
+def test_a_peft_model_with_parameters_outside_the_model_is_refused(tokenizer):
     from peft import PromptTuningConfig, get_peft_model
 
-    from vcppo_trl.toy.model import build_tiny_model
-    from vcppo_trl.toy.tokenizer import build_tokenizer
-
-    model = build_tiny_model(build_tokenizer(), hidden_size=16, num_layers=1, num_heads=2, seed=0)
+    model = tiny_policy(tokenizer, hidden_size=16)
     prompt_tuning = get_peft_model(model, PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=2))
     with pytest.raises(FSDPError, match="parameters outside the model it wraps.*prompt-learning"):
         fsdp2_root_of(prompt_tuning)

@@ -12,14 +12,12 @@ import torch
 from peft import IA3Config, LoraConfig, get_peft_model
 
 from vcppo_trl.sampling.vllm_checks import fsdp2_merged_lora_weights, named_policy_weights
-from vcppo_trl.toy.model import build_tiny_model
-from vcppo_trl.toy.tokenizer import build_tokenizer
+
+from ..builders import tiny_policy, tiny_tokenizer
 
 
 def tiny_peft(config):
-    return get_peft_model(
-        build_tiny_model(build_tokenizer(), hidden_size=32, num_layers=2, num_heads=2, seed=0), config
-    )
+    return get_peft_model(tiny_policy(tiny_tokenizer(), num_layers=2), config)
 
 
 def test_the_merge_from_full_tensors_equals_peft_merge_adapter():

@@ -58,7 +58,7 @@ TRL_PPO_METRICS = (
 
 
 def test_trl_ppo_metric_names_are_logged(make_trainer, tiny_config):
-    from ..conftest import length_reward
+    from ..builders import length_reward
 
     args = tiny_config(PPOConfig, kl_coef=0.05, total_episodes=32)
     trainer = make_trainer(cls=PPOTrainer, reward_funcs=length_reward, args=args)

@@ -10,7 +10,7 @@ from huggingface_hub import ModelCard, constants
 
 from vcppo_trl.checkpoint.hub import HubPushError
 
-from ..conftest import length_reward
+from ..builders import length_reward
 
 
 @pytest.fixture(autouse=True)

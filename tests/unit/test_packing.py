@@ -9,6 +9,8 @@ from torch import nn
 from vcppo_trl.algo.micro_batches import MicroBatch
 from vcppo_trl.models.packing import PackingError, TokenBatch, check_packing, pack_micro_batch
 
+from ..builders import tiny_policy
+
 
 def test_pack_joins_real_tokens_restarts_positions_and_points_at_the_predicting_positions():
     query_ids = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10]])  # left-padded: 2 and 4 prompt tokens
@@ -51,9 +53,7 @@ def test_token_batch_gives_padded_or_packed_inputs():
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
 def test_transformers_keeps_packed_sequences_apart_and_the_probe_accepts_it(tokenizer, implementation):
-    from vcppo_trl.toy.model import build_tiny_model
-
-    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, seed=0)
+    model = tiny_policy(tokenizer, num_layers=2)
     model.config._attn_implementation = implementation
     model.eval()
     check_packing(model, model.config.vocab_size, "policy")
@@ -90,7 +90,5 @@ def test_the_probe_refuses_a_model_whose_packed_sequences_attend_to_each_other()
 
 
 def test_the_probe_accepts_bf16_rounding(tokenizer):
-    from vcppo_trl.toy.model import build_tiny_model
-
-    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, seed=0).to(torch.bfloat16)
+    model = tiny_policy(tokenizer, num_layers=2).to(torch.bfloat16)
     check_packing(model, model.config.vocab_size, "policy")

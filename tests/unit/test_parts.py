@@ -155,13 +155,10 @@ def test_critic_fit_is_built_from_the_update_not_from_metric_names():
 
 
 @pytest.fixture
-def parts(tokenizer):
-    from vcppo_trl.toy.model import build_tiny_model
-
-    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+def parts(tiny_policy):
     torch.manual_seed(0)
-    critic = create_value_model_from_policy(policy)
-    return PolicyAndValueModel(policy, critic)
+    critic = create_value_model_from_policy(tiny_policy)
+    return PolicyAndValueModel(tiny_policy, critic)
 
 
 def config(tmp_path, **overrides):

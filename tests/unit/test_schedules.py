@@ -8,7 +8,7 @@ import pytest
 from vcppo_trl import ValuePretrainCallback
 from vcppo_trl.learner.schedules import RoleLR
 
-from ..conftest import length_reward
+from ..builders import length_reward
 
 LR, VALUE_LR = 1e-3, 2e-3
 

@@ -192,8 +192,8 @@ class _LastStep(TrainerCallback):
         self.global_step = state.global_step
 
 
-def test_cold_start_sft_short_run(tokenizer, splits, tmp_path):
-    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+def test_cold_start_sft_short_run(tokenizer, splits, tmp_path, tiny_policy):
+    model = tiny_policy
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     dataset = splits["train"].select(range(64))
     with torch.no_grad():
@@ -234,8 +234,8 @@ def test_cold_start_sft_short_run(tokenizer, splits, tmp_path):
     assert set(metrics["accuracy_by_difficulty"]) <= set(range(1, 7))
 
 
-def test_cold_start_sft_stops_at_target_accuracy(tokenizer, splits, tmp_path):
-    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+def test_cold_start_sft_stops_at_target_accuracy(tokenizer, splits, tmp_path, tiny_policy):
+    model = tiny_policy
     last_step = _LastStep()
     cold_start_sft(
         model,
@@ -252,8 +252,8 @@ def test_cold_start_sft_stops_at_target_accuracy(tokenizer, splits, tmp_path):
     assert last_step.global_step == 3
 
 
-def test_cold_start_sft_tiny_dataset_with_default_target(tokenizer, tmp_path):
-    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+def test_cold_start_sft_tiny_dataset_with_default_target(tokenizer, tmp_path, tiny_policy):
+    model = tiny_policy
     last_step = _LastStep()
     # Too few examples to hold some out: the target is ignored and training runs to the end.
     cold_start_sft(
@@ -269,8 +269,8 @@ def test_cold_start_sft_tiny_dataset_with_default_target(tokenizer, tmp_path):
     assert last_step.global_step == 4
 
 
-def test_exact_match_and_greedy_agree(tokenizer, splits):
-    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+def test_exact_match_and_greedy_agree(tokenizer, splits, tiny_policy):
+    model = tiny_policy
     dataset = splits["test"].select(range(6))
     assert teacher_forced_exact_match(model, tokenizer, dataset)["exact_match"] == 0.0
     # A response equal to the gold completion is correct; the exact-match check is a plain string comparison.
@@ -278,12 +278,12 @@ def test_exact_match_and_greedy_agree(tokenizer, splits):
     assert not is_correct(dataset[0]["completion"].replace("</think>", ""), dataset[0]["solution"])
 
 
-def test_sampled_accuracy_counts_every_sample_and_leaves_the_random_state(tokenizer, splits):
+def test_sampled_accuracy_counts_every_sample_and_leaves_the_random_state(tokenizer, splits, tiny_policy):
     """`sampled_accuracy` samples `num_samples` responses per prompt with its own seed: the same figures twice, the
     caller's random state untouched; a model that always writes the gold answer scores 1 (pass@k too)."""
     from vcppo_trl.toy import sampled_accuracy
 
-    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    model = tiny_policy
     dataset = splits["test"].select(range(4))
     torch.manual_seed(5)
     state = torch.get_rng_state()

@@ -13,7 +13,7 @@ import report_stats
 import torch
 from task_addition import Variant
 
-from vcppo_trl.toy import build_tiny_model, build_tokenizer, running_sum
+from vcppo_trl.toy import running_sum
 from vcppo_trl.toy.majority import format_prompt, format_solution, leader_after, majority_reward, reasoning_lines
 
 
@@ -59,9 +59,8 @@ def test_running_sum_candidate_reads_the_problem_and_scores_an_early_answer_agai
     assert majority.answer_after(format_prompt(bits, encoding="changes"), 5) == "0"
 
 
-def test_forced_answers_reads_the_greedy_answer_up_to_the_brace():
-    tokenizer = build_tokenizer()
-    model = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0).eval()
+def test_forced_answers_reads_the_greedy_answer_up_to_the_brace(tokenizer, tiny_policy):
+    model = tiny_policy.eval()
     answer_ids = tokenizer("1}", add_special_tokens=False)["input_ids"]
 
     def generate(input_ids, attention_mask=None, max_new_tokens=4, **kwargs):

@@ -53,15 +53,14 @@ def readme_quickstart() -> str:
 
 def test_readme_quickstart_runs_as_written(tmp_path):
     """The README's quickstart block, unchanged except for the model id (a tiny local Llama: no network here)."""
-    from vcppo_trl.toy.model import build_tiny_model
-    from vcppo_trl.toy.tokenizer import build_tokenizer
+    from ...builders import tiny_policy, tiny_tokenizer
 
     code = readme_quickstart()
     assert code.count(QUICKSTART_MODEL) == 1
     model_dir = tmp_path / "tiny-instruct"
-    tokenizer = build_tokenizer()
+    tokenizer = tiny_tokenizer()
     tokenizer.chat_template = CHAT_TEMPLATE
-    build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0).save_pretrained(model_dir)
+    tiny_policy(tokenizer).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     code = code.replace(QUICKSTART_MODEL, repr(str(model_dir)))
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TRL_EXPERIMENTAL_SILENCE="1")

@@ -5,7 +5,7 @@ import os
 import pytest
 from datasets import Dataset
 
-from ...conftest import length_reward
+from ...builders import length_reward
 from .test_train_script import run, tiny_run_command
 
 

@@ -18,11 +18,11 @@ from transformers import AutoModelForSequenceClassification, AutoModelForTokenCl
 from vcppo_trl import PPOConfig, PPOTrainer
 from vcppo_trl.algo.diagnostics import position_bucket_explained_variance, position_bucket_means
 from vcppo_trl.models.value_model import load_value_model
-from vcppo_trl.toy import build_tiny_model, make_arithmetic_dataset
+from vcppo_trl.toy import make_arithmetic_dataset
 from vcppo_trl.toy.reward_model import build_controlled_bias_critic, build_reward_model, position_ramp
 from vcppo_trl.toy.task import format_short_solution, format_solution, response_mode
 
-from ...conftest import length_reward
+from ...builders import length_reward, tiny_policy
 
 
 class TestLengthChoiceTask:
@@ -88,7 +88,7 @@ class TestPositionBuckets:
 
 @pytest.fixture(scope="module")
 def rm_setup(tokenizer):
-    policy = build_tiny_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    policy = tiny_policy(tokenizer)
     data = make_arithmetic_dataset(8, seed=0, max_digits=2, short_fraction=0.5)
     return policy, data
 
