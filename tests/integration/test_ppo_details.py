@@ -305,7 +305,9 @@ def test_value_pretraining_skips_kl_when_the_reference_is_the_initial_policy(mak
     trainer = make_trainer(args=tiny_config(value_pretrain_steps=1, total_episodes=16, kl_coef=0.1))
     assert trainer.rollout_maker.reference_is_initial_policy
     monkeypatch.setattr(
-        trainer.rollout_maker, "reference_logprobs", lambda rollout: pytest.fail("reference forward in pretraining")
+        trainer.rollout_maker.forwarder,
+        "reference_logprobs",
+        lambda *args, **kwargs: pytest.fail("reference forward in pretraining"),
     )
     rollout = _make_rollout(trainer, _rows(trainer), train_policy=False)
     assert rollout.logprobs is None and not rollout.kl.any()
