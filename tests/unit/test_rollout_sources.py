@@ -29,11 +29,11 @@ PACKAGE = os.path.join(REPO, "src", "vcppo_trl")
 ROLLOUT_MODE_FIELDS = {
     "generation_window": {"config/ppo.py", "config/vcppo.py", "rollout/sources.py"},
     "max_staleness": {"config/ppo.py", "config/vcppo.py", "rollout/sources.py", "rollout/overlap.py"},
-    "value_pretrain_dataset": {"config/vcppo.py", "trainer/vcppo.py"},
+    "value_pretrain_dataset": {"config/vcppo.py", "rollout/sources.py"},
     "sequence_parallel_size": {"config/ppo.py", "trainer/setup.py"},
 }
 # The trainer's loop and the checkpoint code never ask which source or split a run has.
-NEVER_READ_THERE = ("trainer/ppo.py", "trainer/saving.py", "trainer/resuming.py")
+NEVER_READ_THERE = ("trainer/ppo.py", "trainer/vcppo.py", "trainer/saving.py", "trainer/resuming.py")
 
 
 def attribute_reads(source: str, names: set[str]) -> list[str]:

@@ -16,7 +16,15 @@ from .replay import (
 from .scoring import ScoredSamples, concat_scored, decode_completions
 from .settings import RolloutSettings, old_logprobs_from_training_forward
 from .shaping import overlong_penalty, token_rewards
-from .sources import CriticFirst, RolloutSource, SourceSettings, WholeResponses, build_rollout_source
+from .sources import (
+    CriticFirst,
+    RolloutSource,
+    SourceSettings,
+    StoredSourceSettings,
+    WholeResponses,
+    build_rollout_source,
+    with_stored_pretraining,
+)
 from .stored import (
     RolloutWriter,
     StoredRolloutsError,
@@ -39,6 +47,8 @@ __all__ = [
     "WholeResponses",
     "WindowedRollouts",
     "CriticFirst",
+    "StoredSourceSettings",
+    "with_stored_pretraining",
     "open_stored_rollouts",
     "rollout_worker",
     "StoredRolloutSource",

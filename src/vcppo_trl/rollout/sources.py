@@ -26,8 +26,11 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from ..config.ppo import PPOConfig
+from ..config.vcppo import VCPPOConfig
 from .maker import RolloutMaker, RolloutStats
 from .overlap import OverlappedRollouts, WindowAhead, rollout_worker
+from .replay import StoredRolloutSource, open_stored_rollouts
+from .stored import StoredRolloutsInfo
 from .types import Rollout
 from .windowed import WindowedRollouts
 from .windows import ResponsePool
@@ -176,3 +179,45 @@ def build_rollout_source(
     if worker is not None:
         return OverlappedRollouts(maker, worker, policy, draw=draw, max_staleness=settings.max_staleness, **common)
     return WholeResponses(maker, draw)
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredSourceSettings:
+    """The fields of [`VCPPOConfig`] that put stored rollouts in front of the online source for value pretraining."""
+
+    dataset: str | None  # `value_pretrain_dataset`: a folder or a Hub dataset of stored rollouts, or None
+    heldout_batches: int  # `value_pretrain_heldout_batches`
+    token: str | None  # `hub_token`, to download a Hub dataset
+
+    @classmethod
+    def from_args(cls, args: VCPPOConfig) -> StoredSourceSettings:
+        return cls(args.value_pretrain_dataset, args.value_pretrain_heldout_batches, args.hub_token)
+
+
+def with_stored_pretraining(
+    settings: StoredSourceSettings,
+    online: RolloutSource,
+    maker: RolloutMaker,
+    *,
+    this_run: Callable[[], StoredRolloutsInfo],
+    process_index: int,
+    draw: Callable[[], Rows] | None,
+) -> tuple[RolloutSource, StoredRolloutSource | None]:
+    """
+    Value pretraining's source: with a stored-rollouts dataset, its rollouts for the critic-only updates in front of
+    `online` ([`CriticFirst`]), refused when they are not this run's (`this_run()` describes it; computed only then);
+    without one, `online` alone. Returns the source and the stored rollouts (`None` without a dataset), whose held-out
+    batches the stop rule reads.
+    """
+    if settings.dataset is None:
+        return online, None
+    stored = open_stored_rollouts(
+        settings.dataset,
+        maker,
+        this_run=this_run(),
+        process_index=process_index,
+        heldout_batches=settings.heldout_batches,
+        token=settings.token,
+        draw=draw,
+    )
+    return CriticFirst(stored, then=online), stored

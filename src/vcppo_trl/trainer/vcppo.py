@@ -17,7 +17,7 @@ from transformers.utils import logging
 from ..algo.gae import dual_lambda_gae
 from ..checkpoint import hub
 from ..config.vcppo import VCPPOConfig
-from ..rollout import CriticFirst, StoredRolloutSource, open_stored_rollouts
+from ..rollout import StoredRolloutSource, StoredSourceSettings, with_stored_pretraining
 from ..rollout.types import Rollout
 from ..rollout.windowed import gae_bootstrap
 from .metrics import critic_fit, heldout_fit
@@ -56,7 +56,7 @@ class VCPPOTrainer(PPOTrainer):
         self.value_pretrain_callback = self._bind_value_pretrain_callback()
         # The phase belongs to the trainer; the callback configures it (without one: a phase that never runs).
         self.value_pretraining = ValuePretrainingPhase()
-        self.stored_rollouts: StoredRolloutSource | None = None  # the phase's rollouts with `value_pretrain_dataset`
+        self.stored_rollouts: StoredRolloutSource | None = None  # the phase's stored rollouts, when it reads some
         if self.value_pretrain_callback is not None:
             self.value_pretraining = self.value_pretrain_callback.phase
             ddp = self.accelerator.num_processes > 1 and not self.is_deepspeed_enabled
@@ -141,9 +141,15 @@ class VCPPOTrainer(PPOTrainer):
         if not self.value_pretraining.should_begin():
             return
         self.begin_value_pretraining()
-        if self.args.value_pretrain_dataset is not None:  # the phase's rollouts are read, PPO's sampled after it
-            self.stored_rollouts = self.open_stored_rollouts()
-            self.rollouts = CriticFirst(self.stored_rollouts, then=self.rollouts)
+        # With stored rollouts the phase's rollouts are read, PPO's sampled after it.
+        self.rollouts, self.stored_rollouts = with_stored_pretraining(
+            StoredSourceSettings.from_args(self.args),
+            self.rollouts,
+            self.rollout_maker,
+            this_run=lambda: run_info(self),
+            process_index=self.accelerator.process_index,
+            draw=None if self.prompts is None else self.prompts.draw,
+        )
         if self.is_world_process_zero():
             source = (
                 "" if self.stored_rollouts is None else f" from the stored rollouts in {self.stored_rollouts.path}"
@@ -152,20 +158,6 @@ class VCPPOTrainer(PPOTrainer):
                 "Value pretraining: training the critic alone (λ = 1, policy frozen) for up to "
                 f"{self.value_pretraining.planned_updates} updates{source}."
             )
-
-    def open_stored_rollouts(self) -> StoredRolloutSource:
-        """The stored rollouts of `value_pretrain_dataset`, refused when they are not this run's policy's, tokenizer's,
-        sampling's, rewards' or layout's (naming each field that differs)."""
-        args = self.args
-        return open_stored_rollouts(
-            args.value_pretrain_dataset,
-            self.rollout_maker,
-            this_run=run_info(self),
-            process_index=self.accelerator.process_index,
-            heldout_batches=args.value_pretrain_heldout_batches,
-            token=args.hub_token,
-            draw=None if self.prompts is None else self.prompts.draw,
-        )
 
     def phase_fit(self):
         """The critic's fit the stop rule reads: on the update's own rollout, or on the held-out stored batches."""
