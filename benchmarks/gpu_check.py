@@ -720,7 +720,8 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             row, failed = {"size": "-", "result": f"FAILED: {type(exc).__name__}: {str(exc)[:300]}"}, failed + 1
         rows.append((name, row))
-        print(f"[gpu_check] {name} done", file=sys.stderr, flush=True)
+        # each row as it finishes, so that a run stopped by a time limit keeps the rows it had
+        print(f"[gpu_check] {name} done: {row['size']}  {row['result']}", file=sys.stderr, flush=True)
     where = "CPU smoke (tiny sizes)" if smoke else torch.cuda.get_device_name(0)
     print(f"\ngpu_check on {where}, torch {torch.__version__}")
     width = max(len(r["size"]) for _, r in rows) if rows else 4
