@@ -1,13 +1,14 @@
 """One command for a machine with a GPU: does the package run there, how fast, in how much memory. Prints one table.
 
-    python benchmarks/gpu_check.py               # needs CUDA; without the windows and rollout rows 289 s on one
-                                                 # H200 at ee33196; the windows row about 10 minutes more (row 7)
+    python benchmarks/gpu_check.py               # needs CUDA; without the rollout row about 545 s on one H200
+                                                 # at f5cfd98 (measured in two commands: 349 s + 195 s)
     python benchmarks/gpu_check.py --cpu-smoke   # the same code paths on CPU at tiny sizes
                                                  # (tests/integration/scripts/test_gpu_check.py)
 
-Run on one H200 at commit ee33196 with `--skip windows rollout` (vLLM could not be carried there; `windows` was tried
-alone and did not finish in the time it had, row 7) and `fsdp2-1proc` alone at aab52ec:
-benchmarks/results/gpu_check_h200_ee33196.txt, figures in docs/benchmarks.md. Rows:
+Run on one H200 at commit f5cfd98 in two commands (`--skip logprob long rollout fp32 --windows-length 1024`, then
+`--skip gae update windows zero3 fsdp2 rollout`; vLLM's CUDA wheel could not be carried there):
+benchmarks/results/gpu_check_h200_f5cfd98.txt, figures in docs/benchmarks.md. The run before it:
+benchmarks/results/gpu_check_h200_ee33196.txt. Rows:
 
 1. `gae`: `vcppo_trl.gae.dual_lambda_gae` against the per-token Python loop of benchmarks/gae.py, 64 x 16,384 tokens
    (smoke: 4 x 64), on the device; median times and their ratio, and the largest difference between the two.
@@ -33,20 +34,10 @@ benchmarks/results/gpu_check_h200_ee33196.txt, figures in docs/benchmarks.md. Ro
    Qwen2.5-0.5B shape with random weights in bf16, benchmarks/windows.py's setting (its long-tailed lengths with the
    stop applied while sampling, batch 8, KL 0, the on-policy shortcut) with its token budget: whole responses against
    a window of T/4 in one run; finished responses per second, generation seconds per update, update seconds and peak
-   GPU memory of each, the window's as ratios to the whole side's. T = 2,048 (`--windows-length`), not 16,384: see
-   `check_generation_windows` (smoke: the tiny model, T = 32, windows T/2 and T/4). Not measured on a GPU: on one H200
-   at ee33196 the whole side did 2 of its 4 updates in 208 s (about 100 s each, start-up included) before a 190 s
-   limit stopped it; at T = 512 under 150 s the whole side finished and the T/4 side did not. At that pace the row at
-   T = 2,048 takes about 10 minutes.
-4. `zero3-1proc`, `fsdp2-1proc`: FSDP2 against ZeRO-3 with one process: tests/integration/distributed/worker.py (1
-   value-pretraining + 4 VC-PPO updates of the tiny toy model, bf16 on the GPU) through `accelerate launch
-   --num_processes 1` with configs/accelerate/zero3.yaml and with configs/accelerate/fsdp2.yaml (accelerate's own FSDP
-   plugin over a process group of one). Both rows report the same: updates, whether the policy moved, peak GPU memory
-   per process, and the launch's seconds, start-up included (on one H200: zero3-1proc 45 s at ee33196, fsdp2-1proc
-   34 s at aab52ec, both 5 updates with the policy moved). Smoke: zero3_cpu.yaml with one process over gloo;
-   fsdp2_cpu.yaml with 2 CPU processes (`use_cpu`, MULTI_CPU over gloo), since on a CPU accelerate makes no FSDP
-   plugin and the trainer refuses one process there; the row then also reports each rank's share of the policy's
-   parameters.
+   GPU memory of each, the window's as ratios to the whole side's. T = 1,024 (`--windows-length`), not 16,384: see
+   `check_generation_windows` (smoke: the tiny model, T = 32, windows T/2 and T/4). On one H200 at f5cfd98 (T = 1,024):
+   whole 0.299 finished/s, 28 s of generation in a 30.6 s update; T/4 1.41x the finished responses per second. At
+   T = 2,048 the row takes about 10 minutes alone (the whole side did 2 of its 4 updates in 208 s at ee33196).
 8. `fp32-head`: the sampler/trainer log-prob gap of benchmarks/fp32_head.py on the device, without and with
    `cast_lm_head_to_fp32`: the Qwen2.5-0.5B shape with random weights in bf16 (tied embeddings), 16 random prompts of
    32 tokens, 256 sampled tokens at temperature 1, 3 seeds; HF `generate` as the sampler (its own log-probs), the
@@ -412,7 +403,7 @@ def check_logprob_memory(device: torch.device, smoke: bool, method: str, train: 
     }
 
 
-WINDOWS_LENGTH = 2048  # the `windows` row's T on the GPU (--windows-length); why not 16,384: check_generation_windows
+WINDOWS_LENGTH = 1024  # the `windows` row's T on the GPU (--windows-length); why not 16,384: check_generation_windows
 
 
 def run_windows_side(
@@ -507,16 +498,15 @@ def check_generation_windows(device: torch.device, smoke: bool, response_length:
     with its ratio to the whole side's (no timing is asserted anywhere).
 
     Sizes. What costs here is sequential decoding: each update of the whole side decodes T steps (every batch of 8
-    draws one response at the cap), a window side W per update, whatever the batch, and HF `generate` on a
-    24-layer model takes on the order of 10-20 ms per step on a GPU (launch-bound at batch 8). At T = 16,384 one
-    whole-response update alone is ~3-5 minutes and the row (whole: 4 x T steps, T/4: 7 x T/4) ~15-30, past what the
-    whole check may take (a few minutes) and a lent machine's 10-minute command. At the default T = 2,048 the row
-    decodes ~11,800 steps; the estimate of 10-20 ms per step was wrong: on one H200 (commit ee33196) the whole side
-    did 2 updates in 190 s, start-up included (~45-50 ms per step if all of it were decoding), and at T = 512 the row
-    did not finish within 150 s, so the row needs about 10 minutes on its own and has no GPU figure yet. Generation
-    dominates the update there as at 16,384 (the learner's share, 8 responses of mean ~T/4 under a token budget, is
-    ~1 s against tens of seconds of decoding), so the ratios read the same trade. `--windows-length 16384` runs it at the full length where the time is there. T/2 is left out on the
-    GPU (another 5 x T/2 steps); the smoke run has it. Smoke: the tiny model, T = 32, 2 timed updates.
+    draws one response at the cap), a window side W per update, whatever the batch, and HF `generate` on a 24-layer
+    model takes about 27 ms per step on one H200 (launch-bound at batch 8; measured at T = 1,024 at commit f5cfd98:
+    28 s of generation per whole-response update). At T = 16,384 one whole-response update alone would be about 7
+    minutes and the row (whole: 4 x T steps, T/4: 7 x T/4) about 50, past a lent machine's 10-minute command; at T =
+    2,048 the row alone takes about 10 minutes (at ee33196 the whole side did 2 of its 4 updates in 208 s) and the
+    default is T = 1,024, where the row took about 4 minutes. Generation dominates the update there as at 16,384 (28
+    of 30.6 s per whole-response update), so the ratios read the same trade. `--windows-length 16384` runs it at the
+    full length where the time is there. T/2 is left out on the GPU (another 5 x T/2 steps); the smoke run has it.
+    Smoke: the tiny model, T = 32, 2 timed updates.
     """
     config, updates = (SMOKE_MODEL, 2) if smoke else (QWEN25_05B, 3)
     length = 32 if smoke else response_length
