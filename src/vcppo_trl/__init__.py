@@ -14,7 +14,7 @@ from .rewards.math_verify import math_verify_reward
 from .trainer.console import RolloutProgressCallback, silence_unused_backend_notices
 from .trainer.ppo import PPOTrainer
 from .trainer.preemption import TrainingInterrupted
-from .trainer.store import store_rollouts
+from .trainer.store_job import store_rollouts
 from .trainer.value_pretraining import ValuePretrainCallback
 from .trainer.vapo import VAPOTrainer
 from .trainer.vcppo import VCPPOTrainer

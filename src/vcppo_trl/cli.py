@@ -24,7 +24,7 @@ from .models.value_model import check_value_model_source
 from .parallel.checks import check_launch_environment
 from .rewards.registry import resolve_reward_funcs
 from .trainer.preemption import TrainingInterrupted
-from .trainer.store import store_rollouts
+from .trainer.store_job import store_rollouts
 from .trainer.vapo import VAPOTrainer
 from .trainer.vcppo import VCPPOTrainer
 

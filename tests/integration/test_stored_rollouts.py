@@ -13,7 +13,7 @@ import torch
 
 from vcppo_trl import store_rollouts
 from vcppo_trl.rollout import StoredRolloutsError, load_stored_rollouts, read_info, weights_sha256
-from vcppo_trl.rollout.stored import INFO_FILENAME, ROLLOUT_COLUMNS
+from vcppo_trl.rollout.stored_format import INFO_FILENAME, ROLLOUT_COLUMNS
 
 # The tiny config's batch: 16 sequences per process and update (4 × 2 accumulation steps × 2 mini-batches).
 SAMPLES_PER_BATCH = 16
@@ -166,7 +166,7 @@ def test_fed_the_same_rollouts_the_offline_phase_ends_at_the_online_critic_bit_f
     fresh_trainer, tokenizer, tmp_path, critic_job
 ):
     from vcppo_trl.rollout import RolloutWriter
-    from vcppo_trl.trainer.store import run_info
+    from vcppo_trl.trainer.store_job import run_info
 
     captured = tmp_path / "captured"
     online = fresh_trainer(output_dir=str(tmp_path / "online"), **PHASE)

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from vcppo_trl.rollout.windows import ResponsePool
+from vcppo_trl.rollout.response_pool import ResponsePool
 from vcppo_trl.sampling.seam import Samples, truncate_at_stop
 
 from ..builders import step_logs, weights

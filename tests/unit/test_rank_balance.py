@@ -4,7 +4,7 @@ run here without processes (the all-to-all simulated in memory)."""
 import pytest
 import torch
 
-from vcppo_trl.algo.rank_balance import (
+from vcppo_trl.algo.rank_assignment import (
     balanced_assignment,
     exchange_plan,
     keep_in_place,

@@ -41,7 +41,7 @@ from .micro_batches import (
     warn_once_over_budget,
 )
 from .objective import MicroBatchLoss, PPOBatch, PPOLossSettings, mean_metrics, ppo_micro_batch_loss
-from .rank_balance import (
+from .rank_assignment import (
     ExchangePlan,
     balanced_assignment,
     exchange_plan,

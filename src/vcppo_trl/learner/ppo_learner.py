@@ -30,10 +30,10 @@ from ..parallel.collectives import micro_batch_context, whitening_all_reduce
 from ..parallel.fsdp import full_tensor
 from ..parallel.sequence import SequenceGroup, ulysses_attention
 from ..rollout.types import Rollout
-from .balancing import RankBalancer
+from .epoch_group_rows import SequenceGroupRows
 from .optimizers import NonFiniteTrainingError, reset_optimizer_state
+from .rank_exchange import RankBalancer
 from .schedules import RoleLR
-from .sequence_rows import SequenceGroupRows
 from .settings import LearnerSettings
 
 logger = logging.get_logger(__name__)
@@ -123,7 +123,7 @@ class PPOLearner:
         Each micro-batch's loss is its token (or sequence) sum divided by the count of the whole mini-batch across all
         micro-batches and processes (`loss_type`, `value_loss_type`), so the gradient of a mini-batch does not depend
         on how it is split, nor on which process runs which of its sequences: with `balance_ranks` each epoch's global
-        mini-batches are handed out to processes by token count ([`~learner.balancing.RankBalancer`]), and what the
+        mini-batches are handed out to processes by token count ([`~learner.rank_exchange.RankBalancer`]), and what the
         epoch computes per row comes back to the row's process. With `train_policy=False` only the value loss is
         optimised and the policy's parameters get no gradient and no optimizer step (their learning rate is also held
         at exactly 0, so no weight decay touches them).

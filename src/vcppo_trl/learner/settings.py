@@ -28,7 +28,7 @@ class LearnerSettings:
     output_dir: str  # where the error of too many non-finite steps looks for the latest checkpoint
     # The training forwards: by `max_tokens_per_micro_batch`, else `per_device_train_batch_size` sequences.
     forwards: ForwardSettings
-    # Hand each global mini-batch's sequences out to processes by token count (see `learner.balancing`)
+    # Hand each global mini-batch's sequences out to processes by token count (see `learner.rank_exchange`)
     balance_ranks: bool = False
 
     @classmethod

@@ -8,7 +8,7 @@ from transformers import PreTrainedModel
 
 from .logprobs import packed_response_logprobs, response_logprobs
 from .packing import PackedRow, SplitRows
-from .sequence_split import split_response_logprobs, split_value_forward
+from .split_forwards import split_response_logprobs, split_value_forward
 from .value_model import packed_value_forward, value_forward
 
 

@@ -6,8 +6,8 @@ sequence split for a head split (all-to-all), so that each process attends over 
 the heads, and trades back. Everything else in a decoder (embeddings, MLPs, norms, heads) is per position.
 
 This module holds the collectives and the attention switch; the layout of a split micro-batch is
-[`~models.packing.SplitRows`], the forwards over it are in [`~models.sequence_split`], and the sharing of rows within
-a group in [`~models.group_rows`] (the rollout's forwards) and [`~learner.sequence_rows`] (the PPO epochs).
+[`~models.packing.SplitRows`], the forwards over it are in [`~models.split_forwards`], and the sharing of rows within
+a group in [`~parallel.group_rows`] (the rollout's forwards) and [`~learner.epoch_group_rows`] (the PPO epochs).
 
 Ulysses' attention is installed in place of the models' own implementation (transformers' `ALL_ATTENTION_FUNCTIONS`)
 behind a switch: it runs only inside [`ulysses_attention`] (the split forwards: the learner's and their backward, where

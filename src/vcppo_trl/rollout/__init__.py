@@ -6,13 +6,7 @@ of generations a rollout worker runs ahead of training (`max_staleness`), and ro
 
 from .maker import GenerationStats, RolloutMaker, RolloutStats
 from .overlap import AheadOfTraining, OverlappedRollouts, WindowAhead, request_seed, rollout_worker
-from .replay import (
-    StoredRolloutSource,
-    mismatches,
-    open_stored_rollouts,
-    resolve_stored_rollouts,
-    scored_from_records,
-)
+from .response_pool import InFlight, ResponsePool, WindowStep
 from .scoring import ScoredSamples, concat_scored, decode_completions
 from .settings import RolloutSettings, old_logprobs_from_training_forward
 from .shaping import overlong_penalty, token_rewards
@@ -25,7 +19,7 @@ from .sources import (
     build_rollout_source,
     with_stored_pretraining,
 )
-from .stored import (
+from .stored_format import (
     RolloutWriter,
     StoredRolloutsError,
     StoredRolloutsInfo,
@@ -36,9 +30,15 @@ from .stored import (
     vocab_sha256,
     weights_sha256,
 )
+from .stored_source import (
+    StoredRolloutSource,
+    mismatches,
+    open_stored_rollouts,
+    resolve_stored_rollouts,
+    scored_from_records,
+)
 from .types import OverlapStats, Rollout, is_correct
 from .windowed import WindowedRollouts, gae_bootstrap, make_window
-from .windows import InFlight, ResponsePool, WindowStep
 
 __all__ = [
     "RolloutSource",

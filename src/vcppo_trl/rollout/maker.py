@@ -28,11 +28,11 @@ from ..rewards.calls import call_reward_function
 from ..rewards.reward_models import reward_model_scores
 from ..sampling.seam import Samples
 from .forwards import RolloutForwards
+from .response_pool import WindowStep
 from .scoring import ScoredSamples, concat_scored, decode_completions
 from .settings import RolloutSettings
 from .shaping import overlong_penalty, token_rewards
 from .types import OverlapStats, Rollout, WindowMarks, is_correct
-from .windows import WindowStep
 
 logger = logging.get_logger(__name__)
 

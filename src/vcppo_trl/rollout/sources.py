@@ -11,7 +11,7 @@ asks which source it holds. The sources:
 | [`WholeResponses`] | the next prompts, sampled, scored and completed in this process | nothing |
 | [`~rollout.windowed.WindowedRollouts`] | the pool of in-flight responses extended by one window (`generation_window`), sampled here or, composed with a [`~rollout.overlap.WindowAhead`], by a worker one update ahead | the pool, and the window sampled ahead |
 | [`~rollout.overlap.OverlappedRollouts`] | the generation a rollout worker sampled ahead (`max_staleness`), with the next ones queued | the queued generations |
-| [`~rollout.replay.StoredRolloutSource`] | a stored batch of the frozen initial policy's rollouts (value pretraining from `value_pretrain_dataset`) | nothing |
+| [`~rollout.stored_source.StoredRolloutSource`] | a stored batch of the frozen initial policy's rollouts (value pretraining from `value_pretrain_dataset`) | nothing |
 | [`CriticFirst`] | one source's rollouts for critic-only updates, another's for the rest | the other's |
 
 A new kind of rollout (tools, environments) is one more source: build it in [`build_rollout_source`].
@@ -29,11 +29,11 @@ from ..config.ppo import PPOConfig
 from ..config.vcppo import VCPPOConfig
 from .maker import RolloutMaker, RolloutStats
 from .overlap import OverlappedRollouts, WindowAhead, rollout_worker
-from .replay import StoredRolloutSource, open_stored_rollouts
-from .stored import StoredRolloutsInfo
+from .response_pool import ResponsePool
+from .stored_format import StoredRolloutsInfo
+from .stored_source import StoredRolloutSource, open_stored_rollouts
 from .types import Rollout
 from .windowed import WindowedRollouts
-from .windows import ResponsePool
 
 Rows = list[dict[str, Any]]
 

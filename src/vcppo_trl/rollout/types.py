@@ -38,7 +38,7 @@ class Rollout:
     sampler_logprobs: torch.Tensor | None = None  # [B, T] the sampler's own log-probs (vLLM), 0 outside the mask
     # [B] ≤ 0: the overlong shaping term included in `scores` ([`overlong_penalty`]); None when shaping is off
     overlong_penalties: torch.Tensor | None = None
-    # Generation windows (`generation_window`, see `rollout/windows.py`); all None when every response is whole.
+    # Generation windows (`generation_window`, see `rollout/response_pool.py`); all None when every response is whole.
     window_mask: torch.Tensor | None = None  # [B, T] bool: the tokens sampled in this update (the policy's)
     finished: torch.Tensor | None = None  # [B] bool: finished in this update (stop token, or `response_length`)
     bootstrap_values: torch.Tensor | None = None  # [B] V after the last token of an unfinished response, else 0

@@ -1,5 +1,5 @@
 """Generation windows as a rollout source ([`WindowedRollouts`]): each update's rollout is the pool
-([`~rollout.windows.ResponsePool`]) extended by one window, by the rollout maker's sampler or a rollout worker one
+([`~rollout.response_pool.ResponsePool`]) extended by one window, by the rollout maker's sampler or a rollout worker one
 update ahead, scored where responses finished, and completed by the maker like any rollout."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from ..parallel.collectives import max_across_processes
 from ..sampling.seam import Samples, unpadded_prompts
 from .maker import GenerationStats, RolloutMaker, RolloutStats
 from .overlap import WindowAhead
+from .response_pool import ResponsePool, left_pad, right_pad
 from .types import Rollout, WindowMarks
-from .windows import ResponsePool, left_pad, right_pad
 
 
 class WindowedRollouts:

@@ -6,7 +6,7 @@ stop rule and callback, prompts, the console, saving, resuming and preemption, a
 from .console import CompactPrinterCallback, RolloutProgressCallback, silence_unused_backend_notices
 from .ppo import PPOTrainer
 from .preemption import TrainingInterrupted
-from .store import StoreReport, store_rollouts
+from .store_job import StoreReport, store_rollouts
 from .value_pretraining import CriticFit, ValuePretrainCallback, ValuePretrainingPhase, ValuePretrainRule
 from .vapo import VAPOTrainer
 from .vcppo import VCPPOTrainer

@@ -29,8 +29,8 @@ from ..algo.micro_batches import ForwardWork
 from ..config.ppo import PPOConfig
 from ..learner.ppo_learner import UpdateResult
 from ..rollout.maker import GenerationStats, RolloutStats
+from ..rollout.response_pool import WindowStep
 from ..rollout.types import OverlapStats, Rollout, is_correct
-from ..rollout.windows import WindowStep
 from .value_pretraining import CriticFit
 
 logger = logging.get_logger(__name__)

@@ -38,7 +38,7 @@ from ..sampling.vllm_checks import check_vllm_model, require_vllm, vllm_dtype, v
 from ..sampling.vllm_samplers import VLLMColocateSampler, VLLMServerSampler
 from .console import quiet_replica
 from .prompts import DataReport, prepare_prompt_dataset, prompt_token_lengths, reward_function_columns
-from .store import policy_identity
+from .store_job import policy_identity
 
 if is_peft_available():
     from peft import PeftConfig, get_peft_model

@@ -22,7 +22,7 @@ from ..rollout.types import Rollout
 from ..rollout.windowed import gae_bootstrap
 from .metrics import critic_fit, heldout_fit
 from .ppo import PPOTrainer
-from .store import run_info
+from .store_job import run_info
 from .value_pretraining import VALUE_PRETRAINED_DIRNAME, ValuePretrainCallback, ValuePretrainingPhase, saved_phase
 
 logger = logging.get_logger(__name__)

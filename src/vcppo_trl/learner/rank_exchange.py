@@ -1,6 +1,6 @@
 """Balanced ranks (`balance_ranks`) in the PPO epochs: each epoch's mini-batches are drawn as without balancing (every
 process shuffles its own rows), then each global mini-batch's sequences are handed out again so that every process
-holds about the same number of tokens, the same number of rows as before ([`~algo.rank_balance`]); the rows' tensors
+holds about the same number of tokens, the same number of rows as before ([`~algo.rank_assignment`]); the rows' tensors
 (tokens, masks, values, returns, advantages, old and sampler log-probabilities) move with them in one all-to-all per
 tensor, and what the epoch computes per row (old log-probabilities under the on-policy shortcut, the sampler-mismatch
 weights) goes back to the process that owns the row.
@@ -18,7 +18,7 @@ import torch
 from accelerate import Accelerator
 
 from ..algo.objective import PPOBatch
-from ..algo.rank_balance import (
+from ..algo.rank_assignment import (
     ExchangePlan,
     exchange_plan,
     mini_batch_assignments,
@@ -26,9 +26,9 @@ from ..algo.rank_balance import (
     process_loads,
     rank_token_imbalance,
 )
-from ..models.group_rows import TOKEN_FIELDS, padded_token_rows
 from ..models.packing import TokenBatch
 from ..parallel.collectives import exchange_rows
+from ..parallel.group_rows import TOKEN_FIELDS, padded_token_rows
 
 
 @dataclasses.dataclass
@@ -112,7 +112,7 @@ class RankBalancer:
 
     def metrics(self) -> dict[str, float]:
         """`perf/rank_token_imbalance` of the update as it ran and, with balancing, `perf/rank_token_imbalance_before`
-        (as it would have run without): see [`~algo.rank_balance.rank_token_imbalance`]."""
+        (as it would have run without): see [`~algo.rank_assignment.rank_token_imbalance`]."""
         if not self.loads_after:
             return {}
         metrics = {"perf/rank_token_imbalance": rank_token_imbalance(torch.cat(self.loads_after))}

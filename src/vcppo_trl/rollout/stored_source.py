@@ -19,7 +19,7 @@ import torch
 from ..sampling.seam import Samples
 from .maker import GenerationStats, RolloutMaker, RolloutStats
 from .scoring import ScoredSamples
-from .stored import (
+from .stored_format import (
     DATA_DIRNAME,
     ROLLOUT_COLUMNS,
     StoredRolloutsError,

@@ -17,11 +17,11 @@ import torch
 from accelerate import Accelerator
 
 from ..algo.objective import PPOBatch
-from ..algo.rank_balance import rank_token_imbalance
-from ..models.group_rows import group_row_shapes
+from ..algo.rank_assignment import rank_token_imbalance
 from ..models.packing import TokenBatch
+from ..parallel.group_rows import group_row_shapes
 from ..parallel.sequence import SequenceGroup
-from .balancing import EpochRows, exchange_epoch_rows
+from .rank_exchange import EpochRows, exchange_epoch_rows
 
 
 class SequenceGroupRows:

@@ -1,5 +1,5 @@
 """The store-rollouts job: sample the frozen initial policy on the training prompts, score the samples with the run's
-reward functions, and write them as a stored-rollouts dataset ([`~rollout.stored`]) to pretrain critics from.
+reward functions, and write them as a stored-rollouts dataset ([`~rollout.stored_format`]) to pretrain critics from.
 
 It runs the trainer's own rollout path ([`~rollout.maker.RolloutMaker.sample_and_score`]: chat template, tokenisation,
 the HF or vLLM sampler, decoding, rewards) on the prompt batches the trainer's value-pretraining phase would draw,
@@ -52,7 +52,7 @@ def batch_seed(seed: int, batch: int, process: int) -> int:
 
 
 def run_info(trainer) -> StoredRolloutsInfo:
-    """The [`~rollout.stored.StoredRolloutsInfo`] of a trainer's run: its initial policy, tokenizer, sampling,
+    """The [`~rollout.stored_format.StoredRolloutsInfo`] of a trainer's run: its initial policy, tokenizer, sampling,
     rewards and process layout."""
     args = trainer.args
     tokenizer = trainer.processing_class
@@ -87,7 +87,7 @@ def run_info(trainer) -> StoredRolloutsInfo:
 
 
 def policy_identity(policy: torch.nn.Module, gather: bool) -> dict:
-    """The policy's name, revision and weights hash ([`~rollout.stored.weights_sha256`]; with `gather`, its ZeRO-3
+    """The policy's name, revision and weights hash ([`~rollout.stored_format.weights_sha256`]; with `gather`, its ZeRO-3
     partitions are gathered first), as stored rollouts record it."""
     with gathered_parameters(policy, gather):
         digest = weights_sha256(policy)
