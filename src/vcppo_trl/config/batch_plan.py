@@ -46,6 +46,23 @@ def plan_batches(args: PPOConfig, world_size: int, train_rows: int, warn: bool =
             f"{prompts_per_update} prompts, but the train dataset has only {train_rows} rows. "
             "Lower those settings or add data."
         )
+    if args.max_steps > 0:  # as in transformers: the number of updates, over num_train_epochs and total_episodes
+        num_ppo_updates = args.max_steps
+        total_episodes = num_ppo_updates * batch_size
+        if args.total_episodes is not None and warn:
+            logger.warning(
+                f"max_steps={args.max_steps} sets the run's length: total_episodes={args.total_episodes} is not used."
+            )
+        return BatchPlan(
+            world_size=world_size,
+            local_batch_size=local_batch_size,
+            local_mini_batch_size=local_batch_size // args.num_mini_batches,
+            batch_size=batch_size,
+            local_prompts_per_update=local_batch_size // k,
+            prompts_per_update=prompts_per_update,
+            num_ppo_updates=num_ppo_updates,
+            total_episodes=total_episodes,
+        )
     total_episodes = args.total_episodes or int(args.num_train_epochs * train_rows * k)
     num_ppo_updates = max(1, math.ceil(total_episodes / batch_size))
     if total_episodes % batch_size and warn:

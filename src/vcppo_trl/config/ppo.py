@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, get_args
 
+from transformers.utils import logging
 from trl.trainer.base_config import _BaseConfig
 
 from ..algo.losses import (
@@ -24,8 +25,11 @@ from ..algo.losses import (
     KLEstimator,
     LossType,
 )
+from . import trl_names
 from .field_docs import document_fields
 from .precision import resolve_bf16
+
+logger = logging.get_logger(__name__)
 
 StopToken = Literal["eos"]
 STOP_TOKENS: tuple[str, ...] = get_args(StopToken)
@@ -33,8 +37,35 @@ OverlongPrompt = Literal["truncate", "drop"]
 OVERLONG_PROMPT_MODES: tuple[str, ...] = get_args(OverlongPrompt)
 AdvantageWhitening = Literal["global", "local"]
 ADVANTAGE_WHITENING_MODES: tuple[str, ...] = get_args(AdvantageWhitening)
+# loss_type also takes TRL GRPO's names of the same aggregations (mapped in `_resolve_defaults`)
+LossTypeOrTRL = Literal[
+    "token_mean",
+    "seq_mean_token_mean",
+    "seq_mean_token_sum",
+    "seq_mean_token_sum_norm",
+    "dapo",
+    "bnpo",
+    "grpo",
+    "dr_grpo",
+]
 VLLMMode = Literal["colocate", "server"]
 VLLM_MODES: tuple[str, ...] = get_args(VLLMMode)
+
+
+class _ConfigKeywords(type):
+    """Checks a config's keywords before the dataclass sees them: a TRL `GRPOConfig` field with no meaning here is
+    refused by name with the reason, one accepted only at its no-op value is dropped there, and a misspelt name is
+    answered with the closest names (config/trl_names.py), instead of the dataclass's bare `TypeError`."""
+
+    def __call__(cls, *args, **kwargs):
+        for name in list(kwargs):
+            reason = trl_names.refusal(cls, name, kwargs[name])
+            if reason is not None:
+                known = name in trl_names.REFUSED or name in trl_names.ONLY_VALUE
+                raise (ValueError if known else TypeError)(reason)
+            if name in trl_names.ONLY_VALUE and name not in cls.__dataclass_fields__:
+                del kwargs[name]  # TRL's default, which is what this trainer does
+        return super().__call__(*args, **kwargs)
 
 
 def _require_unit_interval(name: str, value: float) -> None:
@@ -66,7 +97,7 @@ def _require_positive(name: str, value: float) -> None:
 
 @document_fields
 @dataclass
-class PPOConfig(_BaseConfig):
+class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
     r"""
     Configuration for [`PPOTrainer`].
 
@@ -90,7 +121,8 @@ class PPOConfig(_BaseConfig):
       `model_adapter_name`, `ref_adapter_name`, `value_peft_config`.
     - Data preprocessing [`_check_data`]: `dataset_num_proc`, `max_prompt_length`, `overlong_prompt`.
     - Rollouts, batch sizes and sampling [`_check_rollouts`]: `num_generations`, `num_mini_batches`,
-      `total_episodes`, `local_rollout_forward_batch_size`, `response_length`, `stop_token`, `stop_token_id`,
+      `steps_per_generation`, `generation_batch_size`, `total_episodes`, `local_rollout_forward_batch_size`,
+      `response_length`, `stop_token`, `stop_token_id`,
       `temperature`, `ds3_gather_for_generation`, `dynamic_sampling`, `dynamic_sampling_max_rounds`.
     - Micro-batches and parallelism [`_check_parallelism`]: `max_tokens_per_micro_batch`, `max_tokens_per_forward`,
       `padding_free`, `balance_ranks`, `sequence_parallel_size`.
@@ -113,6 +145,11 @@ class PPOConfig(_BaseConfig):
     - Logging and diagnostics [`_check_logging`]: `exp_name`, `num_sample_generations`, `log_completions`,
       `num_completions_to_print`, `accuracy_threshold`, `position_buckets`, `end_of_thinking_marker`.
     - Pushing to the Hub [none]: `value_hub_model_id`.
+    - TRL GRPO's names for fields above [none]: `max_completion_length`, `beta`, `epsilon`, `epsilon_high`, `delta`,
+      `num_iterations`, `num_generations_eval`, `vllm_importance_sampling_cap`.
+
+    `_resolve_defaults` moves each of TRL's names onto ours. Every other field of TRL's GRPOConfig is ours under the
+    same name or refused with the reason when the config is built (config/trl_names.py, docs/migrating_from_grpo.md).
 
     The fields that override TrainingArguments' keep its place in `--help` and in `dataclasses.fields`; the others
     come after TrainingArguments' in the order above.
@@ -219,9 +256,28 @@ class PPOConfig(_BaseConfig):
         },
     )
     num_mini_batches: int = field(default=1, metadata={"help": "Number of minibatches a rollout batch is split into."})
+    steps_per_generation: int | None = field(
+        default=None,
+        metadata={
+            "help": "TRL GRPO's way to set the mini-batches: micro-batch steps of per_device_train_batch_size per "
+            "rollout, a multiple of gradient_accumulation_steps; sets num_mini_batches = steps_per_generation / "
+            "gradient_accumulation_steps. None: num_mini_batches decides."
+        },
+    )
+    generation_batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "TRL GRPO's other way to set the mini-batches: sequences per rollout over all processes, a "
+            "multiple of per_device_train_batch_size × processes × gradient_accumulation_steps; sets "
+            "num_mini_batches to the quotient. None: num_mini_batches decides. Not with steps_per_generation."
+        },
+    )
     total_episodes: int | None = field(
         default=None,
-        metadata={"help": "Total number of episodes (prompts) to train on. Default: num_train_epochs × dataset size."},
+        metadata={
+            "help": "Total number of episodes (responses: prompts × num_generations) to train on, rounded up to whole "
+            "updates. Default: num_train_epochs × dataset rows × num_generations. max_steps > 0 overrides it."
+        },
     )
     local_rollout_forward_batch_size: int = field(
         default=64, metadata={"help": "Per-process batch size of the no-grad rollout forward passes and generation."}
@@ -575,7 +631,7 @@ class PPOConfig(_BaseConfig):
             "the policy's tokens only."
         },
     )
-    loss_type: LossType = field(
+    loss_type: LossTypeOrTRL = field(
         default="token_mean",
         metadata={
             "help": "How the policy loss reduces over tokens; every mode divides by a count taken over the whole "
@@ -589,7 +645,9 @@ class PPOConfig(_BaseConfig):
             "weigh the same but the gradient's scale grows with the response length (tune the learning rate to the "
             "lengths). 'seq_mean_token_sum_norm': token sum / (number of sequences × response_length), a constant "
             "normaliser (Dr. GRPO); tokens weigh the same and the scale does not depend on the lengths in the batch; "
-            "with short responses the gradient is small."
+            "with short responses the gradient is small. TRL GRPO's names are taken for the same aggregations: "
+            "'dapo' and 'bnpo' are 'token_mean' (bnpo's count is per process there, over the whole mini-batch here), "
+            "'grpo' is 'seq_mean_token_mean', 'dr_grpo' is 'seq_mean_token_sum_norm'; its other losses are refused."
         },
     )
     on_policy_shortcut: bool = field(
@@ -690,6 +748,44 @@ class PPOConfig(_BaseConfig):
         },
     )
 
+    # TRL GRPO's names for fields above (each moved onto ours in `_resolve_defaults`, then left None)
+    max_completion_length: int | None = field(
+        default=None,
+        metadata={"help": "TRL GRPOConfig's name for response_length: sets it (both set and different: an error)."},
+    )
+    beta: float | None = field(
+        default=None,
+        metadata={"help": "TRL GRPOConfig's name for kl_coef: sets it (both set and different: an error)."},
+    )
+    epsilon: float | None = field(
+        default=None,
+        metadata={"help": "TRL GRPOConfig's name for cliprange: sets it (both set and different: an error)."},
+    )
+    epsilon_high: float | None = field(
+        default=None,
+        metadata={"help": "TRL GRPOConfig's name for cliprange_high: sets it (both set and different: an error)."},
+    )
+    delta: float | None = field(
+        default=None,
+        metadata={"help": "TRL GRPOConfig's name for dual_clip_c: sets it (both set and different: an error)."},
+    )
+    num_iterations: int | None = field(
+        default=None,
+        metadata={"help": "TRL GRPOConfig's name for num_ppo_epochs: sets it (both set and different: an error)."},
+    )
+    num_generations_eval: int | None = field(
+        default=None,
+        metadata={
+            "help": "TRL GRPOConfig's name for eval_num_generations: sets it (both set and different: an error)."
+        },
+    )
+    vllm_importance_sampling_cap: float | None = field(
+        default=None,
+        metadata={
+            "help": "TRL GRPOConfig's name for vllm_importance_sampling_clip_max: sets it (both set and different: an error)."
+        },
+    )
+
     @property
     def is_critic_job(self) -> bool:
         """Whether the run trains a critic alone and holds no policy ([`VCPPOConfig`]'s critic job; never in PPO)."""
@@ -698,6 +794,7 @@ class PPOConfig(_BaseConfig):
     def __post_init__(self):
         self._resolve_defaults()
         super().__post_init__()
+        self._resolve_generation_batch_size()  # needs the number of processes, known once TrainingArguments is set up
         # One check per group. Their order is that of the checks before they were grouped, as near as groups allow,
         # so that a config with faults in several groups mostly meets the same refusal first.
         self._check_training()
@@ -715,6 +812,7 @@ class PPOConfig(_BaseConfig):
     def _resolve_defaults(self) -> None:
         """The defaults that follow the hardware or other fields, resolved before TrainingArguments' own
         `__post_init__` (which reads `bf16` and `activation_checkpointing`) and before any check."""
+        self._resolve_trl_names()
         self.bf16 = resolve_bf16(self.bf16, self.fp16, self.use_cpu)
         # On by default (as TRL), yet `gradient_checkpointing=False`, transformers' deprecated alias, still turns it off:
         # transformers reads the alias only when `activation_checkpointing` is unset.
@@ -728,6 +826,67 @@ class PPOConfig(_BaseConfig):
             self.value_loss_type = self.loss_type
         if self.max_tokens_per_forward is None:
             self.max_tokens_per_forward = self.max_tokens_per_micro_batch
+
+    def _resolve_trl_names(self) -> None:
+        """TRL GRPO's names moved onto ours (then left None, so that `dataclasses.replace` and a saved config rebuild
+        the same), its `loss_type` values mapped to the aggregation they denote, `steps_per_generation` onto
+        `num_mini_batches`."""
+        for trl_name, ours in trl_names.ALIASES.items():
+            value = getattr(self, trl_name)
+            if value is None:
+                continue
+            default = self.__dataclass_fields__[ours].default
+            current = getattr(self, ours)
+            if current != default and current != value:
+                raise ValueError(
+                    f"`{trl_name}={value!r}` (TRL GRPO's name) and `{ours}={current!r}` are the same setting with "
+                    f"different values: set only one of them."
+                )
+            setattr(self, ours, value)
+            setattr(self, trl_name, None)
+        if self.loss_type in trl_names.REFUSED_LOSS_TYPES:
+            raise ValueError(trl_names.REFUSED_LOSS_TYPES[self.loss_type])
+        if self.loss_type in trl_names.LOSS_TYPE_ALIASES:
+            logger.info(
+                f"loss_type={self.loss_type!r} (TRL GRPO's name) is {trl_names.LOSS_TYPE_ALIASES[self.loss_type]!r} here."
+            )
+            self.loss_type = trl_names.LOSS_TYPE_ALIASES[self.loss_type]
+        if self.steps_per_generation is not None:
+            if self.generation_batch_size is not None:
+                raise ValueError(
+                    "`steps_per_generation` and `generation_batch_size` both set the mini-batches: set only one of them."
+                )
+            self.num_mini_batches = self._mini_batches_from(
+                "steps_per_generation", self.steps_per_generation, self.gradient_accumulation_steps
+            )
+
+    def _resolve_generation_batch_size(self) -> None:
+        if self.generation_batch_size is None:
+            return
+        step = self.per_device_train_batch_size * self.world_size
+        if self.generation_batch_size % step:
+            raise ValueError(
+                f"generation_batch_size={self.generation_batch_size} must be a multiple of per_device_train_batch_size "
+                f"× processes = {self.per_device_train_batch_size} × {self.world_size} = {step}."
+            )
+        self.num_mini_batches = self._mini_batches_from(
+            "generation_batch_size", self.generation_batch_size // step, self.gradient_accumulation_steps
+        )
+
+    def _mini_batches_from(self, name: str, steps: int, accumulation: int) -> int:
+        """num_mini_batches from TRL's micro-batch steps per rollout (`steps`), refusing a conflicting num_mini_batches."""
+        if steps < 1 or steps % accumulation:
+            raise ValueError(
+                f"`{name}` gives {steps} micro-batch steps per rollout, which must be a positive multiple of "
+                f"gradient_accumulation_steps={accumulation} (each optimizer step accumulates that many)."
+            )
+        mini_batches = steps // accumulation
+        if self.num_mini_batches not in (1, mini_batches):
+            raise ValueError(
+                f"`{name}` sets num_mini_batches to {mini_batches}, but num_mini_batches={self.num_mini_batches} is "
+                "set too: set only one of them."
+            )
+        return mini_batches
 
     def _check_training_arguments(self) -> None:
         if self.train_sampling_strategy != "random":

@@ -1,0 +1,205 @@
+"""TRL `GRPOConfig`'s field names here: each one is ours under another name, ours under its own, or refused with why.
+
+A GRPO script that wants a critic changes its import and keeps its config. What `GRPOConfig` adds to
+`TrainingArguments` falls in four kinds, each a table below, and a test walks the installed TRL's `GRPOConfig` so that
+a field a new TRL release adds is classified before it ships (tests/unit/test_trl_names.py):
+
+- the same name and meaning as ours (`temperature`, `num_generations`, the vLLM fields, ...): `SAME_NAME`;
+- another name for one of ours (`max_completion_length` is `response_length`): `ALIASES`, each a field of
+  [`PPOConfig`] that `resolve_aliases` moves onto ours (both given with different values: an error naming both);
+- the same name with other values (`loss_type="dapo"`): `LOSS_TYPE_ALIASES`, TRL's loss names mapped to the
+  aggregation they denote, or refused (`REFUSED_LOSS_TYPES`);
+- no meaning here, or not built yet: `REFUSED` (every value refused, with the reason) and `ONLY_VALUE` (accepted only
+  at the value that is what this trainer does, a no-op; any other refused with the reason). Neither is a field of the
+  config: [`refusal`] says why when the config is built (`PPOConfig.__new__`), as it refuses a misspelt name with the
+  closest ones (ours or TRL's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any
+
+# TRL's name -> ours. Each is a field of PPOConfig (default None) resolved in `_resolve_defaults`.
+ALIASES: dict[str, str] = {
+    "max_completion_length": "response_length",
+    "beta": "kl_coef",
+    "epsilon": "cliprange",
+    "epsilon_high": "cliprange_high",
+    "delta": "dual_clip_c",
+    "num_iterations": "num_ppo_epochs",
+    "num_generations_eval": "eval_num_generations",
+    "vllm_importance_sampling_cap": "vllm_importance_sampling_clip_max",
+}
+
+# TRL's fields that are ours under the same name and with the same meaning.
+SAME_NAME: frozenset[str] = frozenset(
+    {
+        "model_init_kwargs",
+        "disable_dropout",
+        "cast_lm_head_to_fp32",
+        "num_generations",
+        "ds3_gather_for_generation",
+        "temperature",
+        "use_vllm",
+        "vllm_mode",
+        "vllm_model_impl",
+        "vllm_enable_sleep_mode",
+        "vllm_server_base_url",
+        "vllm_server_host",
+        "vllm_server_port",
+        "vllm_server_timeout",
+        "vllm_group_port",
+        "vllm_gpu_memory_utilization",
+        "vllm_max_model_length",
+        "vllm_tensor_parallel_size",
+        "vllm_importance_sampling_correction",
+        "vllm_importance_sampling_mode",
+        "vllm_importance_sampling_clip_max",
+        "vllm_importance_sampling_clip_min",
+        "reward_weights",
+        "mask_truncated_completions",
+        "entropy_coef",
+        "log_completions",
+        "num_completions_to_print",
+        "loss_type",  # with TRL's values mapped: LOSS_TYPE_ALIASES
+        "generation_batch_size",  # mapped onto num_mini_batches: PPOConfig._resolve_generation_batches
+        "steps_per_generation",
+    }
+)
+
+# TRL's `loss_type` values -> the aggregation they denote here (config/ppo.py's `loss_type` help).
+LOSS_TYPE_ALIASES: dict[str, str] = {
+    "dapo": "token_mean",  # tokens of the whole accumulated batch, one weight each
+    "bnpo": "token_mean",  # TRL: per local batch; here over the whole mini-batch (all processes), DAPO's count
+    "grpo": "seq_mean_token_mean",  # each response's token mean, then the mean over responses
+    "dr_grpo": "seq_mean_token_sum_norm",  # token sum / (responses × max_completion_length)
+}
+REFUSED_LOSS_TYPES: dict[str, str] = {
+    name: f"loss_type={name!r} is TRL GRPO's {what}, which this trainer does not implement; use one of "
+    "'token_mean' (TRL's 'dapo'), 'seq_mean_token_mean' ('grpo'), 'seq_mean_token_sum', 'seq_mean_token_sum_norm' "
+    "('dr_grpo')."
+    for name, what in (
+        ("cispo", "clipped importance-sampling-weight policy optimisation (MiniMax-M1)"),
+        ("sapo", "soft adaptive policy optimisation (a smooth gate in place of the clip)"),
+        ("luspo", "length-unbiased sequence policy optimisation"),
+        ("vespo", "variance-reduced sequence policy optimisation"),
+    )
+}
+
+_GROUP_RELATIVE = (
+    "this trainer's advantages come from the critic (GAE), not from normalising rewards within a prompt's group, so "
+    "there is nothing for it to act on"
+)
+_NOT_YET = "not built yet (it must shape the sampled distribution and every log-probability the trainer takes alike)"
+
+# TRL's fields refused whatever their value, with the reason (and what to use instead).
+REFUSED: dict[str, str] = {
+    "scale_rewards": _GROUP_RELATIVE + "; rewards enter as they are (set reward_weights to weigh several).",
+    "multi_objective_aggregation": "rewards are summed with reward_weights and not normalised within a group: "
+    + _GROUP_RELATIVE
+    + ".",
+    "sapo_temperature_neg": "loss_type='sapo' is not implemented here.",
+    "sapo_temperature_pos": "loss_type='sapo' is not implemented here.",
+    "vespo_k_pos": "loss_type='vespo' is not implemented here.",
+    "vespo_lambda_pos": "loss_type='vespo' is not implemented here.",
+    "vespo_k_neg": "loss_type='vespo' is not implemented here.",
+    "vespo_lambda_neg": "loss_type='vespo' is not implemented here.",
+    "ref_model_mixup_alpha": "syncing the reference with the policy (TR-DPO) is not implemented here.",
+    "ref_model_sync_steps": "syncing the reference with the policy (TR-DPO) is not implemented here.",
+    "entropy_coef_min": "adaptive entropy control (Skywork-OR1) is not implemented here; entropy_coef is a fixed bonus.",
+    "entropy_coef_max": "adaptive entropy control (Skywork-OR1) is not implemented here; entropy_coef is a fixed bonus.",
+    "entropy_coef_delta": "adaptive entropy control (Skywork-OR1) is not implemented here; entropy_coef is a fixed "
+    "bonus.",
+    "entropy_target": "adaptive entropy control (Skywork-OR1) is not implemented here; entropy_coef is a fixed bonus.",
+    "log_completions_hub_repo": "completions are logged to the console and the trackers (log_completions); pushing "
+    "them to a Hub dataset is not implemented.",
+    "transformers_continuous_batching_config": "generation runs through HF `generate` or vLLM "
+    "(use_vllm); transformers' continuous batching is not wired in.",
+}
+
+# TRL's fields accepted only at the value that is what this trainer does (a no-op); any other value is refused.
+ONLY_VALUE: dict[str, tuple[Any, str]] = {
+    "top_p": (1.0, _NOT_YET + " (top_p is planned; sampling is at `temperature` only)."),
+    "top_k": (0, _NOT_YET + " (top_k is planned; sampling is at `temperature` only)."),
+    "min_p": (None, _NOT_YET + " (min_p is planned; sampling is at `temperature` only)."),
+    "repetition_penalty": (1.0, _NOT_YET + " (repetition_penalty is planned)."),
+    "generation_kwargs": (None, _NOT_YET + " (generation_kwargs is planned, for knobs of that kind)."),
+    "cache_implementation": (None, "HF `generate` runs with its default cache here; another is not wired in."),
+    "chat_template_kwargs": (None, "passing keyword arguments to apply_chat_template is not supported yet."),
+    "shuffle_dataset": (True, "prompts are always drawn shuffled, by the trainer's seeded sampler (seed)."),
+    "pad_to_multiple_of": (
+        "auto",
+        "padding to a multiple is not supported; 'auto' (TRL's default) pads only on AWS Neuron, so it means no "
+        "padding here.",
+    ),
+    "trust_remote_code": (
+        False,
+        "not wired in yet: pass model_init_kwargs={'trust_remote_code': True} (the policy and a critic loaded by "
+        "name) and a tokenizer you loaded yourself (processing_class).",
+    ),
+    "router_aux_loss_coef": (None, "the Mixture-of-Experts load-balancing loss is not added here."),
+    "vllm_structured_outputs_regex": (None, "structured outputs are not supported."),
+    "importance_sampling_level": (
+        "token",
+        "the policy ratio is per token here; the sequence-level ratio (GSPO) is not implemented.",
+    ),
+    "sync_ref_model": (False, "syncing the reference with the policy (TR-DPO) is not implemented here."),
+    "top_entropy_quantile": (1.0, "keeping only the highest-entropy tokens in the loss is not implemented here."),
+    "use_adaptive_entropy": (False, "adaptive entropy control (Skywork-OR1) is not implemented here."),
+    "max_tool_calling_iterations": (None, "tool calling is not supported yet."),
+    "off_policy_mask_threshold": (None, "off-policy sequence masking is not implemented here."),
+    "use_bias_correction_kl": (
+        True,
+        "the KL here is a per-token penalty in the rewards (kl_coef), not a loss term, so there is no importance "
+        "weight to put on it. True (TRL's default) is accepted and changes nothing.",
+    ),
+    "log_multimodal": (True, "there is no multimodal content to log (True, TRL's default, changes nothing)."),
+    "log_unique_prompts": (False, "every logged completion is logged with its prompt."),
+    "use_transformers_continuous_batching": (
+        False,
+        "generation runs through HF `generate` or vLLM (use_vllm); transformers' continuous batching is not wired in.",
+    ),
+    "use_transformers_paged": (False, "deprecated in TRL; generation runs through HF `generate` or vLLM."),
+}
+
+
+def answer(name: str) -> str:
+    """How a TRL `GRPOConfig` field is answered here, in words (the migration page and the tests read it)."""
+    if name in ALIASES:
+        return f"ours under the name `{ALIASES[name]}`"
+    if name in SAME_NAME:
+        return "the same name and meaning"
+    if name in REFUSED:
+        return f"refused: {REFUSED[name]}"
+    if name in ONLY_VALUE:
+        value, reason = ONLY_VALUE[name]
+        return f"only {value!r}, which changes nothing here; other values refused: {reason}"
+    raise KeyError(name)
+
+
+def refusal(config_class: type, name: str, value: Any) -> str | None:
+    """
+    Why the keyword `name=value` cannot build `config_class` (None: it can): a TRL field with no meaning here, by name
+    and with the reason; a value of an `ONLY_VALUE` field other than its one value; any other unknown name, with the
+    closest names (ours or TRL's).
+    """
+
+    fields = {f.name for f in dataclasses.fields(config_class) if f.init}
+    if name in fields:
+        return None
+    if name in REFUSED:
+        return f"`{name}` (a TRL GRPOConfig field) has no meaning in {config_class.__name__}: {REFUSED[name]}"
+    if name in ONLY_VALUE:
+        accepted, reason = ONLY_VALUE[name]
+        if value == accepted:
+            return None
+        return (
+            f"`{name}={value!r}` (a TRL GRPOConfig field) is refused by {config_class.__name__}: {reason} "
+            f"Remove it, or set it to {accepted!r}."
+        )
+    known = sorted(fields | set(ALIASES) | set(REFUSED) | set(ONLY_VALUE))
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.75)
+    hint = f" Did you mean {' or '.join(f'`{c}`' for c in close)}?" if close else ""
+    return f"{config_class.__name__} has no field `{name}`.{hint} (docs/migrating_from_grpo.md lists TRL's names.)"
