@@ -324,11 +324,17 @@ def test_a_critic_job_refuses_what_needs_a_policy(kwargs, named, tmp_path):
     make(VCPPOConfig, tmp_path, value_pretrain_dataset=str(tmp_path / "rollouts"), **kwargs)  # a run with a policy
 
 
-def test_activation_checkpointing_is_on_by_default_and_the_old_name_still_turns_it_off(tmp_path):
+def test_activation_checkpointing_is_on_by_default_on_an_accelerator_and_the_old_name_still_turns_it_off(
+    tmp_path, monkeypatch
+):
     import warnings
+
+    from vcppo_trl.config import ppo as config_module
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
+        assert PPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True).activation_checkpointing is False
+        monkeypatch.setattr(config_module, "runs_on_an_accelerator", lambda use_cpu: True)
         assert PPOConfig(output_dir=str(tmp_path), report_to="none").activation_checkpointing is True
         old = PPOConfig(output_dir=str(tmp_path), report_to="none", gradient_checkpointing=False)
         new = PPOConfig(output_dir=str(tmp_path), report_to="none", activation_checkpointing=False)

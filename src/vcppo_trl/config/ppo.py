@@ -27,7 +27,7 @@ from ..algo.losses import (
 )
 from . import trl_names
 from .field_docs import document_fields
-from .precision import resolve_bf16
+from .precision import resolve_bf16, runs_on_an_accelerator
 
 logger = logging.get_logger(__name__)
 
@@ -167,8 +167,9 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
     activation_checkpointing: bool | None = field(
         default=None,
         metadata={
-            "help": "Recompute activations in the backward pass to save memory (~20%% slower). Default: true, as TRL "
-            "(transformers 5's name of gradient checkpointing)."
+            "help": "Recompute activations in the backward pass to save memory (~20%% slower; transformers 5's name "
+            "of gradient checkpointing). Default: true on an accelerator (GPU, XPU, NPU, MPS, TPU; as TRL), false on a "
+            "CPU, where it saves host memory at the cost of time."
         },
     )
     gradient_checkpointing: bool | None = field(
@@ -814,10 +815,11 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
         `__post_init__` (which reads `bf16` and `activation_checkpointing`) and before any check."""
         self._resolve_trl_names()
         self.bf16 = resolve_bf16(self.bf16, self.fp16, self.use_cpu)
-        # On by default (as TRL), yet `gradient_checkpointing=False`, transformers' deprecated alias, still turns it off:
-        # transformers reads the alias only when `activation_checkpointing` is unset.
+        # On by default on an accelerator (as TRL: GPU memory is what it saves), off on a CPU, where it only costs
+        # time; `gradient_checkpointing`, transformers' deprecated alias, still decides when given (transformers reads
+        # it only when `activation_checkpointing` is unset).
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
-            self.activation_checkpointing = True
+            self.activation_checkpointing = runs_on_an_accelerator(self.use_cpu)
         if isinstance(self.value_peft_config, str):
             self.value_peft_config = json.loads(self.value_peft_config)
         if self.value_learning_rate is None:

@@ -25,6 +25,27 @@ def hardware_supports_bf16(use_cpu: bool) -> bool:
     return is_torch_bf16_gpu_available() or is_torch_xla_available()
 
 
+def runs_on_an_accelerator(use_cpu: bool) -> bool:
+    """Whether the run will train on an accelerator (CUDA, XPU, NPU, MPS, XLA), not on the CPU."""
+    import torch
+    from transformers.utils import (
+        is_torch_mps_available,
+        is_torch_npu_available,
+        is_torch_xla_available,
+        is_torch_xpu_available,
+    )
+
+    if use_cpu or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
+        return False
+    return (
+        torch.cuda.is_available()
+        or is_torch_xpu_available()
+        or is_torch_npu_available()
+        or is_torch_mps_available()
+        or is_torch_xla_available()
+    )
+
+
 def resolve_bf16(bf16: bool | None, fp16: bool, use_cpu: bool) -> bool:
     """`bf16=None` follows the hardware; an explicit `bf16=True` with no bf16 device is refused, with the fix."""
     if bf16 is None:

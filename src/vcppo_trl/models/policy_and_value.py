@@ -43,13 +43,27 @@ class PolicyAndValueModel(nn.Module):
             flag = getattr(first, "is_gradient_checkpointing", False)
         return bool(flag)
 
+    # TRL and transformers call these by the old names (e.g. around generation); each model is asked by transformers
+    # 5.2's names where it has them, so that no deprecation warning is printed.
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
         for model in self.models().values():
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
+            if hasattr(model, "activation_checkpointing_enable"):
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs=gradient_checkpointing_kwargs)
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
 
     def gradient_checkpointing_disable(self) -> None:
         for model in self.models().values():
-            model.gradient_checkpointing_disable()
+            if hasattr(model, "activation_checkpointing_disable"):
+                model.activation_checkpointing_disable()
+            else:
+                model.gradient_checkpointing_disable()
+
+    def activation_checkpointing_enable(self, activation_checkpointing_kwargs: dict | None = None) -> None:
+        self.gradient_checkpointing_enable(activation_checkpointing_kwargs)
+
+    def activation_checkpointing_disable(self) -> None:
+        self.gradient_checkpointing_disable()
 
     def forward(
         self,

@@ -12,6 +12,7 @@ the first response token, length (tokens), and under `generation_window` whether
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Any
 
@@ -83,6 +84,18 @@ def gathered_table(accelerator, table: dict[str, list[Any]]) -> dict[str, list[A
     return {name: gather_object(column) for name, column in table.items()}
 
 
+def sample_steps(samples: int, max_steps: int) -> set[int]:
+    """The updates after which `num_sample_generations` printouts are due: `samples` of them spread evenly over the
+    run's `max_steps` updates, the last at the last update (every update when there are fewer updates than samples)."""
+    if samples <= 0 or max_steps <= 0:
+        return set()
+    return (
+        {math.ceil(i * max_steps / samples) for i in range(1, min(samples, max_steps) + 1)}
+        if samples < max_steps
+        else set(range(1, max_steps + 1))
+    )
+
+
 class CompletionLog:
     """
     The trainer's completion logging, called after every update.
@@ -99,8 +112,7 @@ class CompletionLog:
         self.settings = settings
         self.accelerator = accelerator
         self.reward_func_names = list(reward_func_names)
-        samples = settings.num_sample_generations
-        self.sample_every = max(1, max_steps // samples) if samples > 0 else 0
+        self.sample_steps = sample_steps(settings.num_sample_generations, max_steps)
         self.callbacks = callbacks
 
     @classmethod
@@ -122,7 +134,7 @@ class CompletionLog:
             table = gathered_table(self.accelerator, completion_table(update, self.reward_func_names, step))
             if self.accelerator.is_main_process:
                 self.write(table, step)
-        elif self.sample_every and step % self.sample_every == 0 and self.accelerator.is_main_process:
+        elif step in self.sample_steps and self.accelerator.is_main_process:
             table = completion_table(update, self.reward_func_names, step)
             print_table(table, self.reward_func_names, step, num_rows=4)
 

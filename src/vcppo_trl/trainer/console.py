@@ -32,10 +32,25 @@ _UPDATE_FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+# Printed once, the first time a line shows "ev –".
+EV_UNDEFINED = (
+    "ev –: explained variance is undefined for an update whose returns carry (almost) nothing to explain, e.g. when "
+    "every response got the same reward (algo/diagnostics.py explained_variance); the metric is logged as nan."
+)
+
+
 def _number(value: float) -> str:
     if isinstance(value, float) and math.isnan(value):
-        return "nan"
+        return "–"
     return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def _first_undefined_ev(line: str, seen: list[bool]) -> str:
+    """`line`, followed the first time it shows "ev –" by why (`seen` holds whether that was said)."""
+    if "  ev –" in line and not seen[0]:
+        seen[0] = True
+        return line + "\n" + EV_UNDEFINED
+    return line
 
 
 def format_update_line(logs: dict, step: int, max_steps: int) -> str:
@@ -116,6 +131,8 @@ class RolloutProgressCallback(ProgressCallback):
     line per logged update above it; this package's log messages printed above the bar, not through it.
     """
 
+    _ev_said = [False]  # whether "ev –" was explained (once per process: both callbacks share it)
+
     def on_train_begin(self, args, state, control, **kwargs):
         super().on_train_begin(args, state, control, **kwargs)
         self._redirect = None
@@ -152,7 +169,7 @@ class RolloutProgressCallback(ProgressCallback):
         if not state.is_world_process_zero or self.training_bar is None or not logs:
             return
         if "episode" in logs:
-            line = format_update_line(logs, state.global_step, state.max_steps)
+            line = _first_undefined_ev(format_update_line(logs, state.global_step, state.max_steps), self._ev_said)
         else:
             line = format_other_line(logs)
         if line is not None:
@@ -162,11 +179,13 @@ class RolloutProgressCallback(ProgressCallback):
 class CompactPrinterCallback(TrainerCallback):
     """Without progress bars (`disable_tqdm=True`): the same one line per logged update, printed, instead of a dict."""
 
+    _ev_said = RolloutProgressCallback._ev_said
+
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
             return
         if "episode" in logs:
-            line = format_update_line(logs, state.global_step, state.max_steps)
+            line = _first_undefined_ev(format_update_line(logs, state.global_step, state.max_steps), self._ev_said)
         else:
             line = format_other_line(logs)
         if line is not None:

@@ -62,6 +62,53 @@ def reward_function_columns(reward_funcs: Sequence[Any], columns: Sequence[str])
     return needed
 
 
+REWARD_CONTRACT = (
+    "A reward function is called with keywords: f(prompts=..., completions=..., completion_ids=..., "
+    "trainer_state=..., **every other column of the dataset), and returns one float (or None: does not apply) per "
+    "completion; TRL's protocol, so it should take **kwargs."
+)
+
+
+def check_reward_signatures(reward_funcs: Sequence[Any], columns: Sequence[str], dataset_name: str) -> None:
+    """
+    Refuse, when the trainer is built, a reward function that its calls would fail: a required parameter that is
+    neither a column of the dataset nor one the trainer passes (e.g. `math_verify_reward`'s `solution` on a dataset
+    without that column), a positional-only one, or a function without `**kwargs` that does not take every keyword
+    it will be given. Functions whose signature cannot be read, and reward models, are not checked.
+    """
+    passed = {"prompts", "completions", "completion_ids", "trainer_state"}
+    passed |= {c for c in columns if c not in ("prompt", "completion")}
+    for func in reward_funcs:
+        if not callable(func) or not _is_plain_callable(func):
+            continue
+        try:
+            parameters = inspect.signature(func).parameters
+        except (TypeError, ValueError):
+            continue
+        name = getattr(func, "__name__", type(func).__name__)
+        takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+        for param in parameters.values():
+            if param.kind is param.POSITIONAL_ONLY and param.default is param.empty:
+                raise ValueError(
+                    f"Reward function {name!r} has the positional-only parameter {param.name!r}, which it cannot be "
+                    f"given. {REWARD_CONTRACT}"
+                )
+            required = param.default is param.empty and param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
+            if required and param.name not in passed:
+                raise ValueError(
+                    f"Reward function {name!r} needs the argument {param.name!r}, which is neither a column of "
+                    f"{dataset_name} (its columns: {', '.join(columns)}) nor one the trainer passes (prompts, "
+                    f"completions, completion_ids, trainer_state). Add a {param.name!r} column to the dataset, or give "
+                    f"the parameter a default. {REWARD_CONTRACT}"
+                )
+        unexpected = sorted(passed - set(parameters))
+        if not takes_kwargs and unexpected:
+            raise ValueError(
+                f"Reward function {name!r} takes no **kwargs and would be given {', '.join(unexpected)}, which it does "
+                f"not accept. Add **kwargs to its parameters. {REWARD_CONTRACT}"
+            )
+
+
 def _is_plain_callable(func: Any) -> bool:
     """Reward models (torch modules) are scored from text, not dataset columns."""
     try:
