@@ -96,7 +96,9 @@ def run_worker(args: argparse.Namespace) -> None:
         report_to="none",
     )
     accelerator = Accelerator(cpu=True)  # after the config, whose construction resets accelerate's state
-    optimizer = torch.optim.AdamW(parameter_groups(pair.named_parameters(), set(), config), lr=config.learning_rate)
+    rates = dict(learning_rate=config.learning_rate, value_learning_rate=config.value_learning_rate)
+    groups = parameter_groups(pair.named_parameters(), set(), **rates, weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(groups, lr=config.learning_rate)
     model, optimizer = accelerator.prepare(pair, optimizer)
     learner = PPOLearner(
         model,

@@ -305,7 +305,9 @@ def check_long_responses(device: torch.device, smoke: bool, variant: str, attent
         report_to="none",
     )
     accelerator = Accelerator(cpu=device.type == "cpu")
-    optimizer = torch.optim.AdamW(parameter_groups(pair.named_parameters(), set(), args), lr=1e-6)
+    rates = dict(learning_rate=args.learning_rate, value_learning_rate=args.value_learning_rate)
+    groups = parameter_groups(pair.named_parameters(), set(), **rates, weight_decay=args.weight_decay)
+    optimizer = torch.optim.AdamW(groups, lr=1e-6)
     learner = PPOLearner(
         pair,
         optimizer,

@@ -149,7 +149,9 @@ def run_cell(args: argparse.Namespace) -> dict:
         report_to="none",
     )
     accelerator = Accelerator(cpu=True)
-    optimizer = torch.optim.AdamW(parameter_groups(pair.named_parameters(), set(), config), lr=config.learning_rate)
+    rates = dict(learning_rate=config.learning_rate, value_learning_rate=config.value_learning_rate)
+    groups = parameter_groups(pair.named_parameters(), set(), **rates, weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(groups, lr=config.learning_rate)
     learner = PPOLearner(
         pair,
         optimizer,

@@ -163,7 +163,8 @@ def build_toy(script_args: VCPPOScriptArguments, training_args: VCPPOConfig):
         max_digits=pick(script_args.toy_max_digits, toy_defaults.TOY_MAX_DIGITS),
     )
     tokenizer = build_tokenizer()
-    resolve_stop_token_ids(training_args, tokenizer)  # a bad stop_token_id stops here, not after the cold start
+    # A bad stop_token_id stops here, not after the cold start.
+    resolve_stop_token_ids(tokenizer, stop_token_id=training_args.stop_token_id)
     model = build_tiny_model(
         tokenizer, num_heads=pick(script_args.toy_num_heads, toy_defaults.TOY_NUM_HEADS), seed=training_args.seed
     )

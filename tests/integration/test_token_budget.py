@@ -107,7 +107,9 @@ def rollout_forwards(args, model, accelerator=None, ref_model=None):
 def run_update(model, args, rollout, train_policy=True):
     """One update with plain SGD from a fixed RNG state; returns its result and the gradient of every optimizer step."""
     accelerator = Accelerator(cpu=True)
-    optimizer = torch.optim.SGD(parameter_groups(model.named_parameters(), set(), args), lr=args.learning_rate)
+    rates = dict(learning_rate=args.learning_rate, value_learning_rate=args.value_learning_rate)
+    groups = parameter_groups(model.named_parameters(), set(), **rates, weight_decay=args.weight_decay)
+    optimizer = torch.optim.SGD(groups, lr=args.learning_rate)
     gradients = []
     step = optimizer.step
 

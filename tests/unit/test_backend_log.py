@@ -15,10 +15,14 @@ def accelerator(processes: int, stage: int | None = None):
 
 
 def test_the_backend_is_named_with_processes_device_and_sequence_groups():
-    args = SimpleNamespace(sequence_parallel_size=1)
-    assert describe_backend(accelerator(1), args, is_deepspeed=False, fsdp2=False) == "1 process (cpu), one process"
-    assert describe_backend(accelerator(2), args, is_deepspeed=False, fsdp2=False) == "2 processes (cpu), DDP"
-    assert describe_backend(accelerator(2, 3), args, is_deepspeed=True, fsdp2=False).endswith("DeepSpeed ZeRO-3")
-    assert describe_backend(accelerator(8), args, is_deepspeed=False, fsdp2=True) == "8 processes (cpu), FSDP2"
-    split = describe_backend(accelerator(8), SimpleNamespace(sequence_parallel_size=4), is_deepspeed=False, fsdp2=True)
+    def named(accelerator, is_deepspeed=False, fsdp2=False, sequence_parallel_size=1):
+        return describe_backend(
+            accelerator, is_deepspeed=is_deepspeed, fsdp2=fsdp2, sequence_parallel_size=sequence_parallel_size
+        )
+
+    assert named(accelerator(1)) == "1 process (cpu), one process"
+    assert named(accelerator(2)) == "2 processes (cpu), DDP"
+    assert named(accelerator(2, 3), is_deepspeed=True).endswith("DeepSpeed ZeRO-3")
+    assert named(accelerator(8), fsdp2=True) == "8 processes (cpu), FSDP2"
+    split = named(accelerator(8), fsdp2=True, sequence_parallel_size=4)
     assert split == "8 processes (cpu), FSDP2, sequence parallelism in groups of 4 (Ulysses)"

@@ -16,15 +16,15 @@ def launch(device: str = "cpu", **plugin):
 
 def test_cpu_offload_on_a_cpu_launch_is_refused():
     with pytest.raises(FSDPError, match="fsdp_offload_params: false"):
-        check_fsdp2_options(launch(cpu_offload=True), SimpleNamespace(activation_checkpointing=False))
-    check_fsdp2_options(launch(cpu_offload=False), SimpleNamespace(activation_checkpointing=False))
+        check_fsdp2_options(launch(cpu_offload=True), activation_checkpointing=False)
+    check_fsdp2_options(launch(cpu_offload=False), activation_checkpointing=False)
 
 
 def test_two_activation_checkpointings_are_refused_and_either_alone_runs():
     with pytest.raises(FSDPError, match="--activation_checkpointing false"):
-        check_fsdp2_options(launch(activation_checkpointing=True), SimpleNamespace(activation_checkpointing=True))
-    check_fsdp2_options(launch(activation_checkpointing=True), SimpleNamespace(activation_checkpointing=False))
-    check_fsdp2_options(launch(activation_checkpointing=False), SimpleNamespace(activation_checkpointing=True))
+        check_fsdp2_options(launch(activation_checkpointing=True), activation_checkpointing=True)
+    check_fsdp2_options(launch(activation_checkpointing=True), activation_checkpointing=False)
+    check_fsdp2_options(launch(activation_checkpointing=False), activation_checkpointing=True)
 
 
 def test_a_cpu_launch_gets_the_runs_mixed_precision_as_accelerate_sets_it():

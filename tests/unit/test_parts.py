@@ -16,6 +16,7 @@ from vcppo_trl import PPOConfig, ValuePretrainCallback
 from vcppo_trl.config.batch_plan import plan_batches
 from vcppo_trl.learner.optimizers import NonFiniteTrainingError, parameter_groups, role_scheduler
 from vcppo_trl.learner.ppo_learner import PPOLearner, UpdateResult, mini_batch_order
+from vcppo_trl.learner.schedules import ScheduleSettings
 from vcppo_trl.learner.settings import LearnerSettings
 from vcppo_trl.models.policy_and_value import PolicyAndValueModel
 from vcppo_trl.models.value_model import create_value_model_from_policy
@@ -210,9 +211,10 @@ def synthetic_rollout(tokenizer, batch=4, prompt=5, response=8, with_logprobs=Tr
 
 def make_learner(model, args):
     accelerator = Accelerator(cpu=True)
-    groups = parameter_groups(model.named_parameters(), set(), args)
+    rates = dict(learning_rate=args.learning_rate, value_learning_rate=args.value_learning_rate)
+    groups = parameter_groups(model.named_parameters(), set(), **rates, weight_decay=args.weight_decay)
     optimizer = torch.optim.AdamW(groups, lr=args.learning_rate)
-    scheduler = role_scheduler(optimizer, args, ppo_steps=4, pretrain_steps=0)
+    scheduler = role_scheduler(optimizer, ScheduleSettings.from_args(args), ppo_steps=4, pretrain_steps=0)
     local = args.per_device_train_batch_size * args.gradient_accumulation_steps
     learner = PPOLearner(
         model,

@@ -20,13 +20,16 @@ from .files import (
     saved_world_size,
     write_training_state,
 )
-from .hub import HubPushError
+from .hub import HubPushError, HubSettings
+from .model_cards import RunCard
 from .universal import convert_to_universal, is_converted, load_universal, universal_dir
 
 __all__ = [
     "CheckpointError",
     "HubPushError",
+    "HubSettings",
     "InsufficientDiskSpaceError",
+    "RunCard",
     "TEMP_PREFIX",
     "TRAINING_STATE_NAME",
     "VALUE_MODEL_DIRNAME",

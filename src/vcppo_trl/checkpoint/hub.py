@@ -9,11 +9,13 @@ start from it with `value_model_path=<repo id>`.
 Repos are created on the first push (not when the trainer is built), private when `hub_private_repo` is set, and
 commits go to `hub_revision` (a branch, created when missing) when it is set. A push that cannot reach the Hub raises
 [`HubPushError`]; the local checkpoint it was pushing is complete by then. The cards themselves are rendered in
-[`~checkpoint.model_cards`] (its names are importable from here too).
+[`~checkpoint.model_cards`]. These functions take folders, repo ids and [`HubSettings`], never the trainer: the trainer
+gathers what they need (`trainer/saving.py`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 from pathlib import Path
@@ -23,26 +25,19 @@ from huggingface_hub import CommitInfo, HfApi
 from transformers.utils import logging
 
 from .files import VALUE_MODEL_DIRNAME
-from .model_cards import (
-    write_card,
-)
+from .model_cards import RunCard, write_card
 
 if TYPE_CHECKING:
-    from transformers import (
-        Trainer,  # the PPOTrainer (typed as its transformers base: no import back into the trainer)
-    )
-
+    from ..config.ppo import PPOConfig  # for the annotation only: checkpoint/ imports nothing else of the package
 
 __all__ = [
     "POLICY_IGNORE_PATTERNS",
     "HubPushError",
-    "policy_repo_id",
-    "pretrained_value_repo_id",
+    "HubSettings",
     "push_folder",
     "push_models",
     "push_pretrained_critic",
     "upload_command",
-    "value_repo_id",
     "write_cards",
 ]
 
@@ -67,19 +62,24 @@ class HubPushError(RuntimeError):
 # ------------------------------------------------------------------ repo ids
 
 
-def policy_repo_id(args) -> str:
-    """The policy's repo: `hub_model_id`, or the name of `output_dir` (the Hub then adds the user's namespace)."""
-    return args.hub_model_id or Path(args.output_dir).absolute().name
+@dataclasses.dataclass(frozen=True)
+class HubSettings:
+    """What the Hub pushes read of the config: the three repos and how to push to them. Build it at each push: a run
+    may set `hub_model_id` (or change directory, which names the default repo) after the trainer was built."""
 
+    policy_repo: str  # `hub_model_id`, or the name of `output_dir` (the Hub then adds the user's namespace)
+    value_repo: str  # `value_hub_model_id`, default `<policy repo>-value`
+    pretrained_value_repo: str  # `value_pretrain_hub_model_id`, default `<value repo>-pretrained`
+    token: str | None  # `hub_token`, else the logged-in one
+    private: bool | None  # `hub_private_repo`
+    revision: str | None  # `hub_revision`: a branch, created when missing
 
-def value_repo_id(args) -> str:
-    """The critic's repo: `value_hub_model_id`, default `<hub_model_id>-value`."""
-    return getattr(args, "value_hub_model_id", None) or f"{policy_repo_id(args)}-value"
-
-
-def pretrained_value_repo_id(args) -> str:
-    """The pretrained critic's repo: `value_pretrain_hub_model_id`, default `<value repo>-pretrained`."""
-    return getattr(args, "value_pretrain_hub_model_id", None) or f"{value_repo_id(args)}-pretrained"
+    @classmethod
+    def from_args(cls, args: PPOConfig) -> HubSettings:
+        policy = args.hub_model_id or Path(args.output_dir).absolute().name
+        value = getattr(args, "value_hub_model_id", None) or f"{policy}-value"  # a VCPPOConfig field
+        pretrained = getattr(args, "value_pretrain_hub_model_id", None) or f"{value}-pretrained"
+        return cls(policy, value, pretrained, args.hub_token, args.hub_private_repo, args.hub_revision)
 
 
 # --------------------------------------------------------------- the pushing
@@ -187,32 +187,23 @@ def push_models(
     return {"policy": policy_commit, "value": value_commit}
 
 
-def push_pretrained_critic(trainer: Trainer, folder: str, steps: int) -> CommitInfo | None:
+def push_pretrained_critic(folder: str, run: RunCard, settings: HubSettings, *, steps: int) -> CommitInfo | None:
     """
-    Push a value-pretrained critic (saved in `folder`) with its card; on failure log the error and return `None`.
+    Push a critic value-pretrained for `steps` updates (saved in `folder`) with its card to its repo
+    (`settings.pretrained_value_repo`); on failure log the error and return `None`. Call on the main process.
 
     Training goes on after a failed push: the critic is on disk and the message says how to push it later.
     """
-    if not trainer.is_world_process_zero():
-        return None
-    args = trainer.args
-    repo_id = pretrained_value_repo_id(args)
-    write_card(
-        trainer,
-        "pretrained-critic",
-        folder,
-        repo_id=repo_id,
-        companion_repo=policy_repo_id(args),
-        pretrain_steps=steps,
-    )
+    repo_id = settings.pretrained_value_repo
+    write_card("pretrained-critic", folder, repo_id=repo_id, run=run, companion_repo=settings.policy_repo)
     try:
         commit = push_folder(
             folder,
             repo_id,
             what="pretrained critic",
-            token=args.hub_token,
-            private=args.hub_private_repo,
-            revision=args.hub_revision,
+            token=settings.token,
+            private=settings.private,
+            revision=settings.revision,
             commit_message=f"Value-pretrained critic ({steps} updates)",
         )
     except HubPushError as err:
@@ -226,33 +217,35 @@ def push_pretrained_critic(trainer: Trainer, folder: str, steps: int) -> CommitI
 
 
 def write_cards(
-    trainer: Trainer,
     output_dir: str,
+    run: RunCard,
+    *,
+    policy_repo: str,
+    value_repo: str,
+    with_policy: bool,
     dataset_name: str | list[str] | None = None,
     tags: list[str] | None = None,
 ) -> None:
-    """The cards of a saved run: the policy's in `output_dir` (none in a critic job, which saves no policy), the
-    critic's in `output_dir/value_model`."""
-    args = trainer.args
-    policy_id, value_id = policy_repo_id(args), value_repo_id(args)
-    if not args.is_critic_job:
+    """The cards of a saved run: the policy's in `output_dir` (`with_policy=False` in a critic job, which saves no
+    policy), the critic's in `output_dir/value_model`, each naming the other's repo."""
+    if with_policy:
         write_card(
-            trainer,
             "policy",
             output_dir,
-            repo_id=policy_id,
-            companion_repo=value_id,
+            repo_id=policy_repo,
+            run=run,
+            companion_repo=value_repo,
             dataset_name=dataset_name,
             tags=tags,
         )
     value_dir = os.path.join(output_dir, VALUE_MODEL_DIRNAME)
     if os.path.isdir(value_dir):
         write_card(
-            trainer,
             "critic",
             value_dir,
-            repo_id=value_id,
-            companion_repo=policy_id,
+            repo_id=value_repo,
+            run=run,
+            companion_repo=policy_repo,
             dataset_name=dataset_name,
             tags=tags,
         )

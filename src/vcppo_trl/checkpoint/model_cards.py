@@ -1,20 +1,16 @@
 """Model cards: what a pushed or saved policy or critic is, its base model, the method and its settings, citations.
 
-The cards are rendered from the trainer's state; which card goes into which folder and repo is [`~checkpoint.hub`]'s business.
+The cards are rendered from a [`RunCard`], what the trainer says of its run (`trainer/saving.py` `run_card`); which card
+goes into which folder and repo is [`~checkpoint.hub`]'s business.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from huggingface_hub import ModelCard, ModelCardData
-
-if TYPE_CHECKING:
-    from transformers import (
-        Trainer,  # the PPOTrainer (typed as its transformers base: no import back into the trainer)
-    )
-
 
 PAPER_ID = "2503.01491"
 PAPER_TITLE = "What's Behind PPO's Collapse in Long-CoT? Value Optimization Holds the Secret"
@@ -37,6 +33,15 @@ TRL_CITATION = """@software{vonwerra2020trl,
 Role = Literal["policy", "critic", "pretrained-critic"]
 
 
+@dataclasses.dataclass(frozen=True)
+class RunCard:
+    """What every card of a run says about it, gathered by the trainer (`trainer/saving.py` `run_card`)."""
+
+    policy_source: str | None  # the name or path the policy came from (the adapter's base under PEFT), or None
+    facts: dict[str, Any]  # the method and its settings: one row of the card's table each
+    tags: list[str]  # the trainer's tags; each card adds its own
+
+
 def _card_base_model(folder: str) -> str | None:
     """The `base_model` a local checkpoint's own model card names (e.g. a local fine-tune of a Hub model)."""
     path = os.path.join(folder, "README.md")
@@ -50,39 +55,29 @@ def _card_base_model(folder: str) -> str | None:
     return base if isinstance(base, str) else None
 
 
-def _policy_source(trainer: Trainer) -> str | None:
-    policy, _ = trainer.unwrapped_policy_and_critic()
-    if policy is None:  # a critic job: the policy it was built beside
-        return trainer.initial_policy["name_or_path"] or None
-    peft_config = getattr(policy, "peft_config", None)
-    if peft_config:
-        return getattr(next(iter(peft_config.values())), "base_model_name_or_path", None)
-    return getattr(policy.config, "_name_or_path", None)
-
-
-def base_model_info(trainer: Trainer) -> tuple[str | None, str]:
+def base_model_info(policy_source: str | None) -> tuple[str | None, str]:
     """
-    The policy's base model: `(hub_id, description)`.
+    The policy's base model: `(hub_id, description)`, from `policy_source`, the name or path the policy came from (the
+    adapter's base under PEFT).
 
     `hub_id` is what the card's `base_model` metadata links (a Hub id, or the Hub model a local checkpoint's own card
     names as its base), `None` when there is none; `description` says where the weights came from, local paths
-    included (the adapter's base under PEFT).
+    included.
     """
-    source = _policy_source(trainer)
-    if not source:
+    if not policy_source:
         return None, "a model built in-process (no checkpoint)"
-    if os.path.isdir(source):
-        upstream = _card_base_model(source)
-        local = os.path.abspath(source)
+    if os.path.isdir(policy_source):
+        upstream = _card_base_model(policy_source)
+        local = os.path.abspath(policy_source)
         if upstream:
             return upstream, f"{upstream}, through the local checkpoint {local}"
         return None, f"the local checkpoint {local}"
-    return source, source
+    return policy_source, policy_source
 
 
-def base_model_name(trainer: Trainer) -> str | None:
+def base_model_name(policy_source: str | None) -> str | None:
     """The policy's base model as a Hub id (the adapter's base under PEFT), or `None` when there is none."""
-    return base_model_info(trainer)[0]
+    return base_model_info(policy_source)[0]
 
 
 def framework_versions() -> dict[str, str]:
@@ -107,62 +102,6 @@ def framework_versions() -> dict[str, str]:
         except PackageNotFoundError:
             continue
     return versions
-
-
-def training_facts(trainer: Trainer, pretrain_steps: int | None = None) -> dict[str, Any]:
-    """The method and its settings, as the cards state them."""
-    args = trainer.args
-    vc = hasattr(args, "lam_actor")
-    facts: dict[str, Any] = {"algorithm": getattr(trainer, "_name", "VC-PPO") if vc else "PPO"}
-    if vc:
-        facts["λ_actor (policy advantages)"] = (
-            f"1 − 1/({args.lam_actor_length_alpha}·length) per response (VAPO)"
-            if args.lam_actor_length_alpha is not None
-            else args.lam_actor
-        )
-        facts["λ_critic (value targets)"] = args.lam_critic
-        phase = getattr(
-            trainer, "value_pretraining", None
-        )  # VCPPOTrainer's; a PPOTrainer given a VCPPOConfig has none
-        if pretrain_steps is None and phase is not None:
-            pretrain_steps = phase.ended_after  # None until the phase has ended
-        if args.value_model_path is not None:
-            facts["value pretraining"] = f"critic loaded from {args.value_model_path} (pretrained before this run)"
-        elif pretrain_steps is not None:
-            facts["value-pretraining steps"] = pretrain_steps
-        else:
-            facts["value-pretraining steps"] = f"{args.value_pretrain_steps} (configured)"
-    else:
-        facts["λ (GAE)"] = args.lam
-    facts.update(
-        {
-            "γ": args.gamma,
-            "KL coefficient": args.kl_coef,
-            "policy learning rate": args.learning_rate,
-            "critic learning rate": args.value_learning_rate,
-            "training updates run (value pretraining included)": trainer.state.global_step
-            if trainer.state is not None
-            else 0,
-            "prompts per update": getattr(trainer, "prompts_per_update", None),
-            "responses per prompt": args.num_generations,
-            "sampler": "vLLM" if args.use_vllm else "transformers generate",
-            "response length": args.response_length,
-        }
-    )
-    # The policy-loss terms of VAPO and DAPO, stated when they are on.
-    if args.cliprange_high is not None and args.cliprange_high != args.cliprange:
-        facts["policy clip range (ε_low, ε_high)"] = (args.cliprange, args.cliprange_high)
-    optional = {
-        "dual-clip c": args.dual_clip_c,
-        "positive-example LM loss μ": args.positive_example_lm_coef or None,
-        "entropy coefficient": args.entropy_coef or None,
-        "overlong buffer (tokens, penalty factor)": (args.overlong_buffer_length, args.overlong_penalty_factor)
-        if args.overlong_buffer_length is not None
-        else None,
-        "truncated responses left out of the policy loss": True if args.mask_truncated_completions else None,
-    }
-    facts.update({name: value for name, value in optional.items() if value is not None})
-    return facts
 
 
 def _is_adapter(folder: str) -> bool:
@@ -310,25 +249,25 @@ Trained with vcppo-trl, a TRL-compatible {algorithm} trainer built on [TRL](http
 
 
 def write_card(
-    trainer: Trainer,
     role: Role,
     folder: str,
     repo_id: str,
+    *,
+    run: RunCard,
     companion_repo: str | None = None,
     dataset_name: str | list[str] | None = None,
     tags: list[str] | None = None,
-    pretrain_steps: int | None = None,
 ) -> ModelCard:
-    """Render the card of the checkpoint in `folder` and save it there as `README.md`."""
-    base_model, base_description = base_model_info(trainer)
+    """Render the card of the checkpoint in `folder` (its role in the `run`) and save it there as `README.md`."""
+    base_model, base_description = base_model_info(run.policy_source)
     card = render_card(
         role,
         repo_id,
-        facts=training_facts(trainer, pretrain_steps=pretrain_steps),
+        facts=run.facts,
         base_model=base_model,
         base_description=base_description,
         dataset_name=dataset_name,
-        tags=list(trainer._tag_names) + list(tags or []),
+        tags=list(run.tags) + list(tags or []),
         is_adapter=_is_adapter(folder),
         companion_repo=companion_repo,
     )

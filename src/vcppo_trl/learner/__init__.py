@@ -12,7 +12,7 @@ from .optimizers import (
     split_by_role,
 )
 from .ppo_learner import PPOLearner, UpdateResult
-from .schedules import RoleLR, schedule_multiplier
+from .schedules import RoleLR, ScheduleSettings, schedule_multiplier
 from .settings import LearnerSettings
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "NonFiniteTrainingError",
     "PPOLearner",
     "RoleLR",
+    "ScheduleSettings",
     "UpdateResult",
     "optimizer_state_summary",
     "parameter_groups",

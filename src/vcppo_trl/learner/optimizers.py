@@ -8,8 +8,7 @@ from collections.abc import Iterable
 
 import torch
 
-from ..config.ppo import PPOConfig
-from .schedules import RoleLR, schedule_multiplier
+from .schedules import RoleLR, ScheduleSettings, schedule_multiplier
 
 ROLES = ("policy", "value")
 
@@ -30,34 +29,39 @@ def split_by_role(state_dict: dict[str, torch.Tensor], role: str) -> dict[str, t
 
 
 def parameter_groups(
-    named_parameters: Iterable[tuple[str, torch.nn.Parameter]], decay_names: set[str], args: PPOConfig
+    named_parameters: Iterable[tuple[str, torch.nn.Parameter]],
+    decay_names: set[str],
+    *,
+    learning_rate: float,
+    value_learning_rate: float,
+    weight_decay: float,
 ) -> list[dict]:
     """
     Parameter groups for the optimizer: per role (policy at `learning_rate`, critic at `value_learning_rate`), those
-    with weight decay and those without (`decay_names`), each tagged `role`. Frozen parameters are left out.
+    with `weight_decay` and those without (`decay_names`), each tagged `role`. Frozen parameters are left out.
     """
     named = [(n, p) for n, p in named_parameters if p.requires_grad]
     groups = []
-    for role, lr in (("policy", args.learning_rate), ("value", args.value_learning_rate)):
+    for role, lr in (("policy", learning_rate), ("value", value_learning_rate)):
         mine = [(n, p) for n, p in named if n.startswith(role_prefix(role))]
         for use_decay in (True, False):
             params = [p for n, p in mine if (n in decay_names) == use_decay]
             if params:
-                wd = args.weight_decay if use_decay else 0.0
+                wd = weight_decay if use_decay else 0.0
                 groups.append({"params": params, "weight_decay": wd, "lr": lr, "role": role})
     return groups
 
 
 def role_scheduler(
-    optimizer: torch.optim.Optimizer, args: PPOConfig, *, ppo_steps: int, pretrain_steps: int
+    optimizer: torch.optim.Optimizer, settings: ScheduleSettings, *, ppo_steps: int, pretrain_steps: int
 ) -> RoleLR:
     """
-    `lr_scheduler_type` with one clock per model ([`~learner.schedules.RoleLR`]): the policy's schedule spans the `ppo_steps`
-    optimizer steps and starts at the first of them; the critic's spans value pretraining and PPO.
+    `settings.lr_scheduler_type` with one clock per model ([`~learner.schedules.RoleLR`]): the policy's schedule spans
+    the `ppo_steps` optimizer steps and starts at the first of them; the critic's spans value pretraining and PPO.
     """
     multipliers = {
-        "policy": schedule_multiplier(args, ppo_steps),
-        "value": schedule_multiplier(args, ppo_steps + pretrain_steps),
+        "policy": schedule_multiplier(settings, ppo_steps),
+        "value": schedule_multiplier(settings, ppo_steps + pretrain_steps),
     }
     starts = {"policy": None, "value": 0}  # the policy's clock starts at its first PPO update
     return RoleLR(optimizer, multipliers, starts)

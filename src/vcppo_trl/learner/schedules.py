@@ -19,33 +19,52 @@ Each role's schedule is transformers' own (`lr_scheduler_type`, `warmup_steps`/`
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import get_scheduler
 
+from ..config.ppo import PPOConfig
+
 ROLES = ("policy", "value")
 
 
-def schedule_multiplier(args, num_training_steps: int) -> Callable[[int], float]:
+@dataclasses.dataclass(frozen=True)
+class ScheduleSettings:
+    """What the schedules read of the config: transformers' schedule, its kwargs and its warmup."""
+
+    lr_scheduler_type: str
+    lr_scheduler_kwargs: dict[str, Any] | None
+    # The warmup steps of a span of `n` optimizer steps: TrainingArguments' own `get_warmup_steps` (`warmup_steps`, or
+    # a fraction of `n`), taken as it is rather than re-derived, so the steps stay transformers' in every version.
+    warmup_steps: Callable[[int], int]
+
+    @classmethod
+    def from_args(cls, args: PPOConfig) -> ScheduleSettings:
+        return cls(args.lr_scheduler_type, args.lr_scheduler_kwargs, args.get_warmup_steps)
+
+
+def schedule_multiplier(settings: ScheduleSettings, num_training_steps: int) -> Callable[[int], float]:
     """
-    The multiplier of transformers' schedule `args.lr_scheduler_type` over `num_training_steps` optimizer steps.
+    The multiplier of transformers' schedule `settings.lr_scheduler_type` over `num_training_steps` optimizer steps.
 
     Raises:
         `ValueError`: for schedules that are not a function of the step (e.g. `reduce_lr_on_plateau`).
     """
     probe = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)  # a scratch optimizer: nothing to disturb
     scheduler = get_scheduler(
-        args.lr_scheduler_type,
+        settings.lr_scheduler_type,
         optimizer=probe,
-        num_warmup_steps=args.get_warmup_steps(num_training_steps),
+        num_warmup_steps=settings.warmup_steps(num_training_steps),
         num_training_steps=num_training_steps,
-        scheduler_specific_kwargs=args.lr_scheduler_kwargs,
+        scheduler_specific_kwargs=settings.lr_scheduler_kwargs,
     )
     if not isinstance(scheduler, LambdaLR):
         raise ValueError(
-            f"lr_scheduler_type={args.lr_scheduler_type!r} is not supported by this trainer (it needs a schedule that "
+            f"lr_scheduler_type={settings.lr_scheduler_type!r} is not supported by this trainer (it needs a schedule that "
             "is a function of the step, to give the policy and the critic their own clocks): use linear, cosine, "
             "constant_with_warmup, ..., or pass your own `optimizers=(optimizer, scheduler)`."
         )

@@ -16,7 +16,6 @@ from transformers import (
 )
 from transformers.utils import logging
 
-from ..config.ppo import PPOConfig
 from .value_model import (
     as_value_model,
     check_value_model_matches_policy,
@@ -27,12 +26,12 @@ from .value_model import (
 logger = logging.get_logger(__name__)
 
 
-def load_policy(model: str | PreTrainedModel, args: PPOConfig) -> PreTrainedModel:
-    """The policy: `model` itself, or loaded from its name/path with `model_init_kwargs`."""
+def load_policy(model: str | PreTrainedModel, *, model_init_kwargs: dict | None) -> PreTrainedModel:
+    """The policy: `model` itself, or loaded from its name/path with `model_init_kwargs` (the config's)."""
     if isinstance(model, str):
-        kwargs = dict(args.model_init_kwargs or {})
+        kwargs = dict(model_init_kwargs or {})
         return AutoModelForCausalLM.from_pretrained(model, **kwargs)
-    if args.model_init_kwargs:
+    if model_init_kwargs:
         logger.warning("`model_init_kwargs` is ignored because `model` is already instantiated.")
     return model
 
@@ -50,21 +49,21 @@ def load_tokenizer(processing_class, policy: PreTrainedModel) -> PreTrainedToken
     return tokenizer
 
 
-def resolve_stop_token_ids(args: PPOConfig, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """Token ids that end a response: `stop_token_id`, else the tokenizer's EOS."""
-    if args.stop_token_id is not None:
-        if not 0 <= args.stop_token_id < len(tokenizer):
+def resolve_stop_token_ids(tokenizer: PreTrainedTokenizerBase, *, stop_token_id: int | None) -> list[int]:
+    """Token ids that end a response: `stop_token_id` (the config's), else the tokenizer's EOS."""
+    if stop_token_id is not None:
+        if not 0 <= stop_token_id < len(tokenizer):
             eos = (
                 f" (its EOS token {tokenizer.eos_token!r} is id {tokenizer.eos_token_id})"
                 if tokenizer.eos_token
                 else ""
             )
             raise ValueError(
-                f"`stop_token_id` {args.stop_token_id} is out of range: the tokenizer has a vocabulary of "
+                f"`stop_token_id` {stop_token_id} is out of range: the tokenizer has a vocabulary of "
                 f"{len(tokenizer)} tokens (ids 0 to {len(tokenizer) - 1}){eos}. Set an id inside it, or "
                 "`stop_token='eos'`."
             )
-        return [args.stop_token_id]
+        return [stop_token_id]
     if tokenizer.eos_token_id is None:
         raise ValueError("The tokenizer has no EOS token: set `stop_token_id` to the id that ends a response.")
     return [tokenizer.eos_token_id]
@@ -74,15 +73,21 @@ def build_critic(
     value_model: str | PreTrainedModel | None,
     policy: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    args: PPOConfig,
+    *,
+    model_init_kwargs: dict | None,
+    deepspeed_config,
 ) -> PreTrainedModel:
-    """The critic: built from the policy, loaded from a path, or converted from a given model; checked against the policy."""
+    """
+    The critic: built from the policy, loaded from a path (with `model_init_kwargs`), or converted from a given model;
+    checked against the policy. `deepspeed_config`: the DeepSpeed config transformers has registered for the run
+    (see [`zero3_init_like`]), or `None`.
+    """
     if value_model is None:
-        with zero3_init_like(policy, args):
+        with zero3_init_like(policy, deepspeed_config):
             critic = create_value_model_from_policy(policy)
     elif isinstance(value_model, str):
-        with zero3_init_like(policy, args):
-            critic = load_value_model(value_model, **dict(args.model_init_kwargs or {}))
+        with zero3_init_like(policy, deepspeed_config):
+            critic = load_value_model(value_model, **dict(model_init_kwargs or {}))
         check_value_model_matches_policy(critic, policy, tokenizer, source=value_model)
         if not is_zero3_partitioned(critic):
             critic = critic.to(next(policy.parameters()).device)
@@ -106,12 +111,15 @@ def is_zero3_partitioned(model: PreTrainedModel) -> bool:
 
 
 @contextmanager
-def zero3_init_like(policy: PreTrainedModel, args: PPOConfig):
+def zero3_init_like(policy: PreTrainedModel, deepspeed_config):
     """
     Build the critic the way the policy was built: under `zero.Init` (partitioned at construction) only if the policy
     was. transformers partitions every model built while a ZeRO-3 config is registered, but a policy created before the
     trainer is not partitioned; DeepSpeed then casts it to bf16/fp16 at `prepare` and leaves a partitioned critic as
     built, and its ZeRO-3 optimizer stops on the mix of dtypes.
+
+    `deepspeed_config` is the run's registered `HfDeepSpeedConfig` (the trainer's `registered_deepspeed_config`),
+    set back after the critic is built unpartitioned; `None` leaves transformers' registration as it is.
     """
     from transformers.integrations import (
         is_deepspeed_zero3_enabled,
@@ -119,21 +127,19 @@ def zero3_init_like(policy: PreTrainedModel, args: PPOConfig):
         unset_hf_deepspeed_config,
     )
 
-    registered = getattr(args, "hf_deepspeed_config", None) or getattr(
-        getattr(args, "deepspeed_plugin", None), "dschf", None
-    )
-    if is_zero3_partitioned(policy) or not is_deepspeed_zero3_enabled() or registered is None:
+    if is_zero3_partitioned(policy) or not is_deepspeed_zero3_enabled() or deepspeed_config is None:
         yield
         return
     unset_hf_deepspeed_config()
     try:
         yield
     finally:
-        set_hf_deepspeed_config(registered)
+        set_hf_deepspeed_config(deepspeed_config)
 
 
-def load_reward_funcs(reward_funcs, reward_processing_classes, args: PPOConfig):
-    """Reward functions and models (loaded by name, frozen), each with its tokenizer (`None` for functions)."""
+def load_reward_funcs(reward_funcs, reward_processing_classes, *, model_init_kwargs: dict | None):
+    """Reward functions and models (loaded by name with `model_init_kwargs`, frozen), each with its tokenizer (`None`
+    for functions)."""
     if reward_funcs is None:
         raise ValueError("`reward_funcs` is required: a reward function, a reward model, or a list of them.")
     funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
@@ -151,7 +157,7 @@ def load_reward_funcs(reward_funcs, reward_processing_classes, args: PPOConfig):
     for func, proc in zip(funcs, processing):
         if isinstance(func, str):
             func = AutoModelForSequenceClassification.from_pretrained(
-                func, num_labels=1, **dict(args.model_init_kwargs or {})
+                func, num_labels=1, **dict(model_init_kwargs or {})
             )
         if isinstance(func, PreTrainedModel):
             if proc is None:

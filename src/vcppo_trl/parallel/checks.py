@@ -34,22 +34,33 @@ def check_launch_environment() -> None:
         )
 
 
-def check_distributed_setup(accelerator: Accelerator, args, is_deepspeed: bool) -> bool:
+def check_distributed_setup(
+    accelerator: Accelerator,
+    *,
+    is_deepspeed: bool,
+    gradient_accumulation_steps: int,
+    activation_checkpointing: bool,
+    sequence_parallel_size: int,
+) -> bool:
     """Check an FSDP launch ([`~parallel.fsdp.check_fsdp_launch`]) or a DeepSpeed one ([`check_deepspeed_setup`]),
-    and log the backend that runs; returns whether the models are sharded with FSDP2."""
+    and log the backend that runs; returns whether the models are sharded with FSDP2. The keywords are the config's
+    fields of those names."""
     if is_deepspeed:
-        check_deepspeed_setup(accelerator, args.gradient_accumulation_steps)
+        check_deepspeed_setup(accelerator, gradient_accumulation_steps)
         fsdp2 = False
     else:
-        fsdp2 = check_fsdp_launch(accelerator, args)
+        fsdp2 = check_fsdp_launch(accelerator)
         if fsdp2:
-            check_fsdp2_options(accelerator, args)
+            check_fsdp2_options(accelerator, activation_checkpointing=activation_checkpointing)
     if accelerator.is_main_process:
-        logger.warning(f"Training on {describe_backend(accelerator, args, is_deepspeed=is_deepspeed, fsdp2=fsdp2)}.")
+        backend = describe_backend(
+            accelerator, is_deepspeed=is_deepspeed, fsdp2=fsdp2, sequence_parallel_size=sequence_parallel_size
+        )
+        logger.warning(f"Training on {backend}.")
     return fsdp2
 
 
-def describe_backend(accelerator: Accelerator, args, *, is_deepspeed: bool, fsdp2: bool) -> str:
+def describe_backend(accelerator: Accelerator, *, is_deepspeed: bool, fsdp2: bool, sequence_parallel_size: int) -> str:
     """The backend that runs, in words: processes, device, DDP / ZeRO stage / FSDP2, sequence-parallel groups."""
     processes = accelerator.num_processes
     if is_deepspeed:
@@ -60,9 +71,8 @@ def describe_backend(accelerator: Accelerator, args, *, is_deepspeed: bool, fsdp
     else:
         backend = "DDP" if processes > 1 else "one process"
     text = f"{processes} process{'es' if processes > 1 else ''} ({accelerator.device.type}), {backend}"
-    size = getattr(args, "sequence_parallel_size", 1)
-    if size > 1:
-        text += f", sequence parallelism in groups of {size} (Ulysses)"
+    if sequence_parallel_size > 1:
+        text += f", sequence parallelism in groups of {sequence_parallel_size} (Ulysses)"
     return text
 
 

@@ -53,7 +53,7 @@ def fsdp2_plugin(accelerator: Accelerator):
     return plugin
 
 
-def check_fsdp_launch(accelerator: Accelerator, args) -> bool:
+def check_fsdp_launch(accelerator: Accelerator) -> bool:
     """Whether the run shards with FSDP2; refuses FSDP1 and what FSDP2 does not support here yet, saying why."""
     version = requested_fsdp_version(accelerator)
     if version is None:
@@ -288,10 +288,10 @@ def load_fsdp2_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, 
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
-def check_fsdp2_options(accelerator: Accelerator, args) -> None:
+def check_fsdp2_options(accelerator: Accelerator, *, activation_checkpointing: bool) -> None:
     """Refuse FSDP2 settings of the launch that would be ignored or doubled: CPU offload on a CPU launch (there is no
     device memory to offload from), and the FSDP config's activation checkpointing together with the trainer's own
-    (`activation_checkpointing`, on by default), which would checkpoint every layer twice."""
+    (the config's `activation_checkpointing`, on by default), which would checkpoint every layer twice."""
     plugin = fsdp2_plugin(accelerator)
     offload = plugin.cpu_offload
     if accelerator.device.type == "cpu" and offload is not None and type(offload).__name__ == "CPUOffloadPolicy":
@@ -299,7 +299,7 @@ def check_fsdp2_options(accelerator: Accelerator, args) -> None:
             "fsdp_offload_params: true moves parameters from an accelerator's memory to the host's, but this launch "
             "runs on a CPU: set fsdp_offload_params: false (configs/accelerate/fsdp2_cpu.yaml)."
         )
-    if plugin.activation_checkpointing and args.activation_checkpointing:
+    if plugin.activation_checkpointing and activation_checkpointing:
         raise FSDPError(
             "The FSDP config turns on activation checkpointing (fsdp_activation_checkpointing: true) and so does the "
             "trainer (activation_checkpointing, on by default): every layer would be checkpointed twice. Pass "

@@ -43,7 +43,7 @@ class SamplerSettings:
             max_prompt_length=args.max_prompt_length,
             chunk_size=args.local_rollout_forward_batch_size,
             gather_deepspeed3_params=args.ds3_gather_for_generation,
-            server_base_url=server_base_url(args),
+            server_base_url=server_base_url(args.vllm_server_base_url, args.vllm_server_host, args.vllm_server_port),
             server_timeout=args.vllm_server_timeout,
             group_port=args.vllm_group_port,
             max_model_length=args.vllm_max_model_length,

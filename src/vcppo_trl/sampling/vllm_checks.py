@@ -216,5 +216,6 @@ def _fsdp2_lora_layers(policy: torch.nn.Module) -> dict[str, torch.nn.Module]:
     return layers
 
 
-def server_base_url(args) -> str:
-    return args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
+def server_base_url(base_url: str | None, host: str, port: int) -> str:
+    """The vLLM server's URL: `vllm_server_base_url`, else `vllm_server_host` and `vllm_server_port`."""
+    return base_url or f"http://{host}:{port}"

@@ -26,15 +26,15 @@ from trl.trainer.base_trainer import _BaseTrainer
 
 from ..algo.diagnostics import marker_token_ids
 from ..algo.gae import gae
-from ..checkpoint import hub
+from ..checkpoint import HubSettings
 from ..config.batch_plan import plan_batches
 from ..config.ppo import PPOConfig
 from ..learner.optimizers import parameter_groups, role_scheduler
 from ..learner.ppo_learner import PPOLearner
+from ..learner.schedules import ScheduleSettings
 from ..learner.settings import LearnerSettings
 from ..models.loading import load_reward_funcs, resolve_stop_token_ids
 from ..models.policy_and_value import PolicyAndValueModel
-from ..parallel.checks import check_distributed_setup
 from ..rewards.reward_models import reward_func_name
 from ..rollout.sources import RolloutSource, SourceSettings, build_rollout_source
 from ..rollout.types import Rollout
@@ -136,9 +136,11 @@ class PPOTrainer(_BaseTrainer):
         )
         policy, critic, reference, tokenizer = built.policy, built.critic, built.reference, built.tokenizer
         self.initial_policy = built.initial_policy  # who the critic was built beside, in a critic job (no policy)
-        self.stop_token_ids = resolve_stop_token_ids(args, tokenizer)
+        self.stop_token_ids = resolve_stop_token_ids(tokenizer, stop_token_id=args.stop_token_id)
         self.end_of_thinking_ids = marker_token_ids(tokenizer, args.end_of_thinking_marker)
-        reward_funcs, reward_processing_classes = load_reward_funcs(reward_funcs, reward_processing_classes, args)
+        reward_funcs, reward_processing_classes = load_reward_funcs(
+            reward_funcs, reward_processing_classes, model_init_kwargs=args.model_init_kwargs
+        )
         self.reward_func_names = [reward_func_name(f) for f in reward_funcs]
         train_dataset, eval_dataset, self.data_reports = setup.prepare_datasets(
             train_dataset, eval_dataset, tokenizer, args=args, reward_funcs=reward_funcs
@@ -156,7 +158,7 @@ class PPOTrainer(_BaseTrainer):
             callbacks=callbacks,
             optimizers=optimizers,
         )
-        self.is_fsdp2 = check_distributed_setup(self.accelerator, args, is_deepspeed=self.is_deepspeed_enabled)
+        self.is_fsdp2 = setup.check_launch(self.accelerator, args, is_deepspeed=self.is_deepspeed_enabled)
         if self.accelerator.num_processes > 1:
             # A seed per rank: distinct samples on each (the prompt order does not depend on it: `trainer/prompts.py`).
             set_seed(args.seed, device_specific=True)
@@ -435,7 +437,13 @@ class PPOTrainer(_BaseTrainer):
             decay = set(self.get_decay_parameter_names(wrapper))
             optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, wrapper)
             optimizer_kwargs.pop("lr", None)
-            groups = parameter_groups(wrapper.named_parameters(), decay, self.args)
+            groups = parameter_groups(
+                wrapper.named_parameters(),
+                decay,
+                learning_rate=self.args.learning_rate,
+                value_learning_rate=self.args.value_learning_rate,
+                weight_decay=self.args.weight_decay,
+            )
             self.optimizer = optimizer_cls(groups, lr=self.args.learning_rate, **optimizer_kwargs)
         return self.optimizer
 
@@ -445,7 +453,7 @@ class PPOTrainer(_BaseTrainer):
             per_update = self.optimizer_steps_per_update()
             self.lr_scheduler = role_scheduler(
                 optimizer or self.optimizer,
-                self.args,
+                ScheduleSettings.from_args(self.args),
                 ppo_steps=self.num_ppo_updates * per_update,
                 pretrain_steps=self.critic_only_updates() * per_update,
             )
@@ -536,7 +544,9 @@ class PPOTrainer(_BaseTrainer):
         )
 
     def _write_cards(self, folder: str, tags: list[str] | None = None) -> None:
-        hub.write_cards(self, folder, dataset_name=getattr(self, "model_card_dataset_name", None), tags=tags)
+        trainer_saving.write_run_cards(
+            self, folder, dataset_name=getattr(self, "model_card_dataset_name", None), tags=tags
+        )
 
     def _save_checkpoint(self, model, trial=None) -> None:
         """Write `checkpoint-<step>` atomically (see [`~trainer.saving.save_trainer_checkpoint`])."""
@@ -550,7 +560,7 @@ class PPOTrainer(_BaseTrainer):
         **kwargs,
     ) -> None:
         """This package's model cards in `output_dir` (the policy's, and the critic's in `value_model/`), the same
-        `save_model()` and `push_to_hub()` write; see [`~checkpoint.hub.write_cards`]."""
+        `save_model()` and `push_to_hub()` write; see [`~trainer.saving.write_run_cards`]."""
         if not self.is_world_process_zero():
             return
         if dataset_name is not None:
@@ -561,7 +571,7 @@ class PPOTrainer(_BaseTrainer):
 
     def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
         """Name the policy's repo; repos are created at the first push, so building the trainer needs no network."""
-        self.hub_model_id = hub.policy_repo_id(self.args)
+        self.hub_model_id = HubSettings.from_args(self.args).policy_repo
         self.push_in_progress = None
 
     def push_to_hub(

@@ -1,6 +1,7 @@
 """Saving a [`PPOTrainer`]: the policy and the critic ([`save_models`], [`save_critic`]), checkpoints written
-atomically with the rollouts in flight of the trainer's rollout source ([`save_trainer_checkpoint`]), the Hub pushes
-of each checkpoint and of the end of training, and the checkpoint saved when the sampler fails. Functions of explicit
+atomically with the rollouts in flight of the trainer's rollout source ([`save_trainer_checkpoint`]), the model cards
+and what they say of the run ([`run_card`]), the Hub pushes of each checkpoint, of the end of training and of the
+value-pretrained critic, and the checkpoint saved when the sampler fails. Functions of explicit
 inputs that the trainer's thin overrides of transformers' hooks (`_save`, `_save_checkpoint`, `push_to_hub`, ...)
 call. Reading a checkpoint back is `trainer/resuming.py`'s; the file formats live in `checkpoint/files.py`, the Hub in
 `checkpoint/hub.py`.
@@ -20,7 +21,7 @@ from transformers.trainer import SCHEDULER_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, rotate_checkpoints
 from transformers.utils import logging
 
-from ..checkpoint import hub
+from ..checkpoint import RunCard, hub
 from ..checkpoint.files import (
     TEMP_PREFIX,
     VALUE_MODEL_DIRNAME,
@@ -105,7 +106,8 @@ def push_checkpoint(args: PPOConfig, step: int, checkpoint_folder: str) -> None:
 
     if args.hub_strategy == HubStrategy.END:
         return
-    push = {"token": args.hub_token, "private": args.hub_private_repo, "revision": args.hub_revision}
+    repos = hub.HubSettings.from_args(args)
+    push = {"token": repos.token, "private": repos.private, "revision": repos.revision}
     message = f"Training in progress, step {step}"
     # Training state stays local: optimizer, scheduler, RNG, trainer and resume state, DeepSpeed's own states.
     training_state = [
@@ -122,14 +124,14 @@ def push_checkpoint(args: PPOConfig, step: int, checkpoint_folder: str) -> None:
     try:
         hub.push_folder(
             checkpoint_folder,
-            hub.policy_repo_id(args),
+            repos.policy_repo,
             what="policy",
             commit_message=message,
             ignore_patterns=ignore,
             **push,
         )
         if os.path.isdir(value_dir):
-            hub.push_folder(value_dir, hub.value_repo_id(args), what="critic", commit_message=message, **push)
+            hub.push_folder(value_dir, repos.value_repo, what="critic", commit_message=message, **push)
     except hub.HubPushError as err:
         logger.error(str(err))
 
@@ -165,17 +167,125 @@ def push_trainer(
     trainer.save_model(_internal_call=True)  # every process (sharded states are gathered)
     if not trainer.is_world_process_zero():
         return None
-    hub.write_cards(trainer, args.output_dir, dataset_name=dataset_name, tags=tags)
+    write_run_cards(trainer, args.output_dir, dataset_name=dataset_name, tags=tags)
+    repos = hub.HubSettings.from_args(args)
     return hub.push_models(
         args.output_dir,
         os.path.join(args.output_dir, VALUE_MODEL_DIRNAME),
-        policy_repo=hub.policy_repo_id(args),
-        value_repo=hub.value_repo_id(args),
+        policy_repo=repos.policy_repo,
+        value_repo=repos.value_repo,
         commit_message=commit_message,
         token=token,
         private=private,
         revision=revision,
     )
+
+
+def push_pretrained_critic(trainer, folder: str, steps: int) -> CommitInfo | None:
+    """`value_pretrain_push`: the critic value-pretrained for `steps` updates (saved in `folder`), with its card, to
+    its repo ([`~checkpoint.hub.push_pretrained_critic`]) from the main process; `None` elsewhere or on failure."""
+    if not trainer.is_world_process_zero():
+        return None
+    run = run_card(trainer, pretrain_steps=steps)
+    return hub.push_pretrained_critic(folder, run, hub.HubSettings.from_args(trainer.args), steps=steps)
+
+
+# ------------------------------------------------------------- model cards
+
+
+def write_run_cards(
+    trainer, output_dir: str, dataset_name: str | list[str] | None = None, tags: list[str] | None = None
+) -> None:
+    """The model cards of the run saved in `output_dir` ([`~checkpoint.hub.write_cards`]): the policy's (none in a
+    critic job, which saves no policy) and the critic's."""
+    repos = hub.HubSettings.from_args(trainer.args)
+    hub.write_cards(
+        output_dir,
+        run_card(trainer),
+        policy_repo=repos.policy_repo,
+        value_repo=repos.value_repo,
+        with_policy=not trainer.args.is_critic_job,
+        dataset_name=dataset_name,
+        tags=tags,
+    )
+
+
+def run_card(trainer, pretrain_steps: int | None = None) -> RunCard:
+    """What the trainer's model cards say of its run: where the policy came from, the method and its settings
+    ([`training_facts`]), its tags."""
+    return RunCard(
+        policy_source=policy_source(trainer),
+        facts=training_facts(trainer, pretrain_steps=pretrain_steps),
+        tags=list(trainer._tag_names),
+    )
+
+
+def policy_source(trainer) -> str | None:
+    """The name or path the policy came from (the adapter's base under PEFT); in a critic job, which keeps no policy,
+    the one the critic was built beside."""
+    policy, _ = trainer.unwrapped_policy_and_critic()
+    if policy is None:
+        return trainer.initial_policy["name_or_path"] or None
+    peft_config = getattr(policy, "peft_config", None)
+    if peft_config:
+        return getattr(next(iter(peft_config.values())), "base_model_name_or_path", None)
+    return getattr(policy.config, "_name_or_path", None)
+
+
+def training_facts(trainer, pretrain_steps: int | None = None) -> dict[str, Any]:
+    """The method and its settings, as the cards state them: one row of their table each."""
+    args = trainer.args
+    vc = hasattr(args, "lam_actor")
+    facts: dict[str, Any] = {"algorithm": getattr(trainer, "_name", "VC-PPO") if vc else "PPO"}
+    if vc:
+        facts["λ_actor (policy advantages)"] = (
+            f"1 − 1/({args.lam_actor_length_alpha}·length) per response (VAPO)"
+            if args.lam_actor_length_alpha is not None
+            else args.lam_actor
+        )
+        facts["λ_critic (value targets)"] = args.lam_critic
+        phase = getattr(
+            trainer, "value_pretraining", None
+        )  # VCPPOTrainer's; a PPOTrainer given a VCPPOConfig has none
+        if pretrain_steps is None and phase is not None:
+            pretrain_steps = phase.ended_after  # None until the phase has ended
+        if args.value_model_path is not None:
+            facts["value pretraining"] = f"critic loaded from {args.value_model_path} (pretrained before this run)"
+        elif pretrain_steps is not None:
+            facts["value-pretraining steps"] = pretrain_steps
+        else:
+            facts["value-pretraining steps"] = f"{args.value_pretrain_steps} (configured)"
+    else:
+        facts["λ (GAE)"] = args.lam
+    facts.update(
+        {
+            "γ": args.gamma,
+            "KL coefficient": args.kl_coef,
+            "policy learning rate": args.learning_rate,
+            "critic learning rate": args.value_learning_rate,
+            "training updates run (value pretraining included)": trainer.state.global_step
+            if trainer.state is not None
+            else 0,
+            "prompts per update": getattr(trainer, "prompts_per_update", None),
+            "responses per prompt": args.num_generations,
+            "sampler": "vLLM" if args.use_vllm else "transformers generate",
+            "response length": args.response_length,
+        }
+    )
+    # The policy-loss terms of VAPO and DAPO, stated when they are on.
+    if args.cliprange_high is not None and args.cliprange_high != args.cliprange:
+        facts["policy clip range (ε_low, ε_high)"] = (args.cliprange, args.cliprange_high)
+    optional = {
+        "dual-clip c": args.dual_clip_c,
+        "positive-example LM loss μ": args.positive_example_lm_coef or None,
+        "entropy coefficient": args.entropy_coef or None,
+        "overlong buffer (tokens, penalty factor)": (args.overlong_buffer_length, args.overlong_penalty_factor)
+        if args.overlong_buffer_length is not None
+        else None,
+        "truncated responses left out of the policy loss": True if args.mask_truncated_completions else None,
+    }
+    facts.update({name: value for name, value in optional.items() if value is not None})
+    return facts
 
 
 # ------------------------------------------------------------- checkpoints

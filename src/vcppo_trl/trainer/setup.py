@@ -26,6 +26,7 @@ from ..models.loading import build_critic, is_zero3_partitioned, load_policy, lo
 from ..parallel import (
     SequenceGroup,
     apply_fsdp2_activation_checkpointing,
+    check_distributed_setup,
     check_launch_environment,
     setup_sequence_parallel,
     shard_with_fsdp2,
@@ -76,6 +77,18 @@ def prepare_process(args: PPOConfig) -> None:
         set_seed(args.seed)
 
 
+def check_launch(accelerator: Accelerator, args: PPOConfig, *, is_deepspeed: bool) -> bool:
+    """The FSDP or DeepSpeed launch checked once the accelerator exists ([`~parallel.checks.check_distributed_setup`],
+    with the fields it reads), and the backend logged; returns whether the models are sharded with FSDP2."""
+    return check_distributed_setup(
+        accelerator,
+        is_deepspeed=is_deepspeed,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        activation_checkpointing=args.activation_checkpointing,
+        sequence_parallel_size=args.sequence_parallel_size,
+    )
+
+
 @dataclasses.dataclass
 class BuiltModels:
     """What [`build_models`] gives the trainer. In a critic job `policy` and `reference` are `None` and
@@ -104,9 +117,15 @@ def build_models(
     built from the policy first, keeps its dtype). A critic job ([`critic_job_models`]) keeps no policy."""
     if args.is_critic_job:
         check_critic_job_inputs(args, ref_model=ref_model, peft_config=peft_config)
-    policy = load_policy(model, args)
+    policy = load_policy(model, model_init_kwargs=args.model_init_kwargs)
     tokenizer = load_tokenizer(processing_class, policy)
-    critic = build_critic(value_model, policy, tokenizer, args=args)
+    critic = build_critic(
+        value_model,
+        policy,
+        tokenizer,
+        model_init_kwargs=args.model_init_kwargs,
+        deepspeed_config=registered_deepspeed_config(args),
+    )
     policy, critic = prepare_models(policy, critic, args, peft_config=peft_config, value_peft_config=value_peft_config)
     reference = None if args.is_critic_job else reference_model(policy, ref_model, args)
     if args.cast_lm_head_to_fp32:
@@ -116,6 +135,14 @@ def build_models(
     if args.is_critic_job:
         return critic_job_models(policy, critic, tokenizer)
     return BuiltModels(policy=policy, critic=critic, reference=reference, tokenizer=tokenizer)
+
+
+def registered_deepspeed_config(args: PPOConfig):
+    """The `HfDeepSpeedConfig` transformers registered for this run's DeepSpeed config (TrainingArguments keeps it, or
+    its accelerate plugin does), or `None` without DeepSpeed: what [`~models.loading.zero3_init_like`] sets back."""
+    return getattr(args, "hf_deepspeed_config", None) or getattr(
+        getattr(args, "deepspeed_plugin", None), "dschf", None
+    )
 
 
 def check_critic_job_inputs(args: PPOConfig, *, ref_model, peft_config) -> None:

@@ -15,11 +15,11 @@ import torch
 from transformers.utils import logging
 
 from ..algo.gae import dual_lambda_gae
-from ..checkpoint import hub
 from ..config.vcppo import VCPPOConfig
 from ..rollout import StoredRolloutSource, StoredSourceSettings, with_stored_pretraining
 from ..rollout.types import Rollout
 from ..rollout.windowed import gae_bootstrap
+from . import saving as trainer_saving
 from .metrics import critic_fit, heldout_fit
 from .ppo import PPOTrainer
 from .store_job import run_info
@@ -184,7 +184,7 @@ class VCPPOTrainer(PPOTrainer):
             return
         path = self._save_pretrained_critic(VALUE_PRETRAINED_DIRNAME)
         if getattr(self.args, "value_pretrain_push", False):
-            hub.push_pretrained_critic(self, path, steps=phase.updates)
+            trainer_saving.push_pretrained_critic(self, path, steps=phase.updates)
         self.end_value_pretraining(reason)
         if self.args.value_pretrain_only:  # a critic job: nothing after the phase
             self.control.should_training_stop = True
