@@ -1,5 +1,6 @@
 """Pure tensor functions of the update: GAE, losses and the micro-batch objective, masked reductions, diagnostics,
-micro-batch planning, dynamic sampling and the assignment of balanced ranks. Nothing here imports the rest of the
+micro-batch planning, dynamic sampling, the assignment of balanced ranks, and the sampled distribution (the logits
+processing of top-k, top-p, min-p and the repetition penalty). Nothing here imports the rest of the
 package (only torch).
 """
 
@@ -15,6 +16,18 @@ from .diagnostics import (
 )
 from .dynamic_sampling import DynamicSamplingStats, choose_groups, informative_groups
 from .gae import dual_lambda_gae, gae, last_valid_values, reverse_discounted_cumsum
+from .logits_processing import (
+    NO_KNOBS,
+    ORDERS,
+    TRANSFORMERS_ORDER,
+    UNREACHABLE_LOGPROB,
+    VLLM_ORDER,
+    SamplingKnobs,
+    first_seen_steps,
+    processed_logits,
+    processed_logprobs,
+    seen_before,
+)
 from .losses import (
     IMPORTANCE_SAMPLING_MODES,
     KL_ESTIMATORS,
@@ -53,6 +66,16 @@ from .rank_assignment import (
 )
 
 __all__ = [
+    "NO_KNOBS",
+    "ORDERS",
+    "SamplingKnobs",
+    "TRANSFORMERS_ORDER",
+    "UNREACHABLE_LOGPROB",
+    "VLLM_ORDER",
+    "first_seen_steps",
+    "processed_logits",
+    "processed_logprobs",
+    "seen_before",
     "DynamicSamplingStats",
     "ExchangePlan",
     "ForwardWork",
