@@ -285,7 +285,10 @@ def chosen_trainer(argv: list[str] | None) -> str:
 def build_parser(config_class: type[VCPPOConfig] = VCPPOConfig) -> TrlParser:
     """TRL's parser for (script arguments, the trainer's config, ModelConfig), with a short usage and grouped `--help`."""
     parser = TrlParser(
-        (VCPPOScriptArguments, config_class, ModelConfig), usage=HELP_USAGE, description=HELP_DESCRIPTION
+        (VCPPOScriptArguments, config_class, ModelConfig),
+        usage=HELP_USAGE,
+        description=HELP_DESCRIPTION,
+        allow_abbrev=False,  # `--value_pretrain_step 3` must not silently set value_pretrain_steps
     )
     # argparse lists options group by group: move each option (and its --no_ twin) into its group, then order the
     # groups so that VC-PPO/PPO come first and the ~200 transformers TrainingArguments last.

@@ -75,3 +75,13 @@ def test_reward_models_and_unreadable_signatures_are_not_checked():
     import torch
 
     check_reward_signatures([torch.nn.Linear(2, 1), max], COLUMNS, "train_dataset")
+
+
+def test_the_trainer_refuses_a_reward_function_its_dataset_cannot_serve(make_trainer):
+    def needs_answer(completions, answer, **kwargs):
+        return [0.0] * len(completions)
+
+    with pytest.raises(
+        ValueError, match="'needs_answer' needs the argument 'answer', which is neither a column of train_dataset"
+    ):
+        make_trainer(reward_funcs=needs_answer)

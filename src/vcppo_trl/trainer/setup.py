@@ -38,7 +38,13 @@ from ..sampling.settings import SamplerSettings
 from ..sampling.vllm_checks import check_vllm_model, require_vllm, vllm_dtype, vllm_platform_is_cpu
 from ..sampling.vllm_samplers import VLLMColocateSampler, VLLMServerSampler
 from .console import quiet_replica
-from .prompts import DataReport, prepare_prompt_dataset, prompt_token_lengths, reward_function_columns
+from .prompts import (
+    DataReport,
+    check_reward_signatures,
+    prepare_prompt_dataset,
+    prompt_token_lengths,
+    reward_function_columns,
+)
 from .store_job import policy_identity
 
 if is_peft_available():
@@ -242,6 +248,7 @@ def prepare_datasets(
     prepared = []
     for name, dataset in (("train", train_dataset), ("eval", eval_dataset)):
         if dataset is not None:
+            check_reward_signatures(reward_funcs, dataset.column_names, f"{name}_dataset")
             required = reward_function_columns(reward_funcs, dataset.column_names)
             dataset, report = prepare_prompt_dataset(
                 dataset,

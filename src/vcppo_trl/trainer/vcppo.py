@@ -156,7 +156,12 @@ class VCPPOTrainer(PPOTrainer):
             )
             logger.warning(
                 "Value pretraining: training the critic alone (λ = 1, policy frozen) for up to "
-                f"{self.value_pretraining.planned_updates} updates{source}."
+                f"{self.value_pretraining.planned_updates} updates{source}, then {self.num_ppo_updates} PPO updates"
+                + (
+                    " (max_steps counts the PPO updates; value pretraining's come on top)."
+                    if self.args.max_steps > 0
+                    else "."
+                )
             )
 
     def phase_fit(self):
