@@ -1,13 +1,13 @@
-"""PPOTrainer on current TRL: the loop, and the parts it holds (see `training_update`): the rollout source
-(`rollout/sources.py`, over the rollout maker `rollout/maker.py`), `compute_advantages` (the seam subclasses change),
-the learner (`learner/ppo_learner.py`) and the metrics (`trainer/metrics.py`). A subclass adds a phase through the seams `trains_policy`, `critic_only_updates`,
-`num_training_updates`, `phase_state` and the `before_training`/`after_update` hooks (VC-PPO's value pretraining:
-`trainer/vcppo.py`). Construction uses `trainer/setup.py`; saving `trainer/saving.py` and resuming `trainer/resuming.py`, through thin
-overrides of transformers' hooks at the end of this file."""
+"""PPOTrainer on current TRL: the parts it holds (see `training_update`): the rollout source (`rollout/sources.py`,
+over the rollout maker `rollout/maker.py`), `compute_advantages` (the seam subclasses change), the learner
+(`learner/ppo_learner.py`) and the metrics (`trainer/metrics.py`). A subclass adds a phase through the seams
+`trains_policy`, `critic_only_updates`, `num_training_updates`, `phase_state` and the `before_training`/`after_update`
+hooks (VC-PPO's value pretraining: `trainer/vcppo.py`). Construction uses `trainer/setup.py`; the run's loop and its
+cadence `trainer/loop.py`; saving `trainer/saving.py` and resuming `trainer/resuming.py`, through thin overrides of
+transformers' hooks at the end of this file."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import os
@@ -20,7 +20,6 @@ from accelerate.utils import is_peft_model, set_seed
 from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, PrinterCallback, ProgressCallback, TrainerCallback
 from transformers.trainer_callback import ExportableState, TrainerControl
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import is_peft_available, logging
 from trl.trainer.base_trainer import _BaseTrainer
 
@@ -39,15 +38,11 @@ from ..rewards.reward_models import reward_func_name
 from ..rollout.sources import RolloutSource, SourceSettings, build_rollout_source
 from ..rollout.types import Rollout
 from ..rollout.windowed import gae_bootstrap
-from ..sampling.seam import SamplerError
-from . import resuming, setup
+from . import loop, setup
 from . import saving as trainer_saving
-from .cadence import is_due
-from .completions import CompletionLog
 from .console import CompactPrinterCallback, RolloutProgressCallback
 from .evaluation import EvaluationSettings, evaluation_metrics
 from .metrics import MetricSettings, UpdateRecord, learner_metrics, rollout_metrics
-from .preemption import SignalWatcher, agreed_signal, interruption
 from .prompts import PromptStream
 
 if is_peft_available():
@@ -274,96 +269,16 @@ class PPOTrainer(_BaseTrainer):
 
     # ------------------------------------------------------------------- loop
 
-    def _due(self, interval: float | int, strategy) -> bool:
-        return is_due(interval, strategy, self.state.global_step, max_steps=self.state.max_steps)
-
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
-        """
-        Run the whole training: `num_training_updates()` rollout-and-update cycles. On SIGTERM or SIGINT the running
-        update is finished, a checkpoint is saved and [`TrainingInterrupted`] is raised (its message names it).
+        """Run the whole training: `num_training_updates()` rollout-and-update cycles (`trainer/loop.py`). On SIGTERM
+        or SIGINT the running update is finished, a checkpoint is saved and [`TrainingInterrupted`] is raised.
 
         Args:
             resume_from_checkpoint (`str` or `bool`, *optional*): A `checkpoint-<step>` directory, or `True` for the
                 latest one in `output_dir`. Training continues exactly where it stopped: weights, optimizer, scheduler,
                 RNG states, the update counter, the position in the data, and the value-pretraining phase.
         """
-        args = self.args
-        resume = resuming.resolve_checkpoint(
-            resume_from_checkpoint,
-            args,
-            accelerator=self.accelerator,
-            is_deepspeed=self.is_deepspeed_enabled,
-            batches=self.batches,
-            train_rows=len(self.train_dataset),
-        )
-        if resume is not None and not self.is_deepspeed_enabled:
-            resuming.load_checkpoint_weights(self.model, resume.path)
-        self._setup_training()
-        self.prompts = PromptStream(  # a fresh state draws from the first batch; a resumed one moves it below
-            self.train_dataset,
-            self.batches,
-            self.accelerator.process_index,
-            seed=args.seed,
-            num_generations=args.num_generations,
-        )
-        self.rollouts = self.build_rollout_source(self.prompts.draw)
-        if resume is not None:  # optimizer, scheduler, state, callbacks, phase, rollouts in flight, RNG
-            self.prompts.seek(resuming.restore_training_state(self, resume))
-        if self.sampler is not None:  # it starts from the weights training starts from (resumed ones included)
-            self.sampler.mark_stale()
-        self.before_training()
-        self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
-        if self.args.use_vllm and self.sampler is not None:  # 0: an engine an earlier trainer started, reused
-            self.log({"time/sampler_start_s": self.sampler.start_seconds})
-        if resume is None:
-            data_metrics = {k: v for name, r in self.data_reports.items() for k, v in r.metrics(name).items()}
-            if data_metrics:
-                self.log(data_metrics)
-            if args.eval_on_start and self.eval_dataset is not None:
-                self.evaluate()
-        start_time = time.time()
-        completion_log = CompletionLog.from_trainer(self)
-        with SignalWatcher() as signals, contextlib.ExitStack() as stack:
-            stack.callback(lambda: self.rollouts.close())  # a worker process stops with training, however it ends
-            while self.state.global_step < self.state.max_steps:
-                self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
-                try:
-                    metrics = self.training_update()
-                except SamplerError as err:
-                    raise self._sampler_failed(err) from err
-                self.state.global_step += 1
-                self.state.epoch = self.batches_consumed * self.batches.prompts_per_update / len(self.train_dataset)
-                metrics["episode"] = self.state.global_step * self.batches.batch_size
-                metrics["lr"] = self._learning_rate("policy")
-                metrics["value_lr"] = self._learning_rate("value")
-                metrics["time/update_s"] = time.time() - self._update_start
-                self.latest_metrics = metrics
-                self.after_update(metrics)
-                self.control = self.callback_handler.call_event(
-                    "on_step_end", args, self.state, self.control, metrics=metrics
-                )
-                logged = self._due(args.logging_steps, args.logging_strategy) or self.control.should_log
-                if logged:
-                    self.log(dict(metrics))
-                    self.control.should_log = False
-                completion_log.after_update(self.last_update, self.state.global_step, logged=logged)
-                if self.eval_dataset is not None and self._due(args.eval_steps, args.eval_strategy):
-                    self.evaluate()
-                saved = self._due(args.save_steps, args.save_strategy)
-                if saved:
-                    self._save_checkpoint(self.model, trial=None)
-                signum = agreed_signal(self.accelerator, signals.signum)
-                if signum is not None:
-                    if not saved:
-                        self._save_checkpoint(self.model, trial=None)
-                    path = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-                    raise interruption(signum, path, self.state.global_step)
-                if self.control.should_training_stop:
-                    break
-        self.state.total_flos = 0
-        self.log({"train_runtime": time.time() - start_time})
-        self.control = self.callback_handler.on_train_end(args, self.state, self.control)
-        return self.state
+        return loop.run(self, resume_from_checkpoint)
 
     @property
     def batches_consumed(self) -> int:
@@ -488,14 +403,6 @@ class PPOTrainer(_BaseTrainer):
         self.state.is_local_process_zero = self.is_local_process_zero()
         self.state.is_world_process_zero = self.is_world_process_zero()
         self.control = TrainerControl()
-
-    def _sampler_failed(self, err: SamplerError) -> SamplerError:
-        """The error to stop with when the sampler fails mid-run (see [`~trainer.saving.sampler_failure_note`])."""
-        step, save = self.state.global_step, lambda: self._save_checkpoint(self.model, trial=None)
-        note = trainer_saving.sampler_failure_note(
-            self.args, step, self.accelerator.num_processes, save_checkpoint=save
-        )
-        return SamplerError(f"Sampling failed at update {step + 1}: {err} {note}")
 
     # -------------------------------------------- evaluation, saving, the Hub
 
