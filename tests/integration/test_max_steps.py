@@ -16,3 +16,10 @@ def test_value_pretraining_comes_on_top_of_max_steps(fresh_trainer):
     trainer.train()
     assert trainer.num_ppo_updates == 2
     assert trainer.state.global_step == 4  # 2 value-pretraining updates, then 2 PPO updates
+
+
+def test_the_first_ppo_update_is_logged_whatever_logging_steps(fresh_trainer):
+    trainer = fresh_trainer(max_steps=2, value_pretrain_steps=3, logging_steps=3)
+    trainer.train()
+    logged = [entry["step"] for entry in trainer.state.log_history if "episode" in entry]
+    assert logged == [3, 4]  # the last value-pretraining update (logging_steps) and the first PPO one (a new phase)

@@ -57,6 +57,7 @@ def run(trainer, resume_from_checkpoint: str | bool | None):
             trainer.evaluate()
     start_time = time.time()
     completion_log = CompletionLog.from_trainer(trainer)
+    last_phase = None  # whether the last update was value pretraining (VC-PPO's phase): its first PPO update is logged
     with SignalWatcher() as signals, contextlib.ExitStack() as stack:
         stack.callback(lambda: trainer.rollouts.close())  # a worker process stops with training, however it ends
         while trainer.state.global_step < trainer.state.max_steps:
@@ -78,7 +79,10 @@ def run(trainer, resume_from_checkpoint: str | bool | None):
             trainer.control = trainer.callback_handler.call_event(
                 "on_step_end", args, trainer.state, trainer.control, metrics=metrics
             )
-            logged = due(trainer, args.logging_steps, args.logging_strategy) or trainer.control.should_log
+            phase = any(key.startswith("value_pretrain/") for key in metrics)
+            new_phase = last_phase is not None and phase != last_phase
+            last_phase = phase
+            logged = due(trainer, args.logging_steps, args.logging_strategy) or trainer.control.should_log or new_phase
             if logged:
                 trainer.log(dict(metrics))
                 trainer.control.should_log = False
