@@ -50,9 +50,9 @@ def test_pool_continues_responses_and_finishes_them_only_at_a_stop_or_the_length
     assert restored.state_dict() == state
 
 
-def test_a_window_of_zero_tokens_is_refused():
-    with pytest.raises(ValueError, match="generation_window must be at least 1"):
-        ResponsePool(2, window=0, response_length=4)
+def test_a_window_of_zero_tokens_is_refused(tiny_config):
+    with pytest.raises(ValueError, match="`generation_window` must be at least 1 token"):  # once, by the config
+        tiny_config(generation_window=0)
 
 
 def test_a_window_as_long_as_the_response_reproduces_the_whole_response_run(fresh_trainer):

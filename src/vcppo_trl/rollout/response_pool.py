@@ -55,10 +55,8 @@ class ResponsePool:
     """
 
     def __init__(self, size: int, window: int, response_length: int):
-        if window < 1:
-            raise ValueError(f"generation_window must be at least 1, got {window}.")
         self.size = size
-        self.window = window
+        self.window = window  # at least 1: PPOConfig checks generation_window, once
         self.response_length = response_length
         self.slots: list[InFlight] = []
         self.pending: list[dict[str, Any]] = []  # rows drawn from the prompt stream, not started yet
