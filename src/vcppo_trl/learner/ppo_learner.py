@@ -227,6 +227,7 @@ class PPOLearner:
                         with split, micro_batch_context(self.accelerator, self.is_deepspeed, model, is_last=is_last):
                             logprobs, entropy, vpred = model(
                                 temperature=settings.temperature,
+                                knobs=settings.knobs,
                                 compute_policy=train_policy,
                                 **inputs,
                             )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..algo.logits_processing import NO_KNOBS, SamplingKnobs
 from ..algo.objective import PPOLossSettings
 from ..config.ppo import PPOConfig
 from ..models.forward_engine import ForwardSettings
@@ -30,6 +31,8 @@ class LearnerSettings:
     forwards: ForwardSettings
     # Hand each global mini-batch's sequences out to processes by token count (see `learner.rank_exchange`)
     balance_ranks: bool = False
+    # What shapes the sampled distribution besides `temperature`: the learner's log-probs are taken under it.
+    knobs: SamplingKnobs = NO_KNOBS
 
     @classmethod
     def from_args(cls, args: PPOConfig) -> LearnerSettings:

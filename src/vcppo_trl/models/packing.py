@@ -31,6 +31,8 @@ class PackedRow:
     position_ids: torch.Tensor  # [1, N]: 0, 1, ... within each sequence
     predicting: torch.Tensor  # [b, w] long: the row position whose output predicts response token t (0 past the end)
     targets: torch.Tensor  # [b, w]: the response tokens (the micro-batch's first w columns)
+    # [b, P + w]: each row's prompt (left-padded with -1) then its response: what the repetition penalty has seen
+    history: torch.Tensor
 
     @property
     def tokens(self) -> int:
@@ -73,7 +75,20 @@ def pack_micro_batch(
         position_ids=torch.cat(positions).unsqueeze(0),
         predicting=torch.stack(predicting),
         targets=response_ids[rows, :width],
+        history=row_history(query_ids, response_ids, prompt_lengths=prompt_lengths, rows=rows, width=width),
     )
+
+
+def row_history(
+    query_ids: torch.Tensor, response_ids: torch.Tensor, prompt_lengths: torch.Tensor, rows: torch.Tensor, width: int
+) -> torch.Tensor:
+    """`[b, P + w]`: the prompts of `rows` (their left padding at -1) then their first `width` response tokens, the
+    tokens a sampler's repetition penalty sees ([`~models.logprobs.TokenHistory`])."""
+    prompts = query_ids[rows]
+    padding = torch.arange(prompts.shape[1], device=prompts.device) < (
+        prompts.shape[1] - prompt_lengths[rows.cpu()].to(prompts.device)[:, None]
+    )
+    return torch.cat([prompts.masked_fill(padding, -1), response_ids[rows, :width]], dim=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +103,8 @@ class SplitRows:
     targets: torch.Tensor  # [k] the token
     shape: tuple[int, int]  # (b, w): the micro-batch's outputs
     group: SequenceGroup
+    # [b, P + w]: each row's prompt (left-padded with -1) then its response: what the repetition penalty has seen
+    history: torch.Tensor
 
     def scatter(self, values: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
         """`[k]` outputs of this process's tokens → `[b, w]` (zeros elsewhere), summed over the group. `output` is
@@ -148,6 +165,7 @@ def split_micro_batch(
         targets=response_ids[rows[row_of], step_of],
         shape=(len(prompts), width),
         group=group,
+        history=row_history(query_ids, response_ids, prompt_lengths=prompt_lengths, rows=rows, width=width),
     )
 
 

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from ..algo.logits_processing import NO_KNOBS, SamplingKnobs
 from .logprobs import packed_response_logprobs, response_logprobs
 from .packing import PackedRow, SplitRows
 from .split_forwards import split_response_logprobs, split_value_forward
@@ -75,9 +76,12 @@ class PolicyAndValueModel(nn.Module):
         compute_entropy: bool = True,
         packed: PackedRow | None = None,
         split: SplitRows | None = None,
+        knobs: SamplingKnobs = NO_KNOBS,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
         """
-        Log-probabilities (and entropy) of the response tokens under the policy, and the critic's values.
+        Log-probabilities (and entropy) of the response tokens under the policy, and the critic's values. The
+        log-probabilities and the entropy are those of the sampled distribution: at `temperature`, processed by the
+        sampler's other `knobs` ([`~algo.logits_processing.SamplingKnobs`]).
 
         With `packed` (a padding-free micro-batch, [`~models.packing.PackedRow`]) or `split` (this process's columns
         of a sequence-parallel micro-batch, [`~models.packing.SplitRows`]) the padded inputs are ignored.
@@ -112,6 +116,7 @@ class PolicyAndValueModel(nn.Module):
             split=split,
             compute_entropy=compute_entropy,
             position_ids=position_ids,
+            knobs=knobs,
         )
         return logprobs, entropy, values
 
@@ -127,19 +132,20 @@ def response_logprobs_of(
     split: SplitRows | None = None,
     compute_entropy: bool = False,
     position_ids: torch.Tensor | None = None,
+    knobs: SamplingKnobs = NO_KNOBS,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """
     Log-probabilities (and entropy) of a micro-batch's response tokens under `policy` (the policy, or the reference
     model), from the forward engine's inputs: this process's columns of a split micro-batch (`split`), one packed
-    row (`packed`), or padded `input_ids` with their mask.
+    row (`packed`), or padded `input_ids` with their mask; at `temperature` and under the sampler's other `knobs`.
 
     Returns:
         `(logprobs, entropy)`: `[b, w]` float32 tensors; `entropy` is `None` unless `compute_entropy`.
     """
     if split is not None:
-        return split_response_logprobs(policy, split, temperature, compute_entropy=compute_entropy)
+        return split_response_logprobs(policy, split, temperature, compute_entropy=compute_entropy, knobs=knobs)
     if packed is not None:
-        return packed_response_logprobs(policy, packed, temperature, compute_entropy=compute_entropy)
+        return packed_response_logprobs(policy, packed, temperature, compute_entropy=compute_entropy, knobs=knobs)
     return policy_logprobs(
         policy,
         input_ids,
@@ -148,6 +154,7 @@ def response_logprobs_of(
         temperature=temperature,
         compute_entropy=compute_entropy,
         position_ids=position_ids,
+        knobs=knobs,
     )
 
 
@@ -159,9 +166,11 @@ def policy_logprobs(
     temperature: float,
     compute_entropy: bool = False,
     position_ids: torch.Tensor | None = None,
+    knobs: SamplingKnobs = NO_KNOBS,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """
-    Log-probabilities of the response tokens (after `context_length`), at the sampling temperature.
+    Log-probabilities of the response tokens (after `context_length`), at the sampling temperature and under the
+    sampler's other `knobs` (the processed distribution, [`~algo.logits_processing.processed_logprobs`]).
 
     The log-probability of response token `t` comes from the logits at position `context_length - 1 + t`. One backbone
     pass; the LM head is applied in vocabulary tiles, so the `[B, T, V]` logits are never materialised (see
@@ -180,4 +189,5 @@ def policy_logprobs(
         context_length=context_length,
         temperature=temperature,
         compute_entropy=compute_entropy,
+        knobs=knobs,
     )

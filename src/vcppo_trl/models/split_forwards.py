@@ -15,36 +15,52 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from trl.trainer.utils import entropy_from_logits, selective_log_softmax
 
+from ..algo.logits_processing import NO_KNOBS, SamplingKnobs
 from ..parallel.sequence import ulysses_attention
-from .logprobs import causal_lm_parts, chunked_token_logprobs
+from .logprobs import TokenHistory, causal_lm_parts, chunked_token_logprobs, logits_logprobs
 from .packing import SplitRows
 
 
 def split_response_logprobs(
-    policy: nn.Module, split: SplitRows, temperature: float, compute_entropy: bool = False
+    policy: nn.Module,
+    split: SplitRows,
+    temperature: float,
+    compute_entropy: bool = False,
+    knobs: SamplingKnobs = NO_KNOBS,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """
     [`~models.logprobs.response_logprobs`] of a split micro-batch: this process's columns through the backbone (its
-    attention split by Ulysses), the LM head in vocabulary tiles over the positions that predict a response token.
+    attention split by Ulysses), the LM head in vocabulary tiles over the positions that predict a response token
+    (under the sampler's other `knobs`: the processed distribution, each row's whole prompt and response before the
+    token as the repetition penalty's history).
 
     Returns:
         `(logprobs, entropy)`: float32 `[b, w]`, the same on every process of the group (zero past each response's
         end, which the losses mask).
     """
     parts = causal_lm_parts(policy)
+    history = None
+    if knobs.penalises:
+        context = split.history.shape[1] - split.shape[1]
+        history = TokenHistory(split.history, context, rows=split.rows, steps=split.steps)
     with ulysses_attention(split.group.size > 1):
         if parts is None:
             output = policy(input_ids=split.input_ids, position_ids=split.position_ids, use_cache=False)
             everything = output.logits
-            logits = everything[split.rows, split.columns].float() / temperature
+            logits = everything[split.rows, split.columns]
             if split.targets.numel():
-                logprobs = selective_log_softmax(logits, split.targets)
-                entropy = entropy_from_logits(logits) if compute_entropy else None
+                logprobs, entropy = logits_logprobs(
+                    logits,
+                    split.targets,
+                    temperature=temperature,
+                    compute_entropy=compute_entropy,
+                    knobs=knobs,
+                    history=history,
+                )
             else:  # TRL's log-softmax refuses no rows; `scatter` still puts the output in the graph
-                logprobs = logits.new_zeros(0)
-                entropy = logits.new_zeros(0) if compute_entropy else None
+                logprobs = logits.float().new_zeros(0)
+                entropy = logits.float().new_zeros(0) if compute_entropy else None
         else:
             everything = parts.last_hidden_state(input_ids=split.input_ids, position_ids=split.position_ids)
             # Run on every process, tokens or none: under ZeRO-3 it gathers the LM head (a collective).
@@ -54,6 +70,8 @@ def split_response_logprobs(
                 split.targets,
                 temperature=temperature,
                 compute_entropy=compute_entropy,
+                knobs=knobs,
+                history=history,
             )
     entropy = split.scatter(entropy, everything) if entropy is not None else None
     return split.scatter(logprobs, everything), entropy

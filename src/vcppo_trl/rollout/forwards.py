@@ -32,7 +32,8 @@ class RolloutForwards:
 
     Args:
         settings ([`~rollout.settings.RolloutSettings`]): What it reads of the config: how the forwards are cut
-            (`forwards`) and the sampling `temperature` the log-probabilities are taken at.
+            (`forwards`) and the sampled distribution the log-probabilities are taken under (`temperature` and
+            `knobs`).
         accelerator: The trainer's accelerator (device, process count, unwrapping).
         current_model: Returns the current (prepared) [`~models.policy_and_value.PolicyAndValueModel`]; called at
             each use, since preparing the model for training replaces it.
@@ -91,6 +92,7 @@ class RolloutForwards:
         def run(inputs: dict) -> tuple[torch.Tensor | None, torch.Tensor]:
             logprobs, _, values = model(
                 temperature=self.settings.temperature,
+                knobs=self.settings.knobs,
                 compute_policy=compute_policy,
                 compute_entropy=False,
                 **inputs,
@@ -134,7 +136,10 @@ class RolloutForwards:
         plan = self.forward_plan(rollout) if plan is None else plan
 
         def run(inputs: dict) -> tuple[torch.Tensor]:
-            return (response_logprobs_of(reference, self.settings.temperature, **inputs)[0],)
+            logprobs, _ = response_logprobs_of(
+                reference, self.settings.temperature, knobs=self.settings.knobs, **inputs
+            )
+            return (logprobs,)
 
         # PEFT without a reference model: the reference is the policy's base model, adapters disabled.
         adapters_off = reference.disable_adapter() if self.ref_model is None else contextlib.nullcontext()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..algo.logits_processing import NO_KNOBS, SamplingKnobs
 from ..config.ppo import PPOConfig
 from ..models.forward_engine import ForwardSettings
 
@@ -53,6 +54,8 @@ class RolloutSettings:
     forwards: ForwardSettings
     reward_model_batch_size: int
     old_logprobs_from_training_forward: bool
+    # What shapes the sampled distribution besides `temperature`: the old and reference log-probs are taken under it.
+    knobs: SamplingKnobs = NO_KNOBS
 
     @classmethod
     def from_args(cls, args: PPOConfig) -> RolloutSettings:
