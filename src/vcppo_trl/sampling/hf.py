@@ -1,4 +1,5 @@
-"""The HF sampler: `model.generate` behind the sampling seam, with the policy's own generation defaults neutralised."""
+"""The HF sampler: `model.generate` behind the sampling seam, with the policy's own generation defaults neutralised and
+the trainer's sampling knobs (temperature, top-k, top-p, min-p, repetition penalty) the only logits processing."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from accelerate.utils import is_peft_model
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
+from ..algo.logits_processing import NO_KNOBS, SamplingKnobs
 from ..models.modes import eval_mode
 from .seam import Samples, truncate_at_stop
 
@@ -21,7 +23,7 @@ from .seam import Samples, truncate_at_stop
 class HFSampler:
     """
     `generate` on the training model, in eval mode, with a blank default generation config (see
-    [`clean_generation_defaults`]), in chunks of `local_rollout_forward_batch_size` prompts.
+    [`clean_generation_defaults`]) and the sampling knobs set, in chunks of `local_rollout_forward_batch_size` prompts.
 
     Args:
         model_provider: Returns the (possibly wrapped) joint policy-and-critic model; called at every generation
@@ -32,6 +34,8 @@ class HFSampler:
         response_length: Maximum new tokens.
         chunk_size: Prompts per `generate` call.
         gather_deepspeed3_params: Gather ZeRO-3 parameters for generation (`ds3_gather_for_generation`).
+        knobs: Top-k, top-p, min-p and the repetition penalty of sampled (not greedy) generations
+            ([`~algo.logits_processing.SamplingKnobs`]; none by default), the distribution the trainer scores.
     """
 
     name = "hf"
@@ -45,6 +49,7 @@ class HFSampler:
         response_length: int,
         chunk_size: int,
         gather_deepspeed3_params: bool = True,
+        knobs: SamplingKnobs = NO_KNOBS,
     ):
         self.model_provider = model_provider
         self.accelerator = accelerator
@@ -53,18 +58,26 @@ class HFSampler:
         self.response_length = response_length
         self.chunk_size = chunk_size
         self.gather_deepspeed3_params = gather_deepspeed3_params
+        self.knobs = knobs
         self.start_seconds = 0.0
 
     def generation_config(
         self, greedy: bool, temperature: float, max_new_tokens: int | None = None
     ) -> GenerationConfig:
-        """Temperature only: the sampling distribution is the one the training forward computes log-probs under."""
+        """
+        The temperature and the knobs, nothing else: the distribution the training forward computes log-probs under
+        (`generate` applies the repetition penalty, then the temperature, top-k, top-p and min-p; TRL's `top_k=0` is
+        transformers' "off" too). Greedy decoding is the argmax of the model's own logits: no knob applies.
+        """
+        knobs = self.knobs
         return GenerationConfig(
             max_new_tokens=self.response_length if max_new_tokens is None else max_new_tokens,
             do_sample=not greedy,
             temperature=None if greedy else temperature,
-            top_k=None if greedy else 0,
-            top_p=None if greedy else 1.0,
+            top_k=None if greedy else knobs.top_k,
+            top_p=None if greedy else knobs.top_p,
+            min_p=None if greedy else knobs.min_p,
+            repetition_penalty=None if greedy else knobs.repetition_penalty,
             eos_token_id=self.stop_token_ids,
             pad_token_id=self.tokenizer.pad_token_id,
             bos_token_id=self.tokenizer.bos_token_id,
@@ -120,7 +133,8 @@ def sample_with_policy(
     generation defaults set aside, cut at the stop tokens ([`~sampling.seam.truncate_at_stop`]).
 
     `with_logprobs`: also return the sampler's log-probability of each sampled token under the distribution it sampled
-    from (the scores `generate` samples from, i.e. the logits at `config.temperature`), float32 and 0 outside the mask:
+    from (the scores `generate` samples from: the logits after its processors, the temperature and the knobs of
+    `config`), float32 and 0 outside the mask:
     the behaviour policy's log-probs that an importance weight divides by. Off, the samples carry none (as before).
     """
     pad = config.pad_token_id
@@ -194,7 +208,9 @@ def clean_generation_defaults(policy: torch.nn.Module) -> Iterator[None]:
 
     transformers fills every field a `GenerationConfig` passed to `generate` leaves unset from the model's own
     `generation_config`, so a checkpoint that ships `repetition_penalty`, `min_p`, `bad_words_ids`... would sample from
-    another distribution than the one PPO's ratio assumes. With a blank default only what the trainer sets applies.
+    another distribution than the one PPO's ratio assumes. With a blank default only what the trainer sets applies:
+    the temperature and the config's own knobs (`top_k`, `top_p`, `min_p`, `repetition_penalty`), which the trainer
+    scores.
     """
     model = _generating_model(policy)
     saved = getattr(model, "generation_config", None)

@@ -2,7 +2,9 @@
 
 A sampler turns left-padded prompts into responses cut at the stop token, exactly as [`~sampling.seam.truncate_at_stop`]
 cuts them, so the trainer's rollout and evaluation do not care which one sampled. Every sampler samples at the given
-temperature with no other logits processing (no top-k/top-p, repetition penalty or model defaults), stops at the
+temperature with the trainer's sampling knobs (top-k, top-p, min-p, repetition penalty,
+[`~algo.logits_processing.SamplingKnobs`], in its own order) and no other logits processing (no model defaults), the
+distribution the trainer's log-probabilities are taken under; greedy decoding takes the raw argmax. It stops at the
 trainer's stop tokens only (the model's own EOS does not stop a response unless it is one of them) and generates at
 most `response_length` tokens, or `max_new_tokens` when the caller gives it (a generation window: the "prompts" are
 then prompts with the response so far, as token ids, and the samples are the window's new tokens).
@@ -30,7 +32,7 @@ class Samples:
     Responses of one generation call, all on the trainer's device.
 
     `response_ids`, `response_mask` and `has_stop` are as [`~sampling.seam.truncate_at_stop`] returns them. `logprobs` holds
-    the sampler's log-probability of each sampled token at the sampling temperature (`[B, T]` float32, 0 outside the
+    the sampler's log-probability of each sampled token under the distribution it sampled from (`[B, T]` float32, 0 outside the
     mask), or `None` when the sampler does not report them (HF `generate`).
     """
 
