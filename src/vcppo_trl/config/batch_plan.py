@@ -53,24 +53,15 @@ def plan_batches(args: PPOConfig, world_size: int, train_rows: int, warn: bool =
             logger.warning(
                 f"max_steps={args.max_steps} sets the run's length: total_episodes={args.total_episodes} is not used."
             )
-        return BatchPlan(
-            world_size=world_size,
-            local_batch_size=local_batch_size,
-            local_mini_batch_size=local_batch_size // args.num_mini_batches,
-            batch_size=batch_size,
-            local_prompts_per_update=local_batch_size // k,
-            prompts_per_update=prompts_per_update,
-            num_ppo_updates=num_ppo_updates,
-            total_episodes=total_episodes,
-        )
-    total_episodes = args.total_episodes or int(args.num_train_epochs * train_rows * k)
-    num_ppo_updates = max(1, math.ceil(total_episodes / batch_size))
-    if total_episodes % batch_size and warn:
-        logger.warning(
-            f"total_episodes={total_episodes} is not a multiple of the {batch_size} "
-            f"{'prompts' if k == 1 else 'responses'} per update: "
-            f"rounded up to {num_ppo_updates} updates = {num_ppo_updates * batch_size} episodes."
-        )
+    else:
+        total_episodes = args.total_episodes or int(args.num_train_epochs * train_rows * k)
+        num_ppo_updates = max(1, math.ceil(total_episodes / batch_size))
+        if total_episodes % batch_size and warn:
+            logger.warning(
+                f"total_episodes={total_episodes} is not a multiple of the {batch_size} "
+                f"{'prompts' if k == 1 else 'responses'} per update: "
+                f"rounded up to {num_ppo_updates} updates = {num_ppo_updates * batch_size} episodes."
+            )
     return BatchPlan(
         world_size=world_size,
         local_batch_size=local_batch_size,
