@@ -82,20 +82,38 @@ def _hf_sampler(trainer, response_length):
     )
 
 
-def _training_logprobs(policy, query_ids, query_mask, samples, temperature):
+def _training_logprobs(policy, query_ids, query_mask, samples, temperature, knobs=None):
+    from vcppo_trl.algo.logits_processing import NO_KNOBS
     from vcppo_trl.models import eval_mode
     from vcppo_trl.models.policy_and_value import policy_logprobs
 
     ids = torch.cat([query_ids, samples.response_ids], 1)
     mask = torch.cat([query_mask.bool(), samples.response_mask], 1).long()
     with torch.no_grad(), eval_mode(policy):
-        logprobs, _ = policy_logprobs(policy, ids, mask, query_ids.shape[1], temperature)
+        logprobs, _ = policy_logprobs(policy, ids, mask, query_ids.shape[1], temperature, knobs=knobs or NO_KNOBS)
     return logprobs * samples.response_mask
 
 
-def _max_logprob_gap(policy, query_ids, query_mask, samples, temperature):
-    expected = _training_logprobs(policy, query_ids, query_mask, samples, temperature)
+def _max_logprob_gap(policy, query_ids, query_mask, samples, temperature, knobs=None):
+    expected = _training_logprobs(policy, query_ids, query_mask, samples, temperature, knobs=knobs)
     return float((expected - samples.logprobs).abs()[samples.response_mask].max())
+
+
+def _knobs(name):
+    """Per knob and combined, in vLLM's order; values that drop tokens of the untrained wide policy."""
+    from vcppo_trl.algo.logits_processing import VLLM_ORDER, SamplingKnobs
+
+    values = {
+        "top_k": dict(top_k=8),
+        "top_p": dict(top_p=0.6),
+        "min_p": dict(min_p=0.5),
+        "repetition_penalty": dict(repetition_penalty=1.8),
+        "all": dict(top_k=20, top_p=0.8, min_p=0.3, repetition_penalty=1.3),
+    }
+    return SamplingKnobs(**values[name], order=VLLM_ORDER)
+
+
+KNOB_NAMES = ["top_k", "top_p", "min_p", "repetition_penalty", "all"]
 
 
 # ------------------------------------------------------------------------------------------------ sampling
@@ -135,6 +153,64 @@ def test_sampler_logprobs_match_the_training_forward(vllm_trainer, tokenizer):
     samples = trainer.rollout_maker.generate(ids, mask, temperature=0.7)
     assert samples.logprobs is not None and samples.response_mask.any()
     assert _max_logprob_gap(trainer.model.policy, ids, mask, samples, 0.7) < LOGPROB_TOLERANCE
+
+
+@pytest.mark.parametrize("name", KNOB_NAMES)
+def test_vllms_processed_logprobs_are_the_trainers_per_knob(vllm_trainer, tokenizer, name):
+    """Sampling knobs (issue 47): vLLM samples with them, and its processed log-probs (penalty, temperature, min-p,
+    top-k, top-p) are the trainer's log-probs of the same tokens, each sampled token inside the kept set."""
+    from vcppo_trl.algo.logits_processing import UNREACHABLE_LOGPROB
+
+    trainer = vllm_trainer(response_length=24)
+    trainer.sampler.knobs = knobs = _knobs(name)
+    params = trainer.sampler.sampling_kwargs(False, 0.7)
+    assert (params["top_k"], params["top_p"], params["min_p"], params["repetition_penalty"]) == (
+        knobs.top_k,
+        knobs.top_p,
+        knobs.min_p or 0.0,
+        knobs.repetition_penalty,
+    )
+    ids, mask = _encode(tokenizer, PROMPTS * 2)
+    torch.manual_seed(0)
+    samples = trainer.rollout_maker.generate(ids, mask, temperature=0.7)
+    valid = samples.response_mask
+    trained = _training_logprobs(trainer.model.policy, ids, mask, samples, 0.7, knobs=knobs)
+    plain = _training_logprobs(trainer.model.policy, ids, mask, samples, 0.7)
+    gap = float((trained - samples.logprobs).abs()[valid].max())
+    print(f"vLLM {name}: max |Δ log p| sampler vs trainer {gap:.2e} (unprocessed: "
+          f"{float((plain - samples.logprobs).abs()[valid].max()):.2e})")  # fmt: skip
+    assert valid.any() and (trained[valid] > UNREACHABLE_LOGPROB + 1).all()
+    assert gap < LOGPROB_TOLERANCE
+    assert float((plain - samples.logprobs).abs()[valid].max()) > 1e-2  # the knobs did shape the distribution
+    greedy = trainer.sampler.sampling_kwargs(True, 0.7)
+    assert (greedy["top_k"], greedy["top_p"], greedy["min_p"], greedy["repetition_penalty"]) == (0, 1.0, 0.0, 1.0)
+
+
+def test_vllms_truncation_and_penalty_ops_are_the_pure_functions(tokenizer):
+    """vLLM's own CPU ops (top-k alone, top-k with top-p, the repetition penalty) keep the tokens the trainer's pure
+    function keeps in vLLM's order, on random logits."""
+    from vllm._custom_ops import apply_repetition_penalties_torch
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_only, apply_top_k_top_p_pytorch
+
+    from vcppo_trl.algo.logits_processing import VLLM_ORDER, SamplingKnobs, processed_logits
+
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 101, generator=generator) * 3
+    for top_k, top_p in ((7, None), (7, 0.8), (None, 0.8), (40, 0.6)):
+        k = None if top_k is None else torch.full((64,), top_k)
+        p = None if top_p is None else torch.full((64,), top_p)
+        theirs = (
+            apply_top_k_only(logits.clone(), k)
+            if p is None
+            else apply_top_k_top_p_pytorch(logits.clone(), k, p, allow_cpu_sync=True)
+        )
+        knobs = SamplingKnobs(top_k=top_k or 0, top_p=top_p or 1.0, order=VLLM_ORDER)
+        assert torch.equal(processed_logits(logits, 1.0, knobs), theirs), (top_k, top_p)
+    seen = torch.rand(64, 101, generator=generator) < 0.3
+    theirs = logits.clone()
+    apply_repetition_penalties_torch(theirs, seen, torch.zeros_like(seen), torch.full((64,), 1.7))
+    ours = processed_logits(logits, 1.0, SamplingKnobs(repetition_penalty=1.7, order=VLLM_ORDER), seen=seen)
+    assert torch.equal(ours, theirs)
 
 
 def test_fp32_lm_head_runs_vllms_head_in_float32(vllm_trainer, tokenizer):
@@ -577,6 +653,11 @@ def test_server_mode_generation_matches_hf(vllm_server, make_trainer, tokenizer,
     torch.manual_seed(0)
     sampled = sampler.generate(ids, mask, greedy=False, temperature=0.7)
     assert _max_logprob_gap(trainer.model.policy, ids, mask, sampled, 0.7) < LOGPROB_TOLERANCE
+    sampler.knobs = knobs = _knobs("all")  # the knobs travel to the server and come back processed
+    sampled = sampler.generate(ids, mask, greedy=False, temperature=0.7)
+    gap = _max_logprob_gap(trainer.model.policy, ids, mask, sampled, 0.7, knobs=knobs)
+    print(f"vLLM server, all knobs: max |Δ log p| sampler vs trainer {gap:.2e}")
+    assert gap < LOGPROB_TOLERANCE
 
 
 def test_server_context_too_short_is_refused(vllm_server, make_trainer, tokenizer, tiny_config):

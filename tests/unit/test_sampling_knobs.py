@@ -135,3 +135,17 @@ def test_the_models_own_generation_config_still_does_not_apply(tokenizer, tiny_p
     tiny_policy.generation_config = GenerationConfig(repetition_penalty=3.0, min_p=0.9, no_repeat_ngram_size=1)
     _, _, got = sample(tiny_policy, tokenizer, knobs)
     assert torch.equal(got.response_ids, expected.response_ids)
+
+
+def test_a_sampler_refuses_knobs_scored_in_the_other_samplers_order(tokenizer):
+    """With both top_p and min_p the order decides the distribution: knobs scored in vLLM's order are refused by
+    transformers' generate, and the other way round by vLLM's samplers, never sampled silently."""
+    from vcppo_trl.algo.logits_processing import VLLM_ORDER, require_order
+
+    both = SamplingKnobs(top_p=0.9, min_p=0.1, order=VLLM_ORDER)
+    with pytest.raises(ValueError, match="transformers' generate applies min_p after top_p.*order='transformers'"):
+        HFSampler(lambda: None, None, tokenizer, [1], response_length=8, chunk_size=4, knobs=both)
+    HFSampler(lambda: None, None, tokenizer, [1], response_length=8, chunk_size=4, knobs=SamplingKnobs(top_p=0.9))
+    require_order(SamplingKnobs(top_k=3, min_p=0.1, order=VLLM_ORDER), "transformers", sampler="x")  # they commute
+    with pytest.raises(ValueError, match="vLLM applies min_p before top_p"):
+        require_order(SamplingKnobs(top_p=0.9, min_p=0.1), VLLM_ORDER, sampler="vLLM")

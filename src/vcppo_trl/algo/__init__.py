@@ -26,6 +26,7 @@ from .logits_processing import (
     first_seen_steps,
     processed_logits,
     processed_logprobs,
+    require_order,
     seen_before,
 )
 from .losses import (
@@ -75,6 +76,7 @@ __all__ = [
     "first_seen_steps",
     "processed_logits",
     "processed_logprobs",
+    "require_order",
     "seen_before",
     "DynamicSamplingStats",
     "ExchangePlan",

@@ -69,6 +69,17 @@ class SamplingKnobs:
 NO_KNOBS = SamplingKnobs()
 
 
+def require_order(knobs: SamplingKnobs, order: str, sampler: str) -> None:
+    """Refuse knobs whose order is not `sampler`'s when the order decides the distribution (top_p with min_p): the
+    trainer would score another distribution than the one sampled."""
+    if knobs.order != order and knobs.top_p < 1.0 and knobs.min_p:
+        raise ValueError(
+            f"{sampler} applies min_p {'before' if order == VLLM_ORDER else 'after'} top_p, but these knobs are scored "
+            f"in {knobs.order}'s order: with both top_p={knobs.top_p} and min_p={knobs.min_p} the trainer would score "
+            f"another distribution than the one {sampler} samples. Build the knobs with order={order!r}."
+        )
+
+
 def first_seen_steps(history: torch.Tensor, context: int, vocab_size: int) -> torch.Tensor:
     """
     For each row and token id, the first response step whose prediction sees it, for the repetition penalty.

@@ -13,7 +13,7 @@ import torch
 from accelerate.utils import is_peft_model
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
-from ..algo.logits_processing import NO_KNOBS, SamplingKnobs
+from ..algo.logits_processing import NO_KNOBS, TRANSFORMERS_ORDER, SamplingKnobs, require_order
 from ..models.modes import eval_mode
 from .seam import Samples, truncate_at_stop
 
@@ -58,6 +58,7 @@ class HFSampler:
         self.response_length = response_length
         self.chunk_size = chunk_size
         self.gather_deepspeed3_params = gather_deepspeed3_params
+        require_order(knobs, TRANSFORMERS_ORDER, sampler="transformers' generate")
         self.knobs = knobs
         self.start_seconds = 0.0
 

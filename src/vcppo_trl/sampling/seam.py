@@ -32,8 +32,8 @@ class Samples:
     Responses of one generation call, all on the trainer's device.
 
     `response_ids`, `response_mask` and `has_stop` are as [`~sampling.seam.truncate_at_stop`] returns them. `logprobs` holds
-    the sampler's log-probability of each sampled token under the distribution it sampled from (`[B, T]` float32, 0 outside the
-    mask), or `None` when the sampler does not report them (HF `generate`).
+    the sampler's log-probability of each sampled token under the distribution it sampled from (`[B, T]` float32, 0
+    outside the mask), or `None` when the sampler does not report them (HF `generate`).
     """
 
     response_ids: torch.Tensor

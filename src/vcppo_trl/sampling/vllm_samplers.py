@@ -6,9 +6,12 @@
 - [`VLLMServerSampler`]: a `vllm serve` process reached through TRL's `VLLMClient`; weights are pushed over NCCL, which
   needs GPUs.
 
-Both return the sampler's own log-probabilities of the sampled tokens (after temperature), which the trainer compares
-with its training forward (`sampling/...` metrics, importance-sampling correction). The checks the trainer runs before
-any engine starts, and the policy's weights in the form both load, are in [`~sampling.vllm_checks`] (importable from here too).
+Both sample with the trainer's temperature and knobs (top-k, top-p, min-p, repetition penalty) and return the
+sampler's own log-probabilities of the sampled tokens under the distribution it drew from (vLLM's processed log-probs:
+after the penalty, the temperature, min-p, top-k and top-p, in that order), which the trainer compares with its
+training forward (`sampling/...` metrics, importance-sampling correction), computed in the same order. The checks the
+trainer runs before any engine starts, and the policy's weights in the form both load, are in [`~sampling.vllm_checks`]
+(importable from here too).
 Nothing here imports vLLM at module level: the package works without it.
 """
 
@@ -28,6 +31,7 @@ import torch
 from accelerate.utils import is_peft_model
 from transformers import PreTrainedTokenizerBase
 
+from ..algo.logits_processing import NO_KNOBS, VLLM_ORDER, SamplingKnobs, require_order
 from .seam import SamplerError, Samples, samples_from_token_lists, unpadded_prompts
 from .vllm_checks import (
     named_policy_weights,
@@ -61,7 +65,10 @@ class _VLLMSamplerBase(abc.ABC):
         tokenizer,
         stop_token_ids: list[int],
         response_length: int,
+        knobs: SamplingKnobs = NO_KNOBS,
     ):
+        require_order(knobs, VLLM_ORDER, sampler="vLLM")
+        self.knobs = knobs
         self.policy_provider = policy_provider
         self.gather = gather
         self.accelerator = accelerator
@@ -76,20 +83,22 @@ class _VLLMSamplerBase(abc.ABC):
 
     def sampling_kwargs(self, greedy: bool, temperature: float, max_new_tokens: int | None = None) -> dict[str, Any]:
         """
-        vLLM `SamplingParams` equal in meaning to the HF path: temperature only, our stop tokens only (`ignore_eos`
-        keeps the model's EOS from stopping a response when it is not one of them), at most `max_new_tokens` tokens
-        (`response_length` when not given),
-        and the log-probability of each sampled token. No per-request seed: one seed shared by a batch would give
-        identical samples for the repeated prompts of `num_generations`; the engine's random stream is seeded once
-        from `args.seed` (and the process index) instead.
+        vLLM `SamplingParams` equal in meaning to the HF path: the temperature and the knobs (TRL's `top_k=0` is
+        vLLM's "off" too, `min_p=None` its 0; greedy decoding, temperature 0, takes none), our stop tokens only
+        (`ignore_eos` keeps the model's EOS from stopping a response when it is not one of them), at most
+        `max_new_tokens` tokens (`response_length` when not given), and the log-probability of each sampled token
+        (processed: the engine runs with `logprobs_mode="processed_logprobs"`). No per-request seed: one seed shared
+        by a batch would give identical samples for the repeated prompts of `num_generations`; the engine's random
+        stream is seeded once from `args.seed` (and the process index) instead.
         """
+        knobs = NO_KNOBS if greedy else self.knobs
         return {
             "n": 1,
             "temperature": 0.0 if greedy else float(temperature),
-            "top_p": 1.0,
-            "top_k": 0,
-            "min_p": 0.0,
-            "repetition_penalty": 1.0,
+            "top_p": float(knobs.top_p),
+            "top_k": int(knobs.top_k),
+            "min_p": float(knobs.min_p or 0.0),
+            "repetition_penalty": float(knobs.repetition_penalty),
             "max_tokens": self.response_length if max_new_tokens is None else max_new_tokens,
             "stop_token_ids": self.stop_token_ids,
             "ignore_eos": True,
@@ -150,9 +159,18 @@ class VLLMColocateSampler(_VLLMSamplerBase):
         seed: int = 0,
         copy_weights: bool = False,
         head_dtype: str | None = None,
+        knobs: SamplingKnobs = NO_KNOBS,
     ):
         require_vllm()
-        super().__init__(policy_provider, gather, accelerator, tokenizer, stop_token_ids, response_length)
+        super().__init__(
+            policy_provider,
+            gather,
+            accelerator,
+            tokenizer,
+            stop_token_ids,
+            response_length=response_length,
+            knobs=knobs,
+        )
         self.copy_weights = copy_weights
         self.enable_sleep_mode = enable_sleep_mode
         if tensor_parallel_size != 1:
@@ -281,7 +299,8 @@ def start_engine(config, engine_args: dict[str, Any], seed: int):
                 skip_tokenizer_init=True,  # prompts go in as token ids and come back as token ids
                 distributed_executor_backend="external_launcher",
                 generation_config="vllm",  # not the checkpoint's sampling defaults
-                logprobs_mode="processed_logprobs",  # log-probs after temperature, as the training forward computes
+                # log-probs after the penalty, temperature, min-p, top-k and top-p, as the training forward computes
+                logprobs_mode="processed_logprobs",
                 seed=seed,
                 max_num_batched_tokens=max(4096, engine_args["max_model_len"]),
                 **engine_args,
@@ -330,9 +349,18 @@ class VLLMServerSampler(_VLLMSamplerBase):
         group_port: int = 51216,
         init_communicator: bool = True,
         needed_length: int | None = None,
+        knobs: SamplingKnobs = NO_KNOBS,
     ):
         require_vllm()
-        super().__init__(policy_provider, gather, accelerator, tokenizer, stop_token_ids, response_length)
+        super().__init__(
+            policy_provider,
+            gather,
+            accelerator,
+            tokenizer,
+            stop_token_ids,
+            response_length=response_length,
+            knobs=knobs,
+        )
         self.base_url = base_url
         self.sync_description = f"Pushing the policy's weights to the vLLM server at {base_url}"
         self.timeout = timeout
