@@ -223,6 +223,11 @@ def test_stored_rollouts_of_another_run_are_refused_for_pretraining_naming_the_f
     trainer = fresh_trainer(value_pretrain_dataset=str(path), temperature=0.9, **PHASE)
     with pytest.raises(StoredRolloutsError, match=r"sampling\.temperature: 0\.7 != 0\.9 \(stored != this run\)"):
         trainer.train()
+    # Sampling knobs (issue 47) shape the distribution too: rollouts sampled without them are not this run's.
+    trainer = fresh_trainer(value_pretrain_dataset=str(path), top_k=5, **PHASE)
+    with pytest.raises(StoredRolloutsError, match=r"sampling\.knobs: None != \{'top_k': 5, "):
+        trainer.train()
+    assert read_info(str(path)).sampling["knobs"] is None
 
 
 def test_held_out_batches_are_never_trained_on_and_feed_the_stop_rule(fresh_trainer, tmp_path, monkeypatch):

@@ -99,21 +99,22 @@ def _max_logprob_gap(policy, query_ids, query_mask, samples, temperature, knobs=
     return float((expected - samples.logprobs).abs()[samples.response_mask].max())
 
 
+# Sampling knobs (issue 47), per knob and combined: values that drop tokens of the untrained wide policy.
+KNOB_FIELDS = {
+    "top_k": dict(top_k=8),
+    "top_p": dict(top_p=0.6),
+    "min_p": dict(min_p=0.5),
+    "repetition_penalty": dict(repetition_penalty=1.8),
+    "all": dict(top_k=20, top_p=0.8, min_p=0.3, repetition_penalty=1.3),
+}
+KNOB_NAMES = list(KNOB_FIELDS)
+
+
 def _knobs(name):
-    """Per knob and combined, in vLLM's order; values that drop tokens of the untrained wide policy."""
+    """The knobs of `KNOB_FIELDS[name]` in vLLM's order (as a config with use_vllm builds them)."""
     from vcppo_trl.algo.logits_processing import VLLM_ORDER, SamplingKnobs
 
-    values = {
-        "top_k": dict(top_k=8),
-        "top_p": dict(top_p=0.6),
-        "min_p": dict(min_p=0.5),
-        "repetition_penalty": dict(repetition_penalty=1.8),
-        "all": dict(top_k=20, top_p=0.8, min_p=0.3, repetition_penalty=1.3),
-    }
-    return SamplingKnobs(**values[name], order=VLLM_ORDER)
-
-
-KNOB_NAMES = ["top_k", "top_p", "min_p", "repetition_penalty", "all"]
+    return SamplingKnobs(**KNOB_FIELDS[name], order=VLLM_ORDER)
 
 
 # ------------------------------------------------------------------------------------------------ sampling
@@ -161,8 +162,9 @@ def test_vllms_processed_logprobs_are_the_trainers_per_knob(vllm_trainer, tokeni
     top-k, top-p) are the trainer's log-probs of the same tokens, each sampled token inside the kept set."""
     from vcppo_trl.algo.logits_processing import UNREACHABLE_LOGPROB
 
-    trainer = vllm_trainer(response_length=24)
-    trainer.sampler.knobs = knobs = _knobs(name)
+    trainer = vllm_trainer(response_length=24, **KNOB_FIELDS[name])
+    knobs = trainer.sampler.knobs
+    assert knobs == _knobs(name) == trainer.rollout_maker.settings.knobs
     params = trainer.sampler.sampling_kwargs(False, 0.7)
     assert (params["top_k"], params["top_p"], params["min_p"], params["repetition_penalty"]) == (
         knobs.top_k,
@@ -184,6 +186,29 @@ def test_vllms_processed_logprobs_are_the_trainers_per_knob(vllm_trainer, tokeni
     assert float((plain - samples.logprobs).abs()[valid].max()) > 1e-2  # the knobs did shape the distribution
     greedy = trainer.sampler.sampling_kwargs(True, 0.7)
     assert (greedy["top_k"], greedy["top_p"], greedy["min_p"], greedy["repetition_penalty"]) == (0, 1.0, 0.0, 1.0)
+
+
+def test_a_ppo_update_under_knobs_has_ratio_one_and_no_sampler_mismatch(vllm_trainer):
+    """The config's knobs through a whole update on vLLM rollouts: the sampler's processed log-probs are the trainer's
+    old ones (sampling/ metrics at float noise, the importance-sampling ratio 1) and the first step's ratio is 1."""
+    trainer = vllm_trainer(
+        value_pretrain_steps=0,
+        total_episodes=16,
+        num_mini_batches=1,
+        on_policy_shortcut=False,
+        temperature=0.7,
+        **KNOB_FIELDS["all"],
+    )
+    trainer.train()
+    from ..builders import step_logs
+
+    logs = step_logs(trainer)[1]
+    print(
+        f"vLLM all knobs, one update: sampling_logp_difference/max {logs['sampling/sampling_logp_difference/max']:.2e}"
+    )
+    assert logs["sampling/sampling_logp_difference/max"] < LOGPROB_TOLERANCE
+    assert abs(logs["sampling/importance_sampling_ratio/mean"] - 1) < 1e-4
+    assert abs(logs["val/ratio"] - 1) < 1e-4 and logs["policy/clipfrac_avg"] == 0
 
 
 def test_vllms_truncation_and_penalty_ops_are_the_pure_functions(tokenizer):
@@ -296,9 +321,12 @@ def test_padding_free_forwards_and_token_budgets_on_vllm_rollouts(vllm_trainer):
     assert all(row["perf/rollout_forward_padding_fraction"] == 0.0 for row in updates)
 
 
-def test_generation_windows_continue_vllm_responses_with_the_samplers_logprobs(vllm_trainer, monkeypatch):
+@pytest.mark.parametrize("knobs", ["none", "all"])
+def test_generation_windows_continue_vllm_responses_with_the_samplers_logprobs(vllm_trainer, monkeypatch, knobs):
     """vLLM continues each response from its token ids window by window; the sampler's log-probs of a window's tokens
-    match the training forward's (its weights sampled them), and the correction covers those tokens only."""
+    match the training forward's (its weights sampled them), and the correction covers those tokens only. With every
+    sampling knob on too: the repetition penalty's history (the prompt and the earlier windows) is the same on both
+    sides."""
     from vcppo_trl.learner.ppo_learner import PPOLearner
 
     seen = []
@@ -315,6 +343,7 @@ def test_generation_windows_continue_vllm_responses_with_the_samplers_logprobs(v
         generation_window=4,
         vllm_importance_sampling_correction=True,
         vllm_importance_sampling_mode="sequence_mask",
+        **(KNOB_FIELDS["all"] if knobs == "all" else {}),
     )
     trainer.train()
     ppo_rows = [row for row in trainer.state.log_history if "sampling/sampling_logp_difference/max" in row]

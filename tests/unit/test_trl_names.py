@@ -213,3 +213,46 @@ def test_train_py_refuses_abbreviated_flags_and_takes_trl_names(tmp_path):
         build_parser().parse_args_and_config(["--value_pretrain_step", "3", *common])
     _, config, _ = build_parser().parse_args_and_config(["--max_completion_length", "12", "--beta", "0.01", *common])
     assert (config.response_length, config.kl_coef) == (12, 0.01)
+
+
+def test_the_sampling_knobs_are_fields_with_trls_defaults(tmp_path):
+    config = tiny_config(tmp_path)
+    for name in ("top_p", "top_k", "min_p", "repetition_penalty", "generation_kwargs"):
+        assert name in trl_names.SAME_NAME and getattr(config, name) == GRPO_DEFAULTS[name], name
+    config = tiny_config(tmp_path, top_p=0.9, top_k=20, min_p=0.05, repetition_penalty=1.1)
+    assert (config.top_p, config.top_k, config.min_p, config.repetition_penalty) == (0.9, 20, 0.05, 1.1)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (dict(top_p=0.0), "`top_p` must be in \\(0, 1\\]"),
+        (dict(top_p=1.5), "`top_p` must be in \\(0, 1\\]"),
+        (dict(top_k=-1), "`top_k` must be an integer >= 0"),
+        (dict(top_k=2.5), "`top_k` must be an integer >= 0"),
+        (dict(min_p=1.5), "`min_p` must be in \\[0, 1\\]"),
+        (dict(repetition_penalty=0.0), "`repetition_penalty` must be > 0"),
+    ],
+)
+def test_knobs_out_of_trls_ranges_are_refused(fields, message, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        tiny_config(tmp_path, **fields)
+
+
+def test_generation_kwargs_set_the_knobs_and_refuse_everything_else(tmp_path):
+    config = tiny_config(tmp_path, generation_kwargs={"top_p": 0.9, "min_p": 0.1, "temperature": 1.0})
+    assert (config.top_p, config.min_p, config.temperature, config.generation_kwargs) == (0.9, 0.1, 1.0, None)
+    assert tiny_config(tmp_path, generation_kwargs='{"top_k": 5}').top_k == 5  # its JSON, from the command line
+    assert dataclasses.replace(config, seed=1).top_p == 0.9  # a config rebuilt from its fields is the same
+    same = tiny_config(tmp_path, top_k=5, generation_kwargs={"top_k": 5})
+    assert same.top_k == 5
+    with pytest.raises(ValueError, match="`generation_kwargs=\\{'top_k': 7\\}` and `top_k=5` .*set only one"):
+        tiny_config(tmp_path, top_k=5, generation_kwargs={"top_k": 7})
+    with pytest.raises(
+        ValueError, match="refused: `max_new_tokens`: the trainer's log-probabilities .* response_length"
+    ):
+        tiny_config(tmp_path, generation_kwargs={"top_k": 5, "max_new_tokens": 12})
+    with pytest.raises(ValueError, match="refused: `num_beams`: .*ratio would no longer be that of the sampled"):
+        tiny_config(tmp_path, generation_kwargs={"num_beams": 4, "suppress_tokens": [3]})
+    with pytest.raises(ValueError, match="must be a dict"):
+        tiny_config(tmp_path, generation_kwargs="[1, 2]")

@@ -50,6 +50,33 @@ class SamplingKnobs:
         if self.order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}.")
 
+    @classmethod
+    def from_args(cls, args) -> SamplingKnobs:
+        """The knobs of a config (`top_k`, `top_p`, `min_p`, `repetition_penalty`), in the order of its sampler:
+        vLLM's under `use_vllm`, else transformers'."""
+        return cls(
+            top_k=args.top_k,
+            top_p=args.top_p,
+            min_p=args.min_p,
+            repetition_penalty=args.repetition_penalty,
+            order=VLLM_ORDER if args.use_vllm else TRANSFORMERS_ORDER,
+        )
+
+    def describe(self) -> dict | None:
+        """What defines the distribution, for a record (stored rollouts): `None` when nothing but the temperature
+        does; the order only where it matters (top_p with min_p)."""
+        if not self.active:
+            return None
+        described = {
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty,
+        }
+        if self.top_p < 1.0 and self.min_p:
+            described["order"] = self.order
+        return described
+
     @property
     def truncates(self) -> bool:
         """Whether some tokens are dropped (top-k, top-p or min-p on)."""

@@ -122,8 +122,9 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
     - Data preprocessing [`_check_data`]: `dataset_num_proc`, `max_prompt_length`, `overlong_prompt`.
     - Rollouts, batch sizes and sampling [`_check_rollouts`]: `num_generations`, `num_mini_batches`,
       `steps_per_generation`, `generation_batch_size`, `total_episodes`, `local_rollout_forward_batch_size`,
-      `response_length`, `stop_token`, `stop_token_id`,
-      `temperature`, `ds3_gather_for_generation`, `dynamic_sampling`, `dynamic_sampling_max_rounds`.
+      `response_length`, `stop_token`, `stop_token_id`, `temperature`, `top_p`, `top_k`, `min_p`,
+      `repetition_penalty`, `generation_kwargs`, `ds3_gather_for_generation`, `dynamic_sampling`,
+      `dynamic_sampling_max_rounds`.
     - Micro-batches and parallelism [`_check_parallelism`]: `max_tokens_per_micro_batch`, `max_tokens_per_forward`,
       `padding_free`, `balance_ranks`, `sequence_parallel_size`.
     - Asynchrony and partial rollouts [`_check_async_rollouts`]: `generation_window`, `window_bootstrap`,
@@ -298,6 +299,48 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
         default=0.7,
         metadata={
             "help": "Sampling temperature of rollouts (their log-probabilities are computed at the same temperature)."
+        },
+    )
+    top_p: float = field(
+        default=1.0,
+        metadata={
+            "help": "Nucleus sampling (TRL GRPO's name and meaning): keep the most probable tokens whose cumulative "
+            "probability reaches top_p, in (0, 1]; 1.0 keeps all. Like every sampling knob it shapes the sampled "
+            "distribution and every log-probability the trainer takes (old, learner's, reference's, the vLLM "
+            "correction's): the kept tokens renormalised (docs/trainer.md, 'Sampling')."
+        },
+    )
+    top_k: int = field(
+        default=0,
+        metadata={
+            "help": "Keep only the top_k most probable tokens (TRL GRPO's name and meaning; 0: off). Scored as "
+            "sampled, like top_p."
+        },
+    )
+    min_p: float | None = field(
+        default=None,
+        metadata={
+            "help": "Drop tokens less probable than min_p × the most probable one's probability, in [0, 1] (TRL "
+            "GRPO's name and meaning; None: off). Scored as sampled, like top_p. With top_p too the order matters: "
+            "HF generate applies min_p after top_k and top_p, vLLM before them; the trainer scores in the order of "
+            "its sampler."
+        },
+    )
+    repetition_penalty: float = field(
+        default=1.0,
+        metadata={
+            "help": "Penalise the tokens of the prompt and of the response so far (TRL GRPO's name and meaning: a "
+            "positive logit divided by it, a negative one multiplied; > 1 discourages repeats, < 1 encourages them; "
+            "1.0: off). Scored as sampled, like top_p."
+        },
+    )
+    generation_kwargs: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "TRL GRPO's extra generation keywords, here only the sampling knobs above (top_p, top_k, min_p, "
+            "repetition_penalty) and temperature: each sets its field (both set and different: an error). Any other "
+            "key is refused: it would change the sampled distribution (or the lengths) without the trainer scoring "
+            "it. A dict, or its JSON."
         },
     )
     ds3_gather_for_generation: bool = field(
@@ -846,6 +889,7 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
                 )
             setattr(self, ours, value)
             setattr(self, trl_name, None)
+        self._resolve_generation_kwargs()
         if self.loss_type in trl_names.REFUSED_LOSS_TYPES:
             raise ValueError(trl_names.REFUSED_LOSS_TYPES[self.loss_type])
         if self.loss_type in trl_names.LOSS_TYPE_ALIASES:
@@ -861,6 +905,34 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
             self.num_mini_batches = self._mini_batches_from(
                 "steps_per_generation", self.steps_per_generation, self.gradient_accumulation_steps
             )
+
+    def _resolve_generation_kwargs(self) -> None:
+        """TRL GRPO's `generation_kwargs` moved onto the fields of the keys it may hold (then left None, as TRL's
+        aliases), any other key refused with the reason."""
+        kwargs = self.generation_kwargs
+        if kwargs is None:
+            return
+        if isinstance(kwargs, str):
+            kwargs = json.loads(kwargs)
+        if not isinstance(kwargs, dict):
+            raise ValueError(f"`generation_kwargs` must be a dict (or its JSON), got {type(kwargs).__name__}.")
+        others = sorted(set(kwargs) - set(trl_names.GENERATION_KWARGS))
+        if others:
+            reasons = "; ".join(f"`{key}`: {trl_names.generation_kwarg_refusal(key)}" for key in others)
+            raise ValueError(
+                f"`generation_kwargs` may hold only {', '.join(trl_names.GENERATION_KWARGS)} here (the knobs the "
+                f"trainer scores as it samples); refused: {reasons}"
+            )
+        for key, value in kwargs.items():
+            default = self.__dataclass_fields__[key].default
+            current = getattr(self, key)
+            if current != default and current != value:
+                raise ValueError(
+                    f"`generation_kwargs={{{key!r}: {value!r}}}` and `{key}={current!r}` are the same setting with "
+                    "different values: set only one of them."
+                )
+            setattr(self, key, value)
+        self.generation_kwargs = None
 
     def _resolve_generation_batch_size(self) -> None:
         if self.generation_batch_size is None:
@@ -910,6 +982,14 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
         for name in ("num_mini_batches", "response_length", "local_rollout_forward_batch_size"):
             _require_at_least(name, getattr(self, name), 1)
         _require_positive("temperature", self.temperature)
+        # The sampling knobs, in TRL's ranges (what transformers and vLLM accept).
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"`top_p` must be in (0, 1] (1.0: off), got {self.top_p}.")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"`top_k` must be an integer >= 0 (0: off), got {self.top_k!r}.")
+        if self.min_p is not None:
+            _require_unit_interval("min_p", self.min_p)
+        _require_positive("repetition_penalty", self.repetition_penalty)
         _require_at_least("total_episodes", self.total_episodes, 1, optional=True)
         _require_at_least("num_generations", self.num_generations, 1)
         if self.dynamic_sampling and self.num_generations < 2:

@@ -42,6 +42,11 @@ SAME_NAME: frozenset[str] = frozenset(
         "num_generations",
         "ds3_gather_for_generation",
         "temperature",
+        "top_p",  # the sampling knobs: sampled and scored alike (docs/trainer.md, "Sampling")
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "generation_kwargs",  # only the knobs and temperature: GENERATION_KWARGS
         "use_vllm",
         "vllm_mode",
         "vllm_model_impl",
@@ -92,7 +97,6 @@ _GROUP_RELATIVE = (
     "this trainer's advantages come from the critic (GAE), not from normalising rewards within a prompt's group, so "
     "there is nothing for it to act on"
 )
-_NOT_YET = "not built yet (it must shape the sampled distribution and every log-probability the trainer takes alike)"
 
 # TRL's fields refused whatever their value, with the reason (and what to use instead).
 REFUSED: dict[str, str] = {
@@ -121,11 +125,6 @@ REFUSED: dict[str, str] = {
 
 # TRL's fields accepted only at the value that is what this trainer does (a no-op); any other value is refused.
 ONLY_VALUE: dict[str, tuple[Any, str]] = {
-    "top_p": (1.0, _NOT_YET + " (top_p is planned; sampling is at `temperature` only)."),
-    "top_k": (0, _NOT_YET + " (top_k is planned; sampling is at `temperature` only)."),
-    "min_p": (None, _NOT_YET + " (min_p is planned; sampling is at `temperature` only)."),
-    "repetition_penalty": (1.0, _NOT_YET + " (repetition_penalty is planned)."),
-    "generation_kwargs": (None, _NOT_YET + " (generation_kwargs is planned, for knobs of that kind)."),
     "cache_implementation": (None, "HF `generate` runs with its default cache here; another is not wired in."),
     "chat_template_kwargs": (None, "passing keyword arguments to apply_chat_template is not supported yet."),
     "shuffle_dataset": (True, "prompts are always drawn shuffled, by the trainer's seeded sampler (seed)."),
@@ -163,6 +162,32 @@ ONLY_VALUE: dict[str, tuple[Any, str]] = {
     ),
     "use_transformers_paged": (False, "deprecated in TRL; generation runs through HF `generate` or vLLM."),
 }
+
+
+# The keys `generation_kwargs` may hold: the knobs that shape the sampled distribution and that the trainer scores
+# alike (each sets its field of PPOConfig). Any other key would change what is sampled (or how long) unscored.
+GENERATION_KWARGS: tuple[str, ...] = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# What to use instead of a few generation keys a GRPO config may carry.
+_GENERATION_KWARG_INSTEAD = {
+    "max_new_tokens": "set response_length (TRL's max_completion_length)",
+    "max_tokens": "set response_length (TRL's max_completion_length)",
+    "max_length": "set max_prompt_length and response_length",
+    "eos_token_id": "set stop_token_id",
+    "stop_token_ids": "set stop_token_id",
+    "do_sample": "rollouts always sample; greedy decoding is evaluation's (eval_num_generations=1)",
+    "num_return_sequences": "set num_generations",
+    "n": "set num_generations",
+}
+
+
+def generation_kwarg_refusal(key: str) -> str:
+    """Why `generation_kwargs` may not hold `key` here."""
+    reason = (
+        "the trainer's log-probabilities (old, learner's, reference's, the vLLM correction's) would not score what it "
+        "changes, so the policy-gradient ratio would no longer be that of the sampled distribution"
+    )
+    instead = _GENERATION_KWARG_INSTEAD.get(key)
+    return f"{reason}; {instead}" if instead else reason
 
 
 def answer(name: str) -> str:

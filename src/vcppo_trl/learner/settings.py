@@ -56,4 +56,5 @@ class LearnerSettings:
                 padding_free=args.padding_free,
             ),
             balance_ranks=args.balance_ranks,
+            knobs=SamplingKnobs.from_args(args),
         )

@@ -84,4 +84,5 @@ class RolloutSettings:
             ),
             reward_model_batch_size=args.local_rollout_forward_batch_size,
             old_logprobs_from_training_forward=old_logprobs_from_training_forward(args),
+            knobs=SamplingKnobs.from_args(args),
         )

@@ -62,8 +62,8 @@ class StoredRolloutsInfo:
     What made a set of stored rollouts: enough to refuse them to a run that would have sampled something else.
 
     `policy`: `name_or_path`, `revision`, `weights_sha256` (of every parameter's bytes, in name order). `tokenizer`:
-    `name_or_path`, `vocab_sha256`, `chat_template`, `pad_token_id`. `sampling`: `sampler`, `temperature`,
-    `response_length`, `max_prompt_length`, `stop_token_ids`, `num_generations`, `seed`. `rewards`: `functions`
+    `name_or_path`, `vocab_sha256`, `chat_template`, `pad_token_id`. `sampling`: `sampler`, `temperature`, `knobs`
+    (top-k, top-p, min-p, repetition penalty; absent or null: none), `response_length`, `max_prompt_length`, `stop_token_ids`, `num_generations`, `seed`. `rewards`: `functions`
     (names) and `weights`. `layout`: `num_processes` and `prompts_per_process` (sequences per process per batch).
     """
 

@@ -35,7 +35,7 @@ from .types import Rollout
 MUST_MATCH = {
     "policy": ("name_or_path", "revision", "weights_sha256"),
     "tokenizer": ("vocab_sha256", "chat_template", "pad_token_id"),
-    "sampling": ("temperature", "response_length", "max_prompt_length", "stop_token_ids", "num_generations"),
+    "sampling": ("temperature", "knobs", "response_length", "max_prompt_length", "stop_token_ids", "num_generations"),
     "rewards": ("functions", "weights"),
     "layout": ("num_processes", "prompts_per_process"),
 }

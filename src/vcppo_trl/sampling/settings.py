@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..algo.logits_processing import NO_KNOBS, SamplingKnobs
 from ..config.ppo import PPOConfig
 from .vllm_checks import server_base_url
 
@@ -32,6 +33,9 @@ class SamplerSettings:
     seed: int
     mixed_precision: str | None  # "bfloat16" under `bf16`, "float16" under `fp16`, else None (the weights' dtype)
     cast_lm_head_to_fp32: bool = False  # vLLM's head in float32 too (colocate; a server is started by the user)
+    knobs: SamplingKnobs = (
+        NO_KNOBS  # top-k, top-p, min-p, repetition penalty: what shapes sampling besides temperature
+    )
 
     @classmethod
     def from_args(cls, args: PPOConfig) -> SamplerSettings:
@@ -54,4 +58,5 @@ class SamplerSettings:
             seed=args.seed,
             mixed_precision=mixed_precision,
             cast_lm_head_to_fp32=args.cast_lm_head_to_fp32,
+            knobs=SamplingKnobs.from_args(args),
         )

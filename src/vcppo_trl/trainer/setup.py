@@ -292,6 +292,7 @@ def build_sampler(
             response_length=settings.response_length,
             chunk_size=settings.chunk_size,
             gather_deepspeed3_params=settings.gather_deepspeed3_params,
+            knobs=settings.knobs,
         )
     require_vllm()
     from trl.distributed import DistributedBackend
@@ -308,6 +309,7 @@ def build_sampler(
         tokenizer=tokenizer,
         stop_token_ids=stop_token_ids,
         response_length=settings.response_length,
+        knobs=settings.knobs,
     )
     longest_prompt = settings.max_prompt_length
     if longest_prompt is None:
@@ -395,8 +397,10 @@ def warn_about_generation_config(policy: PreTrainedModel, args: PPOConfig) -> No
         logger.warning(
             "The policy's generation_config sets "
             + ", ".join(f"{k}={v!r}" for k, v in sorted(ignored.items()))
-            + f": PPO does not apply them. Rollouts sample at temperature={args.temperature} with no other logits "
-            "processing, the distribution the policy-gradient ratio and the training log-probabilities assume."
+            + f": PPO does not apply them. Rollouts sample at temperature={args.temperature} with the config's own "
+            f"top_k={args.top_k}, top_p={args.top_p}, min_p={args.min_p} and repetition_penalty="
+            f"{args.repetition_penalty} and no other logits processing, the distribution the policy-gradient ratio and "
+            "the training log-probabilities assume (set those fields to sample with such knobs)."
         )
 
 

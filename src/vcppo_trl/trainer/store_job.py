@@ -18,6 +18,7 @@ import numpy
 import torch
 from transformers.utils import logging
 
+from ..algo.logits_processing import SamplingKnobs
 from ..rollout import (
     RolloutWriter,
     StoredRolloutsInfo,
@@ -71,6 +72,7 @@ def run_info(trainer) -> StoredRolloutsInfo:
         sampling={
             "sampler": None if trainer.sampler is None else trainer.sampler.name,
             "temperature": args.temperature,
+            "knobs": SamplingKnobs.from_args(args).describe(),  # None: the temperature alone
             "response_length": args.response_length,
             "max_prompt_length": args.max_prompt_length,
             "stop_token_ids": list(maker.stop_token_ids),
