@@ -1,7 +1,9 @@
 """The learner: PPO epochs over one rollout ([`PPOLearner`] → [`UpdateResult`]), the optimizer's parameter groups by
-role, and one learning-rate schedule per role.
+role, one learning-rate schedule per role, and what hands each PPO epoch its rows (one process's own, balanced ranks, a
+sequence-parallel group's shared rows).
 """
 
+from .epoch_group_rows import SequenceGroupRows
 from .optimizers import (
     NonFiniteTrainingError,
     optimizer_state_summary,
@@ -12,15 +14,20 @@ from .optimizers import (
     split_by_role,
 )
 from .ppo_learner import PPOLearner, UpdateResult
+from .rank_exchange import EpochRowSource, OwnRows, RankBalancer
 from .schedules import RoleLR, ScheduleSettings, schedule_multiplier
 from .settings import LearnerSettings
 
 __all__ = [
+    "EpochRowSource",
     "LearnerSettings",
     "NonFiniteTrainingError",
+    "OwnRows",
     "PPOLearner",
+    "RankBalancer",
     "RoleLR",
     "ScheduleSettings",
+    "SequenceGroupRows",
     "UpdateResult",
     "optimizer_state_summary",
     "parameter_groups",

@@ -13,6 +13,7 @@ import dataclasses
 import math
 import os
 from collections import defaultdict
+from collections.abc import Callable
 
 import numpy
 import torch
@@ -28,11 +29,10 @@ from ..models.forward_engine import ForwardEngine
 from ..models.packing import TokenBatch
 from ..parallel.collectives import micro_batch_context, whitening_all_reduce
 from ..parallel.fsdp import full_tensor
-from ..parallel.sequence import SequenceGroup, ulysses_attention
+from ..parallel.sequence import SequenceGroup
 from ..rollout.types import Rollout
-from .epoch_group_rows import SequenceGroupRows
 from .optimizers import NonFiniteTrainingError, reset_optimizer_state
-from .rank_exchange import RankBalancer
+from .rank_exchange import EpochRowSource, OwnRows
 from .schedules import RoleLR
 from .settings import LearnerSettings
 
@@ -78,7 +78,13 @@ class PPOLearner:
         settings ([`~learner.settings.LearnerSettings`]): What it reads of the config.
         is_deepspeed: Whether the model is a DeepSpeed engine (it steps inside the last backward of a mini-batch).
         local_mini_batch_size: Sequences of this process per mini-batch.
-        sequence_group: The sequence-parallel group that splits every training forward (`None`: whole sequences).
+        sequence_group: The sequence-parallel group that splits every training forward (`None`: whole sequences);
+            its [`~models.forward_engine.ForwardEngine`] shares and splits the rows.
+        epoch_rows: Builds, for each update, what hands each PPO epoch its rows from the mini-batch size: this
+            process's own ([`~learner.rank_exchange.OwnRows`], the default), mini-batches handed out to processes by
+            tokens or measured ([`~learner.rank_exchange.RankBalancer`]), or a sequence-parallel group's shared rows
+            ([`~learner.epoch_group_rows.SequenceGroupRows`]); the trainer's setup chooses
+            ([`~trainer.setup.epoch_rows`]).
     """
 
     def __init__(
@@ -92,6 +98,7 @@ class PPOLearner:
         is_deepspeed: bool,
         local_mini_batch_size: int,
         sequence_group: SequenceGroup | None = None,
+        epoch_rows: Callable[[int], EpochRowSource] = OwnRows,
     ):
         self.model = model
         self.optimizer = optimizer
@@ -100,8 +107,8 @@ class PPOLearner:
         self.settings = settings
         # Sequence parallelism: every training forward split along the sequence across this group (the trainer's
         # setup built it, Ulysses installed; `None`: whole sequences).
-        self.sequence_group = sequence_group
-        self.forwards = ForwardEngine(settings.forwards, accelerator, self.sequence_group)
+        self.forwards = ForwardEngine(settings.forwards, accelerator, sequence_group)
+        self.epoch_rows = epoch_rows
         self.is_deepspeed = is_deepspeed
         self.local_mini_batch_size = local_mini_batch_size
         self.nonfinite_steps_in_a_row = 0
@@ -172,16 +179,12 @@ class PPOLearner:
         world = self.accelerator.num_processes
         tokens = TokenBatch.of(rollout)
         self.check_packing()
-        # More than one process: a sequence-parallel group's rows shared by its processes; else each epoch's global
-        # mini-batches handed out by tokens (`balance_ranks`), or measured.
-        balancer = None
-        if self.sequence_group is not None:
-            balancer = SequenceGroupRows(self.accelerator, self.local_mini_batch_size, self.sequence_group)
-        elif world > 1:
-            balancer = RankBalancer(self.accelerator, self.local_mini_batch_size, balance=settings.balance_ranks)
+        # Each epoch's rows: this process's own, its global mini-batches handed out by tokens (`balance_ranks`), or a
+        # sequence-parallel group's rows shared by its processes.
+        balancer = self.epoch_rows(self.local_mini_batch_size)
         # The loss statistics: a process's share of the mini-batch loss times `share` averages over processes to the
         # global loss (every process of a sequence-parallel group reports the same share: the group's).
-        share = world // (self.sequence_group.size if self.sequence_group is not None else 1)
+        share = world // self.forwards.row_holders
         with measured(ForwardWork(), self.accelerator.device) as work:
             for epoch in range(settings.num_ppo_epochs):
                 order = mini_batch_order(
@@ -191,14 +194,10 @@ class PPOLearner:
                     epoch=epoch,
                     process_index=self.accelerator.process_index,
                 ).to(mask.device)
-                if balancer is None:
-                    mini_batches, rows = list(order.split(self.local_mini_batch_size)), None
-                    epoch_batch, epoch_tokens = batch, tokens
-                else:
-                    rows = balancer.epoch(order, batch=batch, tokens=tokens)
-                    mini_batches, epoch_batch, epoch_tokens = rows.mini_batches, rows.batch, rows.tokens
+                rows = balancer.epoch(order, batch=batch, tokens=tokens)
+                mini_batches, epoch_batch, epoch_tokens = rows.mini_batches, rows.batch, rows.tokens
                 # Balanced or shared rows are the epoch's own tensors: what it computes per row goes back to the owners.
-                moved = rows is not None and rows.moved
+                moved = rows.moved
                 epoch_weights = None if moved else importance_weights
                 plans = self.forwards.plan(epoch_tokens, mini_batches, epoch_batch.mask.shape[1])
                 for mb_idx, micro_batches in zip(mini_batches, plans):
@@ -222,9 +221,10 @@ class PPOLearner:
                         idx, width = micro.indices, micro.response_width
                         # Gradient accumulation over the micro-batches of one minibatch; DDP syncs on the last one only.
                         is_last = i == len(micro_batches) - 1
-                        # Split attention for the forward and the backward (gradient checkpointing recomputes there).
-                        split = ulysses_attention(self.sequence_group is not None)
-                        with split, micro_batch_context(self.accelerator, self.is_deepspeed, model, is_last=is_last):
+                        with (
+                            self.forwards.attention(),
+                            micro_batch_context(self.accelerator, self.is_deepspeed, model, is_last=is_last),
+                        ):
                             logprobs, entropy, vpred = model(
                                 temperature=settings.temperature,
                                 knobs=settings.knobs,
@@ -288,7 +288,7 @@ class PPOLearner:
             old_logprobs if fill_old_logprobs else None,
             importance_weights,
             work=work,
-            balance={} if balancer is None else balancer.metrics(),
+            balance=balancer.metrics(),
         )
 
     def whiten(self, values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
@@ -386,8 +386,8 @@ class PPOLearner:
         )
         if self.accelerator.num_processes > 1:
             counts = self.accelerator.reduce(counts, "sum")
-        if self.sequence_group is not None:  # every process of a group holds the group's rows
-            counts = counts / self.sequence_group.size
+        # Every process of a sequence-parallel group holds the group's rows: counted once.
+        counts = counts / self.forwards.row_holders
         return counts
 
     def optimizer_step(self, update_index: int = 0) -> dict[str, torch.Tensor] | None:

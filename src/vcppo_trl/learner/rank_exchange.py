@@ -13,6 +13,7 @@ balancing off, the token counts are still gathered (one small all-gather per epo
 from __future__ import annotations
 
 import dataclasses
+from typing import Protocol
 
 import torch
 from accelerate import Accelerator
@@ -47,6 +48,43 @@ class EpochRows:
     def moved(self) -> bool:
         """Whether the epoch runs rows other than this process's own (what it computes per row goes back after it)."""
         return self.plan is not None or self.own_rows is not None
+
+
+class EpochRowSource(Protocol):
+    """What hands each PPO epoch of one update its rows ([`OwnRows`], [`RankBalancer`],
+    [`~learner.epoch_group_rows.SequenceGroupRows`]); one instance per update, [`epoch`] called by every process alike."""
+
+    def epoch(self, order: torch.Tensor, *, batch: PPOBatch, tokens: TokenBatch) -> EpochRows:
+        """The rows of the epoch whose mini-batch order (of this process's own rows) is `order`."""
+
+    def restore(self, rows: EpochRows, computed: torch.Tensor, into: torch.Tensor) -> None:
+        """Write what the epoch computed per row back into this process's own rows of `into` (when `rows.moved`)."""
+
+    def metrics(self) -> dict[str, float]:
+        """The update's balance metrics (`perf/rank_token_imbalance`, ...), or none."""
+
+
+class OwnRows:
+    """
+    One process: every epoch runs this process's own rows in its mini-batch order, nothing moves.
+
+    Args:
+        mini_batch_size: Rows per mini-batch.
+    """
+
+    def __init__(self, mini_batch_size: int):
+        self.mini_batch_size = mini_batch_size
+
+    def epoch(self, order: torch.Tensor, *, batch: PPOBatch, tokens: TokenBatch) -> EpochRows:
+        """The epoch's mini-batches: `order` cut into mini-batches of this process's own rows."""
+        return EpochRows(batch=batch, tokens=tokens, mini_batches=list(order.split(self.mini_batch_size)), order=order)
+
+    def restore(self, rows: EpochRows, computed: torch.Tensor, into: torch.Tensor) -> None:
+        """Nothing to restore: the epoch ran this process's own rows in place."""
+
+    def metrics(self) -> dict[str, float]:
+        """No balance metrics with one process."""
+        return {}
 
 
 class RankBalancer:

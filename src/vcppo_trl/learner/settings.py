@@ -29,8 +29,6 @@ class LearnerSettings:
     output_dir: str  # where the error of too many non-finite steps looks for the latest checkpoint
     # The training forwards: by `max_tokens_per_micro_batch`, else `per_device_train_batch_size` sequences.
     forwards: ForwardSettings
-    # Hand each global mini-batch's sequences out to processes by token count (see `learner.rank_exchange`)
-    balance_ranks: bool = False
     # What shapes the sampled distribution besides `temperature`: the learner's log-probs are taken under it.
     knobs: SamplingKnobs = NO_KNOBS
 
@@ -55,6 +53,5 @@ class LearnerSettings:
                 sequences=args.per_device_train_batch_size,
                 padding_free=args.padding_free,
             ),
-            balance_ranks=args.balance_ranks,
             knobs=SamplingKnobs.from_args(args),
         )

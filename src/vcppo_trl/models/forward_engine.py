@@ -10,6 +10,7 @@ runs the micro-batches itself; the rollout maker takes all four.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
 
@@ -20,7 +21,7 @@ from transformers.utils import logging
 from ..algo.micro_batches import ForwardWork, MicroBatch, plan_forwards, warn_once_over_budget
 from ..parallel.collectives import max_across_processes
 from ..parallel.group_rows import share_group_rows
-from ..parallel.sequence import SequenceGroup
+from ..parallel.sequence import SequenceGroup, ulysses_attention
 from .packing import TokenBatch, check_packing
 
 logger = logging.get_logger(__name__)
@@ -106,13 +107,22 @@ class ForwardEngine:
         return ForwardPlan(tokens, micro_batches, own=own, width=width)
 
     @property
+    def row_holders(self) -> int:
+        """How many processes hold each row: the sequence-parallel group's size (its processes share their rows and
+        each runs its own columns), else 1."""
+        return 1 if self.sequence_group is None else self.sequence_group.size
+
+    def attention(self) -> contextlib.AbstractContextManager:
+        """The context of a forward and its backward: the attention split along the sequence across the group
+        (Ulysses; gradient checkpointing recomputes inside the backward), or unchanged without a group."""
+        return ulysses_attention(self.sequence_group is not None)
+
+    @property
     def max_tokens(self) -> int | None:
         """The token budget of one micro-batch: the setting's, times the group's size when split (the budget is per
         process)."""
         budget = self.settings.max_tokens
-        if budget is not None and self.sequence_group is not None:
-            budget *= self.sequence_group.size
-        return budget
+        return None if budget is None else budget * self.row_holders
 
     def warn_over_budget(self, plan: list[MicroBatch]) -> None:
         """Warn once when a sequence longer than the budget runs alone in its micro-batch."""

@@ -59,8 +59,7 @@ class RolloutForwards:
         self.current_model = current_model
         self.ref_model = ref_model
         self.pad_token_id = pad_token_id
-        self.sequence_group = sequence_group
-        self.forwards = ForwardEngine(settings.forwards, accelerator, self.sequence_group)
+        self.forwards = ForwardEngine(settings.forwards, accelerator, sequence_group)
 
     def _unwrapped_model(self) -> PolicyAndValueModel:
         return self.accelerator.unwrap_model(self.current_model())

@@ -395,6 +395,7 @@ class PPOTrainer(_BaseTrainer):
             is_deepspeed=self.is_deepspeed_enabled,
             local_mini_batch_size=self.batches.local_mini_batch_size,
             sequence_group=self.sequence_group,
+            epoch_rows=setup.epoch_rows(args, self.accelerator, self.sequence_group),
         )
         stateful = [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]
         self.state = setup.new_trainer_state(

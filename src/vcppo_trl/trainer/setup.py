@@ -20,6 +20,7 @@ from transformers.utils import is_peft_available, logging
 from trl.trainer.utils import disable_dropout_in_model
 
 from ..config.ppo import PPOConfig
+from ..learner import EpochRowSource, OwnRows, RankBalancer, SequenceGroupRows
 from ..models.critic_peft import wrap_value_model
 from ..models.fp32_head import cast_lm_head_to_fp32
 from ..models.loading import build_critic, is_zero3_partitioned, load_policy, load_tokenizer
@@ -418,6 +419,19 @@ def build_sequence_group(
         engine = not hasattr(getattr(ref_model, "config", None), "get_text_config")
         models["reference"] = ref_model.module if engine else ref_model
     return setup_sequence_parallel(models, args.sequence_parallel_size)
+
+
+def epoch_rows(
+    args: PPOConfig, accelerator: Accelerator, sequence_group: SequenceGroup | None
+) -> Callable[[int], EpochRowSource]:
+    """What hands the learner's PPO epochs their rows, built per update from the mini-batch size: a sequence-parallel
+    group's shared rows, else with more than one process each epoch's global mini-batches handed out by tokens
+    (`balance_ranks`) or only measured, else this process's own."""
+    if sequence_group is not None:
+        return lambda size: SequenceGroupRows(accelerator, mini_batch_size=size, group=sequence_group)
+    if accelerator.num_processes > 1:
+        return lambda size: RankBalancer(accelerator, mini_batch_size=size, balance=args.balance_ranks)
+    return OwnRows
 
 
 def build_rollout_maker(

@@ -101,9 +101,9 @@ def main(out_dir: str, forwards: str) -> None:
     noise = torch.Generator().manual_seed(rank)
 
     def update(rollout, balance: bool, *, epochs: int, mini_batch_size: int, correct_sampler: bool = False):
+        learner.epoch_rows = lambda size: RankBalancer(acc, mini_batch_size=size, balance=balance)
         learner.settings = dataclasses.replace(
             learner.settings,
-            balance_ranks=balance,
             num_ppo_epochs=epochs,
             correct_sampler_mismatch=correct_sampler,
         )
