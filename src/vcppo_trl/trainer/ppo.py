@@ -48,7 +48,6 @@ from .prompts import PromptStream
 if is_peft_available():
     from peft import PeftConfig
 
-
 __all__ = ["PPOTrainer", "RewardFunc"]
 
 logger = logging.get_logger(__name__)
