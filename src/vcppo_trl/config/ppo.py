@@ -117,9 +117,10 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
 
     - TrainingArguments defaults changed [`_check_training_arguments`]: `learning_rate`, `activation_checkpointing`,
       `gradient_checkpointing`, `bf16`.
-    - Models, policy, critic and reference [none]: `model_init_kwargs`, `disable_dropout`, `cast_lm_head_to_fp32`,
-      `model_adapter_name`, `ref_adapter_name`, `value_peft_config`.
-    - Data preprocessing [`_check_data`]: `dataset_num_proc`, `max_prompt_length`, `overlong_prompt`.
+    - Models, policy, critic and reference [none]: `model_init_kwargs`, `trust_remote_code`, `disable_dropout`,
+      `cast_lm_head_to_fp32`, `model_adapter_name`, `ref_adapter_name`, `value_peft_config`.
+    - Data preprocessing [`_check_data`]: `dataset_num_proc`, `max_prompt_length`, `overlong_prompt`,
+      `shuffle_dataset`, `chat_template_kwargs`, `pad_to_multiple_of`.
     - Rollouts, batch sizes and sampling [`_check_rollouts`]: `num_generations`, `num_mini_batches`,
       `steps_per_generation`, `generation_batch_size`, `total_episodes`, `local_rollout_forward_batch_size`,
       `response_length`, `stop_token`, `stop_token_id`, `temperature`, `top_p`, `top_k`, `min_p`,
@@ -195,6 +196,14 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
     model_init_kwargs: dict | str | None = field(
         default=None, metadata={"help": "Keyword arguments for from_pretrained when the model is given by name."}
     )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={
+            "help": "Allow models and tokenizers that ship their own Python code (TRL's meaning): passed to "
+            "from_pretrained for the policy, a critic or reward model loaded by name, their tokenizers, and the vLLM "
+            "engine. A 'trust_remote_code' key of model_init_kwargs wins for the models, as in TRL."
+        },
+    )
     disable_dropout: bool = field(
         default=True,
         metadata={
@@ -244,6 +253,29 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
         metadata={
             "help": "Prompts over max_prompt_length are left-truncated ('truncate', keeping the end of the prompt) "
             "or their rows dropped before training ('drop'). Counted either way."
+        },
+    )
+    shuffle_dataset: bool = field(
+        default=True,
+        metadata={
+            "help": "Draw the training prompts in a seeded random order, a new permutation each pass over the dataset "
+            "(TRL's meaning); False draws them in the dataset's order, every pass alike."
+        },
+    )
+    chat_template_kwargs: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "Keyword arguments for the tokenizer's apply_chat_template when conversational prompts are "
+            "rendered, in training, evaluation and stored rollouts (e.g. {'enable_thinking': false}). A dict, or "
+            "its JSON."
+        },
+    )
+    pad_to_multiple_of: int | str | None = field(
+        default="auto",
+        metadata={
+            "help": "Pad the prompt ids (left) and the response ids (right) of every rollout to a multiple of this "
+            "many tokens (TRL's meaning; padding is masked out, so only shapes change). 'auto' (TRL's default) pads "
+            "only on AWS Neuron, which this trainer does not run on: here it means None, no padding."
         },
     )
 
@@ -865,6 +897,16 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
             self.activation_checkpointing = runs_on_an_accelerator(self.use_cpu)
         if isinstance(self.value_peft_config, str):
             self.value_peft_config = json.loads(self.value_peft_config)
+        if isinstance(self.chat_template_kwargs, str):
+            self.chat_template_kwargs = json.loads(self.chat_template_kwargs)
+        if isinstance(self.pad_to_multiple_of, str):
+            # TRL's parsing: "auto" pads on Neuron only (never here), "none"/"null" is None, else an int.
+            text = self.pad_to_multiple_of.strip().lower()
+            if text not in ("auto", "none", "null") and not text.isdigit():
+                raise ValueError(
+                    f"`pad_to_multiple_of` must be an int, 'auto' or None, got {self.pad_to_multiple_of!r}."
+                )
+            self.pad_to_multiple_of = None if text in ("auto", "none", "null") else int(text)
         if self.value_learning_rate is None:
             self.value_learning_rate = self.learning_rate
         if self.value_loss_type is None:
@@ -974,6 +1016,11 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
     def _check_data(self) -> None:
         _require_at_least("max_prompt_length", self.max_prompt_length, 1, optional=True)
         _require_choice("overlong_prompt", self.overlong_prompt, OVERLONG_PROMPT_MODES)
+        _require_at_least("pad_to_multiple_of", self.pad_to_multiple_of, 1, optional=True)
+        if self.chat_template_kwargs is not None and not isinstance(self.chat_template_kwargs, dict):
+            raise ValueError(
+                f"`chat_template_kwargs` must be a dict (or its JSON), got {type(self.chat_template_kwargs).__name__}."
+            )
 
     def _check_rollouts(self) -> None:
         if self.stop_token is not None and self.stop_token_id is not None:

@@ -37,6 +37,10 @@ ALIASES: dict[str, str] = {
 SAME_NAME: frozenset[str] = frozenset(
     {
         "model_init_kwargs",
+        "trust_remote_code",
+        "shuffle_dataset",
+        "chat_template_kwargs",
+        "pad_to_multiple_of",
         "disable_dropout",
         "cast_lm_head_to_fp32",
         "num_generations",
@@ -126,18 +130,6 @@ REFUSED: dict[str, str] = {
 # TRL's fields accepted only at the value that is what this trainer does (a no-op); any other value is refused.
 ONLY_VALUE: dict[str, tuple[Any, str]] = {
     "cache_implementation": (None, "HF `generate` runs with its default cache here; another is not wired in."),
-    "chat_template_kwargs": (None, "passing keyword arguments to apply_chat_template is not supported yet."),
-    "shuffle_dataset": (True, "prompts are always drawn shuffled, by the trainer's seeded sampler (seed)."),
-    "pad_to_multiple_of": (
-        "auto",
-        "padding to a multiple is not supported; 'auto' (TRL's default) pads only on AWS Neuron, so it means no "
-        "padding here.",
-    ),
-    "trust_remote_code": (
-        False,
-        "not wired in yet: pass model_init_kwargs={'trust_remote_code': True} (the policy and a critic loaded by "
-        "name) and a tokenizer you loaded yourself (processing_class).",
-    ),
     "router_aux_loss_coef": (None, "the Mixture-of-Experts load-balancing loss is not added here."),
     "vllm_structured_outputs_regex": (None, "structured outputs are not supported."),
     "importance_sampling_level": (

@@ -26,21 +26,33 @@ from .value_model import (
 logger = logging.get_logger(__name__)
 
 
-def load_policy(model: str | PreTrainedModel, *, model_init_kwargs: dict | None) -> PreTrainedModel:
+def init_kwargs(model_init_kwargs: dict | None, trust_remote_code: bool) -> dict:
+    """Keyword arguments for loading a model by name: `model_init_kwargs` (the config's), with `trust_remote_code`
+    (the config's) unless they set it themselves (TRL's precedence)."""
+    kwargs = dict(model_init_kwargs or {})
+    if trust_remote_code:
+        kwargs.setdefault("trust_remote_code", True)
+    return kwargs
+
+
+def load_policy(
+    model: str | PreTrainedModel, *, model_init_kwargs: dict | None, trust_remote_code: bool = False
+) -> PreTrainedModel:
     """The policy: `model` itself, or loaded from its name/path with `model_init_kwargs` (the config's)."""
     if isinstance(model, str):
-        kwargs = dict(model_init_kwargs or {})
-        return AutoModelForCausalLM.from_pretrained(model, **kwargs)
+        return AutoModelForCausalLM.from_pretrained(model, **init_kwargs(model_init_kwargs, trust_remote_code))
     if model_init_kwargs:
         logger.warning("`model_init_kwargs` is ignored because `model` is already instantiated.")
     return model
 
 
-def load_tokenizer(processing_class, policy: PreTrainedModel) -> PreTrainedTokenizerBase:
+def load_tokenizer(
+    processing_class, policy: PreTrainedModel, *, trust_remote_code: bool = False
+) -> PreTrainedTokenizerBase:
     """The policy's tokenizer (loaded from the policy when not given), with a pad token."""
     tokenizer = processing_class
     if tokenizer is None:
-        tokenizer = AutoTokenizer.from_pretrained(policy.config._name_or_path)
+        tokenizer = AutoTokenizer.from_pretrained(policy.config._name_or_path, trust_remote_code=trust_remote_code)
     tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a multimodal processor wraps its tokenizer
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:
@@ -76,6 +88,7 @@ def build_critic(
     *,
     model_init_kwargs: dict | None,
     deepspeed_config,
+    trust_remote_code: bool = False,
 ) -> PreTrainedModel:
     """
     The critic: built from the policy, loaded from a path (with `model_init_kwargs`), or converted from a given model;
@@ -84,10 +97,10 @@ def build_critic(
     """
     if value_model is None:
         with zero3_init_like(policy, deepspeed_config):
-            critic = create_value_model_from_policy(policy)
+            critic = create_value_model_from_policy(policy, trust_remote_code=trust_remote_code)
     elif isinstance(value_model, str):
         with zero3_init_like(policy, deepspeed_config):
-            critic = load_value_model(value_model, **dict(model_init_kwargs or {}))
+            critic = load_value_model(value_model, **init_kwargs(model_init_kwargs, trust_remote_code))
         check_value_model_matches_policy(critic, policy, tokenizer, source=value_model)
         if not is_zero3_partitioned(critic):
             critic = critic.to(next(policy.parameters()).device)
@@ -137,7 +150,9 @@ def zero3_init_like(policy: PreTrainedModel, deepspeed_config):
         set_hf_deepspeed_config(deepspeed_config)
 
 
-def load_reward_funcs(reward_funcs, reward_processing_classes, *, model_init_kwargs: dict | None):
+def load_reward_funcs(
+    reward_funcs, reward_processing_classes, *, model_init_kwargs: dict | None, trust_remote_code: bool = False
+):
     """Reward functions and models (loaded by name with `model_init_kwargs`, frozen), each with its tokenizer (`None`
     for functions)."""
     if reward_funcs is None:
@@ -157,11 +172,11 @@ def load_reward_funcs(reward_funcs, reward_processing_classes, *, model_init_kwa
     for func, proc in zip(funcs, processing):
         if isinstance(func, str):
             func = AutoModelForSequenceClassification.from_pretrained(
-                func, num_labels=1, **dict(model_init_kwargs or {})
+                func, num_labels=1, **init_kwargs(model_init_kwargs, trust_remote_code)
             )
         if isinstance(func, PreTrainedModel):
             if proc is None:
-                proc = AutoTokenizer.from_pretrained(func.config._name_or_path)
+                proc = AutoTokenizer.from_pretrained(func.config._name_or_path, trust_remote_code=trust_remote_code)
             if proc.pad_token_id is None:
                 proc.pad_token = proc.eos_token
             func.eval().requires_grad_(False)

@@ -29,12 +29,14 @@ def _token_classification_config(config):
     return config
 
 
-def create_value_model_from_policy(policy: PreTrainedModel) -> PreTrainedModel:
+def create_value_model_from_policy(policy: PreTrainedModel, trust_remote_code: bool = False) -> PreTrainedModel:
     """
     Build a critic that shares the policy's architecture and backbone weights, with a fresh scalar head.
 
     Args:
         policy (`PreTrainedModel`): A causal LM (not wrapped by PEFT).
+        trust_remote_code (`bool`): Whether the token-classification class may come from the policy's own code (a
+            config whose `auto_map` names `AutoModelForTokenClassification`).
 
     Returns:
         `PreTrainedModel`: an `AutoModelForTokenClassification` model with `num_labels == 1`, on the policy's device
@@ -42,7 +44,7 @@ def create_value_model_from_policy(policy: PreTrainedModel) -> PreTrainedModel:
     """
     config = _token_classification_config(policy.config)
     try:
-        critic = AutoModelForTokenClassification.from_config(config)
+        critic = AutoModelForTokenClassification.from_config(config, trust_remote_code=trust_remote_code)
     except ValueError as err:
         raise ValueError(
             f"The policy's architecture ({type(policy).__name__}) has no token-classification variant in transformers, "
@@ -151,7 +153,9 @@ def load_value_model(name_or_path: str, **model_init_kwargs) -> PreTrainedModel:
     if is_adapter_dir(name_or_path):
         return load_value_adapter(name_or_path, **model_init_kwargs)
     try:
-        config = AutoConfig.from_pretrained(name_or_path)
+        config = AutoConfig.from_pretrained(
+            name_or_path, trust_remote_code=model_init_kwargs.get("trust_remote_code", False)
+        )
     except OSError as err:
         if not _is_adapter_repo(name_or_path):
             if os.path.isdir(name_or_path):

@@ -7,7 +7,7 @@ of generations a rollout worker runs ahead of training (`max_staleness`), and ro
 from .maker import GenerationStats, RolloutMaker, RolloutStats
 from .overlap import AheadOfTraining, OverlappedRollouts, WindowAhead, request_seed, rollout_worker
 from .response_pool import InFlight, ResponsePool, WindowStep
-from .scoring import ScoredSamples, concat_scored, decode_completions
+from .scoring import ScoredSamples, concat_scored, decode_completions, padded_to_multiple, prompt_text
 from .settings import RolloutSettings, old_logprobs_from_training_forward
 from .shaping import overlong_penalty, token_rewards
 from .sources import (
@@ -81,6 +81,8 @@ __all__ = [
     "ScoredSamples",
     "concat_scored",
     "decode_completions",
+    "padded_to_multiple",
+    "prompt_text",
     "is_correct",
     "RolloutSettings",
     "old_logprobs_from_training_forward",

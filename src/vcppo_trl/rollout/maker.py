@@ -17,7 +17,6 @@ import torch
 from accelerate import Accelerator
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging
-from trl.data_utils import maybe_apply_chat_template
 
 from ..algo.dynamic_sampling import DynamicSamplingStats, choose_groups, informative_groups
 from ..algo.losses import kl_penalty
@@ -29,7 +28,7 @@ from ..rewards.reward_models import reward_model_scores
 from ..sampling.seam import Samples
 from .forwards import RolloutForwards
 from .response_pool import WindowStep
-from .scoring import ScoredSamples, concat_scored, decode_completions
+from .scoring import ScoredSamples, concat_scored, decode_completions, padded_to_multiple, prompt_text
 from .settings import RolloutSettings
 from .shaping import overlong_penalty, token_rewards
 from .types import OverlapStats, Rollout, WindowMarks, is_correct
@@ -117,7 +116,7 @@ class RolloutMaker:
     # --------------------------------------------------------- prompts to scores
 
     def prompt_texts(self, rows: list[dict[str, Any]]) -> list[str]:
-        return [maybe_apply_chat_template({"prompt": row["prompt"]}, self.tokenizer)["prompt"] for row in rows]
+        return [prompt_text(row["prompt"], self.tokenizer, self.settings.chat_template_kwargs) for row in rows]
 
     def tokenize_prompts(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         encoded = self.tokenizer(
@@ -129,6 +128,7 @@ class RolloutMaker:
             truncation=self.settings.max_prompt_length is not None,
             truncation_side="left",
             max_length=self.settings.max_prompt_length,
+            pad_to_multiple_of=self.settings.pad_to_multiple_of,
         )
         return encoded["input_ids"].to(self.accelerator.device), encoded["attention_mask"].to(self.accelerator.device)
 
@@ -347,6 +347,7 @@ class RolloutMaker:
         unfinished ones get the critic's bootstrap value.
         """
         settings, forwarder = self.settings, self.forwarder
+        scored = padded_to_multiple(scored, settings.pad_to_multiple_of, self.tokenizer.pad_token_id)
         samples, raw_scores, has_stop = scored.samples, scored.raw_scores, scored.samples.has_stop
         done = torch.ones_like(has_stop) if window is None else window.finished  # the responses with a score
         scores = raw_scores.nan_to_num(0.0).clone()

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
-from trl.data_utils import is_conversational
+from trl.data_utils import is_conversational, maybe_apply_chat_template
 
 from ..sampling.seam import Samples
 
@@ -46,15 +46,25 @@ class ScoredSamples:
         )
 
 
-def concat_scored(parts: list[ScoredSamples], pad_token_id: int) -> ScoredSamples:
+def padded_to_multiple(scored: ScoredSamples, multiple: int | None, pad_token_id: int) -> ScoredSamples:
+    """`scored` with its prompts left-padded and its responses right-padded to a multiple of `multiple` tokens
+    (`pad_to_multiple_of`; masked out like any padding), or itself when `multiple` is None or they already are."""
+    if multiple is None:
+        return scored
+    return concat_scored([scored], pad_token_id, multiple=multiple)
+
+
+def concat_scored(parts: list[ScoredSamples], pad_token_id: int, multiple: int = 1) -> ScoredSamples:
     """
     The samples of several generation rounds as one batch: prompts left-padded and responses right-padded to the
-    widest (`pad_token_id`, mask 0; sampler log-probs 0), generation seconds summed.
+    widest, rounded up to a multiple of `multiple` (`pad_token_id`, mask 0; sampler log-probs 0), generation seconds
+    summed.
     """
-    if len(parts) == 1:
-        return parts[0]
-    prompt_width = max(p.query_ids.shape[1] for p in parts)
-    response_width = max(p.samples.response_ids.shape[1] for p in parts)
+    prompt_width = -(-max(p.query_ids.shape[1] for p in parts) // multiple) * multiple
+    response_width = -(-max(p.samples.response_ids.shape[1] for p in parts) // multiple) * multiple
+    if len(parts) == 1 and parts[0].query_ids.shape[1] == prompt_width:
+        if parts[0].samples.response_ids.shape[1] == response_width:
+            return parts[0]
 
     def left(t: torch.Tensor, value) -> torch.Tensor:
         return torch.nn.functional.pad(t, (prompt_width - t.shape[1], 0), value=value)
@@ -79,6 +89,12 @@ def concat_scored(parts: list[ScoredSamples], pad_token_id: int) -> ScoredSample
         reward_failed=torch.cat([p.reward_failed for p in parts]),
         raw_scores=torch.cat([p.raw_scores for p in parts]),
     )
+
+
+def prompt_text(prompt: Any, tokenizer: PreTrainedTokenizerBase, chat_template_kwargs: dict | None) -> str:
+    """A prompt as the policy reads it: chat messages rendered by the tokenizer's chat template (with
+    `chat_template_kwargs`, the config's), text as it is."""
+    return maybe_apply_chat_template({"prompt": prompt}, tokenizer, **(chat_template_kwargs or {}))["prompt"]
 
 
 def decode_completions(

@@ -56,6 +56,9 @@ class RolloutSettings:
     old_logprobs_from_training_forward: bool
     # What shapes the sampled distribution besides `temperature`: the old and reference log-probs are taken under it.
     knobs: SamplingKnobs = NO_KNOBS
+    # How prompts become tokens: the chat template's keyword arguments, and the width multiple of every rollout tensor.
+    chat_template_kwargs: dict | None = None
+    pad_to_multiple_of: int | None = None
 
     @classmethod
     def from_args(cls, args: PPOConfig) -> RolloutSettings:
@@ -85,4 +88,6 @@ class RolloutSettings:
             reward_model_batch_size=args.local_rollout_forward_batch_size,
             old_logprobs_from_training_forward=old_logprobs_from_training_forward(args),
             knobs=SamplingKnobs.from_args(args),
+            chat_template_kwargs=args.chat_template_kwargs,
+            pad_to_multiple_of=args.pad_to_multiple_of,
         )

@@ -36,6 +36,8 @@ class SamplerSettings:
     knobs: SamplingKnobs = (
         NO_KNOBS  # top-k, top-p, min-p, repetition penalty: what shapes sampling besides temperature
     )
+    chat_template_kwargs: dict | None = None  # how prompts are rendered (their longest length sizes vLLM's context)
+    trust_remote_code: bool = False  # the colocated engine may run the model's own code
 
     @classmethod
     def from_args(cls, args: PPOConfig) -> SamplerSettings:
@@ -59,4 +61,6 @@ class SamplerSettings:
             mixed_precision=mixed_precision,
             cast_lm_head_to_fp32=args.cast_lm_head_to_fp32,
             knobs=SamplingKnobs.from_args(args),
+            chat_template_kwargs=args.chat_template_kwargs,
+            trust_remote_code=args.trust_remote_code,
         )

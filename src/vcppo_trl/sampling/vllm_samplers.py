@@ -160,6 +160,7 @@ class VLLMColocateSampler(_VLLMSamplerBase):
         copy_weights: bool = False,
         head_dtype: str | None = None,
         knobs: SamplingKnobs = NO_KNOBS,
+        trust_remote_code: bool = False,
     ):
         require_vllm()
         super().__init__(
@@ -204,6 +205,8 @@ class VLLMColocateSampler(_VLLMSamplerBase):
             # `cast_lm_head_to_fp32`: vLLM's own knob (`ModelConfig.head_dtype`, for generation models since vLLM
             # 0.2x): its LogitsProcessor projects the hidden states through the head in this dtype.
             engine_args["hf_overrides"] = {"head_dtype": head_dtype}
+        if trust_remote_code:  # the model's own code (its config names it in `auto_map`)
+            engine_args["trust_remote_code"] = True
         self.config, self.engine_args, self.seed = config, engine_args, seed  # a rollout worker starts its own twin
         key = json.dumps([config.to_json_string(use_diff=False), engine_args], sort_keys=True)
         start = time.perf_counter()

@@ -39,6 +39,7 @@ def run(trainer, resume_from_checkpoint: str | bool | None):
         trainer.accelerator.process_index,
         seed=args.seed,
         num_generations=args.num_generations,
+        shuffle=args.shuffle_dataset,
     )
     trainer.rollouts = trainer.build_rollout_source(trainer.prompts.draw)
     if resume is not None:  # optimizer, scheduler, state, callbacks, phase, rollouts in flight, RNG

@@ -132,9 +132,8 @@ class PPOTrainer(_BaseTrainer):
         self.initial_policy = built.initial_policy  # who the critic was built beside, in a critic job (no policy)
         self.stop_token_ids = resolve_stop_token_ids(tokenizer, stop_token_id=args.stop_token_id)
         self.end_of_thinking_ids = marker_token_ids(tokenizer, args.end_of_thinking_marker)
-        reward_funcs, reward_processing_classes = load_reward_funcs(
-            reward_funcs, reward_processing_classes, model_init_kwargs=args.model_init_kwargs
-        )
+        loading = dict(model_init_kwargs=args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
+        reward_funcs, reward_processing_classes = load_reward_funcs(reward_funcs, reward_processing_classes, **loading)
         self.reward_func_names = [reward_func_name(f) for f in reward_funcs]
         train_dataset, eval_dataset, self.data_reports = setup.prepare_datasets(
             train_dataset, eval_dataset, tokenizer, args=args, reward_funcs=reward_funcs

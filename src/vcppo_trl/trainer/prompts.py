@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from datasets import Dataset
 from transformers import PreTrainedTokenizerBase
-from trl.data_utils import maybe_apply_chat_template
+
+from ..rollout import prompt_text
 
 # Reward-function parameters that the trainer fills itself, not from dataset columns.
 _TRAINER_ARGUMENTS = {"prompts", "completions", "completion_ids", "trainer_state", "kwargs", "args", "self"}
@@ -160,9 +161,11 @@ def _is_empty_prompt(prompt: Any) -> bool:
     return False
 
 
-def prompt_token_lengths(prompts: Sequence[Any], tokenizer: PreTrainedTokenizerBase) -> list[int]:
+def prompt_token_lengths(
+    prompts: Sequence[Any], tokenizer: PreTrainedTokenizerBase, chat_template_kwargs: dict | None = None
+) -> list[int]:
     """Token counts of prompts as the trainer feeds them (chat template applied, no added special tokens)."""
-    texts = [maybe_apply_chat_template({"prompt": p}, tokenizer)["prompt"] for p in prompts]
+    texts = [prompt_text(p, tokenizer, chat_template_kwargs) for p in prompts]
     encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
     return [len(ids) for ids in encoded]
 
@@ -174,6 +177,7 @@ def prepare_prompt_dataset(
     required_columns: Sequence[str],
     max_prompt_length: int | None,
     overlong_prompt: str,
+    chat_template_kwargs: dict | None = None,
 ) -> tuple[Dataset, DataReport]:
     """
     Drop rows that cannot be trained on, and count them.
@@ -209,7 +213,7 @@ def prepare_prompt_dataset(
     if max_prompt_length is not None:
         dropped["overlong_prompt"] = 0
         candidates = [i for i, k in enumerate(keep) if k]
-        lengths = prompt_token_lengths([prompts[i] for i in candidates], tokenizer)
+        lengths = prompt_token_lengths([prompts[i] for i in candidates], tokenizer, chat_template_kwargs)
         for i, length in zip(candidates, lengths):
             if length > max_prompt_length:
                 if overlong_prompt == "drop":
@@ -227,12 +231,13 @@ def prepare_prompt_dataset(
 
 
 def prompt_batches(
-    dataset: Dataset, batches, rank: int, seed: int, num_generations: int, start: int = 0
+    dataset: Dataset, batches, rank: int, seed: int, num_generations: int, start: int = 0, shuffle: bool = True
 ) -> Iterator[list[dict[str, Any]]]:
     """
     Endless stream of one process's prompt batches, from batch number `start` on (for resuming).
 
-    Each pass over the dataset is a permutation drawn from `seed + pass` (so a position is just a batch count); every
+    Each pass over the dataset is a permutation drawn from `seed + pass` (so a position is just a batch count), or the
+    dataset's own order in every pass when not `shuffle` (`shuffle_dataset=False`); every
     update takes the next `batches.prompts_per_update` prompts of it and process `rank` the `rank`-th slice of
     `batches.local_prompts_per_update` (a [`~config.batch_plan.BatchPlan`]), so processes never overlap; each prompt
     appears `num_generations` times in a row. The tail that does not fill a whole batch is left out of that pass.
@@ -242,8 +247,10 @@ def prompt_batches(
     batch = start
     while True:
         epoch, index = divmod(batch, batches_per_pass)
-        generator = torch.Generator().manual_seed(seed + epoch)
-        order = torch.randperm(len(dataset), generator=generator)
+        if shuffle:
+            order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed + epoch))
+        else:
+            order = torch.arange(len(dataset))
         first = index * per_update + rank * local
         rows = [dataset[int(i)] for i in order[first : first + local]]
         yield [row for row in rows for _ in range(num_generations)]
@@ -256,8 +263,19 @@ class PromptStream:
     Checkpoints save the count (`batches_consumed`), so that a resumed run draws the same prompts.
     """
 
-    def __init__(self, dataset: Dataset, batches, rank: int, seed: int, num_generations: int, consumed: int = 0):
-        self._order = dict(dataset=dataset, batches=batches, rank=rank, seed=seed, num_generations=num_generations)
+    def __init__(
+        self,
+        dataset: Dataset,
+        batches,
+        rank: int,
+        seed: int,
+        num_generations: int,
+        consumed: int = 0,
+        shuffle: bool = True,
+    ):
+        self._order = dict(
+            dataset=dataset, batches=batches, rank=rank, seed=seed, num_generations=num_generations, shuffle=shuffle
+        )
         self.seek(consumed)
 
     def seek(self, consumed: int) -> None:

@@ -124,13 +124,14 @@ def build_models(
     built from the policy first, keeps its dtype). A critic job ([`critic_job_models`]) keeps no policy."""
     if args.is_critic_job:
         check_critic_job_inputs(args, ref_model=ref_model, peft_config=peft_config)
-    policy = load_policy(model, model_init_kwargs=args.model_init_kwargs)
-    tokenizer = load_tokenizer(processing_class, policy)
+    policy = load_policy(model, model_init_kwargs=args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
+    tokenizer = load_tokenizer(processing_class, policy, trust_remote_code=args.trust_remote_code)
     critic = build_critic(
         value_model,
         policy,
         tokenizer,
         model_init_kwargs=args.model_init_kwargs,
+        trust_remote_code=args.trust_remote_code,
         deepspeed_config=registered_deepspeed_config(args),
     )
     policy, critic = prepare_models(policy, critic, args, peft_config=peft_config, value_peft_config=value_peft_config)
@@ -258,6 +259,7 @@ def prepare_datasets(
                 required_columns=required,
                 max_prompt_length=args.max_prompt_length,
                 overlong_prompt=args.overlong_prompt,
+                chat_template_kwargs=args.chat_template_kwargs,
             )
             reports[name] = report
             if report.kept < report.num_rows or report.truncated_prompts:
@@ -314,7 +316,11 @@ def build_sampler(
     )
     longest_prompt = settings.max_prompt_length
     if longest_prompt is None:
-        longest_prompt = max(max(prompt_token_lengths(d["prompt"], tokenizer)) for d in datasets if d is not None)
+        longest_prompt = max(
+            max(prompt_token_lengths(d["prompt"], tokenizer, settings.chat_template_kwargs))
+            for d in datasets
+            if d is not None
+        )
     needed_length = longest_prompt + settings.response_length
     if settings.vllm_mode == "server":
         sampler = VLLMServerSampler(
@@ -353,6 +359,7 @@ def build_sampler(
         seed=settings.seed,
         copy_weights=backend.is_zero3,
         head_dtype="float32" if settings.cast_lm_head_to_fp32 else None,
+        trust_remote_code=settings.trust_remote_code,
     )
     started = f"engine started in {sampler.start_seconds:.0f} s" if sampler.start_seconds else "engine reused"
     logger.warning(f"Rollouts are sampled by vLLM (colocate, {dtype}, context {max_model_length} tokens); {started}.")

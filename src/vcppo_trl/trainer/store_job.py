@@ -147,7 +147,12 @@ def store_rollouts(trainer, path: str, num_batches: int | None = None, push_to_h
     accelerator.wait_for_everyone()
     writer.check_existing()
     prompts = PromptStream(
-        trainer.train_dataset, trainer.batches, rank, seed=args.seed, num_generations=args.num_generations
+        trainer.train_dataset,
+        trainer.batches,
+        rank,
+        seed=args.seed,
+        num_generations=args.num_generations,
+        shuffle=args.shuffle_dataset,
     )
     trainer.sampler.mark_stale()  # a vLLM sampler loads the policy's weights before its first generation
     start = time.time()
