@@ -225,16 +225,18 @@ def write_cards(
     with_policy: bool,
     dataset_name: str | list[str] | None = None,
     tags: list[str] | None = None,
+    pushed: bool = True,
 ) -> None:
     """The cards of a saved run: the policy's in `output_dir` (`with_policy=False` in a critic job, which saves no
-    policy), the critic's in `output_dir/value_model`, each naming the other's repo."""
+    policy), the critic's in `output_dir/value_model`, each naming the other's repo when the run pushes them (`pushed`;
+    otherwise the policy's card points at the critic's folder, not at a repo that may never exist)."""
     if with_policy:
         write_card(
             "policy",
             output_dir,
             repo_id=policy_repo,
             run=run,
-            companion_repo=value_repo,
+            companion_repo=value_repo if pushed else None,
             dataset_name=dataset_name,
             tags=tags,
         )
@@ -245,7 +247,7 @@ def write_cards(
             value_dir,
             repo_id=value_repo,
             run=run,
-            companion_repo=policy_repo,
+            companion_repo=policy_repo if pushed else None,
             dataset_name=dataset_name,
             tags=tags,
         )

@@ -159,6 +159,8 @@ def render_card(
         )
         if companion_repo:
             what += f" Its critic (value model) is [{companion_repo}](https://huggingface.co/{companion_repo})."
+        else:
+            what += " Its critic (value model) was saved with it, in the `value_model/` folder of the run's output."
     else:
         stage = (
             "value-pretrained on rollouts of the frozen initial policy (λ = 1, Monte-Carlo returns), before any "

@@ -167,7 +167,7 @@ def push_trainer(
     trainer.save_model(_internal_call=True)  # every process (sharded states are gathered)
     if not trainer.is_world_process_zero():
         return None
-    write_run_cards(trainer, args.output_dir, dataset_name=dataset_name, tags=tags)
+    write_run_cards(trainer, args.output_dir, dataset_name=dataset_name, tags=tags, pushed=True)
     repos = hub.HubSettings.from_args(args)
     return hub.push_models(
         args.output_dir,
@@ -194,10 +194,15 @@ def push_pretrained_critic(trainer, folder: str, steps: int) -> CommitInfo | Non
 
 
 def write_run_cards(
-    trainer, output_dir: str, dataset_name: str | list[str] | None = None, tags: list[str] | None = None
+    trainer,
+    output_dir: str,
+    dataset_name: str | list[str] | None = None,
+    tags: list[str] | None = None,
+    pushed: bool | None = None,
 ) -> None:
     """The model cards of the run saved in `output_dir` ([`~checkpoint.hub.write_cards`]): the policy's (none in a
-    critic job, which saves no policy) and the critic's."""
+    critic job, which saves no policy) and the critic's, linking each other's repo when both are pushed (`pushed`:
+    by default when the run pushes, `push_to_hub`)."""
     repos = hub.HubSettings.from_args(trainer.args)
     hub.write_cards(
         output_dir,
@@ -205,6 +210,7 @@ def write_run_cards(
         policy_repo=repos.policy_repo,
         value_repo=repos.value_repo,
         with_policy=not trainer.args.is_critic_job,
+        pushed=trainer.args.push_to_hub if pushed is None else pushed,
         dataset_name=dataset_name,
         tags=tags,
     )
@@ -266,7 +272,7 @@ def training_facts(trainer, pretrain_steps: int | None = None) -> dict[str, Any]
             "training updates run (value pretraining included)": trainer.state.global_step
             if trainer.state is not None
             else 0,
-            "prompts per update": getattr(trainer, "prompts_per_update", None),
+            "prompts per update": trainer.batches.prompts_per_update,
             "responses per prompt": args.num_generations,
             "sampler": "vLLM" if args.use_vllm else "transformers generate",
             "response length": args.response_length,
