@@ -7,6 +7,8 @@ Conventions shared by every function here (the package contract for `dual_lambda
 - The state after the last valid token is terminal: it bootstraps with 0, unless `bootstrap_values` gives the value
   of the state after a response cut before it finished (a generation window's cut: see [`dual_lambda_gae`]).
 - `response_mask` is bool or 0/1, valid tokens first, then padding.
+- `action_mask` (optional) is 1 on the policy's own tokens within `response_mask`, 0 on tokens a tool or an
+  environment wrote into the response: those are state, not actions (see [`dual_lambda_gae`]).
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ def _check_unit_interval(name: str, value: float) -> None:
 
 
 LambdaLike = float | torch.Tensor
+
+# How GAE treats tokens outside the action mask: "skip" runs over the policy's tokens as if the others were not there;
+# "plain" (OpenRLHF's way, for comparison) zeroes rewards and values there and scans through them.
+ACTION_MASK_MODES = ("skip", "plain")
 
 # Chunk length of the scan: a [K, K] decay matrix per chunk, and a recursion over chunk starts.
 _SCAN_CHUNK = 64
@@ -96,6 +102,8 @@ def dual_lambda_gae(
     lam_actor: LambdaLike,
     lam_critic: LambdaLike,
     bootstrap_values: torch.Tensor | None = None,
+    action_mask: torch.Tensor | None = None,
+    action_mask_mode: str = "skip",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""
     Generalised advantage estimation with separate λ for the policy and the critic (VC-PPO, "decoupled GAE").
@@ -122,6 +130,16 @@ def dual_lambda_gae(
             V after each row's last valid token, for responses cut before they finished (T-PPO's extended GAE over a
             generation window): δ of the last token becomes r + γ·bootstrap − V. 0 for a finished row (terminal).
             `None`: every row is finished.
+        action_mask (`torch.Tensor` of shape `[B, T]`, *optional*):
+            1 on the policy's own tokens, 0 on tool or environment tokens inside the response (a subset of
+            `response_mask`; rewards must be 0 outside it). With `action_mask_mode="skip"` GAE runs as if the other
+            tokens were not there: δ and the bootstrap cross them with no γ or λ decay, exactly the scan of the
+            sequence with them removed (verl's multi-turn GAE); returns and advantages are 0 on them. A caller with
+            a length-dependent λ should count policy tokens. `None`: every valid token is the policy's.
+        action_mask_mode (`str`):
+            `"skip"` (above), or `"plain"` for comparison: rewards and values zeroed on the masked tokens and the
+            ordinary scan run through them (OpenRLHF's way), so the next turn's credit decays by γλ per masked token
+            (0.95^256 ≈ 2e-6 across a 256-token tool result) and the bootstrap before a tool block is lost.
 
     Returns:
         `tuple[torch.Tensor, torch.Tensor]`: `(advantages, returns)`, both `[B, T]` float32, zero outside the mask.
@@ -136,13 +154,45 @@ def dual_lambda_gae(
     valid = response_mask.bool()
     if length > 1 and bool((valid[:, 1:] & ~valid[:, :-1]).any()):
         raise ValueError("response_mask must be right-padded: valid tokens first, then padding, in every row.")
+    if action_mask is not None:
+        actions = _checked_actions(action_mask, valid, rewards=rewards, mode=action_mask_mode)
+        if action_mask_mode == "skip":
+            return _over_actions(
+                rewards,
+                values,
+                actions,
+                gamma=gamma,
+                lam_actor=lam_actor,
+                lam_critic=lam_critic,
+                bootstrap=bootstrap_values,
+            )
+        rewards, values, valid_out = torch.where(actions, rewards, 0), torch.where(actions, values, 0), actions
+        advantages, returns = _scan(
+            rewards, values, valid, gamma=gamma, lams=(lam_actor, lam_critic), bootstrap=bootstrap_values
+        )
+        return advantages * valid_out, returns * valid_out
+    return _scan(rewards, values, valid, gamma=gamma, lams=(lam_actor, lam_critic), bootstrap=bootstrap_values)
+
+
+def _scan(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    gamma: float,
+    lams: tuple[LambdaLike, LambdaLike],
+    bootstrap: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The body of [`dual_lambda_gae`] on checked inputs: `valid` bool and right-padded, `lams` = (actor, critic)."""
+    batch_size = rewards.shape[0]
+    lam_actor, lam_critic = lams
     # Compute in float32 whatever the input dtype (bf16 sums over thousands of tokens lose the signal); torch.where,
     # not a product, so that NaN or inf in padded positions cannot leak into valid tokens.
     rewards = torch.where(valid, rewards.float(), 0.0)
     values = torch.where(valid, values.float(), 0.0)
     next_values = torch.nn.functional.pad(values[:, 1:], (0, 1))  # 0 after the last valid token (right padding)
-    if bootstrap_values is not None:
-        next_values = next_values + _at_last_valid(valid, bootstrap_values.float())
+    if bootstrap is not None:
+        next_values = next_values + _at_last_valid(valid, bootstrap.float())
     deltas = rewards + gamma * next_values - values  # already 0 on padding
 
     device = rewards.device
@@ -157,6 +207,63 @@ def dual_lambda_gae(
     advantages = both[:batch_size] * mask
     returns = (both[batch_size:] + values) * mask
     return advantages, returns
+
+
+def _checked_actions(
+    action_mask: torch.Tensor, valid: torch.Tensor, *, rewards: torch.Tensor, mode: str
+) -> torch.Tensor:
+    if mode not in ACTION_MASK_MODES:
+        raise ValueError(f"action_mask_mode must be one of {ACTION_MASK_MODES}, got {mode!r}.")
+    if action_mask.shape != valid.shape:
+        raise ValueError(
+            f"action_mask must have the [B, T] shape {tuple(valid.shape)}, got {tuple(action_mask.shape)}."
+        )
+    actions = action_mask.bool()
+    if bool((actions > valid).any()):
+        raise ValueError("action_mask marks a token outside response_mask as the policy's: it must be a subset of it.")
+    if bool(((rewards != 0) & (valid > actions)).any()):
+        raise ValueError(
+            "A reward sits on a token outside action_mask (a tool's or environment's token): put it on the policy's "
+            "next (or last) token instead; GAE credits actions only."
+        )
+    return actions
+
+
+def _over_actions(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    actions: torch.Tensor,
+    *,
+    gamma: float,
+    lam_actor: LambdaLike,
+    lam_critic: LambdaLike,
+    bootstrap: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[`dual_lambda_gae`] over each row's policy tokens alone: moved left in order (a running count gives each its
+    column), scanned as a right-padded sequence as long as the row with most of them, and moved back; 0 on the
+    other tokens."""
+    batch_size = actions.shape[0]
+    counts = actions.sum(1, keepdim=True)
+    width = max(int(counts.max()), 1)  # shorter than T by the longest row's tool tokens: the scan gets cheaper
+    # Each policy token's column in its row's compressed sequence, from 1 (a running count); the others get column 0,
+    # a spare one dropped on the way in (so NaN or inf there cannot leak) and read as 0 on the way back.
+    column = actions.cumsum(1) * actions
+    compressed_mask = torch.arange(width, device=actions.device).unsqueeze(0) < counts
+
+    def compress(x: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros((batch_size, width + 1), dtype=torch.float32, device=x.device)
+        return out.scatter_(1, column, x.float())[:, 1:]
+
+    advantages, returns = _scan(
+        compress(rewards),
+        compress(values),
+        compressed_mask,
+        gamma=gamma,
+        lams=(lam_actor, lam_critic),
+        bootstrap=bootstrap,
+    )
+    spare = torch.zeros((batch_size, 1), dtype=advantages.dtype, device=advantages.device)
+    return torch.cat([spare, advantages], 1).gather(1, column), torch.cat([spare, returns], 1).gather(1, column)
 
 
 def _at_last_valid(valid: torch.Tensor, per_row: torch.Tensor) -> torch.Tensor:
@@ -187,9 +294,12 @@ def gae(
     gamma: float,
     lam: float,
     bootstrap_values: torch.Tensor | None = None,
+    action_mask: torch.Tensor | None = None,
+    action_mask_mode: str = "skip",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """
-    Standard single-λ GAE: [`dual_lambda_gae`] with `lam_actor == lam_critic == lam` (and its `bootstrap_values`).
+    Standard single-λ GAE: [`dual_lambda_gae`] with `lam_actor == lam_critic == lam` (and its `bootstrap_values`,
+    `action_mask` and `action_mask_mode`).
 
     Returns:
         `tuple[torch.Tensor, torch.Tensor]`: `(advantages, returns)`, both `[B, T]`, zero outside the mask.
@@ -202,4 +312,6 @@ def gae(
         lam_actor=lam,
         lam_critic=lam,
         bootstrap_values=bootstrap_values,
+        action_mask=action_mask,
+        action_mask_mode=action_mask_mode,
     )

@@ -136,7 +136,7 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
       `vllm_server_timeout`, `vllm_group_port`, `vllm_gpu_memory_utilization`, `vllm_tensor_parallel_size`,
       `vllm_enable_sleep_mode`.
     - Rewards [`_check_rewards`]: `reward_weights`, `missing_eos_penalty`, `overlong_buffer_length`,
-      `overlong_penalty_factor`, `reward_timeout`, `reward_failure_value`.
+      `overlong_penalty_factor`, `reward_timeout`, `reward_failure_value`, `reward_max_concurrency`.
     - Training, advantages and the policy loss [`_check_training`]: `num_ppo_epochs`, `gamma`, `lam`,
       `whiten_rewards`, `advantage_whitening`, `kl_coef`, `kl_estimator`, `cliprange`, `cliprange_high`,
       `dual_clip_c`, `entropy_coef`, `positive_example_lm_coef`, `mask_truncated_completions`, `loss_type`,
@@ -631,6 +631,13 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
         metadata={
             "help": "Reward of a sample a reward function failed on (raised, timed out, returned NaN/inf or a "
             "non-number); counted in reward/verifier_failures."
+        },
+    )
+    reward_max_concurrency: int = field(
+        default=32,
+        metadata={
+            "help": "Most calls of an async reward function awaited at once when a batch is scored one sample at a "
+            "time (after its batch call failed); each is bounded by reward_timeout."
         },
     )
 
@@ -1136,6 +1143,7 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
         _require_at_least("vllm_max_model_length", self.vllm_max_model_length, 2, optional=True)
 
     def _check_rewards(self) -> None:
+        _require_at_least("reward_max_concurrency", self.reward_max_concurrency, 1)
         if self.missing_eos_penalty is not None and self.missing_eos_penalty < 0:
             raise ValueError(
                 f"`missing_eos_penalty` must be >= 0 (it is subtracted from the score), got {self.missing_eos_penalty}."

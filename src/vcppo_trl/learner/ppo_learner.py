@@ -170,7 +170,7 @@ class PPOLearner:
             sampler_logprobs=rollout.sampler_logprobs if correct_sampler else None,
             policy_mask=None if policy_mask is value_mask else policy_mask,
             positive_mask=self.positive_mask(rollout, policy_mask),
-            sampler_mask=None if rollout.window_mask is None else policy_mask,
+            sampler_mask=None if rollout.window_mask is None and rollout.action_mask is None else policy_mask,
         )
         stats = defaultdict(list)
         importance_weights = None  # filled per micro-batch from the loss's own (old log-probs may come from it)
@@ -345,14 +345,14 @@ class PPOLearner:
     # -------------------------------------------------------------------- step
 
     def policy_mask(self, rollout: Rollout) -> torch.Tensor:
-        """The policy loss's tokens: the response mask (a generation window's tokens only), less the responses cut at
-        `response_length` without a stop token under `mask_truncated_completions` (the critic still learns from them;
-        see docs/vapo.md)."""
+        """The policy loss's tokens: the policy's own response tokens (no tool or environment token; a generation
+        window's tokens only), less the responses cut at `response_length` without a stop token under
+        `mask_truncated_completions` (the critic still learns from them; see docs/vapo.md)."""
         if rollout.window_mask is None:
             if not self.settings.mask_truncated_completions:
-                return rollout.response_mask
-            return rollout.response_mask & rollout.has_stop.unsqueeze(1)
-        mask = rollout.window_mask
+                return rollout.action_tokens
+            return rollout.action_tokens & rollout.has_stop.unsqueeze(1)
+        mask = rollout.window_mask if rollout.action_mask is None else rollout.window_mask & rollout.action_mask
         if self.settings.mask_truncated_completions:  # only a finished response is truncated; a cut one goes on
             mask = mask & ~(rollout.finished & ~rollout.has_stop).unsqueeze(1)
         return mask

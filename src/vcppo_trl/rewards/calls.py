@@ -9,6 +9,9 @@ meaning in TRL's protocol: the function does not apply to that sample, which is 
 fails, [`RewardFunctionError`] stops the run rather than training on made-up rewards.
 
 Timeouts use daemon threads (except for functions with a true `has_own_timeout` attribute, called inline), so they work off the main thread and inside worker processes (unlike `signal.alarm`).
+An `async def` function (TRL accepts them) is awaited on the trainer's background event loop
+([`~rewards.async_calls.run_awaitables`]) under the same timeout (the coroutine is cancelled when it passes), its
+per-sample retry at most `max_concurrency` calls at a time; this works inside a running event loop (a notebook).
 Python cannot kill a thread: a call that never returns keeps its thread until the process exits. Verifiers that can
 spin forever in CPU-bound code should isolate themselves in a process, as [`~rewards.math_verify.math_verify_reward`] does.
 """
@@ -26,6 +29,7 @@ from typing import Any
 
 from transformers.utils import logging
 
+from .async_calls import run_awaitables
 from .reward_models import reward_func_name
 
 logger = logging.get_logger(__name__)
@@ -93,6 +97,11 @@ def _as_reward(value: Any) -> tuple[str, float | None]:
     return ("ok", value) if math.isfinite(value) else ("bad", None)
 
 
+def is_async_callable(func: Any) -> bool:
+    """An `async def` function, or an object whose `__call__` is one."""
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
+
+
 def call_reward_function(
     func: Callable,
     prompts: list[Any],
@@ -101,6 +110,7 @@ def call_reward_function(
     extra_columns: dict[str, list[Any]],
     timeout: float | None = None,
     failure_value: float = -1.0,
+    max_concurrency: int = 32,
     **kwargs,
 ) -> RewardCallResult:
     """
@@ -110,9 +120,9 @@ def call_reward_function(
     Args:
         timeout: Seconds for the batch call, and again for the per-sample retry; `None` waits forever.
         failure_value: Reward of a sample the function failed on (raised, timed out, NaN/inf/non-numeric value).
+        max_concurrency: Most per-sample calls of an async function awaited at once (`reward_max_concurrency`).
 
     Raises:
-        `TypeError`: for an async function.
         [`RewardFunctionError`]: when the function failed on every sample of a non-empty batch, or its batch call
             returned a number of values other than the number of completions.
     """
@@ -126,10 +136,14 @@ def call_reward_function(
     def batch_call():
         return func(prompts=prompts, completions=completions, completion_ids=completion_ids, **extra_columns, **kwargs)
 
-    status, result = _run_all([batch_call], timeout)[0]
-    if status == "ok" and inspect.isawaitable(result):
-        getattr(result, "close", lambda: None)()
-        raise TypeError(f"Reward function {name!r} is async; pass a synchronous function.")
+    is_async = is_async_callable(func)
+    if is_async:
+        status, result = run_awaitables([batch_call], timeout, max_concurrency)[0]
+    else:
+        status, result = _run_all([batch_call], timeout)[0]
+    if status == "ok" and inspect.isawaitable(result):  # a plain callable that returned a coroutine
+        is_async, awaitable = True, result
+        status, result = run_awaitables([lambda: awaitable], timeout, max_concurrency)[0]
     if status == "ok":
         try:
             result = list(result)
@@ -151,23 +165,34 @@ def call_reward_function(
     logger.warning(f"Reward function {name!r} {batch_problem}; scoring the {n} samples one by one.")
 
     def sample_call(i: int):
-        def call():
-            out = func(
+        def one_sample():
+            return func(
                 prompts=[prompts[i]],
                 completions=[completions[i]],
                 completion_ids=[completion_ids[i]],
                 **{k: [v[i]] for k, v in extra_columns.items()},
                 **kwargs,
             )
-            out = list(out)
-            if len(out) != 1:
-                raise ValueError(f"returned {len(out)} values for 1 completion")
-            return out[0]
 
-        return call
+        def call():
+            return _the_one_value(one_sample())
 
-    outcomes = _run_all([sample_call(i) for i in range(n)], timeout)
+        async def call_async():
+            out = one_sample()
+            return _the_one_value(await out if inspect.isawaitable(out) else out)
+
+        return call_async if is_async else call
+
+    calls = [sample_call(i) for i in range(n)]
+    outcomes = run_awaitables(calls, timeout, max_concurrency) if is_async else _run_all(calls, timeout)
     return _checked(name, _collect(outcomes, failure_value), f" (the batch call {batch_problem})")
+
+
+def _the_one_value(out: Any) -> Any:
+    out = list(out)
+    if len(out) != 1:
+        raise ValueError(f"returned {len(out)} values for 1 completion")
+    return out[0]
 
 
 def _checked(name: str, result: RewardCallResult, context: str) -> RewardCallResult:

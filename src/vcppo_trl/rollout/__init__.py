@@ -17,6 +17,7 @@ from .sources import (
     StoredSourceSettings,
     WholeResponses,
     build_rollout_source,
+    check_custom_sampling,
     with_stored_pretraining,
 )
 from .stored_format import (
@@ -43,6 +44,7 @@ from .windowed import WindowedRollouts, gae_bootstrap, make_window
 __all__ = [
     "RolloutSource",
     "build_rollout_source",
+    "check_custom_sampling",
     "SourceSettings",
     "WholeResponses",
     "WindowedRollouts",

@@ -28,6 +28,7 @@ from ..rewards.reward_models import reward_model_scores
 from ..sampling.seam import Samples
 from .forwards import RolloutForwards
 from .response_pool import WindowStep
+from .rollout_function import sample_with_rollout_function
 from .scoring import ScoredSamples, concat_scored, decode_completions, padded_to_multiple, prompt_text
 from .settings import RolloutSettings
 from .shaping import overlong_penalty, token_rewards
@@ -73,6 +74,8 @@ class RolloutMaker:
         stop_token_ids: Ids that end a response.
         reference_is_initial_policy: Whether KL(policy ‖ reference) is exactly 0 while the policy is frozen.
         sequence_group: The sequence-parallel group of its forwards (`None`: whole sequences).
+        rollout_function: TRL's `rollout_func` bound to the trainer (`prompts -> dict`), which samples in place of
+            `sampler` ([`~rollout.rollout_function.function_rollouts`]); `None`: the sampler samples.
 
     The no-grad forwards (and the sequence-parallel group that splits them) are `forwarder`'s
     ([`~rollout.forwards.RolloutForwards`]), built here from `settings`, `current_model` and `ref_model`.
@@ -93,8 +96,10 @@ class RolloutMaker:
         stop_token_ids: list[int],
         reference_is_initial_policy: bool,
         sequence_group: SequenceGroup | None = None,
+        rollout_function: Callable[[list[Any]], dict[str, Any]] | None = None,
     ):
         self.settings = settings
+        self.rollout_function = rollout_function
         self.accelerator = accelerator
         self.tokenizer = tokenizer
         self.sampler = sampler
@@ -196,6 +201,7 @@ class RolloutMaker:
                     extra_columns=extra,
                     timeout=self.settings.reward_timeout,
                     failure_value=self.settings.reward_failure_value,
+                    max_concurrency=self.settings.reward_max_concurrency,
                     trainer_state=trainer_state,
                 )
                 values = result.values
@@ -212,16 +218,29 @@ class RolloutMaker:
         greedy: bool = False,
         temperature: float | None = None,
         trainer_state=None,
+        num_generations: int | None = None,
     ) -> ScoredSamples:
         """
         The steps training and evaluation share: chat template and tokenization, generation with the configured
-        sampler, decoding, and every reward function's score with their weighted sum (`raw_scores`, nan where no
-        function scored the sample). No penalty is applied here. `trainer_state` is passed to reward functions that
-        take it (TRL's protocol).
+        sampler (or the `rollout_func`, given each of the `num_generations` times repeated prompts once), decoding,
+        and every reward function's score with their weighted sum (`raw_scores`, nan where no function scored the
+        sample). No penalty is applied here. `trainer_state` is passed to reward functions that take it (TRL's
+        protocol).
         """
         prompt_texts = self.prompt_texts(rows)
-        query_ids, query_mask = self.tokenize_prompts(prompt_texts)
-        samples = self.generate(query_ids, query_mask, greedy=greedy, temperature=temperature)
+        if self.rollout_function is None:
+            query_ids, query_mask = self.tokenize_prompts(prompt_texts)
+            samples = self.generate(query_ids, query_mask, greedy=greedy, temperature=temperature)
+        else:
+            rows, query_ids, query_mask, samples = sample_with_rollout_function(
+                self.rollout_function,
+                rows,
+                num_generations or self.settings.num_generations,
+                response_length=self.settings.response_length,
+                stop_token_ids=self.stop_token_ids,
+                pad_token_id=self.tokenizer.pad_token_id,
+                device=self.accelerator.device,
+            )
         completions, texts, completion_ids = decode_completions(
             rows,
             samples.response_ids,
@@ -386,6 +405,7 @@ class RolloutMaker:
             overlong_penalties=overlong_penalties,
             window_mask=None if window is None else window.window_mask & response_mask,
             finished=None if window is None else window.finished,
+            action_mask=None if samples.action_mask is None else samples.action_mask & response_mask,
         )
         with_kl = settings.kl_coef > 0 and (train_policy or not self.reference_is_initial_policy)
         needs_old_logprobs = train_policy and not settings.old_logprobs_from_training_forward
@@ -405,7 +425,10 @@ class RolloutMaker:
             if with_kl:
                 rollout.ref_logprobs = forwarder.reference_logprobs(rollout, plan, work)
         if with_kl:
-            rollout.kl = kl_penalty(rollout.logprobs, rollout.ref_logprobs, settings.kl_estimator) * response_mask
+            # On the policy's own tokens only: a tool's output is not the policy's to be charged for.
+            rollout.kl = (
+                kl_penalty(rollout.logprobs, rollout.ref_logprobs, settings.kl_estimator) * rollout.action_tokens
+            )
         else:
             rollout.kl = torch.zeros_like(rollout.values)
         all_reduce = whitening_all_reduce(self.accelerator, settings.advantage_whitening)

@@ -38,6 +38,7 @@ class ScoredSamples:
                 samples.has_stop[rows],
                 logprobs=None if samples.logprobs is None else samples.logprobs[rows],
                 seconds=samples.seconds,
+                action_mask=None if samples.action_mask is None else samples.action_mask[rows],
             ),
             completions=[self.completions[i] for i in idx],
             rewards_per_func=self.rewards_per_func[rows],
@@ -73,12 +74,16 @@ def concat_scored(parts: list[ScoredSamples], pad_token_id: int, multiple: int =
         return torch.nn.functional.pad(t, (0, response_width - t.shape[1]), value=value)
 
     logprobs = [p.samples.logprobs for p in parts]
+    action_masks = [p.samples.action_mask for p in parts]
+    if any(m is not None for m in action_masks):  # a part without one: all its response tokens are the policy's
+        action_masks = [p.samples.response_mask if m is None else m for p, m in zip(parts, action_masks)]
     samples = Samples(
         torch.cat([right(p.samples.response_ids, pad_token_id) for p in parts]),
         torch.cat([right(p.samples.response_mask, False) for p in parts]),
         torch.cat([p.samples.has_stop for p in parts]),
         logprobs=None if any(lp is None for lp in logprobs) else torch.cat([right(lp, 0.0) for lp in logprobs]),
         seconds=sum(p.samples.seconds for p in parts),
+        action_mask=torch.cat([right(m, False) for m in action_masks]) if action_masks[0] is not None else None,
     )
     return ScoredSamples(
         torch.cat([left(p.query_ids, pad_token_id) for p in parts]),

@@ -38,6 +38,7 @@ class RolloutSettings:
     # Rewards: calling the functions, the penalties added to their score, whitening.
     reward_timeout: float | None
     reward_failure_value: float
+    reward_max_concurrency: int
     missing_eos_penalty: float | None
     overlong_buffer_length: int | None
     overlong_penalty_factor: float
@@ -69,6 +70,7 @@ class RolloutSettings:
             num_generations=args.num_generations,
             reward_timeout=args.reward_timeout,
             reward_failure_value=args.reward_failure_value,
+            reward_max_concurrency=args.reward_max_concurrency,
             missing_eos_penalty=args.missing_eos_penalty,
             overlong_buffer_length=args.overlong_buffer_length,
             overlong_penalty_factor=args.overlong_penalty_factor,

@@ -43,12 +43,13 @@ def token_rewards(
 ) -> torch.Tensor:
     """
     Per-token rewards: −kl_coef·KL on every token, plus the score on the last valid response token (never on a
-    padding token after it: TRL ≤ 1.12 put it at the first PAD after EOS).
+    padding token after it: TRL ≤ 1.12 put it at the first PAD after EOS). With tool or environment tokens masked
+    out, the last valid token is the policy's last: the score of an episode lands on its last turn.
 
     Args:
         scores: `[B]` sequence scores (penalties included).
         kl: `[B, T]` per-token KL estimates (0 where masked).
-        response_mask: `[B, T]` bool, right-padded.
+        response_mask: `[B, T]` bool: the tokens that take rewards (right-padded; with tool tokens masked out, gaps).
         kl_coef: The KL penalty's coefficient.
         whiten: Scale the rewards to unit variance over the valid tokens, keeping their mean (`whiten_rewards`).
         all_reduce: Sum over processes for the whitening statistics (`None`: this process's alone).
@@ -58,9 +59,8 @@ def token_rewards(
     """
     mask = response_mask
     rewards = -kl_coef * kl
-    lengths = mask.sum(dim=1)
-    has_tokens = lengths > 0
-    last = (lengths - 1).clamp(min=0)
+    has_tokens = mask.any(dim=1)
+    last = mask.shape[1] - 1 - mask.flip(1).int().argmax(dim=1)  # the last True (= length − 1 when right-padded)
     rows = torch.arange(mask.shape[0], device=mask.device)
     rewards[rows[has_tokens], last[has_tokens]] += scores[has_tokens]
     if whiten:

@@ -153,6 +153,18 @@ class SourceSettings:
         )
 
 
+def check_custom_sampling(settings: SourceSettings, what: str) -> None:
+    """Refuse a source that resumes or runs ahead of the trainer's own sampler when `what` samples instead (a
+    `rollout_func`): generation windows and the rollout worker, each named with the reason."""
+    refused = {
+        "generation_window": (settings.generation_window is not None, "a window resumes the trainer's own sampler"),
+        "max_staleness": (settings.max_staleness > 0, "the rollout worker samples with the trainer's own sampler"),
+    }
+    for name, (is_set, why) in refused.items():
+        if is_set:
+            raise ValueError(f"`{what}` cannot be combined with `{name}` yet ({why}): unset `{name}`.")
+
+
 def build_rollout_source(
     settings: SourceSettings,
     maker: RolloutMaker,

@@ -42,6 +42,9 @@ class Rollout:
     window_mask: torch.Tensor | None = None  # [B, T] bool: the tokens sampled in this update (the policy's)
     finished: torch.Tensor | None = None  # [B] bool: finished in this update (stop token, or `response_length`)
     bootstrap_values: torch.Tensor | None = None  # [B] V after the last token of an unfinished response, else 0
+    # Tools and environments: [B, T] bool, the policy's own tokens within `response_mask` (the rest are tool and
+    # environment tokens: context for the policy and the critic, never actions). None: every response token.
+    action_mask: torch.Tensor | None = None
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -63,11 +66,17 @@ class Rollout:
         return self.finished
 
     @property
+    def action_tokens(self) -> torch.Tensor:
+        """`[B, T]` bool: the policy's own response tokens (the response mask less tool and environment tokens)."""
+        return self.response_mask if self.action_mask is None else self.response_mask & self.action_mask
+
+    @property
     def value_mask(self) -> torch.Tensor:
-        """`[B, T]` bool: the critic's tokens, those of finished responses (its targets need their score)."""
+        """`[B, T]` bool: the critic's tokens, the policy's own tokens of finished responses (its targets need their
+        score)."""
         if self.finished is None:
-            return self.response_mask
-        return self.response_mask & self.finished.unsqueeze(1)
+            return self.action_tokens
+        return self.action_tokens & self.finished.unsqueeze(1)
 
     def is_correct(self, accuracy_threshold: float) -> torch.Tensor:
         """`[B]` bool: [`is_correct`] of the raw scores (the accuracy metric's rule)."""

@@ -3,7 +3,7 @@ the checks a vLLM engine needs before it starts, and the rollout worker process 
 """
 
 from .hf import HFSampler, neutralised_generation_fields, sample_with_policy
-from .seam import Sampler, SamplerError, Samples, truncate_at_stop, unpadded_prompts
+from .seam import Sampler, SamplerError, Samples, pad_responses, truncate_at_stop, unpadded_prompts
 from .settings import SamplerSettings
 from .vllm_checks import (
     check_vllm_model,
@@ -34,6 +34,7 @@ __all__ = [
     "require_vllm",
     "server_base_url",
     "truncate_at_stop",
+    "pad_responses",
     "unpadded_prompts",
     "vllm_dtype",
     "vllm_platform_is_cpu",

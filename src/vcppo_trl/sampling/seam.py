@@ -41,6 +41,9 @@ class Samples:
     has_stop: torch.Tensor
     logprobs: torch.Tensor | None = None
     seconds: float = 0.0
+    # [B, T] bool, True on the policy's own tokens: tool and environment tokens inside a response are context, not
+    # actions (out of every loss, the KL and the token counts; GAE runs over the policy's tokens). None: all of them.
+    action_mask: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -65,7 +65,7 @@ def evaluation_metrics(
         idx = indices[start : start + chunk]
         rows = [dataset[i] for i in idx for _ in range(k)]
         scored = maker.sample_and_score(
-            rows, greedy=(k == 1), temperature=settings.temperature, trainer_state=trainer_state
+            rows, greedy=(k == 1), temperature=settings.temperature, trainer_state=trainer_state, num_generations=k
         )
         scores, valid = scored.raw_scores.nan_to_num(0.0), ~torch.isnan(scored.raw_scores)
         lengths = scored.samples.response_mask.sum(1)

@@ -173,7 +173,7 @@ def rollout_metrics(
     `<prefix>...` (value pretraining). `returns_are_monte_carlo`: the returns were computed with λ = 1 (then the
     per-position explained variance against Monte-Carlo returns uses them instead of computing them again).
     """
-    mask = rollout.response_mask
+    mask = rollout.action_tokens  # the policy's own tokens (tool and environment tokens are context)
     values, returns_g, advantages_g, mask_g, kl_g, value_mask_g = gather_masked(
         accelerator, rollout.values, returns, advantages, mask.long(), rollout.kl, rollout.value_mask.long()
     )
@@ -185,7 +185,7 @@ def rollout_metrics(
     raw = accelerator.gather(rollout.raw_scores)
     valid = ~torch.isnan(raw)
     finished_g = accelerator.gather(rollout.finished_rows.long()).bool()
-    lengths = accelerator.gather(rollout.response_mask.sum(1).float())[valid]
+    lengths = accelerator.gather(mask.sum(1).float())[valid]  # as TRL counts a completion: the model's tokens
     kl_per_sample = (kl_g * mask_g).sum(1)[valid]
     correct = is_correct(raw[valid], settings.accuracy_threshold).float()
 
@@ -234,9 +234,19 @@ def rollout_metrics(
         if returns_are_monte_carlo:
             mc_returns = returns_g
         else:
-            rewards_g = gather_masked(accelerator, rollout.rewards)[0]
+            if rollout.action_mask is None:
+                rewards_g, response_g, action_g = gather_masked(accelerator, rollout.rewards)[0], mask_g, None
+            else:  # over the policy's tokens, across tool blocks, as the critic's own targets
+                rewards_g, response_g = gather_masked(accelerator, rollout.rewards, rollout.response_mask.long())
+                response_g, action_g = response_g.bool(), mask_g
             mc_returns = dual_lambda_gae(
-                rewards_g, values, mask_g, gamma=settings.gamma, lam_actor=1.0, lam_critic=1.0
+                rewards_g,
+                values,
+                response_g,
+                gamma=settings.gamma,
+                lam_actor=1.0,
+                lam_critic=1.0,
+                action_mask=action_g,
             )[1]
         for k, ev in enumerate(position_bucket_explained_variance(values, mc_returns, mask_g, num_buckets=num)):
             metrics[f"diagnostics/mc_explained_variance_bucket_{k}"] = ev
@@ -345,7 +355,7 @@ def sampling_metrics(
     if rollout.sampler_logprobs is None or rollout.logprobs is None:
         return metrics
     # A generation window's tokens: earlier windows were sampled by earlier weights (and corrected when trained).
-    mask = rollout.response_mask if rollout.window_mask is None else rollout.window_mask
+    mask = rollout.action_tokens if rollout.window_mask is None else rollout.window_mask
     delta = (rollout.logprobs - rollout.sampler_logprobs).abs()[mask]
     mean, _, high = reduce_stats(accelerator, delta)
     if not math.isnan(mean):
@@ -477,6 +487,6 @@ def trl_metric_names(accelerator: Accelerator, rollout: Rollout, metrics: dict[s
     if "val/ratio_avg" in metrics:
         out["val/ratio"] = metrics["val/ratio_avg"]
     if rollout.logprobs is not None:
-        mask = rollout.response_mask
+        mask = rollout.action_tokens
         out["objective/entropy"] = mean_across(accelerator, (-rollout.logprobs * mask).sum(1)[mask.any(1)])
     return out

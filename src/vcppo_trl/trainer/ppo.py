@@ -28,9 +28,7 @@ from ..algo.gae import gae
 from ..checkpoint import HubSettings
 from ..config.batch_plan import plan_batches
 from ..config.ppo import PPOConfig
-from ..learner.optimizers import parameter_groups, role_scheduler
 from ..learner.ppo_learner import PPOLearner
-from ..learner.schedules import ScheduleSettings
 from ..learner.settings import LearnerSettings
 from ..models.loading import load_reward_funcs, resolve_stop_token_ids
 from ..models.policy_and_value import PolicyAndValueModel
@@ -38,12 +36,14 @@ from ..rewards.reward_models import reward_func_name
 from ..rollout.sources import RolloutSource, SourceSettings, build_rollout_source
 from ..rollout.types import Rollout
 from ..rollout.windowed import gae_bootstrap
-from . import loop, setup
+from . import loop, rollout_setup, setup
 from . import saving as trainer_saving
 from .console import CompactPrinterCallback, RolloutProgressCallback
 from .evaluation import EvaluationSettings, evaluation_metrics
 from .metrics import MetricSettings, UpdateRecord, learner_metrics, rollout_metrics
+from .optimization import build_optimizer, build_scheduler
 from .prompts import PromptStream
+from .rollout_setup import RolloutFunc
 
 if is_peft_available():
     from peft import PeftConfig
@@ -88,6 +88,10 @@ class PPOTrainer(_BaseTrainer):
         peft_config (`PeftConfig`, *optional*): LoRA (or other PEFT) configuration for the policy.
         value_peft_config (`PeftConfig` or `dict`, *optional*): LoRA for the critic (default: `args.value_peft_config`);
             its scalar head is trained fully (`modules_to_save`). A LoRA critic is saved as a PEFT adapter.
+        rollout_func (`Callable`, *optional*): TRL's `rollout_func(prompts, trainer) -> dict`, which samples in
+            place of the trainer's sampler (`prompt_ids`, `completion_ids`, `logprobs`, an optional `env_mask` whose 0s
+            mark tool or environment tokens, other keys to the reward functions; see
+            [`~rollout.rollout_function`]).
     """
 
     _tag_names = ["trl", "ppo", "vcppo-trl"]
@@ -109,15 +113,13 @@ class PPOTrainer(_BaseTrainer):
         optimizers: tuple[torch.optim.Optimizer | None, torch.optim.lr_scheduler.LambdaLR | None] = (None, None),
         peft_config: PeftConfig | None = None,
         value_peft_config: PeftConfig | dict | None = None,
+        rollout_func: RolloutFunc | None = None,
     ):
-        model_id = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
-        if args is None:
-            args = self._config_class(output_dir=f"{str(model_id).split('/')[-1] or 'model'}-{self._name}")
-        if not isinstance(args, PPOConfig):
-            raise TypeError(f"`args` must be a PPOConfig (or VCPPOConfig), got {type(args).__name__}.")
+        args = setup.checked_args(args, model, config_class=self._config_class, trainer_name=self._name)
         setup.prepare_process(args)
         setup.check_dataset(train_dataset, "train_dataset", required=True)
         setup.check_dataset(eval_dataset, "eval_dataset", required=False)
+        rollout_setup.check_rollout_func(args, rollout_func)
 
         built = setup.build_models(
             model,
@@ -136,7 +138,12 @@ class PPOTrainer(_BaseTrainer):
         reward_funcs, reward_processing_classes = load_reward_funcs(reward_funcs, reward_processing_classes, **loading)
         self.reward_func_names = [reward_func_name(f) for f in reward_funcs]
         train_dataset, eval_dataset, self.data_reports = setup.prepare_datasets(
-            train_dataset, eval_dataset, tokenizer, args=args, reward_funcs=reward_funcs
+            train_dataset,
+            eval_dataset,
+            tokenizer,
+            args=args,
+            reward_funcs=reward_funcs,
+            rollout_func_keys=rollout_func is not None,
         )
 
         # DDP: value-only updates leave the policy out of the graph. With `ddp_find_unused_parameters=None`,
@@ -165,7 +172,7 @@ class PPOTrainer(_BaseTrainer):
         main = self.is_world_process_zero()
         self.batches = plan_batches(args, self.accelerator.num_processes, len(self.train_dataset), warn=main)
         if main and policy is not None:
-            setup.warn_about_generation_config(policy, args)
+            rollout_setup.warn_about_generation_config(policy, args)
         self.latest_metrics: dict[str, float] = {}
         self.learner: PPOLearner | None = None  # built by `_setup_training`, on the prepared model and optimizer
         self.last_update: UpdateRecord | None = None  # for the sample printout and the value-pretraining rule
@@ -175,7 +182,7 @@ class PPOTrainer(_BaseTrainer):
         # One sequence-parallel group (None without one), shared by the rollout's forwards and the learner's.
         self.sequence_group = setup.build_sequence_group(args, self.model, ref_model=self.ref_model)
         # The maker forwards the prepared model; it skips the KL (exactly 0) of a frozen policy to the initial one.
-        self.rollout_maker = setup.build_rollout_maker(
+        self.rollout_maker = rollout_setup.build_rollout_maker(
             args,
             self.accelerator,
             tokenizer=tokenizer,
@@ -188,6 +195,7 @@ class PPOTrainer(_BaseTrainer):
             reward_processing_classes=reward_processing_classes,
             datasets=[self.train_dataset, self.eval_dataset],
             sequence_group=self.sequence_group,
+            rollout_function=None if rollout_func is None else lambda prompts: rollout_func(prompts, self),
         )
 
     @property
@@ -235,6 +243,7 @@ class PPOTrainer(_BaseTrainer):
             gamma=self.args.gamma,
             lam=self.critic_lambda(),
             bootstrap_values=gae_bootstrap(rollout, self.args.window_bootstrap),
+            action_mask=rollout.action_mask,
         )
 
     def build_rollout_source(self, draw: Callable[[], list[dict[str, Any]]]) -> RolloutSource:
@@ -346,27 +355,16 @@ class PPOTrainer(_BaseTrainer):
     def create_optimizer(self, model=None) -> torch.optim.Optimizer:
         """AdamW (or `args.optim`) with separate parameter groups for the policy and the critic."""
         if self.optimizer is None:
-            wrapper = self.model if model is None else model
-            decay = set(self.get_decay_parameter_names(wrapper))
-            optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, wrapper)
-            optimizer_kwargs.pop("lr", None)
-            groups = parameter_groups(
-                wrapper.named_parameters(),
-                decay,
-                learning_rate=self.args.learning_rate,
-                value_learning_rate=self.args.value_learning_rate,
-                weight_decay=self.args.weight_decay,
-            )
-            self.optimizer = optimizer_cls(groups, lr=self.args.learning_rate, **optimizer_kwargs)
+            self.optimizer = build_optimizer(self, self.model if model is None else model, self.args)
         return self.optimizer
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         """`lr_scheduler_type` with one clock per model (see [`~learner.optimizers.role_scheduler`])."""
         if self.lr_scheduler is None:
             per_update = self.optimizer_steps_per_update()
-            self.lr_scheduler = role_scheduler(
+            self.lr_scheduler = build_scheduler(
                 optimizer or self.optimizer,
-                ScheduleSettings.from_args(self.args),
+                self.args,
                 ppo_steps=self.num_ppo_updates * per_update,
                 pretrain_steps=self.critic_only_updates() * per_update,
             )

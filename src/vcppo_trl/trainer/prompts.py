@@ -70,12 +70,15 @@ REWARD_CONTRACT = (
 )
 
 
-def check_reward_signatures(reward_funcs: Sequence[Any], columns: Sequence[str], dataset_name: str) -> None:
+def check_reward_signatures(
+    reward_funcs: Sequence[Any], columns: Sequence[str], dataset_name: str, rollout_func_keys: bool = False
+) -> None:
     """
     Refuse, when the trainer is built, a reward function that its calls would fail: a required parameter that is
     neither a column of the dataset nor one the trainer passes (e.g. `math_verify_reward`'s `solution` on a dataset
     without that column), a positional-only one, or a function without `**kwargs` that does not take every keyword
-    it will be given. Functions whose signature cannot be read, and reward models, are not checked.
+    it will be given. Functions whose signature cannot be read, and reward models, are not checked. With
+    `rollout_func_keys` a `rollout_func` may add keys when it runs, so a parameter that is not a column is left to it.
     """
     passed = {"prompts", "completions", "completion_ids", "trainer_state"}
     passed |= {c for c in columns if c not in ("prompt", "completion")}
@@ -95,7 +98,7 @@ def check_reward_signatures(reward_funcs: Sequence[Any], columns: Sequence[str],
                     f"given. {REWARD_CONTRACT}"
                 )
             required = param.default is param.empty and param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
-            if required and param.name not in passed:
+            if required and param.name not in passed and not rollout_func_keys:
                 raise ValueError(
                     f"Reward function {name!r} needs the argument {param.name!r}, which is neither a column of "
                     f"{dataset_name} (its columns: {', '.join(columns)}) nor one the trainer passes (prompts, "

@@ -1,5 +1,6 @@
 """Building a [`PPOTrainer`]'s parts: the models as the config asks (LoRA, dropout, activation checkpointing, the
-reference policy), reward weights, dataset checks, the batch arithmetic, the sampler, and models placed for inference.
+reference policy), dataset checks, the sequence-parallel group, the learner's rows, and models placed for inference
+(what makes rollouts: [`~trainer.rollout_setup`]).
 
 Plain functions of their inputs; the trainer calls them in its constructor and keeps what they return.
 """
@@ -32,18 +33,11 @@ from ..parallel import (
     setup_sequence_parallel,
     shard_with_fsdp2,
 )
-from ..rollout.maker import RolloutMaker
-from ..rollout.settings import RolloutSettings
-from ..sampling.hf import HFSampler, neutralised_generation_fields
-from ..sampling.settings import SamplerSettings
-from ..sampling.vllm_checks import check_vllm_model, require_vllm, vllm_dtype, vllm_platform_is_cpu
-from ..sampling.vllm_samplers import VLLMColocateSampler, VLLMServerSampler
 from .console import quiet_replica
 from .prompts import (
     DataReport,
     check_reward_signatures,
     prepare_prompt_dataset,
-    prompt_token_lengths,
     reward_function_columns,
 )
 from .store_job import policy_identity
@@ -53,6 +47,17 @@ if is_peft_available():
 
 
 logger = logging.get_logger(__name__)
+
+
+def checked_args(args: PPOConfig | None, model, *, config_class: type, trainer_name: str) -> PPOConfig:
+    """The trainer's config: `args`, or `config_class`'s defaults writing to `<model name>-<trainer_name>` when none is
+    given (as TRL's trainers do); anything but a `PPOConfig` refused."""
+    if args is None:
+        model_id = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
+        args = config_class(output_dir=f"{str(model_id).split('/')[-1] or 'model'}-{trainer_name}")
+    if not isinstance(args, PPOConfig):
+        raise TypeError(f"`args` must be a PPOConfig (or VCPPOConfig), got {type(args).__name__}.")
+    return args
 
 
 def check_dataset(dataset, name: str, required: bool) -> None:
@@ -225,20 +230,13 @@ def reference_model(
     return None
 
 
-def reward_weights(args: PPOConfig, num_funcs: int) -> torch.Tensor:
-    """One weight per reward function: `args.reward_weights`, or all ones."""
-    if args.reward_weights is None:
-        return torch.ones(num_funcs)
-    if len(args.reward_weights) != num_funcs:
-        raise ValueError(
-            f"`reward_weights` has {len(args.reward_weights)} entries but there are {num_funcs} "
-            "reward functions: give one weight per function."
-        )
-    return torch.tensor(args.reward_weights, dtype=torch.float32)
-
-
 def prepare_datasets(
-    train_dataset, eval_dataset, tokenizer: PreTrainedTokenizerBase, args: PPOConfig, reward_funcs: list
+    train_dataset,
+    eval_dataset,
+    tokenizer: PreTrainedTokenizerBase,
+    args: PPOConfig,
+    reward_funcs: list,
+    rollout_func_keys: bool = False,
 ) -> tuple[object, object, dict[str, DataReport]]:
     """
     Check the schema and drop (or count truncated) bad rows before training; see [`~trainer.prompts.prepare_prompt_dataset`].
@@ -250,7 +248,9 @@ def prepare_datasets(
     prepared = []
     for name, dataset in (("train", train_dataset), ("eval", eval_dataset)):
         if dataset is not None:
-            check_reward_signatures(reward_funcs, dataset.column_names, f"{name}_dataset")
+            check_reward_signatures(
+                reward_funcs, dataset.column_names, f"{name}_dataset", rollout_func_keys=rollout_func_keys
+            )
             required = reward_function_columns(reward_funcs, dataset.column_names)
             dataset, report = prepare_prompt_dataset(
                 dataset,
@@ -266,104 +266,6 @@ def prepare_datasets(
                 logger.warning(f"{name}_dataset: {report.summary()}.")
         prepared.append(dataset)
     return prepared[0], prepared[1], reports
-
-
-def build_sampler(
-    settings: SamplerSettings,
-    accelerator: Accelerator,
-    *,
-    policy: torch.nn.Module,
-    current_model: Callable[[], torch.nn.Module],
-    tokenizer: PreTrainedTokenizerBase,
-    stop_token_ids: list[int],
-    datasets: list,
-):
-    """
-    The generation backend (see [`~sampling.seam`]): HF `generate`, or vLLM colocate/server with `use_vllm`.
-
-    Args:
-        policy: The policy as built (its config sizes the vLLM engine).
-        current_model: Returns the current (prepared) [`~models.policy_and_value.PolicyAndValueModel`] at each generation.
-        datasets: The prompt datasets, to size vLLM's context when `max_prompt_length` is not set.
-    """
-    if not settings.use_vllm:
-        return HFSampler(
-            current_model,
-            accelerator,
-            tokenizer,
-            stop_token_ids=stop_token_ids,
-            response_length=settings.response_length,
-            chunk_size=settings.chunk_size,
-            gather_deepspeed3_params=settings.gather_deepspeed3_params,
-            knobs=settings.knobs,
-        )
-    require_vllm()
-    from trl.distributed import DistributedBackend
-
-    backend = DistributedBackend(accelerator)
-    gather = backend.gather_params
-
-    def current_policy():
-        return accelerator.unwrap_model(current_model()).policy
-
-    common = dict(
-        gather=gather,
-        accelerator=accelerator,
-        tokenizer=tokenizer,
-        stop_token_ids=stop_token_ids,
-        response_length=settings.response_length,
-        knobs=settings.knobs,
-    )
-    longest_prompt = settings.max_prompt_length
-    if longest_prompt is None:
-        longest_prompt = max(
-            max(prompt_token_lengths(d["prompt"], tokenizer, settings.chat_template_kwargs))
-            for d in datasets
-            if d is not None
-        )
-    needed_length = longest_prompt + settings.response_length
-    if settings.vllm_mode == "server":
-        sampler = VLLMServerSampler(
-            current_policy,
-            **common,
-            base_url=settings.server_base_url,
-            timeout=settings.server_timeout,
-            group_port=settings.group_port,
-            needed_length=needed_length,
-        )
-        logger.warning(f"Rollouts are sampled by the vLLM server at {sampler.base_url}.")
-        if settings.cast_lm_head_to_fp32:
-            logger.warning(
-                "cast_lm_head_to_fp32=True computes the trainer's logits in float32; a vLLM server does so only when "
-                'started with `--hf-overrides \'{"head_dtype": "float32"}\'` (the trainer cannot set it), else its '
-                "log-probs come from a head in the model's dtype."
-            )
-        return sampler
-    config = (policy.get_base_model() if is_peft_model(policy) else policy).config
-    max_model_length = settings.max_model_length or (
-        settings.max_prompt_length + settings.response_length
-        if settings.max_prompt_length is not None
-        else config.max_position_embeddings
-    )
-    check_vllm_model(config, max_model_length, needed_length, on_cpu=vllm_platform_is_cpu())
-    dtype = vllm_dtype(settings.mixed_precision, policy)
-    sampler = VLLMColocateSampler(
-        current_policy,
-        **common,
-        dtype=dtype,
-        max_model_length=max_model_length,
-        gpu_memory_utilization=settings.gpu_memory_utilization,
-        tensor_parallel_size=settings.tensor_parallel_size,
-        enable_sleep_mode=settings.enable_sleep_mode,
-        model_impl=settings.model_impl,
-        seed=settings.seed,
-        copy_weights=backend.is_zero3,
-        head_dtype="float32" if settings.cast_lm_head_to_fp32 else None,
-        trust_remote_code=settings.trust_remote_code,
-    )
-    started = f"engine started in {sampler.start_seconds:.0f} s" if sampler.start_seconds else "engine reused"
-    logger.warning(f"Rollouts are sampled by vLLM (colocate, {dtype}, context {max_model_length} tokens); {started}.")
-    return sampler
 
 
 def prepare_for_training(
@@ -397,21 +299,6 @@ def prepare_for_inference(model: PreTrainedModel, accelerator: Accelerator, shar
     return accelerator.prepare_model(model, evaluation_mode=True)
 
 
-def warn_about_generation_config(policy: PreTrainedModel, args: PPOConfig) -> None:
-    """Say which fields of the policy's `generation_config` rollouts ignore (see
-    [`~sampling.hf.neutralised_generation_fields`])."""
-    ignored = neutralised_generation_fields(policy)
-    if ignored:
-        logger.warning(
-            "The policy's generation_config sets "
-            + ", ".join(f"{k}={v!r}" for k, v in sorted(ignored.items()))
-            + f": PPO does not apply them. Rollouts sample at temperature={args.temperature} with the config's own "
-            f"top_k={args.top_k}, top_p={args.top_p}, min_p={args.min_p} and repetition_penalty="
-            f"{args.repetition_penalty} and no other logits processing, the distribution the policy-gradient ratio and "
-            "the training log-probabilities assume (set those fields to sample with such knobs)."
-        )
-
-
 def build_sequence_group(
     args: PPOConfig, model: torch.nn.Module, ref_model: torch.nn.Module | None
 ) -> SequenceGroup | None:
@@ -439,50 +326,6 @@ def epoch_rows(
     if accelerator.num_processes > 1:
         return lambda size: RankBalancer(accelerator, mini_batch_size=size, balance=args.balance_ranks)
     return OwnRows
-
-
-def build_rollout_maker(
-    args: PPOConfig,
-    accelerator: Accelerator,
-    *,
-    tokenizer: PreTrainedTokenizerBase,
-    stop_token_ids: list[int],
-    policy: PreTrainedModel | None,
-    current_model: Callable[[], torch.nn.Module],
-    ref_model: PreTrainedModel | None,
-    reference_is_initial_policy: bool,
-    reward_funcs: list,
-    reward_processing_classes: list,
-    datasets: list,
-    sequence_group: SequenceGroup | None = None,
-) -> RolloutMaker:
-    """The [`~rollout.maker.RolloutMaker`] with its sampler ([`build_sampler`]; none without a policy, in a critic
-    job), the reward weights and the sequence-parallel group of its forwards ([`build_sequence_group`])."""
-    sampler = None
-    if policy is not None:
-        sampler = build_sampler(
-            SamplerSettings.from_args(args),
-            accelerator,
-            policy=policy,
-            current_model=current_model,
-            tokenizer=tokenizer,
-            stop_token_ids=stop_token_ids,
-            datasets=datasets,
-        )
-    return RolloutMaker(
-        RolloutSettings.from_args(args),
-        accelerator,
-        tokenizer=tokenizer,
-        sampler=sampler,
-        current_model=current_model,
-        ref_model=ref_model,
-        reward_funcs=reward_funcs,
-        reward_processing_classes=reward_processing_classes,
-        reward_weights=reward_weights(args, len(reward_funcs)),
-        stop_token_ids=stop_token_ids,
-        reference_is_initial_policy=reference_is_initial_policy,
-        sequence_group=sequence_group,
-    )
 
 
 def new_trainer_state(args: PPOConfig, stateful_callbacks: list, max_steps: int, batch_size: int) -> TrainerState:

@@ -205,12 +205,13 @@ class VCPPOTrainer(PPOTrainer):
             logger.warning(f"Value pretraining: saved the critic to {path}")
         return path
 
-    def actor_lambda(self, response_mask: torch.Tensor) -> float | torch.Tensor:
-        """`lam_actor`, or with `lam_actor_length_alpha` one λ = 1 − 1/(α·l) per response of length l (VAPO)."""
+    def actor_lambda(self, action_tokens: torch.Tensor) -> float | torch.Tensor:
+        """`lam_actor`, or with `lam_actor_length_alpha` one λ = 1 − 1/(α·l) per response of l policy tokens (VAPO;
+        tool and environment tokens not counted)."""
         alpha = self.args.lam_actor_length_alpha
         if alpha is None:
             return self.args.lam_actor
-        lengths = response_mask.sum(dim=1).clamp(min=1).double()
+        lengths = action_tokens.sum(dim=1).clamp(min=1).double()
         return (1.0 - 1.0 / (alpha * lengths)).clamp(0.0, 1.0)
 
     def value_cliprange(self) -> float | None:
@@ -231,7 +232,8 @@ class VCPPOTrainer(PPOTrainer):
             rollout.values,
             rollout.response_mask,
             gamma=self.args.gamma,
-            lam_actor=self.actor_lambda(rollout.response_mask),
+            lam_actor=self.actor_lambda(rollout.action_tokens),
             lam_critic=self.critic_lambda(),
             bootstrap_values=gae_bootstrap(rollout, self.args.window_bootstrap),
+            action_mask=rollout.action_mask,
         )

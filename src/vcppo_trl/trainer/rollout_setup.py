@@ -1,0 +1,219 @@
+"""Building what makes a [`PPOTrainer`]'s rollouts: the sampler (HF `generate` or vLLM), a user's `rollout_func` in
+its place (TRL's), the reward weights, and the [`~rollout.maker.RolloutMaker`] that holds them.
+
+Plain functions of their inputs; the trainer calls them in its constructor and keeps what they return.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import is_peft_model
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging
+
+from ..config.ppo import PPOConfig
+from ..parallel import SequenceGroup
+from ..rollout import SourceSettings, check_custom_sampling
+from ..rollout.maker import RolloutMaker
+from ..rollout.settings import RolloutSettings
+from ..sampling.hf import HFSampler, neutralised_generation_fields
+from ..sampling.settings import SamplerSettings
+from ..sampling.vllm_checks import check_vllm_model, require_vllm, vllm_dtype, vllm_platform_is_cpu
+from ..sampling.vllm_samplers import VLLMColocateSampler, VLLMServerSampler
+from .prompts import prompt_token_lengths
+
+logger = logging.get_logger(__name__)
+
+RolloutFunc = Callable[[list[Any], Any], dict[str, Any]]
+
+
+def check_rollout_func(args: PPOConfig, rollout_func: RolloutFunc | None) -> None:
+    """Refuse what a `rollout_func` cannot be combined with yet, naming the field and what to do."""
+    if rollout_func is None:
+        return
+    if not callable(rollout_func):
+        raise TypeError(
+            f"`rollout_func` must be callable (prompts, trainer) -> dict, got {type(rollout_func).__name__}."
+        )
+    check_custom_sampling(SourceSettings.from_args(args), "rollout_func")
+    if args.use_vllm:
+        raise ValueError(
+            "`rollout_func` cannot be combined with `use_vllm` yet (the trainer's vLLM engine is not handed to a "
+            "rollout_func; sample with your own): unset `use_vllm`."
+        )
+
+
+def reward_weights(args: PPOConfig, num_funcs: int) -> torch.Tensor:
+    """One weight per reward function: `args.reward_weights`, or all ones."""
+    if args.reward_weights is None:
+        return torch.ones(num_funcs)
+    if len(args.reward_weights) != num_funcs:
+        raise ValueError(
+            f"`reward_weights` has {len(args.reward_weights)} entries but there are {num_funcs} "
+            "reward functions: give one weight per function."
+        )
+    return torch.tensor(args.reward_weights, dtype=torch.float32)
+
+
+def build_sampler(
+    settings: SamplerSettings,
+    accelerator: Accelerator,
+    *,
+    policy: torch.nn.Module,
+    current_model: Callable[[], torch.nn.Module],
+    tokenizer: PreTrainedTokenizerBase,
+    stop_token_ids: list[int],
+    datasets: list,
+):
+    """
+    The generation backend (see [`~sampling.seam`]): HF `generate`, or vLLM colocate/server with `use_vllm`.
+
+    Args:
+        policy: The policy as built (its config sizes the vLLM engine).
+        current_model: Returns the current (prepared) [`~models.policy_and_value.PolicyAndValueModel`] at each generation.
+        datasets: The prompt datasets, to size vLLM's context when `max_prompt_length` is not set.
+    """
+    if not settings.use_vllm:
+        return HFSampler(
+            current_model,
+            accelerator,
+            tokenizer,
+            stop_token_ids=stop_token_ids,
+            response_length=settings.response_length,
+            chunk_size=settings.chunk_size,
+            gather_deepspeed3_params=settings.gather_deepspeed3_params,
+            knobs=settings.knobs,
+        )
+    require_vllm()
+    from trl.distributed import DistributedBackend
+
+    backend = DistributedBackend(accelerator)
+    gather = backend.gather_params
+
+    def current_policy():
+        return accelerator.unwrap_model(current_model()).policy
+
+    common = dict(
+        gather=gather,
+        accelerator=accelerator,
+        tokenizer=tokenizer,
+        stop_token_ids=stop_token_ids,
+        response_length=settings.response_length,
+        knobs=settings.knobs,
+    )
+    longest_prompt = settings.max_prompt_length
+    if longest_prompt is None:
+        longest_prompt = max(
+            max(prompt_token_lengths(d["prompt"], tokenizer, settings.chat_template_kwargs))
+            for d in datasets
+            if d is not None
+        )
+    needed_length = longest_prompt + settings.response_length
+    if settings.vllm_mode == "server":
+        sampler = VLLMServerSampler(
+            current_policy,
+            **common,
+            base_url=settings.server_base_url,
+            timeout=settings.server_timeout,
+            group_port=settings.group_port,
+            needed_length=needed_length,
+        )
+        logger.warning(f"Rollouts are sampled by the vLLM server at {sampler.base_url}.")
+        if settings.cast_lm_head_to_fp32:
+            logger.warning(
+                "cast_lm_head_to_fp32=True computes the trainer's logits in float32; a vLLM server does so only when "
+                'started with `--hf-overrides \'{"head_dtype": "float32"}\'` (the trainer cannot set it), else its '
+                "log-probs come from a head in the model's dtype."
+            )
+        return sampler
+    config = (policy.get_base_model() if is_peft_model(policy) else policy).config
+    max_model_length = settings.max_model_length or (
+        settings.max_prompt_length + settings.response_length
+        if settings.max_prompt_length is not None
+        else config.max_position_embeddings
+    )
+    check_vllm_model(config, max_model_length, needed_length, on_cpu=vllm_platform_is_cpu())
+    dtype = vllm_dtype(settings.mixed_precision, policy)
+    sampler = VLLMColocateSampler(
+        current_policy,
+        **common,
+        dtype=dtype,
+        max_model_length=max_model_length,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        tensor_parallel_size=settings.tensor_parallel_size,
+        enable_sleep_mode=settings.enable_sleep_mode,
+        model_impl=settings.model_impl,
+        seed=settings.seed,
+        copy_weights=backend.is_zero3,
+        head_dtype="float32" if settings.cast_lm_head_to_fp32 else None,
+        trust_remote_code=settings.trust_remote_code,
+    )
+    started = f"engine started in {sampler.start_seconds:.0f} s" if sampler.start_seconds else "engine reused"
+    logger.warning(f"Rollouts are sampled by vLLM (colocate, {dtype}, context {max_model_length} tokens); {started}.")
+    return sampler
+
+
+def warn_about_generation_config(policy: PreTrainedModel, args: PPOConfig) -> None:
+    """Say which fields of the policy's `generation_config` rollouts ignore (see
+    [`~sampling.hf.neutralised_generation_fields`])."""
+    ignored = neutralised_generation_fields(policy)
+    if ignored:
+        logger.warning(
+            "The policy's generation_config sets "
+            + ", ".join(f"{k}={v!r}" for k, v in sorted(ignored.items()))
+            + f": PPO does not apply them. Rollouts sample at temperature={args.temperature} with the config's own "
+            f"top_k={args.top_k}, top_p={args.top_p}, min_p={args.min_p} and repetition_penalty="
+            f"{args.repetition_penalty} and no other logits processing, the distribution the policy-gradient ratio and "
+            "the training log-probabilities assume (set those fields to sample with such knobs)."
+        )
+
+
+def build_rollout_maker(
+    args: PPOConfig,
+    accelerator: Accelerator,
+    *,
+    tokenizer: PreTrainedTokenizerBase,
+    stop_token_ids: list[int],
+    policy: PreTrainedModel | None,
+    current_model: Callable[[], torch.nn.Module],
+    ref_model: PreTrainedModel | None,
+    reference_is_initial_policy: bool,
+    reward_funcs: list,
+    reward_processing_classes: list,
+    datasets: list,
+    sequence_group: SequenceGroup | None = None,
+    rollout_function: Callable[[list[Any]], dict[str, Any]] | None = None,
+) -> RolloutMaker:
+    """The [`~rollout.maker.RolloutMaker`] with its sampler ([`build_sampler`]; none without a policy, in a critic
+    job), the reward weights, the sequence-parallel group of its forwards ([`~trainer.setup.build_sequence_group`]) and
+    the `rollout_func` bound to the trainer (`rollout_function`), which samples in the sampler's place."""
+    sampler = None
+    if policy is not None:
+        sampler = build_sampler(
+            SamplerSettings.from_args(args),
+            accelerator,
+            policy=policy,
+            current_model=current_model,
+            tokenizer=tokenizer,
+            stop_token_ids=stop_token_ids,
+            datasets=datasets,
+        )
+    return RolloutMaker(
+        RolloutSettings.from_args(args),
+        accelerator,
+        tokenizer=tokenizer,
+        sampler=sampler,
+        current_model=current_model,
+        ref_model=ref_model,
+        reward_funcs=reward_funcs,
+        reward_processing_classes=reward_processing_classes,
+        reward_weights=reward_weights(args, len(reward_funcs)),
+        stop_token_ids=stop_token_ids,
+        reference_is_initial_policy=reference_is_initial_policy,
+        sequence_group=sequence_group,
+        rollout_function=rollout_function,
+    )
