@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+import time
 
 import pytest
 
-from vcppo_trl.rewards.async_calls import run_awaitables
+from vcppo_trl.rewards import async_calls
+from vcppo_trl.rewards.async_calls import run_awaitables, run_coroutine
 from vcppo_trl.rewards.calls import RewardFunctionError, call_reward_function
 
 COMPLETIONS = ["a", "bb", "ccc", "dddd"]
@@ -148,3 +150,76 @@ def test_run_awaitables_reports_each_outcome_and_refuses_a_cap_below_one():
     assert outcomes[2] == ("timeout", None)
     with pytest.raises(ValueError, match="max_concurrency must be at least 1"):
         run_awaitables([ok], timeout=None, max_concurrency=0)
+
+
+def test_a_coroutine_that_blocks_the_loop_is_abandoned_and_a_fresh_loop_serves_the_next_calls(monkeypatch):
+    """Blocking code inside `async def` cannot be cancelled: the caller stops waiting and the next call gets a new loop."""
+    monkeypatch.setattr(async_calls, "GRACE_SECONDS", 0.1)
+
+    async def blocks_on_the_batch(completions, **kwargs):
+        if len(completions) > 1:
+            time.sleep(3.0)  # a synchronous call inside async def: the loop cannot run anything else meanwhile
+        return [float(len(c)) for c in completions]
+
+    started = time.monotonic()
+    result = _call(blocks_on_the_batch, timeout=0.3)
+    assert result.values == [1.0, 2.0, 3.0, 4.0] and result.failures == 0  # the per-sample retry ran on a new loop
+    assert time.monotonic() - started < 2.5
+
+    async def ignores_its_cancellation():
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            await asyncio.sleep(3.0)  # does not let go when cancelled
+        return 1
+
+    async def ok():
+        return 2
+
+    started = time.monotonic()
+    assert run_awaitables([ignores_its_cancellation, ok], timeout=0.2) == [("timeout", None), ("ok", 2)]
+    assert time.monotonic() - started < 2.0
+
+
+def test_run_coroutine_returns_raises_and_cancels_at_the_timeout_also_inside_a_running_loop():
+    cancelled = threading.Event()
+
+    async def value(x):
+        await asyncio.sleep(0)
+        return x
+
+    async def raises():
+        raise KeyError("missing")
+
+    async def times_out_itself():
+        raise TimeoutError("its own")
+
+    async def hangs():
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    assert run_coroutine(value(7)) == 7
+    with pytest.raises(KeyError, match="missing"):
+        run_coroutine(raises(), timeout=5.0)
+    with pytest.raises(TimeoutError, match="its own"):
+        run_coroutine(times_out_itself(), timeout=5.0)
+    with pytest.raises(TimeoutError, match="did not finish within 0.2 s"):
+        run_coroutine(hangs(), timeout=0.2)
+    assert cancelled.wait(2.0)
+
+    async def notebook_cell():
+        return run_coroutine(value("from a running loop"), timeout=5.0)
+
+    assert asyncio.run(notebook_cell()) == "from a running loop"
+
+
+def test_waiting_on_the_loop_from_its_own_coroutines_is_refused_not_a_deadlock():
+    async def nested():
+        return run_coroutine(asyncio.sleep(0), timeout=1.0)
+
+    with pytest.raises(RuntimeError, match="would wait on itself"):
+        run_coroutine(nested(), timeout=5.0)
+    assert run_awaitables([nested], timeout=5.0)[0][0] == "error"
