@@ -137,6 +137,7 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
       `vllm_enable_sleep_mode`.
     - Rewards [`_check_rewards`]: `reward_weights`, `missing_eos_penalty`, `overlong_buffer_length`,
       `overlong_penalty_factor`, `reward_timeout`, `reward_failure_value`, `reward_max_concurrency`.
+    - Tools and environments [`_check_tools`]: `max_tool_calling_iterations`, `tool_timeout`.
     - Training, advantages and the policy loss [`_check_training`]: `num_ppo_epochs`, `gamma`, `lam`,
       `whiten_rewards`, `advantage_whitening`, `kl_coef`, `kl_estimator`, `cliprange`, `cliprange_high`,
       `dual_clip_c`, `entropy_coef`, `positive_example_lm_coef`, `mask_truncated_completions`, `loss_type`,
@@ -641,6 +642,22 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
         },
     )
 
+    # Tools and environments (multi-turn episodes: rollout/tool_loop.py)
+    max_tool_calling_iterations: int | None = field(
+        default=None,
+        metadata={
+            "help": "With tools: the most tool-calling rounds of an episode (TRL's meaning); None: no limit but "
+            "response_length, which counts every completion token, tool results included."
+        },
+    )
+    tool_timeout: float | None = field(
+        default=60.0,
+        metadata={
+            "help": "With tools: seconds a tool call may take (an async one is cancelled); one that takes longer "
+            "answers {'error': ...} to the policy and counts in tools/failure_frequency. None waits forever."
+        },
+    )
+
     # Training (advantages and the policy loss)
     num_ppo_epochs: int = field(default=4, metadata={"help": "Number of PPO epochs (passes) over each rollout batch."})
     gamma: float = field(default=1.0, metadata={"help": "Discount factor."})
@@ -886,6 +903,7 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
         self._check_logging()
         self._check_critic()
         self._check_rewards()
+        self._check_tools()
         self._check_data()
         self._check_vllm()
         self._check_parallelism()
@@ -1141,6 +1159,11 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
                 f"`vllm_gpu_memory_utilization` must be in (0, 1], got {self.vllm_gpu_memory_utilization}."
             )
         _require_at_least("vllm_max_model_length", self.vllm_max_model_length, 2, optional=True)
+
+    def _check_tools(self) -> None:
+        _require_at_least("max_tool_calling_iterations", self.max_tool_calling_iterations, 1, optional=True)
+        if self.tool_timeout is not None:
+            _require_positive("tool_timeout", self.tool_timeout)
 
     def _check_rewards(self) -> None:
         _require_at_least("reward_max_concurrency", self.reward_max_concurrency, 1)

@@ -41,6 +41,7 @@ SAME_NAME: frozenset[str] = frozenset(
         "shuffle_dataset",
         "chat_template_kwargs",
         "pad_to_multiple_of",
+        "max_tool_calling_iterations",
         "disable_dropout",
         "cast_lm_head_to_fp32",
         "num_generations",
@@ -139,7 +140,6 @@ ONLY_VALUE: dict[str, tuple[Any, str]] = {
     "sync_ref_model": (False, "syncing the reference with the policy (TR-DPO) is not implemented here."),
     "top_entropy_quantile": (1.0, "keeping only the highest-entropy tokens in the loss is not implemented here."),
     "use_adaptive_entropy": (False, "adaptive entropy control (Skywork-OR1) is not implemented here."),
-    "max_tool_calling_iterations": (None, "tool calling is not supported yet."),
     "off_policy_mask_threshold": (None, "off-policy sequence masking is not implemented here."),
     "use_bias_correction_kl": (
         True,

@@ -2,7 +2,8 @@
 functions so that a faulty one costs samples and not the run, reward models, and reward functions by name.
 """
 
-from .calls import RewardCallResult, RewardFunctionError, call_reward_function
+from .async_calls import run_awaitables
+from .calls import RewardCallResult, RewardFunctionError, call_reward_function, is_async_callable, run_in_threads
 from .math_verify import (
     DEFAULT_THINK_TAGS,
     DEFAULT_TIMEOUT_SECONDS,
@@ -26,6 +27,9 @@ __all__ = [
     "RewardCallResult",
     "RewardFunctionError",
     "call_reward_function",
+    "is_async_callable",
+    "run_awaitables",
+    "run_in_threads",
     "completion_to_text",
     "gold_candidates",
     "make_math_verify_reward",

@@ -63,7 +63,7 @@ class _Call:
             self.outcome = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}")
 
 
-def _run_all(fns: list[Callable[[], Any]], timeout: float | None) -> list[tuple[str, Any]]:
+def run_in_threads(fns: list[Callable[[], Any]], timeout: float | None) -> list[tuple[str, Any]]:
     """Run the calls concurrently; those not finished `timeout` seconds after the start count as timed out."""
     if timeout is None:
         outcomes = []
@@ -140,7 +140,7 @@ def call_reward_function(
     if is_async:
         status, result = run_awaitables([batch_call], timeout, max_concurrency)[0]
     else:
-        status, result = _run_all([batch_call], timeout)[0]
+        status, result = run_in_threads([batch_call], timeout)[0]
     if status == "ok" and inspect.isawaitable(result):  # a plain callable that returned a coroutine
         is_async, awaitable = True, result
         status, result = run_awaitables([lambda: awaitable], timeout, max_concurrency)[0]
@@ -184,7 +184,7 @@ def call_reward_function(
         return call_async if is_async else call
 
     calls = [sample_call(i) for i in range(n)]
-    outcomes = run_awaitables(calls, timeout, max_concurrency) if is_async else _run_all(calls, timeout)
+    outcomes = run_awaitables(calls, timeout, max_concurrency) if is_async else run_in_threads(calls, timeout)
     return _checked(name, _collect(outcomes, failure_value), f" (the batch call {batch_problem})")
 
 

@@ -38,10 +38,15 @@ from .stored_source import (
     resolve_stored_rollouts,
     scored_from_records,
 )
+from .tool_loop import ToolEpisodes, ToolLoop, ToolSettings, episode_metrics
 from .types import OverlapStats, Rollout, is_correct
 from .windowed import WindowedRollouts, gae_bootstrap, make_window
 
 __all__ = [
+    "ToolEpisodes",
+    "ToolLoop",
+    "ToolSettings",
+    "episode_metrics",
     "RolloutSource",
     "build_rollout_source",
     "check_custom_sampling",

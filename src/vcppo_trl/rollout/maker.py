@@ -26,9 +26,9 @@ from ..parallel.sequence import SequenceGroup
 from ..rewards.calls import call_reward_function
 from ..rewards.reward_models import reward_model_scores
 from ..sampling.seam import Samples
+from .episodes import sample_episodes
 from .forwards import RolloutForwards
 from .response_pool import WindowStep
-from .rollout_function import sample_with_rollout_function
 from .scoring import ScoredSamples, concat_scored, decode_completions, padded_to_multiple, prompt_text
 from .settings import RolloutSettings
 from .shaping import overlong_penalty, token_rewards
@@ -76,6 +76,7 @@ class RolloutMaker:
         sequence_group: The sequence-parallel group of its forwards (`None`: whole sequences).
         rollout_function: TRL's `rollout_func` bound to the trainer (`prompts -> dict`), which samples in place of
             `sampler` ([`~rollout.rollout_function.function_rollouts`]); `None`: the sampler samples.
+        tool_loop: TRL's `tools=`: episodes of turns and tool calls sampled by `sampler` ([`~rollout.tool_loop`]).
 
     The no-grad forwards (and the sequence-parallel group that splits them) are `forwarder`'s
     ([`~rollout.forwards.RolloutForwards`]), built here from `settings`, `current_model` and `ref_model`.
@@ -97,9 +98,11 @@ class RolloutMaker:
         reference_is_initial_policy: bool,
         sequence_group: SequenceGroup | None = None,
         rollout_function: Callable[[list[Any]], dict[str, Any]] | None = None,
+        tool_loop=None,
     ):
         self.settings = settings
         self.rollout_function = rollout_function
+        self.tool_loop = tool_loop
         self.accelerator = accelerator
         self.tokenizer = tokenizer
         self.sampler = sampler
@@ -227,20 +230,9 @@ class RolloutMaker:
         sample). No penalty is applied here. `trainer_state` is passed to reward functions that take it (TRL's
         protocol).
         """
-        prompt_texts = self.prompt_texts(rows)
-        if self.rollout_function is None:
-            query_ids, query_mask = self.tokenize_prompts(prompt_texts)
-            samples = self.generate(query_ids, query_mask, greedy=greedy, temperature=temperature)
-        else:
-            rows, query_ids, query_mask, samples = sample_with_rollout_function(
-                self.rollout_function,
-                rows,
-                num_generations or self.settings.num_generations,
-                response_length=self.settings.response_length,
-                stop_token_ids=self.stop_token_ids,
-                pad_token_id=self.tokenizer.pad_token_id,
-                device=self.accelerator.device,
-            )
+        rows, query_ids, query_mask, samples, prompt_texts, episodes = sample_episodes(
+            self, rows, greedy=greedy, temperature=temperature, num_generations=num_generations
+        )
         completions, texts, completion_ids = decode_completions(
             rows,
             samples.response_ids,
@@ -251,7 +243,7 @@ class RolloutMaker:
         rewards_per_func, reward_failed = self.score(
             rows,
             prompt_texts,
-            completions,
+            completions if episodes is None else episodes,
             completion_texts=texts,
             completion_ids=completion_ids,
             trainer_state=trainer_state,
@@ -406,6 +398,7 @@ class RolloutMaker:
             window_mask=None if window is None else window.window_mask & response_mask,
             finished=None if window is None else window.finished,
             action_mask=None if samples.action_mask is None else samples.action_mask & response_mask,
+            episode_counts=samples.episode_counts,
         )
         with_kl = settings.kl_coef > 0 and (train_policy or not self.reference_is_initial_policy)
         needs_old_logprobs = train_policy and not settings.old_logprobs_from_training_forward

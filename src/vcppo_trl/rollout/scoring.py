@@ -39,6 +39,9 @@ class ScoredSamples:
                 logprobs=None if samples.logprobs is None else samples.logprobs[rows],
                 seconds=samples.seconds,
                 action_mask=None if samples.action_mask is None else samples.action_mask[rows],
+                episode_counts=None
+                if samples.episode_counts is None
+                else {k: v[rows] for k, v in samples.episode_counts.items()},
             ),
             completions=[self.completions[i] for i in idx],
             rewards_per_func=self.rewards_per_func[rows],
@@ -84,6 +87,9 @@ def concat_scored(parts: list[ScoredSamples], pad_token_id: int, multiple: int =
         logprobs=None if any(lp is None for lp in logprobs) else torch.cat([right(lp, 0.0) for lp in logprobs]),
         seconds=sum(p.samples.seconds for p in parts),
         action_mask=torch.cat([right(m, False) for m in action_masks]) if action_masks[0] is not None else None,
+        episode_counts=None
+        if any(p.samples.episode_counts is None for p in parts)
+        else {k: torch.cat([p.samples.episode_counts[k] for p in parts]) for k in parts[0].samples.episode_counts},
     )
     return ScoredSamples(
         torch.cat([left(p.query_ids, pad_token_id) for p in parts]),

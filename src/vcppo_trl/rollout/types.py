@@ -45,6 +45,7 @@ class Rollout:
     # Tools and environments: [B, T] bool, the policy's own tokens within `response_mask` (the rest are tool and
     # environment tokens: context for the policy and the critic, never actions). None: every response token.
     action_mask: torch.Tensor | None = None
+    episode_counts: dict[str, torch.Tensor] | None = None  # tool episodes: [B] counts each (`rollout/tool_loop.py`)
 
     @property
     def input_ids(self) -> torch.Tensor:

@@ -44,6 +44,8 @@ class Samples:
     # [B, T] bool, True on the policy's own tokens: tool and environment tokens inside a response are context, not
     # actions (out of every loss, the KL and the token counts; GAE runs over the policy's tokens). None: all of them.
     action_mask: torch.Tensor | None = None
+    # Tool episodes: per-sample counts (`[B]` float each: tool calls, failures, malformed calls, overflows, turns).
+    episode_counts: dict[str, torch.Tensor] | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -28,6 +28,7 @@ from ..algo.masked import masked_mean
 from ..algo.micro_batches import ForwardWork
 from ..config.ppo import PPOConfig
 from ..learner.ppo_learner import UpdateResult
+from ..rollout import episode_metrics
 from ..rollout.maker import GenerationStats, RolloutStats
 from ..rollout.response_pool import WindowStep
 from ..rollout.types import OverlapStats, Rollout, is_correct
@@ -258,6 +259,12 @@ def rollout_metrics(
         metrics["reward/overlong_fraction"] = mean_across(
             accelerator, torch.where(scored, (penalties < 0).float(), nan)
         )
+    if rollout.episode_counts is not None:  # tool episodes
+        counts = {k: accelerator.gather(v) for k, v in rollout.episode_counts.items()}
+        response_g, action_g = (
+            m.bool() for m in gather_masked(accelerator, rollout.response_mask, rollout.action_mask)
+        )
+        metrics.update(episode_metrics(counts, response_g, action_g))
     if rollout.finished is not None and not bool(finished_g.any()):
         # No response finished in this window: no score, length or critic fit to report (left out, not nan).
         metrics = {k: v for k, v in metrics.items() if not k.startswith(PER_FINISHED_RESPONSE_METRICS)}

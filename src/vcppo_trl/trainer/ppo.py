@@ -30,7 +30,7 @@ from ..config.batch_plan import plan_batches
 from ..config.ppo import PPOConfig
 from ..learner.ppo_learner import PPOLearner
 from ..learner.settings import LearnerSettings
-from ..models.loading import load_reward_funcs, resolve_stop_token_ids
+from ..models.loading import resolve_stop_token_ids
 from ..models.policy_and_value import PolicyAndValueModel
 from ..rewards.reward_models import reward_func_name
 from ..rollout.sources import RolloutSource, SourceSettings, build_rollout_source
@@ -43,7 +43,6 @@ from .evaluation import EvaluationSettings, evaluation_metrics
 from .metrics import MetricSettings, UpdateRecord, learner_metrics, rollout_metrics
 from .optimization import build_optimizer, build_scheduler
 from .prompts import PromptStream
-from .rollout_setup import RolloutFunc
 
 if is_peft_available():
     from peft import PeftConfig
@@ -92,6 +91,9 @@ class PPOTrainer(_BaseTrainer):
             place of the trainer's sampler (`prompt_ids`, `completion_ids`, `logprobs`, an optional `env_mask` whose 0s
             mark tool or environment tokens, other keys to the reward functions; see
             [`~rollout.rollout_function`]).
+        tools (`list[Callable]`, *optional*): TRL's tools: functions (sync or `async def`) the policy calls between
+            its turns, in episodes sampled by the trainer's sampler; their results are context, never actions
+            ([`~rollout.tool_loop`], docs/tools_and_environments.md). Conversational prompts only.
     """
 
     _tag_names = ["trl", "ppo", "vcppo-trl"]
@@ -113,13 +115,14 @@ class PPOTrainer(_BaseTrainer):
         optimizers: tuple[torch.optim.Optimizer | None, torch.optim.lr_scheduler.LambdaLR | None] = (None, None),
         peft_config: PeftConfig | None = None,
         value_peft_config: PeftConfig | dict | None = None,
-        rollout_func: RolloutFunc | None = None,
+        rollout_func: rollout_setup.RolloutFunc | None = None,
+        tools: list[Callable] | None = None,
     ):
         args = setup.checked_args(args, model, config_class=self._config_class, trainer_name=self._name)
         setup.prepare_process(args)
         setup.check_dataset(train_dataset, "train_dataset", required=True)
         setup.check_dataset(eval_dataset, "eval_dataset", required=False)
-        rollout_setup.check_rollout_func(args, rollout_func)
+        rollout_setup.check_rollout_func(args, rollout_func, tools)
 
         built = setup.build_models(
             model,
@@ -134,8 +137,7 @@ class PPOTrainer(_BaseTrainer):
         self.initial_policy = built.initial_policy  # who the critic was built beside, in a critic job (no policy)
         self.stop_token_ids = resolve_stop_token_ids(tokenizer, stop_token_id=args.stop_token_id)
         self.end_of_thinking_ids = marker_token_ids(tokenizer, args.end_of_thinking_marker)
-        loading = dict(model_init_kwargs=args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
-        reward_funcs, reward_processing_classes = load_reward_funcs(reward_funcs, reward_processing_classes, **loading)
+        reward_funcs, reward_processing_classes = setup.load_rewards(reward_funcs, reward_processing_classes, args)
         self.reward_func_names = [reward_func_name(f) for f in reward_funcs]
         train_dataset, eval_dataset, self.data_reports = setup.prepare_datasets(
             train_dataset,
@@ -143,7 +145,7 @@ class PPOTrainer(_BaseTrainer):
             tokenizer,
             args=args,
             reward_funcs=reward_funcs,
-            rollout_func_keys=rollout_func is not None,
+            rollout_func_keys=rollout_func is not None or bool(tools),
         )
 
         # DDP: value-only updates leave the policy out of the graph. With `ddp_find_unused_parameters=None`,
@@ -196,6 +198,7 @@ class PPOTrainer(_BaseTrainer):
             datasets=[self.train_dataset, self.eval_dataset],
             sequence_group=self.sequence_group,
             rollout_function=None if rollout_func is None else lambda prompts: rollout_func(prompts, self),
+            tools=tools,
         )
 
     @property

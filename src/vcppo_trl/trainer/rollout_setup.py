@@ -17,7 +17,7 @@ from transformers.utils import logging
 
 from ..config.ppo import PPOConfig
 from ..parallel import SequenceGroup
-from ..rollout import SourceSettings, check_custom_sampling
+from ..rollout import SourceSettings, ToolLoop, ToolSettings, check_custom_sampling
 from ..rollout.maker import RolloutMaker
 from ..rollout.settings import RolloutSettings
 from ..sampling.hf import HFSampler, neutralised_generation_fields
@@ -31,20 +31,27 @@ logger = logging.get_logger(__name__)
 RolloutFunc = Callable[[list[Any], Any], dict[str, Any]]
 
 
-def check_rollout_func(args: PPOConfig, rollout_func: RolloutFunc | None) -> None:
-    """Refuse what a `rollout_func` cannot be combined with yet, naming the field and what to do."""
-    if rollout_func is None:
-        return
-    if not callable(rollout_func):
+def check_rollout_func(args: PPOConfig, rollout_func: RolloutFunc | None, tools: list | None = None) -> None:
+    """Refuse what a `rollout_func` or `tools` cannot be combined with yet, naming the field and what to do."""
+    if rollout_func is not None and tools:
+        raise ValueError(
+            "Give `tools` or a `rollout_func`, not both: a rollout_func samples (and calls tools) itself."
+        )
+    if rollout_func is not None and not callable(rollout_func):
         raise TypeError(
             f"`rollout_func` must be callable (prompts, trainer) -> dict, got {type(rollout_func).__name__}."
         )
-    check_custom_sampling(SourceSettings.from_args(args), "rollout_func")
+    what = "rollout_func" if rollout_func is not None else "tools" if tools else None
+    if what is None:
+        return
+    check_custom_sampling(SourceSettings.from_args(args), what)
     if args.use_vllm:
-        raise ValueError(
-            "`rollout_func` cannot be combined with `use_vllm` yet (the trainer's vLLM engine is not handed to a "
-            "rollout_func; sample with your own): unset `use_vllm`."
+        why = (
+            "the trainer's vLLM engine is not handed to a rollout_func; sample with your own"
+            if what == "rollout_func"
+            else "the tool loop is tested with HF generate only"
         )
+        raise ValueError(f"`{what}` cannot be combined with `use_vllm` yet ({why}): unset `use_vllm`.")
 
 
 def reward_weights(args: PPOConfig, num_funcs: int) -> torch.Tensor:
@@ -187,6 +194,7 @@ def build_rollout_maker(
     datasets: list,
     sequence_group: SequenceGroup | None = None,
     rollout_function: Callable[[list[Any]], dict[str, Any]] | None = None,
+    tools: list[Callable] | None = None,
 ) -> RolloutMaker:
     """The [`~rollout.maker.RolloutMaker`] with its sampler ([`build_sampler`]; none without a policy, in a critic
     job), the reward weights, the sequence-parallel group of its forwards ([`~trainer.setup.build_sequence_group`]) and
@@ -216,4 +224,7 @@ def build_rollout_maker(
         reference_is_initial_policy=reference_is_initial_policy,
         sequence_group=sequence_group,
         rollout_function=rollout_function,
+        tool_loop=None
+        if not tools
+        else ToolLoop(tools, tokenizer, settings=ToolSettings.from_args(args), stop_token_ids=stop_token_ids),
     )

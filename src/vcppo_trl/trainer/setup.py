@@ -24,7 +24,7 @@ from ..config.ppo import PPOConfig
 from ..learner import EpochRowSource, OwnRows, RankBalancer, SequenceGroupRows
 from ..models.critic_peft import wrap_value_model
 from ..models.fp32_head import cast_lm_head_to_fp32
-from ..models.loading import build_critic, is_zero3_partitioned, load_policy, load_tokenizer
+from ..models.loading import build_critic, is_zero3_partitioned, load_policy, load_reward_funcs, load_tokenizer
 from ..parallel import (
     SequenceGroup,
     apply_fsdp2_activation_checkpointing,
@@ -228,6 +228,16 @@ def reference_model(
     if ref_model is not None and args.kl_coef == 0:
         logger.warning("`ref_model` was given but `kl_coef == 0`: the reference model is not used.")
     return None
+
+
+def load_rewards(reward_funcs, reward_processing_classes, args: PPOConfig) -> tuple[list, list]:
+    """The reward functions and models (those given by name loaded as the config says) and their tokenizers."""
+    return load_reward_funcs(
+        reward_funcs,
+        reward_processing_classes,
+        model_init_kwargs=args.model_init_kwargs,
+        trust_remote_code=args.trust_remote_code,
+    )
 
 
 def prepare_datasets(

@@ -136,10 +136,10 @@ def store_rollouts(trainer, path: str, num_batches: int | None = None, push_to_h
             "This trainer is a critic job (value_pretrain_only with value_pretrain_dataset): it holds no policy to "
             "sample rollouts from. Store rollouts with a run that does not set value_pretrain_dataset."
         )
-    if trainer.rollout_maker.rollout_function is not None:
+    if trainer.rollout_maker.rollout_function is not None or trainer.rollout_maker.tool_loop is not None:
         raise ValueError(
-            "Storing rollouts made by a rollout_func is not supported yet: the stored format has no env_mask. Value "
-            "pretraining with a rollout_func runs online (value_pretrain_steps), on the function's own completions."
+            "Storing rollouts made by a rollout_func or with tools is not supported yet: the stored format has no "
+            "action mask. Value pretraining then runs online (value_pretrain_steps), on the same episodes."
         )
     num_batches = default_num_batches(trainer) if num_batches is None else num_batches
     if num_batches < 1:

@@ -1,0 +1,353 @@
+"""TRL's `tools=`: episodes in which the policy calls Python functions between its turns, sampled by the trainer's own
+sampler.
+
+Tokens in, tokens out: the policy's sampled ids are kept as sampled; only what the tools add is tokenized, as the
+suffix the chat template puts after the assistant's turn (the tool messages and the next generation prompt), found by
+rendering a one-turn dummy conversation with and without them and cutting at its last end-of-turn token. The
+conversation is never re-rendered and re-tokenized. Tool calls are parsed with transformers' `parse_response` and the
+response schema TRL knows for the template (`trl.chat_template_utils.add_response_schema`).
+
+An episode: the prompt (rendered with the tools' schemas), the policy's turn; while that turn calls tools (and at most
+`max_iterations` times), every call runs (sync tools in threads, async ones on the trainer's event loop, each bounded
+by `timeout`; one that raises, hangs or is unknown answers `{"error": ...}` and counts as a failure), their results
+are appended as tool messages, and the policy writes its next turn from the whole history. `response_length` counts
+every completion token, tool results included (as TRL's `max_completion_length`); a tool result that would leave no
+room for a next turn is dropped and the episode ends (counted, `tools/overflow_frequency`). A turn whose text holds a
+tool-call marker that does not parse is text, as in TRL, and counted (`tools/malformed_frequency`).
+
+The result is what a `rollout_func` returns ([`~rollout.rollout_function`]): prompt and completion ids, the sampler's
+log-probs (0 on tool tokens), an `env_mask` (0 on tool tokens), plus the episodes as messages for the reward
+functions and per-episode counts for the metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from ..rewards import is_async_callable, run_awaitables, run_in_threads
+from ..sampling import unpadded_prompts
+
+# How the tool-call turns of the common templates open (Qwen/Hermes, Llama 3.x python tag, Mistral): a turn that holds
+# one of these but parses to no tool call is a malformed call.
+TOOL_CALL_MARKERS = ("<tool_call>", "<|python_tag|>", "[TOOL_CALLS]")
+COUNTS = ("calls", "failures", "malformed", "overflows", "turns")
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolSettings:
+    """What the tool loop reads of the config (their meanings are the config's)."""
+
+    max_iterations: int | None  # `max_tool_calling_iterations`: None, no limit but `response_length`
+    response_length: int
+    timeout: float | None  # `tool_timeout`
+    max_concurrency: int  # `reward_max_concurrency`: async tool calls awaited at once
+    chat_template_kwargs: dict | None = None
+
+    @classmethod
+    def from_args(cls, args) -> ToolSettings:
+        return cls(
+            max_iterations=args.max_tool_calling_iterations,
+            response_length=args.response_length,
+            timeout=args.tool_timeout,
+            max_concurrency=args.reward_max_concurrency,
+            chat_template_kwargs=args.chat_template_kwargs,
+        )
+
+
+@dataclasses.dataclass
+class ToolEpisodes:
+    """One batch of episodes: the `rollout_func`-style output, the episodes as messages, and their counts."""
+
+    output: dict[str, list]  # prompt_ids, completion_ids, logprobs (or None), env_mask
+    prompt_texts: list[str]
+    completions: list[list[dict[str, Any]]]  # per episode: its assistant and tool messages
+    counts: dict[str, list[int]]  # COUNTS, per episode
+
+
+def tool_name(tool: Callable) -> str:
+    return getattr(tool, "__name__", type(tool).__name__)
+
+
+class ToolLoop:
+    """
+    Samples tool-calling episodes with the trainer's sampler (see the module's docstring).
+
+    Args:
+        tools: The functions the policy may call (sync or `async def`); their names, type hints and docstrings are
+            the schemas the chat template shows the policy (transformers' `get_json_schema`).
+        tokenizer: The policy's tokenizer, with a chat template that renders tools and a response schema for its
+            tool calls (TRL's `add_response_schema` is applied when it has none).
+        settings ([`ToolSettings`]).
+        stop_token_ids: The ids that end a turn.
+    """
+
+    def __init__(
+        self,
+        tools: list[Callable],
+        tokenizer: PreTrainedTokenizerBase,
+        settings: ToolSettings,
+        stop_token_ids: list[int],
+    ):
+        from trl.chat_template_utils import add_response_schema, is_chat_template_prefix_preserving
+
+        if not tools or not all(callable(t) for t in tools):
+            raise TypeError("`tools` must be a non-empty list of functions (sync or async).")
+        names = [tool_name(t) for t in tools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"`tools` holds two functions of one name: {sorted(names)}; each name must be unique.")
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("`tools` need a tokenizer with a chat template that renders tools (e.g. Qwen2.5's).")
+        if (
+            getattr(tokenizer, "response_schema", None) is None
+            and getattr(tokenizer, "response_template", None) is None
+        ):
+            try:
+                add_response_schema(tokenizer)
+            except ValueError as err:
+                raise ValueError(
+                    f"`tools`: the tokenizer's chat template has no response schema to parse tool calls with, and TRL "
+                    f"knows none for it ({err}). Set `tokenizer.response_schema` (transformers' response parsing) or use "
+                    "a template TRL recognises (Qwen2.5/3, Llama 3.x, GLM-4-MoE, GPT-OSS, ...)."
+                ) from err
+        if not is_chat_template_prefix_preserving(tokenizer):
+            raise ValueError(
+                "`tools`: the tokenizer's chat template is not prefix-preserving (rendering a longer conversation "
+                "changes the tokens of its start), so the sampled turns cannot be kept as sampled. Use TRL's "
+                "training template: tokenizer.chat_template = trl.chat_template_utils.get_training_chat_template("
+                "tokenizer)."
+            )
+        self.tools = list(tools)
+        self.by_name = dict(zip(names, tools))
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.stop_token_ids = list(stop_token_ids)
+
+    # ------------------------------------------------------------------ rendering
+
+    def render(self, prompts: list[Any]) -> list[str]:
+        """The prompts as the policy reads them: chat messages with the tools' schemas, the generation prompt."""
+        kwargs = self.settings.chat_template_kwargs or {}
+        texts = []
+        for prompt in prompts:
+            if not isinstance(prompt, list):
+                raise ValueError("`tools` need conversational prompts (a list of chat messages per row), got text.")
+            texts.append(
+                self.tokenizer.apply_chat_template(
+                    prompt, tools=self.tools, add_generation_prompt=True, tokenize=False, **kwargs
+                )
+            )
+        return texts
+
+    def suffix_ids(self, tool_messages: list[dict[str, Any]]) -> list[int]:
+        """The tokens the template puts after an assistant turn that called tools: the tool messages and the next
+        generation prompt (rendered after a dummy turn, cut at its last end-of-turn token)."""
+        kwargs = self.settings.chat_template_kwargs or {}
+        call = {"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}
+        dummy = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+        prefix = self.tokenizer.apply_chat_template(dummy, tokenize=True, return_dict=False, **kwargs)
+        full = self.tokenizer.apply_chat_template(
+            dummy + tool_messages, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs
+        )
+        ends = [i for i, t in enumerate(prefix) if t in self.stop_token_ids]
+        if ends:
+            prefix = prefix[: ends[-1] + 1]
+        if full[: len(prefix)] != prefix:
+            raise ValueError("`tools`: the chat template renders a turn differently once tool messages follow it.")
+        return list(full[len(prefix) :])
+
+    def parse(self, ids: list[int], prefix: list[int]) -> dict[str, Any]:
+        from trl.chat_template_utils import parse_response
+
+        content_ids = [t for t in ids if t not in self.stop_token_ids]
+        if not content_ids:
+            return {"role": "assistant", "content": ""}
+        return parse_response(self.tokenizer, ids, prefix=prefix, tools=self.tools)
+
+    # ------------------------------------------------------------------ tools
+
+    def run_calls(self, calls: list[dict[str, Any]]) -> list[tuple[str, str, bool]]:
+        """Run tool calls (all of a step, across episodes, concurrently): `(name, result text, failed)` each."""
+        timeout = self.settings.timeout
+        results: list[tuple[str, str, bool] | None] = [None] * len(calls)
+        sync, coros = [], []
+        for i, call in enumerate(calls):
+            function = call.get("function") or {}
+            name = function.get("name", call.get("name", "unknown"))
+            tool = self.by_name.get(name)
+            arguments = function.get("arguments") or {}
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments)
+                except json.JSONDecodeError:
+                    arguments = None
+            if call.get("type", "function") != "function" or tool is None or not isinstance(arguments, dict):
+                problem = (
+                    f"Tool {name} not found (tools: {sorted(self.by_name)})."
+                    if tool is None
+                    else f"Unusable call of {name}: {call!r}"
+                )
+                results[i] = (name, json.dumps({"error": problem}), True)
+            elif is_async_callable(tool):
+                coros.append((i, name, lambda tool=tool, arguments=arguments: tool(**arguments)))
+            else:
+                sync.append((i, name, lambda tool=tool, arguments=arguments: tool(**arguments)))
+        outcomes = run_in_threads([fn for _, _, fn in sync], timeout) if sync else []
+        if coros:
+            outcomes += run_awaitables([fn for _, _, fn in coros], timeout, self.settings.max_concurrency)
+        for (i, name, _), (status, value) in zip(sync + coros, outcomes):
+            if status == "ok":
+                results[i] = (name, value if isinstance(value, str) else str(value), False)
+            else:
+                error = f"timed out after {timeout} s" if status == "timeout" else value.splitlines()[0]
+                results[i] = (name, json.dumps({"error": error}), True)
+        return results
+
+    # ------------------------------------------------------------------ episodes
+
+    def sample(
+        self,
+        generate: Callable[[torch.Tensor, torch.Tensor, int], tuple[list[list[int]], list[list[float]] | None]],
+        tokenize: Callable[[list[str]], tuple[torch.Tensor, torch.Tensor]],
+        rows: list[dict[str, Any]],
+        any_process: Callable[[bool], bool] = bool,
+    ) -> ToolEpisodes:
+        """
+        Sample one episode per row. `generate(ids, mask, max_new_tokens)` samples one turn per left-padded context and
+        returns its ids (cut after the stop token) and sampler log-probs; `tokenize` turns rendered prompts into
+        left-padded ids (the trainer's truncation rules). `any_process(flag)`: whether any process still has an
+        episode to continue (under ZeRO-3 or FSDP2 every process must take the same number of generation calls; an
+        idle one generates for a dummy context and drops it).
+        """
+        settings = self.settings
+        texts = self.render([row["prompt"] for row in rows])
+        query_ids, query_mask = tokenize(texts)
+        prompt_ids = unpadded_prompts(query_ids, query_mask)
+        first_ids, first_logprobs = generate(query_ids, query_mask, settings.response_length)
+        completion = [list(ids) for ids in first_ids]
+        logprobs = None if first_logprobs is None else [list(lp) for lp in first_logprobs]
+        env_mask = [[1] * len(ids) for ids in completion]
+        messages = [[self.parse(ids, prompt_ids[i])] for i, ids in enumerate(completion)]
+        counts = {name: [0] * len(rows) for name in COUNTS}
+        for i in range(len(rows)):
+            counts["turns"][i] = 1
+            self._count_malformed(messages[i][-1], counts, i)
+        active = [i for i in range(len(rows)) if messages[i][-1].get("tool_calls")]
+        iteration = 0
+        while any_process(bool(active)) and (settings.max_iterations is None or iteration < settings.max_iterations):
+            iteration += 1
+            calls = [(i, call) for i in active for call in messages[i][-1]["tool_calls"]]
+            results = self.run_calls([call for _, call in calls])
+            continuing = []
+            for i in active:
+                mine = [result for (j, _), result in zip(calls, results) if j == i]
+                counts["calls"][i] += len(mine)
+                counts["failures"][i] += sum(failed for _, _, failed in mine)
+                tool_messages = [{"role": "tool", "name": name, "content": text} for name, text, _ in mine]
+                suffix = self.suffix_ids(tool_messages)
+                if len(completion[i]) + len(suffix) >= settings.response_length:  # no room for a next turn
+                    counts["overflows"][i] += 1
+                    continue
+                messages[i] += tool_messages
+                completion[i] += suffix
+                env_mask[i] += [0] * len(suffix)
+                if logprobs is not None:
+                    logprobs[i] += [0.0] * len(suffix)
+                continuing.append(i)
+            if not any_process(bool(continuing)):  # every result overflowed, on every process
+                break
+            contexts = [prompt_ids[i] + completion[i] for i in continuing]
+            budget = max([settings.response_length - len(completion[i]) for i in continuing] + [1])
+            if not contexts:  # another process still generates: join its call on a dummy context
+                contexts = [prompt_ids[0]]
+            ids, mask = _left_pad(contexts, self.tokenizer.pad_token_id, query_ids.device)
+            new_ids, new_logprobs = generate(ids, mask, budget)
+            for k, i in enumerate(continuing):
+                room = settings.response_length - len(completion[i])
+                turn = list(new_ids[k])[:room]
+                completion[i] += turn
+                env_mask[i] += [1] * len(turn)
+                if logprobs is not None:
+                    logprobs[i] += list(new_logprobs[k])[: len(turn)]
+                message = self.parse(turn, prompt_ids[i] + completion[i][: len(completion[i]) - len(turn)])
+                messages[i].append(message)
+                counts["turns"][i] += 1
+                self._count_malformed(message, counts, i)
+            active = [i for i in continuing if messages[i][-1].get("tool_calls")]
+        output = {"prompt_ids": prompt_ids, "completion_ids": completion, "logprobs": logprobs, "env_mask": env_mask}
+        return ToolEpisodes(output, prompt_texts=texts, completions=messages, counts=counts)
+
+    @staticmethod
+    def _count_malformed(message: dict[str, Any], counts: dict[str, list[int]], i: int) -> None:
+        content = message.get("content") or ""
+        if not message.get("tool_calls") and any(marker in content for marker in TOOL_CALL_MARKERS):
+            counts["malformed"][i] += 1
+
+
+def _left_pad(
+    sequences: list[list[int]], pad_token_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        ids[row, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+        mask[row, width - len(seq) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def sample_tool_episodes(
+    loop: ToolLoop,
+    sampler,
+    rows: list[dict[str, Any]],
+    *,
+    greedy: bool,
+    temperature: float,
+    tokenize: Callable[[list[str]], tuple[torch.Tensor, torch.Tensor]],
+    any_process: Callable[[bool], bool],
+    **tensors,
+):
+    """The maker's tool episodes of `rows`: `(query_ids, query_mask, samples, prompt_texts, completions)`, the samples
+    with their `action_mask` and per-episode `episode_counts`. `tensors`: [`function_rollouts`]'s keywords but
+    `num_completions`."""
+    from .rollout_function import function_rollouts
+
+    def generate(ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int):
+        samples = sampler.generate(ids, mask, greedy, temperature=temperature, max_new_tokens=max_new_tokens)
+        turns = [row[m].tolist() for row, m in zip(samples.response_ids, samples.response_mask)]
+        if samples.logprobs is None:
+            return turns, None
+        return turns, [row[m].tolist() for row, m in zip(samples.logprobs, samples.response_mask)]
+
+    episodes = loop.sample(generate, tokenize, rows, any_process=any_process)
+    made = function_rollouts(episodes.output, num_completions=len(rows), **tensors)
+    device = made.query_ids.device
+    made.samples.episode_counts = {
+        k: torch.tensor(v, dtype=torch.float32, device=device) for k, v in episodes.counts.items()
+    }
+    return made.query_ids, made.query_mask, made.samples, episodes.prompt_texts, episodes.completions
+
+
+def episode_metrics(counts: dict[str, torch.Tensor], response_mask: torch.Tensor, action_mask: torch.Tensor) -> dict:
+    """The tool metrics of a batch of episodes (all processes' rows): TRL's `tools/call_frequency` (calls per
+    episode) and `tools/failure_frequency` (failed calls per call, 0 without calls), malformed calls and overflows
+    per episode, turns and tool tokens per episode, and the share of response tokens that are the policy's (trained)."""
+    episodes = max(len(counts["calls"]), 1)
+    calls = float(counts["calls"].sum())
+    response_tokens = float(response_mask.sum())
+    return {
+        "tools/call_frequency": calls / episodes,
+        "tools/failure_frequency": float(counts["failures"].sum()) / calls if calls else 0.0,
+        "tools/malformed_frequency": float(counts["malformed"].sum()) / episodes,
+        "tools/overflow_frequency": float(counts["overflows"].sum()) / episodes,
+        "tools/turns_mean": float(counts["turns"].float().mean()),
+        "tools/tool_tokens_mean": float((response_mask & ~action_mask).sum()) / episodes,
+        "tools/trained_token_share": float((response_mask & action_mask).sum()) / response_tokens
+        if response_tokens
+        else float("nan"),
+    }

@@ -1,0 +1,91 @@
+"""TRL's `tools=` on the trainers (issue 48): episodes with tool calls train with tool tokens out of every action
+term, rewards see the episode as TRL gives it, and the tool metrics are logged. The policy's turns are scripted
+(`tests/tool_fixtures.py`: a tiny random model does not call tools), the rest of the trainer is the real one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from datasets import Dataset
+
+from tests import builders
+from tests.tool_fixtures import ScriptedSampler, add, chat_tokenizer
+
+
+def _dataset(n: int = 32) -> Dataset:
+    return Dataset.from_dict({"prompt": [[{"role": "user", "content": f"Add 2 and 3 ({i})."}] for i in range(n)]})
+
+
+def _trainer(tiny_config, reward, **overrides):
+    tokenizer = chat_tokenizer()
+    trainer = builders.tiny_trainer(
+        model=builders.tiny_policy(tokenizer),
+        processing_class=tokenizer,
+        reward_funcs=reward,
+        train_dataset=_dataset(),
+        eval_dataset=_dataset(4),
+        tools=[add],
+        args=tiny_config(**{"response_length": 300, "max_steps": 1, "kl_coef": 0.1, **overrides}),
+    )
+    trainer.rollout_maker.sampler = ScriptedSampler(tokenizer)
+    return trainer
+
+
+def test_tool_episodes_train_with_tool_tokens_out_of_every_action_term(tiny_config):
+    seen = []
+
+    def reward(completions, **kwargs):
+        seen.append(completions[0])
+        return [1.0 if c[-1]["content"] == "5" else -1.0 for c in completions]
+
+    trainer = _trainer(tiny_config, reward)
+    trainer.train()
+    rollout, update = trainer.last_update.rollout, trainer.last_update
+    tool = rollout.response_mask & ~rollout.action_mask
+    assert bool(tool.any(1).all())  # every episode holds a tool result
+    for name, tensor in (("kl", rollout.kl), ("rewards", rollout.rewards), ("advantages", update.advantages)):
+        assert not tensor[tool].any(), f"{name} on tool tokens"
+    assert not update.returns[tool].any()
+    assert [m["role"] for m in seen[0]] == ["assistant", "tool", "assistant"]  # TRL's completion: the episode
+    assert seen[0][0]["tool_calls"][0]["function"]["name"] == "add"
+    logged = next(e for e in trainer.state.log_history if "tools/call_frequency" in e)
+    assert logged["tools/call_frequency"] == 1.0 and logged["tools/failure_frequency"] == 0.0
+    assert logged["tools/turns_mean"] == 2.0 and 0 < logged["tools/trained_token_share"] < 1
+    assert logged["objective/scores"] == pytest.approx(1.0)
+    metrics = trainer.evaluate()  # evaluation samples the same episodes (greedy)
+    assert metrics["eval_accuracy"] == 1.0
+
+
+def test_value_pretraining_learns_on_tool_episodes_with_the_policy_frozen(tiny_config):
+    from vcppo_trl import VCPPOConfig
+
+    trainer = _trainer(tiny_config, lambda completions, **kw: [1.0] * len(completions), value_pretrain_steps=2)
+    assert isinstance(trainer.args, VCPPOConfig)
+    before = {
+        n: p.detach().clone() for n, p in trainer.accelerator.unwrap_model(trainer.model).policy.named_parameters()
+    }
+    trainer.train()
+    pretrain = [e for e in trainer.state.log_history if "value_pretrain/explained_variance" in e]
+    assert len(pretrain) == 2 and all("tools/call_frequency" in e for e in pretrain)
+    assert trainer.num_ppo_updates == 1  # then the one PPO update
+    changed = any(
+        not torch.equal(before[n], p)
+        for n, p in trainer.accelerator.unwrap_model(trainer.model).policy.named_parameters()
+    )
+    assert changed  # the PPO update moved it (the phase alone would not: its metric lines say lr 0 for the policy)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(generation_window=64, kl_coef=0.0), "`tools` cannot be combined with `generation_window`"),
+        (dict(max_staleness=1), "`tools` cannot be combined with `max_staleness`"),
+    ],
+)
+def test_what_tools_cannot_be_combined_with_is_refused(tiny_config, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        _trainer(tiny_config, builders.length_reward, **overrides)
+    with pytest.raises(ValueError, match="not both"):
+        builders.tiny_trainer(
+            processing_class=chat_tokenizer(), args=tiny_config(), tools=[add], rollout_func=lambda p, t: {}
+        )

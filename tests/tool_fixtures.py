@@ -1,0 +1,76 @@
+"""A tiny tokenizer that speaks TRL's Qwen2.5 chat template (tools included), a tool, and a scripted policy that
+calls it, for the tool-loop tests (no download: the template ships with TRL)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from tests import builders
+
+CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>'
+ANSWER = "5<|im_end|>"
+
+
+def add(a: int, b: int) -> int:
+    """Add two numbers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return a + b
+
+
+def chat_tokenizer():
+    """The toy's character-level tokenizer with `<|im_start|>` / `<|im_end|>` and TRL's Qwen2.5 template; a turn
+    ends with `<|im_end|>` (its EOS)."""
+    import trl
+
+    tokenizer = builders.tiny_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.eos_token = "<|im_end|>"
+    with open(os.path.join(os.path.dirname(trl.__file__), "chat_templates", "qwen2_5.jinja")) as f:
+        tokenizer.chat_template = f.read()
+    return tokenizer
+
+
+def scripted_turn(tokenizer, context: str, script: dict | None = None) -> str:
+    """What the scripted policy says next: a call of `add` until a tool answered, then the answer. `script` may map
+    the number of tool answers seen so far to another turn."""
+    answers = context.count("<tool_response>")
+    if script is not None and answers in script:
+        return script[answers]
+    return CALL if answers == 0 else ANSWER
+
+
+class ScriptedSampler:
+    """Stands in for the trainer's sampler: every context gets `scripted_turn`, cut at `max_new_tokens`."""
+
+    name = "scripted"
+    start_seconds = 0.0
+
+    def __init__(self, tokenizer, script: dict | None = None):
+        self.tokenizer, self.script, self.calls = tokenizer, script, 0
+
+    def generate(self, query_ids, query_mask, greedy, temperature, max_new_tokens=None):
+        from vcppo_trl.sampling.seam import Samples, pad_responses
+
+        self.calls += 1
+        turns = []
+        for ids, mask in zip(query_ids, query_mask):
+            context = self.tokenizer.decode(ids[mask.bool()].tolist())
+            turn = self.tokenizer(scripted_turn(self.tokenizer, context, self.script), add_special_tokens=False)
+            turns.append(turn["input_ids"][: max_new_tokens or None])
+        responses = pad_responses(turns, self.tokenizer.pad_token_id, query_ids.device)
+        lengths = torch.tensor([len(t) for t in turns], device=query_ids.device)
+        mask = torch.arange(responses.shape[1], device=query_ids.device).unsqueeze(0) < lengths.unsqueeze(1)
+        has_stop = torch.tensor([bool(t) and t[-1] == self.tokenizer.eos_token_id for t in turns])
+        return Samples(responses, mask, has_stop)
+
+    def mark_stale(self):
+        pass
+
+    def close(self):
+        pass
