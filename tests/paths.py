@@ -15,3 +15,4 @@ BALANCE_WORKER = os.path.join(DISTRIBUTED, "balance_worker.py")
 LOADING_WORKER = os.path.join(DISTRIBUTED, "loading_worker.py")
 # One rank of the 2-process check of the rollout's split forwards (sequence parallelism).
 SP_ROLLOUT_WORKER = os.path.join(DISTRIBUTED, "sp_rollout_worker.py")
+TOOLS_WORKER = os.path.join(DISTRIBUTED, "tools_worker.py")

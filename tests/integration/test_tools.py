@@ -89,3 +89,32 @@ def test_what_tools_cannot_be_combined_with_is_refused(tiny_config, overrides, m
         builders.tiny_trainer(
             processing_class=chat_tokenizer(), args=tiny_config(), tools=[add], rollout_func=lambda p, t: {}
         )
+
+
+def test_a_run_with_tools_resumed_from_a_checkpoint_equals_the_uninterrupted_run(tiny_config, tmp_path):
+    from tests.builders import step_logs
+
+    def reward(completions, **kwargs):
+        return [1.0 if c[-1]["content"] == "5" else -1.0 for c in completions]
+
+    def make(name):
+        return _trainer(
+            tiny_config,
+            reward,
+            output_dir=str(tmp_path / name),
+            max_steps=3,
+            save_strategy="steps",
+            save_steps=1,
+            value_pretrain_steps=1,
+        )
+
+    full = make("full")
+    full.train()
+    resumed = make("resumed")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-2"))
+    assert resumed.state.global_step == full.state.global_step == 4
+    for (name, a), (_, b) in zip(full.model.named_parameters(), resumed.model.named_parameters()):
+        assert torch.equal(a, b), name
+    full_logs, resumed_logs = step_logs(full), step_logs(resumed)
+    for step in (3, 4):
+        assert resumed_logs[step] == full_logs[step], step

@@ -262,7 +262,7 @@ def rollout_metrics(
     if rollout.episode_counts is not None:  # tool episodes
         counts = {k: accelerator.gather(v) for k, v in rollout.episode_counts.items()}
         response_g, action_g = (
-            m.bool() for m in gather_masked(accelerator, rollout.response_mask, rollout.action_mask)
+            m.bool() for m in gather_masked(accelerator, rollout.response_mask.long(), rollout.action_mask.long())
         )
         metrics.update(episode_metrics(counts, response_g, action_g))
     if rollout.finished is not None and not bool(finished_g.any()):

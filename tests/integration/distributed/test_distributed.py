@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ...paths import BALANCE_WORKER, GRAD_WORKER, LOADING_WORKER, REPO, SP_ROLLOUT_WORKER, WORKER
+from ...paths import BALANCE_WORKER, GRAD_WORKER, LOADING_WORKER, REPO, SP_ROLLOUT_WORKER, TOOLS_WORKER, WORKER
 
 
 def _clean_env(extra_env=None) -> dict:
@@ -902,3 +902,16 @@ def test_fsdp2_low_memory_loading_shards_rank_0s_weights(tmp_path):
     assert result["critic_head_is_rank_0s"] and result["critic_head_sum"] > 0
     assert all(result["ranks_agree"].values())
     assert result["finite_losses"] and len(result["losses"]) >= 2
+
+
+@pytest.mark.parametrize("launcher", ["ddp", "zero3"])
+def test_tool_episodes_keep_the_ranks_in_step(tmp_path, launcher):
+    """`tools=` on two processes: rank 0's episodes call a tool twice (scripted turns), rank 1's none; rank 1 joins
+    rank 0's extra generation rounds (under ZeRO-3 generation is collective: a missed call would hang), and the ranks
+    end with the same weights. TRL's tools/call_frequency is over both ranks' episodes."""
+    _run_worker(TOOLS_WORKER, launcher, [str(tmp_path)])
+    r0, r1 = (json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1))
+    assert r0["global_step"] == r1["global_step"] == 2
+    assert r0["generation_calls"] == r1["generation_calls"] == 2 * 3  # 3 rounds per update, on both ranks
+    assert r0["policy_hash"] == r1["policy_hash"]
+    assert [m["tools/call_frequency"] for m in r0["tools"]] == [1.0, 1.0]  # 2 calls on half the episodes
