@@ -52,6 +52,10 @@ def test_tool_episodes_train_with_tool_tokens_out_of_every_action_term(tiny_conf
     assert logged["tools/call_frequency"] == 1.0 and logged["tools/failure_frequency"] == 0.0
     assert logged["tools/turns_mean"] == 2.0 and 0 < logged["tools/trained_token_share"] < 1
     assert logged["objective/scores"] == pytest.approx(1.0)
+    from vcppo_trl.trainer.completions import completion_table
+
+    logged_completion = completion_table(update, trainer.reward_func_names, step=1)["completion"][0]
+    assert logged_completion == '[call add({"a": 2, "b": 3})]\n[tool add -> 5]\n5'  # the whole episode, tools marked
     metrics = trainer.evaluate()  # evaluation samples the same episodes (greedy)
     assert metrics["eval_accuracy"] == 1.0
 

@@ -240,10 +240,11 @@ class RolloutMaker:
             stop_token_ids=self.stop_token_ids,
             tokenizer=self.tokenizer,
         )
+        completions = completions if episodes is None else episodes  # a tool episode's messages, as TRL gives them
         rewards_per_func, reward_failed = self.score(
             rows,
             prompt_texts,
-            completions if episodes is None else episodes,
+            completions,
             completion_texts=texts,
             completion_ids=completion_ids,
             trainer_state=trainer_state,

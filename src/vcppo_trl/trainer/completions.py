@@ -12,6 +12,7 @@ the first response token, length (tokens), and under `generation_window` whether
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 from typing import Any
@@ -51,10 +52,32 @@ class CompletionLogSettings:
         )
 
 
+def completion_text(completion: Any) -> str:
+    """A completion as the logs show it: text as it is; chat messages as their turns, one per line, with tool calls
+    and tool results marked (`[call add({"a": 2})]`, `[tool add -> 5]`)."""
+    if not isinstance(completion, list):
+        return str(completion)
+    turns = []
+    for message in completion:
+        if not isinstance(message, dict):
+            turns.append(str(message))
+        elif message.get("role") == "tool":
+            turns.append(f"[tool {message.get('name', '')} -> {message.get('content', '')}]")
+        else:
+            calls = [
+                f"[call {call['function'].get('name')}({json.dumps(call['function'].get('arguments'))})]"
+                for call in message.get("tool_calls") or []
+                if isinstance(call, dict) and "function" in call
+            ]
+            turns.append(" ".join([str(message.get("content") or ""), *calls]).strip())
+    return "\n".join(turns)
+
+
 def completion_table(update: UpdateRecord, reward_func_names: list[str], step: int) -> dict[str, list[Any]]:
-    """This process's completions of an update as columns (see the module's docstring)."""
+    """This process's completions of an update as columns (see the module's docstring); `length` and `advantage`
+    over the policy's own tokens (a tool's result is not the policy's)."""
     rollout = update.rollout
-    mask = rollout.response_mask
+    mask = rollout.action_tokens
     lengths = mask.sum(1)
     advantage = (update.advantages * mask).sum(1) / lengths.clamp(min=1)
     finished = rollout.finished_rows
@@ -62,7 +85,7 @@ def completion_table(update: UpdateRecord, reward_func_names: list[str], step: i
     table: dict[str, list[Any]] = {
         "step": [step] * len(rollout.prompts),
         "prompt": [str(p) for p in rollout.prompts],
-        "completion": [str(c) for c in rollout.completions],
+        "completion": [completion_text(c) for c in rollout.completions],
         "score": score.tolist(),
     }
     for i, name in enumerate(reward_func_names):
