@@ -88,10 +88,10 @@ def compressed_reference(rewards, values, actions, gamma, lam):
 def actions_table(devices, repeats: int) -> None:
     gamma, lam_actor, lam_critic = 1.0, 0.95, 1.0
     header = f"{'device':<6} {'B':>3} {'T':>6} {'no mask ms':>11} {'action mask ms':>15} {'speed ratio':>12} {'max abs err':>12}"
-    print(f"(medians of {repeats} interleaved calls each)")
     print(
         "\nGAE over the policy's tokens: a third of the tokens in tool blocks (action_mask) against no mask, same shapes"
     )
+    print(f"(medians of {repeats} interleaved calls each, torch threads={torch.get_num_threads()})")
     print(header)
     print("-" * len(header))
     for device in devices:

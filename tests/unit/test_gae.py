@@ -555,3 +555,231 @@ def test_last_valid_values_is_t_ppo_stand_in_for_the_value_after_the_cut():
     # γ = 1, no reward in the window: the last token's δ is V(s_{l−1}) − V(s_{l−1}) = 0.
     adv, _ = dual_lambda_gae(torch.zeros(3, 3), values, mask, 1.0, 0.95, 1.0, last_valid_values(values, mask))
     assert adv[0, 2] == 0 and adv[1, 0] == 0
+
+
+# ------------------------------------------------------------------------------------------- action mask (issue 48)
+
+
+def _tool_block_batch(seed, lengths, length, blocks=3, max_block=12):
+    """Right-padded batch with tool blocks inside each row (at its start, middle or end alike); rewards only on the
+    policy's tokens; NaN in values on tool tokens and NaN/inf on padding, which must not leak."""
+    gen = torch.Generator().manual_seed(seed)
+    rewards, values, mask = _random_batch(seed, lengths, length, sparse_rewards=True)
+    actions = mask.clone()
+    for b, n in enumerate(lengths):
+        for _ in range(blocks if n else 0):
+            start = int(torch.randint(0, n, (1,), generator=gen))
+            actions[b, start : min(n, start + int(torch.randint(1, max_block + 1, (1,), generator=gen)))] = False
+    rewards = torch.where(actions, rewards, 0.0)
+    values = torch.where(actions | ~mask, values, float("nan"))
+    rewards[~mask], values[~mask] = float("inf"), float("nan")
+    return rewards, values, mask, actions
+
+
+def _lambda_of(lam, b):
+    return float(lam[b]) if isinstance(lam, torch.Tensor) else lam
+
+
+def reference_over_actions(rewards, values, actions, gamma, lam_actor, lam_critic, bootstrap=None):
+    """Plain Python loop: GAE over each row's policy tokens alone (the compressed sequence), written back; 0 elsewhere."""
+    adv = torch.zeros(rewards.shape, dtype=torch.float64)
+    ret = torch.zeros(rewards.shape, dtype=torch.float64)
+    for b in range(rewards.shape[0]):
+        idx = actions[b].nonzero().flatten().tolist()
+        r = [float(rewards[b, t]) for t in idx]
+        v = [float(values[b, t]) for t in idx]
+        end = 0.0 if bootstrap is None else float(bootstrap[b])
+        a_actor = _reference_bootstrapped(r, v, end, gamma, _lambda_of(lam_actor, b))
+        a_critic = _reference_bootstrapped(r, v, end, gamma, _lambda_of(lam_critic, b))
+        for i, t in enumerate(idx):
+            adv[b, t], ret[b, t] = a_actor[i], a_critic[i] + v[i]
+    return adv, ret
+
+
+def reference_plain_masking(rewards, values, mask, actions, gamma, lam_actor, lam_critic):
+    """Plain Python loop over every valid token, rewards and values zeroed off the action mask (OpenRLHF's way)."""
+    zeroed_r = torch.where(actions, rewards, 0.0)
+    zeroed_v = torch.where(actions, values, 0.0)
+    adv = torch.zeros(rewards.shape, dtype=torch.float64)
+    ret = torch.zeros(rewards.shape, dtype=torch.float64)
+    for b in range(rewards.shape[0]):
+        n = int(mask[b].sum())
+        r, v = zeroed_r[b, :n].double().tolist(), zeroed_v[b, :n].double().tolist()
+        a_actor = _reference_lambda_returns(r, v, gamma, _lambda_of(lam_actor, b))
+        a_critic = _reference_lambda_returns(r, v, gamma, _lambda_of(lam_critic, b))
+        for t in range(n):
+            if actions[b, t]:
+                adv[b, t], ret[b, t] = a_actor[t], a_critic[t] + v[t]
+    return adv, ret
+
+
+ACTION_LENGTHS = [0, 150, 1, 7, 150, 64, 65, 90, 3]  # an empty row, full rows, rows across a scan chunk boundary
+
+
+@pytest.mark.parametrize("gamma", [0.97, 1.0])
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("with_bootstrap", [False, True])
+def test_action_mask_skip_equals_the_scan_over_the_compressed_sequence(gamma, seed, with_bootstrap):
+    rewards, values, mask, actions = _tool_block_batch(seed, ACTION_LENGTHS, 150)
+    actions[3, :] = False  # a row with no policy token at all
+    actions[4, 140:] = False  # a row that ends in a tool block: the bootstrap comes after its last policy token
+    rewards = torch.where(actions | ~mask, rewards, 0.0)
+    values = torch.where(actions | ~mask, values, float("nan"))
+    gen = torch.Generator().manual_seed(seed + 100)
+    batch = len(ACTION_LENGTHS)
+    lam_actor = torch.rand(batch, generator=gen)  # per row (length-adaptive λ)
+    lam_critic = 0.8 + 0.2 * torch.rand(batch, generator=gen)
+    bootstrap = torch.randn(batch, generator=gen) if with_bootstrap else None
+    advantages, returns = dual_lambda_gae(
+        rewards, values, mask, gamma, lam_actor, lam_critic, bootstrap_values=bootstrap, action_mask=actions
+    )
+    ref_adv, ref_ret = reference_over_actions(rewards, values, actions, gamma, lam_actor, lam_critic, bootstrap)
+    assert advantages.dtype == returns.dtype == torch.float32
+    torch.testing.assert_close(advantages.double(), ref_adv, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(returns.double(), ref_ret, rtol=1e-5, atol=1e-5)
+    # Exactly 0 on tool tokens and padding (where the inputs are NaN or inf), and every policy token is finite.
+    assert not advantages[~actions].any() and not returns[~actions].any()
+    assert torch.isfinite(advantages).all() and torch.isfinite(returns).all()
+    # Single-λ GAE takes the same mask.
+    single = gae(rewards, values, mask, gamma, 0.9, bootstrap_values=bootstrap, action_mask=actions.long())
+    ref_single = reference_over_actions(rewards, values, actions, gamma, 0.9, 0.9, bootstrap)
+    for got, expected in zip(single, ref_single):
+        torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("gamma", [0.97, 1.0])
+def test_action_mask_plain_equals_the_scan_through_zeroed_tool_tokens(gamma):
+    rewards, values, mask, actions = _tool_block_batch(2, ACTION_LENGTHS, 150)
+    lam_actor = torch.linspace(0.5, 1.0, len(ACTION_LENGTHS))
+    advantages, returns = dual_lambda_gae(
+        rewards, values, mask, gamma, lam_actor, 0.95, action_mask=actions, action_mask_mode="plain"
+    )
+    ref_adv, ref_ret = reference_plain_masking(rewards, values, mask, actions, gamma, lam_actor, 0.95)
+    torch.testing.assert_close(advantages.double(), ref_adv, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(returns.double(), ref_ret, rtol=1e-5, atol=1e-5)
+    assert not advantages[~actions].any() and not returns[~actions].any()
+    # The two modes differ as soon as a tool block sits between policy tokens.
+    skipped, _ = dual_lambda_gae(rewards, values, mask, gamma, lam_actor, 0.95, action_mask=actions)
+    assert not torch.allclose(skipped, advantages, atol=1e-3)
+
+
+def _pre_issue_dual_lambda_gae(rewards, values, mask, gamma, lam_actor, lam_critic, bootstrap=None):
+    """The computation of `dual_lambda_gae` before `action_mask` existed, op for op (frozen here)."""
+    from vcppo_trl.algo.gae import reverse_discounted_cumsum
+
+    valid = mask.bool()
+    batch = rewards.shape[0]
+    rewards = torch.where(valid, rewards.float(), 0.0)
+    values = torch.where(valid, values.float(), 0.0)
+    next_values = torch.nn.functional.pad(values[:, 1:], (0, 1))
+    if bootstrap is not None:
+        lengths = valid.sum(1)
+        at_last = torch.zeros(valid.shape, dtype=torch.float32)
+        at_last[torch.arange(batch), (lengths - 1).clamp(min=0)] = torch.where(lengths > 0, bootstrap.float(), 0.0)
+        next_values = next_values + at_last
+    deltas = rewards + gamma * next_values - values
+    decay = torch.cat(
+        [
+            (gamma * torch.as_tensor(lam, dtype=torch.float64)).expand(batch).contiguous()
+            for lam in (lam_actor, lam_critic)
+        ]
+    )
+    both = reverse_discounted_cumsum(torch.cat([deltas, deltas]), decay)
+    return both[:batch] * valid.float(), (both[batch:] + values) * valid.float()
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+@pytest.mark.parametrize("with_bootstrap", [False, True])
+def test_no_action_mask_is_bit_identical_to_the_code_before_it(per_row, with_bootstrap):
+    lengths = [300, 0, 1, 257, 64, 199]
+    rewards, values, mask = _random_batch(9, lengths, 300, sparse_rewards=True)
+    lam_actor = torch.linspace(0.3, 1.0, len(lengths)) if per_row else 0.95
+    bootstrap = torch.randn(len(lengths), generator=torch.Generator().manual_seed(1)) if with_bootstrap else None
+    for gamma in (0.99, 1.0):
+        before = _pre_issue_dual_lambda_gae(rewards, values, mask, gamma, lam_actor, 1.0, bootstrap)
+        now = dual_lambda_gae(rewards, values, mask, gamma, lam_actor, 1.0, bootstrap_values=bootstrap)
+        explicit = dual_lambda_gae(
+            rewards, values, mask, gamma, lam_actor, 1.0, bootstrap_values=bootstrap, action_mask=None
+        )
+        for old, new, none in zip(before, now, explicit):
+            assert torch.equal(old, new) and torch.equal(old, none)
+
+
+@pytest.mark.parametrize("gamma", [0.99, 1.0])
+def test_a_256_token_tool_block_decays_the_next_turns_credit_only_in_plain_mode(gamma):
+    """Turn 1 (4 tokens), a 256-token tool result, turn 2 (4 tokens) scored 1 at its end, V = 0: "skip" gives the
+    first turn's last token (γλ)^4, as without the block; "plain" gives (γλ)^260, (γλ)^256 times less (≈ 2e-6 at γ = 1,
+    λ = 0.95)."""
+    lam = 0.95
+    actions = torch.ones(1, 264, dtype=torch.bool)
+    actions[0, 4:260] = False
+    mask = torch.ones_like(actions)
+    rewards = torch.zeros(1, 264)
+    rewards[0, -1] = 1.0
+    values = torch.zeros(1, 264)
+    skip, _ = dual_lambda_gae(rewards, values, mask, gamma, lam, 1.0, action_mask=actions)
+    plain, _ = dual_lambda_gae(rewards, values, mask, gamma, lam, 1.0, action_mask=actions, action_mask_mode="plain")
+    without_block, _ = dual_lambda_gae(
+        torch.zeros(1, 8).index_fill_(1, torch.tensor([7]), 1.0),
+        torch.zeros(1, 8),
+        torch.ones(1, 8, dtype=torch.bool),
+        gamma,
+        lam,
+        1.0,
+    )
+    assert float(skip[0, 3]) == pytest.approx(float(without_block[0, 3]), rel=1e-6)
+    assert float(skip[0, 3]) == pytest.approx((gamma * lam) ** 4, rel=1e-5)
+    assert float(plain[0, 3]) / float(skip[0, 3]) == pytest.approx((gamma * lam) ** 256, rel=1e-3)
+    if gamma == 1.0:
+        assert float(plain[0, 3]) < 3e-6
+    # The second turn is the same in both modes (nothing masked after it).
+    torch.testing.assert_close(skip[0, 260:], plain[0, 260:])
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_with_gamma_and_lambda_critic_one_both_modes_give_the_monte_carlo_returns(seed):
+    rewards, values, mask, actions = _tool_block_batch(seed, ACTION_LENGTHS, 150)
+    lam_actor = torch.rand(len(ACTION_LENGTHS), generator=torch.Generator().manual_seed(seed))
+    _, skip = dual_lambda_gae(rewards, values, mask, 1.0, lam_actor, 1.0, action_mask=actions)
+    _, plain = dual_lambda_gae(
+        rewards, values, mask, 1.0, lam_actor, 1.0, action_mask=actions, action_mask_mode="plain"
+    )
+    policy_rewards = torch.where(actions, rewards, 0.0).double()
+    monte_carlo = torch.flip(torch.cumsum(torch.flip(policy_rewards, [1]), 1), [1]) * actions
+    torch.testing.assert_close(skip.double(), monte_carlo, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(plain.double(), monte_carlo, rtol=1e-5, atol=1e-4)
+
+
+def test_action_mask_errors():
+    rewards, values, mask, actions = _tool_block_batch(5, [6, 4, 0], 6)
+    rewards, values = torch.where(mask, rewards, 0.0), torch.where(actions, values, 0.0)
+
+    def call(**kwargs):
+        return dual_lambda_gae(rewards, values, mask, 1.0, 0.95, 1.0, **kwargs)
+
+    for mode in ("carry", "SKIP", None):
+        with pytest.raises(ValueError, match=r"action_mask_mode must be one of \('skip', 'plain'\)"):
+            call(action_mask=actions, action_mask_mode=mode)
+    with pytest.raises(ValueError, match="action_mask_mode must be one of"):
+        call(action_mask_mode="carry")  # refused with no mask too
+    with pytest.raises(ValueError, match=r"action_mask must have the \[B, T\] shape \(3, 6\), got \(3, 5\)"):
+        call(action_mask=actions[:, :5])
+    padded_policy_token = actions.clone()
+    padded_policy_token[1, 5] = True  # row 1 has 4 valid tokens
+    for mode in ("skip", "plain"):
+        with pytest.raises(ValueError, match="outside response_mask"):
+            call(action_mask=padded_policy_token, action_mask_mode=mode)
+    tool = (mask & ~actions).nonzero()[0]
+    for bad in (1.0, float("nan")):
+        on_tool = rewards.clone()
+        on_tool[tool[0], tool[1]] = bad
+        for mode in ("skip", "plain"):
+            with pytest.raises(ValueError, match="A reward sits on a token outside action_mask"):
+                dual_lambda_gae(on_tool, values, mask, 1.0, 0.95, 1.0, action_mask=actions, action_mask_mode=mode)
+    # Nonzero rewards on padding stay ignored, as without a mask.
+    padded_reward = rewards.clone()
+    padded_reward[1, 5] = 7.0
+    for got, expected in zip(
+        call(action_mask=actions), dual_lambda_gae(padded_reward, values, mask, 1.0, 0.95, 1.0, action_mask=actions)
+    ):
+        assert torch.equal(got, expected)

@@ -131,15 +131,22 @@ def dual_lambda_gae(
             generation window): δ of the last token becomes r + γ·bootstrap − V. 0 for a finished row (terminal).
             `None`: every row is finished.
         action_mask (`torch.Tensor` of shape `[B, T]`, *optional*):
-            1 on the policy's own tokens, 0 on tool or environment tokens inside the response (a subset of
-            `response_mask`; rewards must be 0 outside it). With `action_mask_mode="skip"` GAE runs as if the other
-            tokens were not there: δ and the bootstrap cross them with no γ or λ decay, exactly the scan of the
-            sequence with them removed (verl's multi-turn GAE); returns and advantages are 0 on them. A caller with
-            a length-dependent λ should count policy tokens. `None`: every valid token is the policy's.
+            1 on the policy's own tokens, 0 on tokens a tool or an environment wrote into the response: those are
+            state, not actions. Must lie within `response_mask` (a policy token on padding is refused), and rewards
+            must be 0 off it (a reward on a tool token is refused: move it to the policy's next token). Returns and
+            advantages are 0 off it. A caller with a length-dependent λ (per-row `lam_actor`) should count the
+            policy's tokens. `None` (default): every valid token is the policy's, today's computation unchanged.
         action_mask_mode (`str`):
-            `"skip"` (above), or `"plain"` for comparison: rewards and values zeroed on the masked tokens and the
-            ordinary scan run through them (OpenRLHF's way), so the next turn's credit decays by γλ per masked token
-            (0.95^256 ≈ 2e-6 across a 256-token tool result) and the bootstrap before a tool block is lost.
+            How the tokens off `action_mask` are treated:
+
+            - `"skip"` (default): GAE as if they were not there. δ and the bootstrap cross them with no γ or λ decay:
+              exactly the ordinary scan over each row's policy tokens alone (moved left, scanned, moved back), as
+              verl's multi-turn GAE. A row that ends in tool tokens bootstraps (`bootstrap_values`, else 0) after its
+              last policy token.
+            - `"plain"` (OpenRLHF's way, for comparison experiments): rewards and values zeroed on them and the
+              ordinary scan run through them, so the credit of the next turn decays by γλ per tool token
+              (0.95^256 ≈ 2e-6 across a 256-token tool result) and the policy's last token before a tool block
+              bootstraps from V = 0. With `gamma == lam_critic == 1` the returns agree with `"skip"`.
 
     Returns:
         `tuple[torch.Tensor, torch.Tensor]`: `(advantages, returns)`, both `[B, T]` float32, zero outside the mask.
@@ -150,46 +157,58 @@ def dual_lambda_gae(
     _check_unit_interval("gamma", gamma)
     _check_lambda("lam_actor", lam_actor, batch_size)
     _check_lambda("lam_critic", lam_critic, batch_size)
+    if action_mask_mode not in ACTION_MASK_MODES:
+        raise ValueError(f"action_mask_mode must be one of {ACTION_MASK_MODES}, got {action_mask_mode!r}.")
 
     valid = response_mask.bool()
     if length > 1 and bool((valid[:, 1:] & ~valid[:, :-1]).any()):
         raise ValueError("response_mask must be right-padded: valid tokens first, then padding, in every row.")
-    if action_mask is not None:
-        actions = _checked_actions(action_mask, valid, rewards=rewards, mode=action_mask_mode)
-        if action_mask_mode == "skip":
-            return _over_actions(
-                rewards,
-                values,
-                actions,
-                gamma=gamma,
-                lam_actor=lam_actor,
-                lam_critic=lam_critic,
-                bootstrap=bootstrap_values,
-            )
-        rewards, values, valid_out = torch.where(actions, rewards, 0), torch.where(actions, values, 0), actions
-        advantages, returns = _scan(
-            rewards, values, valid, gamma=gamma, lams=(lam_actor, lam_critic), bootstrap=bootstrap_values
+    if action_mask is None:
+        return _scan(rewards, values, valid, gamma=gamma, lams=(lam_actor, lam_critic), bootstrap=bootstrap_values)
+    actions, width = _checked_actions(action_mask, valid, rewards=rewards)
+    if action_mask_mode == "skip":
+        return _over_actions(
+            rewards,
+            values,
+            actions,
+            width=width,
+            gamma=gamma,
+            lams=(lam_actor, lam_critic),
+            bootstrap=bootstrap_values,
         )
-        return advantages * valid_out, returns * valid_out
-    return _scan(rewards, values, valid, gamma=gamma, lams=(lam_actor, lam_critic), bootstrap=bootstrap_values)
+    zero = torch.zeros((), dtype=values.dtype, device=values.device)
+    advantages, returns = _scan(
+        rewards,  # already 0 on tool tokens (checked)
+        torch.where(actions, values, zero),
+        valid,
+        gamma=gamma,
+        lams=(lam_actor, lam_critic),
+        bootstrap=bootstrap_values,
+    )
+    return advantages * actions, returns * actions
 
 
 def _scan(
     rewards: torch.Tensor,
     values: torch.Tensor,
-    valid: torch.Tensor,
+    valid: torch.Tensor | None,
     *,
     gamma: float,
     lams: tuple[LambdaLike, LambdaLike],
     bootstrap: torch.Tensor | None,
+    zero_padded: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The body of [`dual_lambda_gae`] on checked inputs: `valid` bool and right-padded, `lams` = (actor, critic)."""
+    """The body of [`dual_lambda_gae`] on checked inputs: `valid` bool and right-padded, `lams` = (actor, critic).
+    `zero_padded`: float32 inputs already 0 on padding, and outputs wanted on valid tokens only (the compressed scan
+    of [`_over_actions`]): the steps that clean the padding are skipped, the valid tokens' arithmetic is the same, and
+    `valid` is read only to place `bootstrap` (`None` without one)."""
     batch_size = rewards.shape[0]
     lam_actor, lam_critic = lams
-    # Compute in float32 whatever the input dtype (bf16 sums over thousands of tokens lose the signal); torch.where,
-    # not a product, so that NaN or inf in padded positions cannot leak into valid tokens.
-    rewards = torch.where(valid, rewards.float(), 0.0)
-    values = torch.where(valid, values.float(), 0.0)
+    if not zero_padded:
+        # Compute in float32 whatever the input dtype (bf16 sums over thousands of tokens lose the signal);
+        # torch.where, not a product, so that NaN or inf in padded positions cannot leak into valid tokens.
+        rewards = torch.where(valid, rewards.float(), 0.0)
+        values = torch.where(valid, values.float(), 0.0)
     next_values = torch.nn.functional.pad(values[:, 1:], (0, 1))  # 0 after the last valid token (right padding)
     if bootstrap is not None:
         next_values = next_values + _at_last_valid(valid, bootstrap.float())
@@ -203,6 +222,8 @@ def _scan(
         ]
     )
     both = reverse_discounted_cumsum(torch.cat([deltas, deltas]), decay)
+    if zero_padded:
+        return both[:batch_size], both[batch_size:] + values
     mask = valid.float()
     advantages = both[:batch_size] * mask
     returns = (both[batch_size:] + values) * mask
@@ -210,23 +231,33 @@ def _scan(
 
 
 def _checked_actions(
-    action_mask: torch.Tensor, valid: torch.Tensor, *, rewards: torch.Tensor, mode: str
-) -> torch.Tensor:
-    if mode not in ACTION_MASK_MODES:
-        raise ValueError(f"action_mask_mode must be one of {ACTION_MASK_MODES}, got {mode!r}.")
+    action_mask: torch.Tensor, valid: torch.Tensor, *, rewards: torch.Tensor
+) -> tuple[torch.Tensor, int]:
+    """`action_mask` as bool, checked against `valid` and `rewards`, and the most policy tokens in a row (one host
+    sync for all of it)."""
     if action_mask.shape != valid.shape:
         raise ValueError(
             f"action_mask must have the [B, T] shape {tuple(valid.shape)}, got {tuple(action_mask.shape)}."
         )
     actions = action_mask.bool()
-    if bool((actions > valid).any()):
-        raise ValueError("action_mask marks a token outside response_mask as the policy's: it must be a subset of it.")
-    if bool(((rewards != 0) & (valid > actions)).any()):
+    outside, on_tool, width = torch.stack(
+        [
+            (actions > valid).any(),
+            ((rewards != 0) & (valid > actions)).any(),
+            actions.sum(1).max() if actions.numel() else torch.zeros((), dtype=torch.long, device=actions.device),
+        ]
+    ).tolist()
+    if outside:
+        raise ValueError(
+            "action_mask marks a padded token (outside response_mask) as the policy's: it must be a subset of "
+            "response_mask."
+        )
+    if on_tool:
         raise ValueError(
             "A reward sits on a token outside action_mask (a tool's or environment's token): put it on the policy's "
             "next (or last) token instead; GAE credits actions only."
         )
-    return actions
+    return actions, int(width)
 
 
 def _over_actions(
@@ -234,21 +265,24 @@ def _over_actions(
     values: torch.Tensor,
     actions: torch.Tensor,
     *,
+    width: int,
     gamma: float,
-    lam_actor: LambdaLike,
-    lam_critic: LambdaLike,
+    lams: tuple[LambdaLike, LambdaLike],
     bootstrap: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """[`dual_lambda_gae`] over each row's policy tokens alone: moved left in order (a running count gives each its
-    column), scanned as a right-padded sequence as long as the row with most of them, and moved back; 0 on the
+    """[`_scan`] over each row's policy tokens alone: moved left in order (a running count gives each its column),
+    scanned as a right-padded sequence `width` long (the most policy tokens in a row), and moved back; 0 on the
     other tokens."""
     batch_size = actions.shape[0]
-    counts = actions.sum(1, keepdim=True)
-    width = max(int(counts.max()), 1)  # shorter than T by the longest row's tool tokens: the scan gets cheaper
+    width = max(width, 1)
     # Each policy token's column in its row's compressed sequence, from 1 (a running count); the others get column 0,
     # a spare one dropped on the way in (so NaN or inf there cannot leak) and read as 0 on the way back.
-    column = actions.cumsum(1) * actions
-    compressed_mask = torch.arange(width, device=actions.device).unsqueeze(0) < counts
+    running = actions.cumsum(1)
+    column = torch.where(actions, running, 0)
+    # The compressed sequence's mask: needed only to place the bootstrap after each row's last policy token.
+    compressed_mask = None
+    if bootstrap is not None:
+        compressed_mask = torch.arange(1, width + 1, device=actions.device) <= running[:, -1:]
 
     def compress(x: torch.Tensor) -> torch.Tensor:
         out = torch.zeros((batch_size, width + 1), dtype=torch.float32, device=x.device)
@@ -259,11 +293,15 @@ def _over_actions(
         compress(values),
         compressed_mask,
         gamma=gamma,
-        lams=(lam_actor, lam_critic),
+        lams=lams,
         bootstrap=bootstrap,
+        zero_padded=True,  # 0 past each row's policy tokens, and only their columns are read back
     )
-    spare = torch.zeros((batch_size, 1), dtype=advantages.dtype, device=advantages.device)
-    return torch.cat([spare, advantages], 1).gather(1, column), torch.cat([spare, returns], 1).gather(1, column)
+    # Column 0 back in front, as 0: what the other tokens read.
+    return (
+        torch.nn.functional.pad(advantages, (1, 0)).gather(1, column),
+        torch.nn.functional.pad(returns, (1, 0)).gather(1, column),
+    )
 
 
 def _at_last_valid(valid: torch.Tensor, per_row: torch.Tensor) -> torch.Tensor:
