@@ -52,7 +52,7 @@ class ScriptedSampler:
     start_seconds = 0.0
 
     def __init__(self, tokenizer, script: dict | None = None):
-        self.tokenizer, self.script, self.calls = tokenizer, script, 0
+        self.tokenizer, self.script, self.calls, self.contexts = tokenizer, script, 0, []
 
     def generate(self, query_ids, query_mask, greedy, temperature, max_new_tokens=None):
         from vcppo_trl.sampling.seam import Samples, pad_responses
@@ -61,6 +61,7 @@ class ScriptedSampler:
         turns = []
         for ids, mask in zip(query_ids, query_mask):
             context = self.tokenizer.decode(ids[mask.bool()].tolist())
+            self.contexts.append(context)
             turn = self.tokenizer(scripted_turn(self.tokenizer, context, self.script), add_special_tokens=False)
             turns.append(turn["input_ids"][: max_new_tokens or None])
         responses = pad_responses(turns, self.tokenizer.pad_token_id, query_ids.device)

@@ -122,3 +122,80 @@ def test_a_run_with_tools_resumed_from_a_checkpoint_equals_the_uninterrupted_run
     full_logs, resumed_logs = step_logs(full), step_logs(resumed)
     for step in (3, 4):
         assert resumed_logs[step] == full_logs[step], step
+
+
+class Counter:
+    """An environment: `reset` appends the row's start to the prompt; `add` is its tool; it owns the reward."""
+
+    def __init__(self):
+        self.total = None
+
+    def reset(self, prompt, start=0, **row):
+        self.total = start
+        return f" Start at {start}."
+
+    def add(self, a: int, b: int) -> int:
+        """Add two numbers to the running total.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        self.total += a + b
+        return self.total
+
+    def get_reward(self) -> float:
+        return float(self.total)
+
+
+def test_an_environment_per_episode_gives_its_methods_as_tools_and_its_reward(tiny_config):
+    tokenizer = chat_tokenizer()
+    seen = {}
+
+    def reward(completions, environments, **kwargs):
+        seen["environments"] = environments
+        return [0.0] * len(completions)
+
+    rows = [[{"role": "user", "content": f"Count ({i})."}] for i in range(32)]
+    trainer = builders.tiny_trainer(
+        model=builders.tiny_policy(tokenizer),
+        processing_class=tokenizer,
+        reward_funcs=reward,
+        train_dataset=Dataset.from_dict({"prompt": rows, "start": list(range(32))}),
+        environment_factory=Counter,
+        args=tiny_config(response_length=300, max_steps=1),
+    )
+    trainer.rollout_maker.sampler = ScriptedSampler(tokenizer)
+    assert trainer.reward_func_names == ["reward", "Counter"]  # the environment's reward, after the given ones
+    trainer.train()
+    environments = seen["environments"]
+    assert len(environments) == 16 and len({id(e) for e in environments}) == 16  # one instance per episode
+    starts = [e.total - 5 for e in environments]  # each reset with its row, then add(2, 3) ran on it
+    assert sorted(starts) == sorted(set(starts))
+    rollout = trainer.last_update.rollout
+    torch.testing.assert_close(rollout.rewards_per_func[:, 1], torch.tensor([float(e.total) for e in environments]))
+    first_prompts = trainer.rollout_maker.sampler.contexts[:16]  # reset's text appended to the last user message
+    assert all(f" Start at {s}.<|im_end|>" in c for s, c in zip(sorted(starts), sorted(first_prompts, key=_start)))
+
+
+def _start(context: str) -> int:
+    return int(context.split(" Start at ")[1].split(".")[0])
+
+
+def test_an_environment_that_fails_to_reset_names_the_row(tiny_config):
+    class Broken(Counter):
+        def reset(self, prompt, **row):
+            raise KeyError("no board")
+
+    tokenizer = chat_tokenizer()
+    trainer = builders.tiny_trainer(
+        model=builders.tiny_policy(tokenizer),
+        processing_class=tokenizer,
+        reward_funcs=builders.length_reward,
+        train_dataset=_dataset(),
+        environment_factory=Broken,
+        args=tiny_config(response_length=300, max_steps=1),
+    )
+    trainer.rollout_maker.sampler = ScriptedSampler(tokenizer)
+    with pytest.raises(RuntimeError, match=r"The environment Broken failed to reset for row 0 .*KeyError"):
+        trainer.train()

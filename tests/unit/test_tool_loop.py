@@ -44,7 +44,7 @@ def _episodes(loop, tokenizer, script=None, rows=ROWS, response_length=400):
         pad_token_id=tokenizer.pad_token_id,
         device=torch.device("cpu"),
     )
-    return (*out, sampler)
+    return (*out[1:], sampler)
 
 
 def test_an_episode_keeps_the_sampled_tokens_and_masks_only_what_the_tool_wrote():

@@ -4,6 +4,7 @@ built by [`build_rollout_source`]): whole responses, generation windows (the poo
 of generations a rollout worker runs ahead of training (`max_staleness`), and rollouts stored as a dataset.
 """
 
+from .environments import Environments
 from .maker import GenerationStats, RolloutMaker, RolloutStats
 from .overlap import AheadOfTraining, OverlappedRollouts, WindowAhead, request_seed, rollout_worker
 from .response_pool import InFlight, ResponsePool, WindowStep
@@ -43,6 +44,7 @@ from .types import OverlapStats, Rollout, is_correct
 from .windowed import WindowedRollouts, gae_bootstrap, make_window
 
 __all__ = [
+    "Environments",
     "ToolEpisodes",
     "ToolLoop",
     "ToolSettings",

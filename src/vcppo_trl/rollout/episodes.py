@@ -31,7 +31,7 @@ def sample_episodes(
     )
     if maker.tool_loop is not None:
         max_across = max_across_processes(maker.accelerator) or (lambda flags: flags)
-        query_ids, query_mask, samples, prompt_texts, episodes = sample_tool_episodes(
+        rows, query_ids, query_mask, samples, prompt_texts, episodes = sample_tool_episodes(
             maker.tool_loop,
             maker.sampler,
             rows,

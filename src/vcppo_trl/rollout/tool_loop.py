@@ -68,6 +68,7 @@ class ToolEpisodes:
     prompt_texts: list[str]
     completions: list[list[dict[str, Any]]]  # per episode: its assistant and tool messages
     counts: dict[str, list[int]]  # COUNTS, per episode
+    environments: list[Any] | None = None  # per episode: its environment (`environment_factory`)
 
 
 def tool_name(tool: Callable) -> str:
@@ -85,6 +86,8 @@ class ToolLoop:
             tool calls (TRL's `add_response_schema` is applied when it has none).
         settings ([`ToolSettings`]).
         stop_token_ids: The ids that end a turn.
+        environments ([`~rollout.environments.Environments`], *optional*): TRL's `environment_factory`: each episode
+            gets an environment, reset with its row, whose methods are its tools besides `tools`.
     """
 
     def __init__(
@@ -93,10 +96,12 @@ class ToolLoop:
         tokenizer: PreTrainedTokenizerBase,
         settings: ToolSettings,
         stop_token_ids: list[int],
+        environments=None,
     ):
         from trl.chat_template_utils import add_response_schema, is_chat_template_prefix_preserving
 
-        if not tools or not all(callable(t) for t in tools):
+        tools = list(tools or [])
+        if (not tools and environments is None) or not all(callable(t) for t in tools):
             raise TypeError("`tools` must be a non-empty list of functions (sync or async).")
         names = [tool_name(t) for t in tools]
         if len(set(names)) != len(names):
@@ -122,24 +127,26 @@ class ToolLoop:
                 "training template: tokenizer.chat_template = trl.chat_template_utils.get_training_chat_template("
                 "tokenizer)."
             )
-        self.tools = list(tools)
-        self.by_name = dict(zip(names, tools))
+        self.tools = tools
+        self.environments = environments
         self.tokenizer = tokenizer
         self.settings = settings
         self.stop_token_ids = list(stop_token_ids)
 
     # ------------------------------------------------------------------ rendering
 
-    def render(self, prompts: list[Any]) -> list[str]:
-        """The prompts as the policy reads them: chat messages with the tools' schemas, the generation prompt."""
+    def render(self, prompts: list[Any], tools: list[list[Callable]] | None = None) -> list[str]:
+        """The prompts as the policy reads them: chat messages with their tools' schemas (each row's `tools`, by
+        default the loop's), the generation prompt."""
         kwargs = self.settings.chat_template_kwargs or {}
         texts = []
-        for prompt in prompts:
+        for i, prompt in enumerate(prompts):
             if not isinstance(prompt, list):
                 raise ValueError("`tools` need conversational prompts (a list of chat messages per row), got text.")
+            row_tools = self.tools if tools is None else tools[i]
             texts.append(
                 self.tokenizer.apply_chat_template(
-                    prompt, tools=self.tools, add_generation_prompt=True, tokenize=False, **kwargs
+                    prompt, tools=row_tools, add_generation_prompt=True, tokenize=False, **kwargs
                 )
             )
         return texts
@@ -161,25 +168,26 @@ class ToolLoop:
             raise ValueError("`tools`: the chat template renders a turn differently once tool messages follow it.")
         return list(full[len(prefix) :])
 
-    def parse(self, ids: list[int], prefix: list[int]) -> dict[str, Any]:
+    def parse(self, ids: list[int], prefix: list[int], tools: list[Callable]) -> dict[str, Any]:
         from trl.chat_template_utils import parse_response
 
         content_ids = [t for t in ids if t not in self.stop_token_ids]
         if not content_ids:
             return {"role": "assistant", "content": ""}
-        return parse_response(self.tokenizer, ids, prefix=prefix, tools=self.tools)
+        return parse_response(self.tokenizer, ids, prefix=prefix, tools=tools)
 
     # ------------------------------------------------------------------ tools
 
-    def run_calls(self, calls: list[dict[str, Any]]) -> list[tuple[str, str, bool]]:
-        """Run tool calls (all of a step, across episodes, concurrently): `(name, result text, failed)` each."""
+    def run_calls(self, calls: list[tuple[dict[str, Any], dict[str, Callable]]]) -> list[tuple[str, str, bool]]:
+        """Run tool calls, each with its episode's tools by name (all of a step, across episodes, concurrently):
+        `(name, result text, failed)` each."""
         timeout = self.settings.timeout
         results: list[tuple[str, str, bool] | None] = [None] * len(calls)
         sync, coros = [], []
-        for i, call in enumerate(calls):
+        for i, (call, by_name) in enumerate(calls):
             function = call.get("function") or {}
             name = function.get("name", call.get("name", "unknown"))
-            tool = self.by_name.get(name)
+            tool = by_name.get(name)
             arguments = function.get("arguments") or {}
             if isinstance(arguments, str):
                 try:
@@ -188,7 +196,7 @@ class ToolLoop:
                     arguments = None
             if call.get("type", "function") != "function" or tool is None or not isinstance(arguments, dict):
                 problem = (
-                    f"Tool {name} not found (tools: {sorted(self.by_name)})."
+                    f"Tool {name} not found (tools: {sorted(by_name)})."
                     if tool is None
                     else f"Unusable call of {name}: {call!r}"
                 )
@@ -225,14 +233,21 @@ class ToolLoop:
         idle one generates for a dummy context and drops it).
         """
         settings = self.settings
-        texts = self.render([row["prompt"] for row in rows])
+        instances = None
+        if self.environments is not None:  # each episode's environment, reset with its row; its methods are tools
+            instances, prompts = self.environments.start(rows)
+            row_tools = [self.environments.tools_of(instance) for instance in instances]
+        else:
+            prompts, row_tools = [row["prompt"] for row in rows], [self.tools] * len(rows)
+        by_name = [{tool_name(t): t for t in tools} for tools in row_tools]
+        texts = self.render(prompts, row_tools)
         query_ids, query_mask = tokenize(texts)
         prompt_ids = unpadded_prompts(query_ids, query_mask)
         first_ids, first_logprobs = generate(query_ids, query_mask, settings.response_length)
         completion = [list(ids) for ids in first_ids]
         logprobs = None if first_logprobs is None else [list(lp) for lp in first_logprobs]
         env_mask = [[1] * len(ids) for ids in completion]
-        messages = [[self.parse(ids, prompt_ids[i])] for i, ids in enumerate(completion)]
+        messages = [[self.parse(ids, prompt_ids[i], row_tools[i])] for i, ids in enumerate(completion)]
         counts = {name: [0] * len(rows) for name in COUNTS}
         for i in range(len(rows)):
             counts["turns"][i] = 1
@@ -242,7 +257,7 @@ class ToolLoop:
         while any_process(bool(active)) and (settings.max_iterations is None or iteration < settings.max_iterations):
             iteration += 1
             calls = [(i, call) for i in active for call in messages[i][-1]["tool_calls"]]
-            results = self.run_calls([call for _, call in calls])
+            results = self.run_calls([(call, by_name[i]) for i, call in calls])
             continuing = []
             for i in active:
                 mine = [result for (j, _), result in zip(calls, results) if j == i]
@@ -274,13 +289,15 @@ class ToolLoop:
                 env_mask[i] += [1] * len(turn)
                 if logprobs is not None:
                     logprobs[i] += list(new_logprobs[k])[: len(turn)]
-                message = self.parse(turn, prompt_ids[i] + completion[i][: len(completion[i]) - len(turn)])
+                message = self.parse(
+                    turn, prompt_ids[i] + completion[i][: len(completion[i]) - len(turn)], row_tools[i]
+                )
                 messages[i].append(message)
                 counts["turns"][i] += 1
                 self._count_malformed(message, counts, i)
             active = [i for i in continuing if messages[i][-1].get("tool_calls")]
         output = {"prompt_ids": prompt_ids, "completion_ids": completion, "logprobs": logprobs, "env_mask": env_mask}
-        return ToolEpisodes(output, prompt_texts=texts, completions=messages, counts=counts)
+        return ToolEpisodes(output, prompt_texts=texts, completions=messages, counts=counts, environments=instances)
 
     @staticmethod
     def _count_malformed(message: dict[str, Any], counts: dict[str, list[int]], i: int) -> None:
@@ -312,8 +329,9 @@ def sample_tool_episodes(
     any_process: Callable[[bool], bool],
     **tensors,
 ):
-    """The maker's tool episodes of `rows`: `(query_ids, query_mask, samples, prompt_texts, completions)`, the samples
-    with their `action_mask` and per-episode `episode_counts`. `tensors`: [`function_rollouts`]'s keywords but
+    """The maker's tool episodes of `rows`: `(rows, query_ids, query_mask, samples, prompt_texts, completions)`, the
+    rows with their `environments` (if any, for the reward functions), the samples with their `action_mask` and
+    per-episode `episode_counts`. `tensors`: [`function_rollouts`]'s keywords but
     `num_completions`."""
     from .rollout_function import function_rollouts
 
@@ -325,12 +343,14 @@ def sample_tool_episodes(
         return turns, [row[m].tolist() for row, m in zip(samples.logprobs, samples.response_mask)]
 
     episodes = loop.sample(generate, tokenize, rows, any_process=any_process)
+    if episodes.environments is not None:  # to the reward functions (TRL's `environments`), per episode
+        rows = [{**row, "environments": env} for row, env in zip(rows, episodes.environments)]
     made = function_rollouts(episodes.output, num_completions=len(rows), **tensors)
     device = made.query_ids.device
     made.samples.episode_counts = {
         k: torch.tensor(v, dtype=torch.float32, device=device) for k, v in episodes.counts.items()
     }
-    return made.query_ids, made.query_mask, made.samples, episodes.prompt_texts, episodes.completions
+    return rows, made.query_ids, made.query_mask, made.samples, episodes.prompt_texts, episodes.completions
 
 
 def episode_metrics(counts: dict[str, torch.Tensor], response_mask: torch.Tensor, action_mask: torch.Tensor) -> dict:

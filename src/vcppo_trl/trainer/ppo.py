@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from accelerate.utils import is_peft_model, set_seed
+from accelerate.utils import is_peft_model
 from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, PrinterCallback, ProgressCallback, TrainerCallback
 from transformers.trainer_callback import ExportableState, TrainerControl
@@ -94,6 +94,8 @@ class PPOTrainer(_BaseTrainer):
         tools (`list[Callable]`, *optional*): TRL's tools: functions (sync or `async def`) the policy calls between
             its turns, in episodes sampled by the trainer's sampler; their results are context, never actions
             ([`~rollout.tool_loop`], docs/tools_and_environments.md). Conversational prompts only.
+        environment_factory (`Callable` or `dict[str, Callable]`, *optional*): TRL's: an environment per episode, whose
+            methods are tools and `get_reward()` a reward source ([`~rollout.environments`]).
     """
 
     _tag_names = ["trl", "ppo", "vcppo-trl"]
@@ -117,13 +119,12 @@ class PPOTrainer(_BaseTrainer):
         value_peft_config: PeftConfig | dict | None = None,
         rollout_func: rollout_setup.RolloutFunc | None = None,
         tools: list[Callable] | None = None,
+        environment_factory: Callable | dict[str, Callable] | None = None,
     ):
         args = setup.checked_args(args, model, config_class=self._config_class, trainer_name=self._name)
         setup.prepare_process(args)
-        setup.check_dataset(train_dataset, "train_dataset", required=True)
-        setup.check_dataset(eval_dataset, "eval_dataset", required=False)
-        rollout_setup.check_rollout_func(args, rollout_func, tools)
-
+        setup.check_datasets(train_dataset, eval_dataset)
+        rollout_setup.check_rollout_func(args, rollout_func, tools=tools, environment_factory=environment_factory)
         built = setup.build_models(
             model,
             args,
@@ -137,7 +138,9 @@ class PPOTrainer(_BaseTrainer):
         self.initial_policy = built.initial_policy  # who the critic was built beside, in a critic job (no policy)
         self.stop_token_ids = resolve_stop_token_ids(tokenizer, stop_token_id=args.stop_token_id)
         self.end_of_thinking_ids = marker_token_ids(tokenizer, args.end_of_thinking_marker)
-        reward_funcs, reward_processing_classes = setup.load_rewards(reward_funcs, reward_processing_classes, args)
+        reward_funcs, reward_processing_classes, environments = rollout_setup.rewards_and_environments(
+            reward_funcs, reward_processing_classes, args, tools=tools, environment_factory=environment_factory
+        )
         self.reward_func_names = [reward_func_name(f) for f in reward_funcs]
         train_dataset, eval_dataset, self.data_reports = setup.prepare_datasets(
             train_dataset,
@@ -145,11 +148,10 @@ class PPOTrainer(_BaseTrainer):
             tokenizer,
             args=args,
             reward_funcs=reward_funcs,
-            rollout_func_keys=rollout_func is not None or bool(tools),
+            rollout_func_keys=rollout_func is not None or bool(tools) or environments is not None,
         )
 
-        # DDP: value-only updates leave the policy out of the graph. With `ddp_find_unused_parameters=None`,
-        # transformers finds unused parameters for a model that is not a `PreTrainedModel`, as PolicyAndValueModel is.
+        # DDP finds unused parameters (value-only updates leave the policy out) for a model not a `PreTrainedModel`.
         super().__init__(
             model=PolicyAndValueModel(policy, critic),
             args=args,
@@ -161,11 +163,8 @@ class PPOTrainer(_BaseTrainer):
             optimizers=optimizers,
         )
         self.is_fsdp2 = setup.check_launch(self.accelerator, args, is_deepspeed=self.is_deepspeed_enabled)
-        if self.accelerator.num_processes > 1:
-            # A seed per rank: distinct samples on each (the prompt order does not depend on it: `trainer/prompts.py`).
-            set_seed(args.seed, device_specific=True)
-        self.remove_callback(ProgressCallback)
-        self.remove_callback(PrinterCallback)
+        for old in (ProgressCallback, PrinterCallback):  # one console line per update instead
+            self.remove_callback(old)
         self.add_callback(CompactPrinterCallback if args.disable_tqdm else RolloutProgressCallback)
 
         for_inference = functools.partial(setup.prepare_for_inference, accelerator=self.accelerator)
@@ -199,6 +198,7 @@ class PPOTrainer(_BaseTrainer):
             sequence_group=self.sequence_group,
             rollout_function=None if rollout_func is None else lambda prompts: rollout_func(prompts, self),
             tools=tools,
+            environments=environments,
         )
 
     @property

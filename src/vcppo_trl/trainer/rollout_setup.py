@@ -16,8 +16,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging
 
 from ..config.ppo import PPOConfig
+from ..models.loading import load_reward_funcs
 from ..parallel import SequenceGroup
-from ..rollout import SourceSettings, ToolLoop, ToolSettings, check_custom_sampling
+from ..rollout import Environments, SourceSettings, ToolLoop, ToolSettings, check_custom_sampling
 from ..rollout.maker import RolloutMaker
 from ..rollout.settings import RolloutSettings
 from ..sampling.hf import HFSampler, neutralised_generation_fields
@@ -31,16 +32,21 @@ logger = logging.get_logger(__name__)
 RolloutFunc = Callable[[list[Any], Any], dict[str, Any]]
 
 
-def check_rollout_func(args: PPOConfig, rollout_func: RolloutFunc | None, tools: list | None = None) -> None:
-    """Refuse what a `rollout_func` or `tools` cannot be combined with yet, naming the field and what to do."""
-    if rollout_func is not None and tools:
+def check_rollout_func(
+    args: PPOConfig, rollout_func: RolloutFunc | None, tools: list | None = None, environment_factory=None
+) -> None:
+    """Refuse what a `rollout_func`, `tools` or an `environment_factory` cannot be combined with yet, naming the field
+    and what to do."""
+    if rollout_func is not None and (tools or environment_factory is not None):
         raise ValueError(
-            "Give `tools` or a `rollout_func`, not both: a rollout_func samples (and calls tools) itself."
+            "Give `tools` (or an `environment_factory`) or a `rollout_func`, not both: a rollout_func samples (and "
+            "calls tools) itself."
         )
     if rollout_func is not None and not callable(rollout_func):
         raise TypeError(
             f"`rollout_func` must be callable (prompts, trainer) -> dict, got {type(rollout_func).__name__}."
         )
+    tools = tools or environment_factory is not None
     what = "rollout_func" if rollout_func is not None else "tools" if tools else None
     if what is None:
         return
@@ -54,8 +60,37 @@ def check_rollout_func(args: PPOConfig, rollout_func: RolloutFunc | None, tools:
         raise ValueError(f"`{what}` cannot be combined with `use_vllm` yet ({why}): unset `use_vllm`.")
 
 
-def reward_weights(args: PPOConfig, num_funcs: int) -> torch.Tensor:
-    """One weight per reward function: `args.reward_weights`, or all ones."""
+def rewards_and_environments(
+    reward_funcs, reward_processing_classes, args: PPOConfig, *, tools: list | None, environment_factory
+) -> tuple[list, list, Environments | None]:
+    """The reward functions and models (loaded as the config says) with their tokenizers, and the run's
+    [`~rollout.environments.Environments`] (`None` without an `environment_factory`); an environment with
+    `get_reward` adds its reward source after the given ones (TRL's: weight 1, named after its class), and then
+    `reward_funcs` may be `None`."""
+    environments = None
+    if environment_factory is not None:
+        environments = Environments(environment_factory, list(tools or []))
+        if reward_funcs is None and environments.reward_functions():
+            reward_funcs = []
+    funcs, processing = [], []
+    if reward_funcs != []:  # None or an empty list is refused there, with what to give
+        funcs, processing = load_reward_funcs(
+            reward_funcs,
+            reward_processing_classes,
+            model_init_kwargs=args.model_init_kwargs,
+            trust_remote_code=args.trust_remote_code,
+        )
+    if environments is not None:
+        extra = environments.reward_functions()
+        funcs, processing = funcs + extra, processing + [None] * len(extra)
+    return funcs, processing, environments
+
+
+def reward_weights(args: PPOConfig, num_funcs: int, num_environment_rewards: int = 0) -> torch.Tensor:
+    """One weight per reward function: `args.reward_weights`, or all ones; then 1 for each environment's reward."""
+    if num_environment_rewards:
+        ones = torch.ones(num_environment_rewards)
+        return torch.cat([reward_weights(args, num_funcs - num_environment_rewards), ones])
     if args.reward_weights is None:
         return torch.ones(num_funcs)
     if len(args.reward_weights) != num_funcs:
@@ -195,6 +230,7 @@ def build_rollout_maker(
     sequence_group: SequenceGroup | None = None,
     rollout_function: Callable[[list[Any]], dict[str, Any]] | None = None,
     tools: list[Callable] | None = None,
+    environments: Environments | None = None,
 ) -> RolloutMaker:
     """The [`~rollout.maker.RolloutMaker`] with its sampler ([`build_sampler`]; none without a policy, in a critic
     job), the reward weights, the sequence-parallel group of its forwards ([`~trainer.setup.build_sequence_group`]) and
@@ -219,12 +255,20 @@ def build_rollout_maker(
         ref_model=ref_model,
         reward_funcs=reward_funcs,
         reward_processing_classes=reward_processing_classes,
-        reward_weights=reward_weights(args, len(reward_funcs)),
+        reward_weights=reward_weights(
+            args, len(reward_funcs), 0 if environments is None else len(environments.reward_functions())
+        ),
         stop_token_ids=stop_token_ids,
         reference_is_initial_policy=reference_is_initial_policy,
         sequence_group=sequence_group,
         rollout_function=rollout_function,
         tool_loop=None
-        if not tools
-        else ToolLoop(tools, tokenizer, settings=ToolSettings.from_args(args), stop_token_ids=stop_token_ids),
+        if not tools and environments is None
+        else ToolLoop(
+            tools,
+            tokenizer,
+            settings=ToolSettings.from_args(args),
+            stop_token_ids=stop_token_ids,
+            environments=environments,
+        ),
     )

@@ -24,7 +24,7 @@ from ..config.ppo import PPOConfig
 from ..learner import EpochRowSource, OwnRows, RankBalancer, SequenceGroupRows
 from ..models.critic_peft import wrap_value_model
 from ..models.fp32_head import cast_lm_head_to_fp32
-from ..models.loading import build_critic, is_zero3_partitioned, load_policy, load_reward_funcs, load_tokenizer
+from ..models.loading import build_critic, is_zero3_partitioned, load_policy, load_tokenizer
 from ..parallel import (
     SequenceGroup,
     apply_fsdp2_activation_checkpointing,
@@ -60,6 +60,12 @@ def checked_args(args: PPOConfig | None, model, *, config_class: type, trainer_n
     return args
 
 
+def check_datasets(train_dataset, eval_dataset) -> None:
+    """[`check_dataset`] of the training set (required) and the evaluation set (optional)."""
+    check_dataset(train_dataset, "train_dataset", required=True)
+    check_dataset(eval_dataset, "eval_dataset", required=False)
+
+
 def check_dataset(dataset, name: str, required: bool) -> None:
     """Fail at construction on a dataset the trainer cannot use (missing, streaming, no prompts, empty)."""
     if dataset is None:
@@ -91,14 +97,19 @@ def prepare_process(args: PPOConfig) -> None:
 
 def check_launch(accelerator: Accelerator, args: PPOConfig, *, is_deepspeed: bool) -> bool:
     """The FSDP or DeepSpeed launch checked once the accelerator exists ([`~parallel.checks.check_distributed_setup`],
-    with the fields it reads), and the backend logged; returns whether the models are sharded with FSDP2."""
-    return check_distributed_setup(
+    with the fields it reads), and the backend logged; returns whether the models are sharded with FSDP2. With
+    several processes each gets a seed of its own: distinct samples on each (the prompt order does not depend on it:
+    `trainer/prompts.py`)."""
+    is_fsdp2 = check_distributed_setup(
         accelerator,
         is_deepspeed=is_deepspeed,
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         activation_checkpointing=args.activation_checkpointing,
         sequence_parallel_size=args.sequence_parallel_size,
     )
+    if accelerator.num_processes > 1:
+        set_seed(args.seed, device_specific=True)
+    return is_fsdp2
 
 
 @dataclasses.dataclass
@@ -228,16 +239,6 @@ def reference_model(
     if ref_model is not None and args.kl_coef == 0:
         logger.warning("`ref_model` was given but `kl_coef == 0`: the reference model is not used.")
     return None
-
-
-def load_rewards(reward_funcs, reward_processing_classes, args: PPOConfig) -> tuple[list, list]:
-    """The reward functions and models (those given by name loaded as the config says) and their tokenizers."""
-    return load_reward_funcs(
-        reward_funcs,
-        reward_processing_classes,
-        model_init_kwargs=args.model_init_kwargs,
-        trust_remote_code=args.trust_remote_code,
-    )
 
 
 def prepare_datasets(
