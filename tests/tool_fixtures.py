@@ -3,11 +3,7 @@ calls it, for the tool-loop tests (no download: the template ships with TRL)."""
 
 from __future__ import annotations
 
-import os
-
 import torch
-
-from tests import builders
 
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>'
 ANSWER = "5<|im_end|>"
@@ -24,16 +20,10 @@ def add(a: int, b: int) -> int:
 
 
 def chat_tokenizer():
-    """The toy's character-level tokenizer with `<|im_start|>` / `<|im_end|>` and TRL's Qwen2.5 template; a turn
-    ends with `<|im_end|>` (its EOS)."""
-    import trl
+    """The toy's character-level tokenizer with TRL's Qwen2.5 template ([`~toy.tokenizer.build_chat_tokenizer`])."""
+    from vcppo_trl.toy import build_chat_tokenizer
 
-    tokenizer = builders.tiny_tokenizer()
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    tokenizer.eos_token = "<|im_end|>"
-    with open(os.path.join(os.path.dirname(trl.__file__), "chat_templates", "qwen2_5.jinja")) as f:
-        tokenizer.chat_template = f.read()
-    return tokenizer
+    return build_chat_tokenizer()
 
 
 def scripted_turn(tokenizer, context: str, script: dict | None = None) -> str:

@@ -30,7 +30,7 @@ from .task import (
     make_splits,
     response_mode,
 )
-from .tokenizer import build_tokenizer
+from .tokenizer import build_chat_tokenizer, build_tokenizer
 
 __all__ = [
     "TargetAccuracyCallback",
@@ -50,6 +50,7 @@ __all__ = [
     "TOY_SFT_TARGET_ACCURACY",
     "TOY_SFT_WARMUP_STEPS",
     "build_tiny_model",
+    "build_chat_tokenizer",
     "build_tokenizer",
     "cold_start_sft",
     "extract_boxed_answer",

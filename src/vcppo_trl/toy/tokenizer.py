@@ -48,3 +48,20 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         clean_up_tokenization_spaces=False,
         model_max_length=1024,
     )
+
+
+def build_chat_tokenizer() -> PreTrainedTokenizerFast:
+    """The toy's tokenizer made a chat tokenizer with tools: `<|im_start|>` and `<|im_end|>` added as special tokens,
+    `<|im_end|>` its EOS (a turn's end), and TRL's bundled Qwen2.5 chat template, which renders tools and whose tool
+    calls TRL knows how to parse (`trl.chat_template_utils.add_response_schema`). No download: the template ships
+    with TRL."""
+    import os
+
+    import trl
+
+    tokenizer = build_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.eos_token = "<|im_end|>"
+    with open(os.path.join(os.path.dirname(trl.__file__), "chat_templates", "qwen2_5.jinja")) as f:
+        tokenizer.chat_template = f.read()
+    return tokenizer

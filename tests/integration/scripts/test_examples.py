@@ -14,6 +14,7 @@ SCRIPTS = {  # script: the updates it runs with --tiny (value pretraining, then 
     "vcppo.py": "update 4/4",
     "vapo.py": "update 4/4",
     "grpo_ported.py": "update 4/4",
+    "vcppo_tools.py": "update 4/4",
 }
 
 
