@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from ..sampling import Samples, pad_responses
+from ..sampling import Samples
+from .response_pool import left_pad, right_pad
 
 REQUIRED_KEYS = ("prompt_ids", "completion_ids", "logprobs")
 
@@ -108,22 +109,14 @@ def function_rollouts(
     if env_mask is not None and any(v not in (0.0, 1.0) for row in env_mask for v in row):
         raise ValueError("rollout_func: `env_mask` must hold 1 (the policy's token) or 0 (a tool's or environment's).")
 
-    width = max(len(ids) for ids in prompt_ids)
-    query_ids = torch.full((num_completions, width), pad_token_id, dtype=torch.long)
-    query_mask = torch.zeros((num_completions, width), dtype=torch.long)
-    for i, ids in enumerate(prompt_ids):
-        query_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-        query_mask[i, width - len(ids) :] = 1
-    response_ids = pad_responses(completion_ids, pad_token_id, device)
+    query_ids, query_mask = left_pad(prompt_ids, pad_token_id, device)
+    response_ids = right_pad(completion_ids, pad_value=pad_token_id, dtype=torch.long, device=device)
     positions = torch.arange(response_ids.shape[1], device=device).unsqueeze(0)
     response_mask = positions < torch.tensor(lengths, device=device).unsqueeze(1)
     has_stop = torch.tensor([ids[-1] in stop_token_ids for ids in completion_ids], device=device)
 
     def padded(rows: list[list[float]]) -> torch.Tensor:
-        out = torch.zeros(response_ids.shape, dtype=torch.float32)
-        for i, row in enumerate(rows):
-            out[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
-        return out.to(device)
+        return right_pad(rows, pad_value=0.0, dtype=torch.float32, device=device)
 
     action_mask = None if env_mask is None else padded(env_mask).bool() & response_mask
     sampler_logprobs = None
@@ -144,7 +137,7 @@ def function_rollouts(
         else:
             extra[key] = [values] * num_completions
     samples = Samples(response_ids, response_mask, has_stop, logprobs=sampler_logprobs, action_mask=action_mask)
-    return FunctionRollouts(query_ids.to(device), query_mask.to(device), samples=samples, extra_columns=extra)
+    return FunctionRollouts(query_ids, query_mask, samples=samples, extra_columns=extra)
 
 
 def sample_with_rollout_function(

@@ -32,6 +32,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..rewards import is_async_callable, run_awaitables, run_in_threads
 from ..sampling import unpadded_prompts
+from .response_pool import left_pad
 
 # How the tool-call turns of the common templates open (Qwen/Hermes, Llama 3.x python tag, Mistral): a turn that holds
 # one of these but parses to no tool call is a malformed call.
@@ -280,7 +281,7 @@ class ToolLoop:
             budget = max([settings.response_length - len(completion[i]) for i in continuing] + [1])
             if not contexts:  # another process still generates: join its call on a dummy context
                 contexts = [prompt_ids[0]]
-            ids, mask = _left_pad(contexts, self.tokenizer.pad_token_id, query_ids.device)
+            ids, mask = left_pad(contexts, self.tokenizer.pad_token_id, query_ids.device)
             new_ids, new_logprobs = generate(ids, mask, budget)
             for k, i in enumerate(continuing):
                 room = settings.response_length - len(completion[i])
@@ -304,18 +305,6 @@ class ToolLoop:
         content = message.get("content") or ""
         if not message.get("tool_calls") and any(marker in content for marker in TOOL_CALL_MARKERS):
             counts["malformed"][i] += 1
-
-
-def _left_pad(
-    sequences: list[list[int]], pad_token_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        ids[row, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
-        mask[row, width - len(seq) :] = 1
-    return ids.to(device), mask.to(device)
 
 
 def sample_tool_episodes(
