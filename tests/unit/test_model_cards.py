@@ -38,7 +38,9 @@ def test_save_model_writes_one_card_per_model_with_framework_versions(make_train
     assert "This is the **policy**" in policy_card and "This is the **critic (value model)**" in critic_card
     # Saved, not pushed: the card points at the critic's folder, not at a repo that was never made (issue 47).
     assert "https://huggingface.co/" + trainer.args.output_dir not in policy_card
-    assert "saved with it, in the `value_model/` folder" in policy_card and "The policy of the run is" not in critic_card
+    assert (
+        "saved with it, in the `value_model/` folder" in policy_card and "The policy of the run is" not in critic_card
+    )
     assert "| prompts per update | 16 |" in policy_card  # total_episodes=16: one update of 16 prompts
     for card in (policy_card, critic_card):
         assert "## Framework versions" in card
