@@ -11,6 +11,7 @@ from .config.vcppo import VCPPOConfig
 from .learner.optimizers import NonFiniteTrainingError
 from .rewards.calls import RewardFunctionError
 from .rewards.math_verify import math_verify_reward
+from .rollout.sandbox import python_tool, run_python
 from .trainer.console import RolloutProgressCallback, silence_unused_backend_notices
 from .trainer.ppo import PPOTrainer
 from .trainer.preemption import TrainingInterrupted
@@ -38,5 +39,7 @@ __all__ = [
     "dual_lambda_gae",
     "gae",
     "math_verify_reward",
+    "python_tool",
+    "run_python",
     "store_rollouts",
 ]

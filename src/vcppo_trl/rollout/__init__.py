@@ -1,13 +1,15 @@
 """The rollout stage: dataset rows in, a typed [`Rollout`] out (the maker), with its stats types, the scored
 samples and the shaping of per-token rewards; and the sources the trainer asks for rollouts ([`RolloutSource`],
 built by [`build_rollout_source`]): whole responses, generation windows (the pool of in-flight responses), the queue
-of generations a rollout worker runs ahead of training (`max_staleness`), and rollouts stored as a dataset.
+of generations a rollout worker runs ahead of training (`max_staleness`), and rollouts stored as a dataset; and a
+code-interpreter tool that runs model-written code in a child process with limits ([`python_tool`]).
 """
 
 from .environments import Environments
 from .maker import GenerationStats, RolloutMaker, RolloutStats
 from .overlap import AheadOfTraining, OverlappedRollouts, WindowAhead, request_seed, rollout_worker
 from .response_pool import InFlight, ResponsePool, WindowStep
+from .sandbox import python_tool, run_python
 from .scoring import ScoredSamples, concat_scored, decode_completions, padded_to_multiple, prompt_text
 from .settings import RolloutSettings, old_logprobs_from_training_forward
 from .shaping import overlong_penalty, token_rewards
@@ -49,6 +51,8 @@ __all__ = [
     "ToolLoop",
     "ToolSettings",
     "episode_metrics",
+    "python_tool",
+    "run_python",
     "RolloutSource",
     "build_rollout_source",
     "check_custom_sampling",
