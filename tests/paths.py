@@ -16,3 +16,5 @@ LOADING_WORKER = os.path.join(DISTRIBUTED, "loading_worker.py")
 # One rank of the 2-process check of the rollout's split forwards (sequence parallelism).
 SP_ROLLOUT_WORKER = os.path.join(DISTRIBUTED, "sp_rollout_worker.py")
 TOOLS_WORKER = os.path.join(DISTRIBUTED, "tools_worker.py")
+# One rank of the 2-process run with a `rollout_func` (DDP, ZeRO-3, FSDP2).
+ROLLOUT_FUNC_WORKER = os.path.join(DISTRIBUTED, "rollout_func_worker.py")

@@ -9,7 +9,16 @@ import sys
 
 import pytest
 
-from ...paths import BALANCE_WORKER, GRAD_WORKER, LOADING_WORKER, REPO, SP_ROLLOUT_WORKER, TOOLS_WORKER, WORKER
+from ...paths import (
+    BALANCE_WORKER,
+    GRAD_WORKER,
+    LOADING_WORKER,
+    REPO,
+    ROLLOUT_FUNC_WORKER,
+    SP_ROLLOUT_WORKER,
+    TOOLS_WORKER,
+    WORKER,
+)
 
 
 def _clean_env(extra_env=None) -> dict:
@@ -904,14 +913,52 @@ def test_fsdp2_low_memory_loading_shards_rank_0s_weights(tmp_path):
     assert result["finite_losses"] and len(result["losses"]) >= 2
 
 
-@pytest.mark.parametrize("launcher", ["ddp", "zero3"])
+@pytest.mark.parametrize("launcher", ["ddp", "zero3", "fsdp2"])
 def test_tool_episodes_keep_the_ranks_in_step(tmp_path, launcher):
     """`tools=` on two processes: rank 0's episodes call a tool twice (scripted turns), rank 1's none; rank 1 joins
-    rank 0's extra generation rounds (under ZeRO-3 generation is collective: a missed call would hang), and the ranks
-    end with the same weights. TRL's tools/call_frequency is over both ranks' episodes."""
+    rank 0's extra generation rounds (under ZeRO-3 and FSDP2 generation is collective: a missed call would hang), and
+    the ranks end with the same weights. TRL's tools/call_frequency is over both ranks' episodes."""
     _run_worker(TOOLS_WORKER, launcher, [str(tmp_path)])
     r0, r1 = (json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1))
+    for r in (r0, r1):
+        assert r["deepspeed"] == (launcher == "zero3") and r["fsdp2"] == (launcher == "fsdp2")
     assert r0["global_step"] == r1["global_step"] == 2
     assert r0["generation_calls"] == r1["generation_calls"] == 2 * 3  # 3 rounds per update, on both ranks
     assert r0["policy_hash"] == r1["policy_hash"]
     assert [m["tools/call_frequency"] for m in r0["tools"]] == [1.0, 1.0]  # 2 calls on half the episodes
+
+
+@pytest.mark.parametrize("launcher", ["ddp", "zero3", "fsdp2"])
+def test_rollout_func_on_two_ranks(tmp_path, launcher):
+    """TRL's `rollout_func` on two processes (rollout_func_worker.py: a seeded sampler of its own, a 5-token tool block
+    in every completion with `env_mask` 0, an extra `tag` key, the KL penalty on; rank 1's completions 4 policy tokens
+    longer than rank 0's): each rank's function gets its own 4 prompts per update, once each; the tags reach the reward
+    function with the right per-sample values; the tool tokens get no KL, reward, advantage or return; the logged
+    length and score metrics are those of both ranks' completions together; the ranks end with the same weights."""
+    _run_worker(ROLLOUT_FUNC_WORKER, launcher, [str(tmp_path)])
+    ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
+    for r in ranks:
+        assert r["num_processes"] == 2 and r["global_step"] == 2
+        assert r["deepspeed"] == (launcher == "zero3") and r["fsdp2"] == (launcher == "fsdp2")
+        assert [len(call["numbers"]) for call in r["calls"]] == [4, 4]  # each prompt once, 2 updates
+        assert r["reward_rows"] == 16 and not r["mismatches"]  # every tag matched its row's idx and completion
+        expected_tags = [[f"{n}:{j}" for n in call["numbers"] for j in (0, 1)] for call in r["calls"]]
+        assert r["reward_tags"] == expected_tags
+        assert r["tool_tokens_per_row"] == [5] * 8
+        assert r["on_tool_max_abs"] == {"kl": 0.0, "rewards": 0.0, "advantages": 0.0, "returns": 0.0}
+        assert r["kl_on_policy_tokens_max_abs"] > 0  # the second update's policy moved from the reference
+    numbers = [n for r in ranks for call in r["calls"] for n in call["numbers"]]
+    assert len(set(numbers)) == len(numbers) == 16  # the ranks' prompts do not overlap
+    for update in range(2):
+        lengths = [x for r in ranks for x in r["calls"][update]["policy_lengths"]]
+        rewards = [x for r in ranks for x in r["rewards"][update]]
+        assert max(ranks[0]["calls"][update]["policy_lengths"]) < min(ranks[1]["calls"][update]["policy_lengths"])
+        for r in ranks:  # every rank logs the metrics of both ranks' completions
+            logged = r["metrics"][update]
+            assert logged["diagnostics/response_length_mean"] == pytest.approx(sum(lengths) / 16)
+            assert logged["diagnostics/response_length_min"] == min(lengths)
+            assert logged["diagnostics/response_length_max"] == max(lengths)
+            assert logged["rewards/tagged_reward/mean"] == pytest.approx(sum(rewards) / 16)
+            assert "sampling/importance_sampling_ratio/mean" in logged  # the function's logprobs were used
+    assert ranks[0]["policy_hash"] == ranks[1]["policy_hash"] != ranks[0]["initial_policy_hash"]
+    assert ranks[0]["critic_hash"] == ranks[1]["critic_hash"]

@@ -1,13 +1,14 @@
-"""One rank of a 2-process run with `tools=` (issue 48), launched by test_distributed.py (torchrun for DDP, or
-accelerate launch with configs/accelerate/zero3_cpu.yaml for ZeRO-3, generation sharded):
+"""One rank of a 2-process run with `tools=` (issue 48), launched by test_distributed.py (torchrun for DDP,
+accelerate launch with configs/accelerate/zero3_cpu.yaml for ZeRO-3, generation sharded, or with
+configs/accelerate/fsdp2_cpu.yaml for FSDP2, `use_cpu=True` as every FSDP2 run on a CPU):
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 tests/integration/distributed/tools_worker.py OUT
 
-Each rank's generations run through the trainer's real sampler (collective under ZeRO-3: every rank must take the same
-number of calls); then rank 0's turns are replaced by a script that calls the `add` tool twice before answering, while
-rank 1 keeps its model's own turns (no tool call). The tool loop must keep the ranks in step: rank 1 joins rank 0's
-extra rounds. Each rank writes `OUT/rank<r>.json`: its generation calls, the weights' hash (ZeRO-3: gathered), the
-updates run and the logged tool metrics.
+Each rank's generations run through the trainer's real sampler (collective under ZeRO-3 and FSDP2: every rank must take
+the same number of calls); then rank 0's turns are replaced by a script that calls the `add` tool twice before
+answering, while rank 1 keeps its model's own turns (no tool call). The tool loop must keep the ranks in step: rank 1
+joins rank 0's extra rounds. Each rank writes `OUT/rank<r>.json`: its generation calls, the weights' hash (ZeRO-3 and
+FSDP2: gathered), the backend the models ran under, the updates run and the logged tool metrics.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def main(out_dir: str) -> None:
         response_length=300,
         learning_rate=1e-3,
         logging_steps=1,
-        use_cpu=not deepspeed,
+        use_cpu=not deepspeed,  # DDP and FSDP2 on a CPU (FSDP2 over gloo needs it, see fsdp2_cpu.yaml)
         ds3_gather_for_generation=not deepspeed,
     )
 
@@ -101,6 +102,8 @@ def main(out_dir: str) -> None:
         "generation_calls": sampler.calls,
         "global_step": trainer.state.global_step,
         "policy_hash": gathered_hash(policy),
+        "deepspeed": deepspeed,
+        "fsdp2": trainer.is_fsdp2,
         "tools": [
             {k: v for k, v in e.items() if k.startswith("tools/")}
             for e in trainer.state.log_history
