@@ -233,7 +233,7 @@ def _run_task(task: tuple, result) -> None:
     result.close()
 
 
-def _run_processes(tasks: list[tuple], workers: int):
+def _run_processes(tasks: list[tuple], workers: int, target=None):
     """Each task in a fresh spawned process, `workers` at a time, in order; yields `(path, error)` as runs end.
 
     Not `multiprocessing.Pool`: its workers are daemons, which may not start processes, and a `max_staleness` run
@@ -248,7 +248,7 @@ def _run_processes(tasks: list[tuple], workers: int):
             while pending and len(running) < workers:
                 task = pending.pop(0)
                 receiver, sender = ctx.Pipe(duplex=False)
-                process = ctx.Process(target=_run_task, args=(task, sender))
+                process = ctx.Process(target=target or _run_task, args=(task, sender))
                 process.start()
                 sender.close()  # the child holds the only writer: its exit without a result reads as EOF
                 running[receiver] = (process, task)

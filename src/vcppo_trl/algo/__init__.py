@@ -15,7 +15,7 @@ from .diagnostics import (
     stop_positions,
 )
 from .dynamic_sampling import DynamicSamplingStats, choose_groups, informative_groups
-from .gae import dual_lambda_gae, gae, last_valid_values, reverse_discounted_cumsum
+from .gae import ACTION_MASK_MODES, dual_lambda_gae, gae, last_valid_values, reverse_discounted_cumsum
 from .logits_processing import (
     NO_KNOBS,
     ORDERS,
@@ -67,6 +67,7 @@ from .rank_assignment import (
 )
 
 __all__ = [
+    "ACTION_MASK_MODES",
     "NO_KNOBS",
     "ORDERS",
     "SamplingKnobs",

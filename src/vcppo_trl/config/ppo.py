@@ -17,6 +17,7 @@ from typing import ClassVar, Literal, get_args
 from transformers.utils import logging
 from trl.trainer.base_config import _BaseConfig
 
+from ..algo.gae import ACTION_MASK_MODES
 from ..algo.losses import (
     IMPORTANCE_SAMPLING_MODES,
     KL_ESTIMATORS,
@@ -137,7 +138,7 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
       `vllm_enable_sleep_mode`.
     - Rewards [`_check_rewards`]: `reward_weights`, `missing_eos_penalty`, `overlong_buffer_length`,
       `overlong_penalty_factor`, `reward_timeout`, `reward_failure_value`, `reward_max_concurrency`.
-    - Tools and environments [`_check_tools`]: `max_tool_calling_iterations`, `tool_timeout`.
+    - Tools and environments [`_check_tools`]: `max_tool_calling_iterations`, `tool_timeout`, `action_mask_mode`.
     - Training, advantages and the policy loss [`_check_training`]: `num_ppo_epochs`, `gamma`, `lam`,
       `whiten_rewards`, `advantage_whitening`, `kl_coef`, `kl_estimator`, `cliprange`, `cliprange_high`,
       `dual_clip_c`, `entropy_coef`, `positive_example_lm_coef`, `mask_truncated_completions`, `loss_type`,
@@ -657,6 +658,16 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
             "answers {'error': ...} to the policy and counts in tools/failure_frequency. None waits forever."
         },
     )
+    action_mask_mode: str = field(
+        default="skip",
+        metadata={
+            "help": "With tools, environments or a rollout_func's env_mask: how GAE treats the tokens that are not the "
+            "policy's (tool results). 'skip': GAE over the policy's tokens, as if the others were not there (the reward "
+            "and the value bootstrap cross a tool block with no decay). 'plain': OpenRLHF's masking, an ordinary scan "
+            "with values and rewards zeroed on them, which decays the next turn's credit by γλ per tool token and "
+            "bootstraps the turn before a tool block from 0; for comparison only."
+        },
+    )
 
     # Training (advantages and the policy loss)
     num_ppo_epochs: int = field(default=4, metadata={"help": "Number of PPO epochs (passes) over each rollout batch."})
@@ -1164,6 +1175,7 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
         _require_at_least("max_tool_calling_iterations", self.max_tool_calling_iterations, 1, optional=True)
         if self.tool_timeout is not None:
             _require_positive("tool_timeout", self.tool_timeout)
+        _require_choice("action_mask_mode", self.action_mask_mode, ACTION_MASK_MODES)
 
     def _check_rewards(self) -> None:
         _require_at_least("reward_max_concurrency", self.reward_max_concurrency, 1)

@@ -2,9 +2,8 @@
 over the rollout maker `rollout/maker.py`), `compute_advantages` (the seam subclasses change), the learner
 (`learner/ppo_learner.py`) and the metrics (`trainer/metrics.py`). A subclass adds a phase through the seams
 `trains_policy`, `critic_only_updates`, `num_training_updates`, `phase_state` and the `before_training`/`after_update`
-hooks (VC-PPO's value pretraining: `trainer/vcppo.py`). Construction uses `trainer/setup.py`; the run's loop and its
-cadence `trainer/loop.py`; saving `trainer/saving.py` and resuming `trainer/resuming.py`, through thin overrides of
-transformers' hooks at the end of this file."""
+hooks (VC-PPO's value pretraining: `trainer/vcppo.py`). Construction: `trainer/setup.py`; loop and cadence:
+`trainer/loop.py`; saving and resuming: `trainer/saving.py`, `trainer/resuming.py` (thin overrides at the end)."""
 
 from __future__ import annotations
 
@@ -247,6 +246,7 @@ class PPOTrainer(_BaseTrainer):
             lam=self.critic_lambda(),
             bootstrap_values=gae_bootstrap(rollout, self.args.window_bootstrap),
             action_mask=rollout.action_mask,
+            action_mask_mode=self.args.action_mask_mode,
         )
 
     def build_rollout_source(self, draw: Callable[[], list[dict[str, Any]]]) -> RolloutSource:

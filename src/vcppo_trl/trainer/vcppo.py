@@ -236,4 +236,5 @@ class VCPPOTrainer(PPOTrainer):
             lam_critic=self.critic_lambda(),
             bootstrap_values=gae_bootstrap(rollout, self.args.window_bootstrap),
             action_mask=rollout.action_mask,
+            action_mask_mode=self.args.action_mask_mode,
         )
