@@ -810,3 +810,148 @@ def test_train_py_with_the_vllm_toy_recipe(tmp_path):
     assert os.path.isfile(out / "model.safetensors")
     assert "Rollouts are sampled by vLLM (colocate, float32, context 512 tokens)" in done.stderr
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+# ------------------------------------------------------------------------------------------------ tools
+
+
+class _ScriptedAfterVLLM:
+    """The trainer's vLLM sampler, each of whose turns is then replaced by `script[number of tool answers in the
+    context]` where the script has one (the tiny random model does not call tools), with vLLM's own log-probs of the
+    scripted tokens (the engine's prompt log-probs at temperature 1); other turns are vLLM's as sampled."""
+
+    def __init__(self, real, tokenizer, script):
+        self.real, self.tokenizer, self.script = real, tokenizer, script
+        self.name, self.start_seconds = real.name, real.start_seconds
+        self.budgets = []  # max_new_tokens of each generation call
+
+    @property
+    def sync_seconds(self):
+        return self.real.sync_seconds
+
+    def generate(self, query_ids, query_mask, greedy, temperature, max_new_tokens=None):
+        from vllm import SamplingParams
+
+        from vcppo_trl.sampling.seam import samples_from_token_lists, unpadded_prompts
+
+        samples = self.real.generate(query_ids, query_mask, greedy, temperature, max_new_tokens=max_new_tokens)
+        self.budgets.append(max_new_tokens)
+        mask = samples.response_mask
+        turns = [row[m].tolist() for row, m in zip(samples.response_ids, mask)]
+        logprobs = [row[m].tolist() for row, m in zip(samples.logprobs, mask)]
+        for k, context in enumerate(unpadded_prompts(query_ids, query_mask)):
+            text = self.script.get(self.tokenizer.decode(context).count("<tool_response>"))
+            if text is None:
+                continue
+            turn = self.tokenizer(text, add_special_tokens=False)["input_ids"][:max_new_tokens]
+            scored = self.real.llm.generate(
+                [{"prompt_token_ids": context + turn}],
+                SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False),
+                use_tqdm=False,
+            )[0].prompt_logprobs
+            turns[k], logprobs[k] = turn, [scored[len(context) + j][t].logprob for j, t in enumerate(turn)]
+        out = samples_from_token_lists(
+            turns, logprobs, self.real.stop_token_ids, self.tokenizer.pad_token_id, query_ids.device
+        )
+        out.seconds = samples.seconds
+        return out
+
+    def mark_stale(self):
+        self.real.mark_stale()
+
+    def close(self):
+        pass
+
+
+def test_tool_episodes_alternate_vllm_generation_and_the_tool(tiny_config):
+    """`tools=[add]` on vLLM colocate (one process): each batch's episodes take three vLLM generation calls, the
+    first two turns scripted to call `add` (the tool runs between the calls), the third vLLM's own, each call with
+    what is left of `response_length`; the tool tokens get action mask 0, no KL, reward, advantage or return, and
+    sampler log-prob 0, the policy's tokens vLLM's log-probs (finite, those of the training forward), one weight sync
+    per update."""
+    from datasets import Dataset
+
+    from tests import builders
+    from tests.tool_fixtures import CALL
+    from vcppo_trl.toy.tool_use import add, build_tool_tokenizer
+
+    tokenizer = build_tool_tokenizer()  # the template's constant text as single tokens: prompts of ~25 tokens
+    prompts = [[{"role": "user", "content": f"Add 2 and 3 ({i})."}] for i in range(16)]
+    response_length = 128
+    trainer = builders.tiny_trainer(
+        model=_wide_policy(tokenizer),
+        processing_class=tokenizer,
+        reward_funcs=lambda completions, **kw: [1.0 if c[-2]["role"] == "tool" else -1.0 for c in completions],
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        tools=[add],
+        args=tiny_config(
+            use_vllm=True,
+            vllm_mode="colocate",
+            temperature=1.0,
+            response_length=response_length,
+            total_episodes=32,  # 2 updates of 16 episodes
+            kl_coef=0.1,
+        ),
+    )
+    assert trainer.sampler.name == "vllm-colocate"
+    real = trainer.sampler
+    sampler = _ScriptedAfterVLLM(real, tokenizer, {0: CALL, 1: CALL})
+    trainer.rollout_maker.sampler = sampler
+    trainer.train()
+
+    assert trainer.state.global_step == 2
+    assert real.num_syncs == 2  # before the first update's episodes and after the first update, not between turns
+    # Each batch: the first turn with the whole budget, then what the longest remaining episode has left.
+    call_ids = tokenizer(CALL, add_special_tokens=False)["input_ids"]
+    suffix = trainer.rollout_maker.tool_loop.suffix_ids([{"role": "tool", "name": "add", "content": "5"}])
+    step = len(call_ids) + len(suffix)
+    assert sampler.budgets == [response_length, response_length - step, response_length - 2 * step] * 2
+    rollout, update = trainer.last_update.rollout, trainer.last_update
+    tool = rollout.response_mask & ~rollout.action_mask
+    policy = rollout.action_tokens
+    assert bool(tool.any(1).all()) and int(tool.sum(1)[0]) == 2 * len(suffix)
+    for name, tensor in (("kl", rollout.kl), ("rewards", rollout.rewards), ("advantages", update.advantages)):
+        assert not tensor[tool].any(), f"{name} on tool tokens"
+    assert not update.returns[tool].any() and not rollout.sampler_logprobs[tool].any()
+    assert rollout.kl[policy].any()  # the second update's policy is not the reference: the KL is live elsewhere
+    sampled = rollout.sampler_logprobs[policy]
+    assert bool(torch.isfinite(sampled).all()) and bool((sampled <= 0).all())
+    # The third turn is vLLM's own sample: its tokens follow the second tool block.
+    assert int(policy.sum(1).min()) > 2 * len(call_ids)
+    rows = [row for row in trainer.state.log_history if "tools/call_frequency" in row]
+    assert len(rows) == 2
+    for row in rows:
+        assert row["tools/call_frequency"] == 2.0 and row["tools/failure_frequency"] == 0.0
+        assert row["tools/turns_mean"] == 3.0 and 0 < row["tools/trained_token_share"] < 1
+        # vLLM's log-probs line up with the policy's tokens across the tool blocks: the training forward's, in fp32.
+        assert row["sampling/sampling_logp_difference/max"] < LOGPROB_TOLERANCE
+        assert abs(row["sampling/importance_sampling_ratio/mean"] - 1) < 1e-3
+        assert row["time/generation_s"] > 0
+
+
+def test_vllms_context_check_measures_the_prompts_with_the_tools_schemas(tiny_config):
+    """Before any engine starts: with `tools` the prompt holds the tools' schemas (~800 tokens on the character-level
+    chat tokenizer, ~110 without), more than the tiny model's 512 positions."""
+    from datasets import Dataset
+
+    from tests import builders
+    from tests.tool_fixtures import add, chat_tokenizer
+
+    tokenizer = chat_tokenizer()
+    with pytest.raises(ValueError, match=r"Prompt plus response need up to 8\d\d tokens.*vllm_max_model_length=512"):
+        builders.tiny_trainer(
+            model=_wide_policy(tokenizer),
+            processing_class=tokenizer,
+            train_dataset=Dataset.from_dict({"prompt": [[{"role": "user", "content": "Add 2 and 3."}]] * 16}),
+            tools=[add],
+            args=tiny_config(use_vllm=True, response_length=16),
+        )
+
+
+def test_tools_with_a_vllm_server_are_refused_with_the_reason(tiny_config):
+    from tests import builders
+    from tests.tool_fixtures import add, chat_tokenizer
+
+    args = tiny_config(use_vllm=True, vllm_mode="server")
+    with pytest.raises(ValueError, match=r"`tools` cannot be combined with `vllm_mode='server'`.*as many prompts"):
+        builders.tiny_trainer(processing_class=chat_tokenizer(), args=args, tools=[add])

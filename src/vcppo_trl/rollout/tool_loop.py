@@ -319,13 +319,16 @@ def sample_tool_episodes(
     **tensors,
 ):
     """The maker's tool episodes of `rows`: `(rows, query_ids, query_mask, samples, prompt_texts, completions)`, the
-    rows with their `environments` (if any, for the reward functions), the samples with their `action_mask` and
-    per-episode `episode_counts`. `tensors`: [`function_rollouts`]'s keywords but
-    `num_completions`."""
+    rows with their `environments` (if any, for the reward functions), the samples with their `action_mask`,
+    per-episode `episode_counts` and the generation calls' summed wall time (`seconds`). `tensors`:
+    [`function_rollouts`]'s keywords but `num_completions`."""
     from .rollout_function import function_rollouts
+
+    seconds = [0.0]  # the episodes' generation time: every call's (the tools' time is not generation)
 
     def generate(ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int):
         samples = sampler.generate(ids, mask, greedy, temperature=temperature, max_new_tokens=max_new_tokens)
+        seconds[0] += samples.seconds
         turns = [row[m].tolist() for row, m in zip(samples.response_ids, samples.response_mask)]
         if samples.logprobs is None:
             return turns, None
@@ -335,6 +338,7 @@ def sample_tool_episodes(
     if episodes.environments is not None:  # to the reward functions (TRL's `environments`), per episode
         rows = [{**row, "environments": env} for row, env in zip(rows, episodes.environments)]
     made = function_rollouts(episodes.output, num_completions=len(rows), **tensors)
+    made.samples.seconds = seconds[0]
     device = made.query_ids.device
     made.samples.episode_counts = {
         k: torch.tensor(v, dtype=torch.float32, device=device) for k, v in episodes.counts.items()

@@ -51,13 +51,19 @@ def check_rollout_func(
     if what is None:
         return
     check_custom_sampling(SourceSettings.from_args(args), what)
-    if args.use_vllm:
-        why = (
-            "the trainer's vLLM engine is not handed to a rollout_func; sample with your own"
-            if what == "rollout_func"
-            else "the tool loop is tested with HF generate only"
+    if args.use_vllm and what == "rollout_func":
+        raise ValueError(
+            "`rollout_func` cannot be combined with `use_vllm` yet (the trainer's vLLM engine is not handed to a "
+            "rollout_func; sample with your own): unset `use_vllm`."
         )
-        raise ValueError(f"`{what}` cannot be combined with `use_vllm` yet ({why}): unset `use_vllm`.")
+    if args.use_vllm and args.vllm_mode != "colocate":
+        # The server sampler hands each process its slice of the answers assuming all sent as many prompts, which a
+        # tool round does not (each process continues its own episodes); and server-mode training needs CUDA.
+        raise ValueError(
+            f"`{what}` cannot be combined with `vllm_mode={args.vllm_mode!r}` yet (the tool loop runs on HF generate "
+            "and on vLLM colocate; the server sampler assumes every process sends as many prompts per call, which a "
+            "tool round does not): use `vllm_mode='colocate'` or unset `use_vllm`."
+        )
 
 
 def rewards_and_environments(
@@ -110,6 +116,7 @@ def build_sampler(
     tokenizer: PreTrainedTokenizerBase,
     stop_token_ids: list[int],
     datasets: list,
+    render: Callable[[list[Any]], list[str]] | None = None,
 ):
     """
     The generation backend (see [`~sampling.seam`]): HF `generate`, or vLLM colocate/server with `use_vllm`.
@@ -118,6 +125,8 @@ def build_sampler(
         policy: The policy as built (its config sizes the vLLM engine).
         current_model: Returns the current (prepared) [`~models.policy_and_value.PolicyAndValueModel`] at each generation.
         datasets: The prompt datasets, to size vLLM's context when `max_prompt_length` is not set.
+        render: How the prompts are rendered when not by the chat template alone (the tool loop's
+            [`~rollout.tool_loop.ToolLoop.render`], with the tools' schemas), for that measure.
     """
     if not settings.use_vllm:
         return HFSampler(
@@ -150,7 +159,11 @@ def build_sampler(
     longest_prompt = settings.max_prompt_length
     if longest_prompt is None:
         longest_prompt = max(
-            max(prompt_token_lengths(d["prompt"], tokenizer, settings.chat_template_kwargs))
+            max(
+                prompt_token_lengths(d["prompt"], tokenizer, settings.chat_template_kwargs)
+                if render is None
+                else [len(ids) for ids in tokenizer(render(list(d["prompt"])), add_special_tokens=False)["input_ids"]]
+            )
             for d in datasets
             if d is not None
         )
@@ -235,6 +248,15 @@ def build_rollout_maker(
     """The [`~rollout.maker.RolloutMaker`] with its sampler ([`build_sampler`]; none without a policy, in a critic
     job), the reward weights, the sequence-parallel group of its forwards ([`~trainer.setup.build_sequence_group`]) and
     the `rollout_func` bound to the trainer (`rollout_function`), which samples in the sampler's place."""
+    tool_loop = None
+    if tools or environments is not None:
+        tool_loop = ToolLoop(
+            tools,
+            tokenizer,
+            settings=ToolSettings.from_args(args),
+            stop_token_ids=stop_token_ids,
+            environments=environments,
+        )
     sampler = None
     if policy is not None:
         sampler = build_sampler(
@@ -245,6 +267,9 @@ def build_rollout_maker(
             tokenizer=tokenizer,
             stop_token_ids=stop_token_ids,
             datasets=datasets,
+            # An episode's prompt holds the tools' schemas (an environment's reset text and methods are not known
+            # before its episodes start, and are not measured).
+            render=None if tool_loop is None else tool_loop.render,
         )
     return RolloutMaker(
         RolloutSettings.from_args(args),
@@ -262,13 +287,5 @@ def build_rollout_maker(
         reference_is_initial_policy=reference_is_initial_policy,
         sequence_group=sequence_group,
         rollout_function=rollout_function,
-        tool_loop=None
-        if not tools and environments is None
-        else ToolLoop(
-            tools,
-            tokenizer,
-            settings=ToolSettings.from_args(args),
-            stop_token_ids=stop_token_ids,
-            environments=environments,
-        ),
+        tool_loop=tool_loop,
     )
