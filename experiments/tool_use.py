@@ -409,6 +409,13 @@ def report(results_dir: str, budget: ToolBudget, cache_dir: str) -> str:
             f"| {fmt([r['eval_sampled']['length_mean'] for r in rs], 1)} "
             f"| {fmt([r['train_seconds'] for r in rs], 0)} |"
         )
+    lines += ["", "Sampled accuracy of the episodes that called the tool and of those that did not:", ""]
+    lines += ["| variant | with the tool | without |", "| --- | --- | --- |"]
+    for v in VARIANTS:
+        rs = runs[v.name]
+        if rs:
+            cells = [fmt([r["eval_sampled"].get(f"accuracy_{k}_tool") for r in rs]) for k in ("with", "without")]
+            lines.append(f"| {v.name} | {cells[0]} | {cells[1]} |")
     lines += ["", "## Change from the cold start (prediction 1: both intervals above 0)", ""]
     lines += ["| variant | Δ sampled acc | Δ sampled tool-call rate |", "| --- | --- | --- |"]
     for v in VARIANTS:

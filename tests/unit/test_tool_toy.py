@@ -101,5 +101,6 @@ def test_evaluation_runs_the_tool_loop():
     policy = _ScriptedPolicy(tokenizer)
     result = evaluate_with_tools(policy, tokenizer, test, max_new_tokens=96)
     assert result["accuracy"] == 1.0 and result["tool_call_rate"] == 1.0 and result["num_episodes"] == 6
+    assert result["accuracy_with_tool"] == 1.0 and result["accuracy_without_tool"] is None
     assert policy.calls == 2  # one call for the first turns, one after the tool's answers
     assert result["completion_tokens_mean"] > result["length_mean"] > 0

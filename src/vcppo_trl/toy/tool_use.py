@@ -158,7 +158,9 @@ def evaluate_with_tools(
     """Held-out episodes run through the trainers' own tool loop ([`~rollout.ToolLoop`]) on `model.generate`: greedy
     (`samples_per_prompt=0`) or that many samples at temperature 1 per prompt. Returns `accuracy`,
     `tool_call_rate` (episodes that called the tool), `length_mean` (the policy's own tokens per episode),
-    `completion_tokens_mean` (tool results included), `num_episodes`, and `accuracy_by_difficulty`."""
+    `completion_tokens_mean` (tool results included), `num_episodes`, `accuracy_by_difficulty`, and the accuracy of
+    the episodes that called the tool and of those that did not (`accuracy_with_tool`, `accuracy_without_tool`; None
+    when there are none)."""
     from ..rollout import ToolLoop, ToolSettings
 
     settings = ToolSettings(max_iterations=2, response_length=max_new_tokens, timeout=10.0, max_concurrency=8)
@@ -207,6 +209,11 @@ def evaluate_with_tools(
             by_difficulty.setdefault(row["difficulty"], []).append(right)
     model.train(was_training)
     n = len(rows)
+
+    def accuracy_where(flag: bool) -> float | None:
+        picked = [right for right, call in zip(correct, called) if call == flag]
+        return sum(picked) / len(picked) if picked else None
+
     return {
         "accuracy": sum(correct) / n,
         "tool_call_rate": sum(called) / n,
@@ -214,4 +221,6 @@ def evaluate_with_tools(
         "completion_tokens_mean": sum(all_tokens) / n,
         "num_episodes": n,
         "accuracy_by_difficulty": {d: sum(v) / len(v) for d, v in sorted(by_difficulty.items())},
+        "accuracy_with_tool": accuracy_where(True),
+        "accuracy_without_tool": accuracy_where(False),
     }
