@@ -26,7 +26,7 @@ from report_stats import fmt, welch_interval
 from run_files import DEFAULT_CACHE, DEFAULT_RESULTS, git_commit, read_json, write_json
 
 SEEDS = (500, 501, 502, 503, 504)  # never used by another table (those used 0-7, 31-33, 100-101, 200-207, 400-402)
-TOOL_FRACTION = 0.2
+TOOL_FRACTION = 0.3
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class ToolBudget:
     num_train: int = 4000
     num_eval: int = 300
     tool_fraction: float = TOOL_FRACTION
-    cold_start_steps: int = 1500
+    cold_start_steps: int = 1000
     ppo_updates: int = 20
     pretrain_updates: int = 10
     per_device_train_batch_size: int = 8
