@@ -99,6 +99,20 @@ class VCPPOScriptArguments(ScriptArguments):
             "wide: 3 heads (configs/recipes/tiny_cpu_vllm.yaml)."
         },
     )
+    toy_task: str = field(
+        default="arithmetic",
+        metadata={
+            "help": "Toy task: 'arithmetic' (text prompts) or 'tool_use' (chat prompts and an `add` tool to call).",
+            "choices": ["arithmetic", "tool_use"],
+        },
+    )
+    tools: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Tools for the policy: import paths `package.module:name` of functions, sync or async."},
+    )
+    python_tool: bool = field(default=False, metadata={"help": "Add vcppo_trl.python_tool(): a code interpreter."})
+    python_tool_timeout: float = field(default=10.0, metadata={"help": "python_tool: seconds per call."})
+    python_tool_memory_mb: int = field(default=512, metadata={"help": "python_tool: memory per call (0: no limit)."})
 
 
 def _to_chat(example: dict, column: str, system_prompt: str | None) -> dict:
@@ -144,6 +158,33 @@ def load_datasets(script_args: VCPPOScriptArguments) -> tuple[Dataset, Dataset |
     return train, test
 
 
+def resolve_tools(script_args: VCPPOScriptArguments, toy: bool) -> list:
+    """`--tools` as functions, then `python_tool()` with `--python_tool`; the tool toy's `add`. Stops here if wrong."""
+    from .rewards.registry import _import_dotted
+    from .rollout import python_tool
+    from .toy.tool_use import add
+
+    tools = []
+    for spec in script_args.tools:
+        try:
+            tool = _import_dotted(spec)
+        except (ImportError, AttributeError) as error:
+            raise ValueError(f"--tools {spec!r} does not import ({error}): give `package.module:name`.") from error
+        if isinstance(tool, type) or not callable(tool):
+            kind = "a class" if isinstance(tool, type) else f"an object of type {type(tool).__name__}"
+            raise ValueError(f"--tools {spec!r} is {kind}, not a function (sync or async).")
+        tools.append(tool)
+    if script_args.python_tool:
+        memory_mb = script_args.python_tool_memory_mb or None
+        tools.append(python_tool(timeout=script_args.python_tool_timeout, memory_mb=memory_mb))
+    if toy and tools and (tools != [add] or script_args.toy_task != "tool_use"):
+        raise ValueError(
+            "Tools need chat prompts, and the embedded toy takes one tool: `add`, with --toy_task tool_use (its cold "
+            "start learned it; the arithmetic toy's prompts are text). Leave --tools and --python_tool unset."
+        )
+    return [add] if toy and script_args.toy_task == "tool_use" else tools
+
+
 def build_toy(script_args: VCPPOScriptArguments, training_args: VCPPOConfig):
     """The embedded default: toy task, tiny policy and tokenizer built in-process, and a cold-start SFT."""
     from .toy import defaults as toy_defaults
@@ -151,6 +192,13 @@ def build_toy(script_args: VCPPOScriptArguments, training_args: VCPPOConfig):
     from .toy.model import build_tiny_model
     from .toy.task import make_splits
     from .toy.tokenizer import build_tokenizer
+
+    if script_args.toy_task == "tool_use":  # the same options, None for the tool toy's defaults
+        from .toy.tool_use import build_tool_toy
+
+        names = ("num_train", "num_eval", "min_digits", "max_digits", "num_heads", "cold_start_steps")
+        options = {name: getattr(script_args, f"toy_{name}") for name in (*names, "cold_start_learning_rate")}
+        return build_tool_toy(output_dir=training_args.output_dir, seed=training_args.seed, **options)
 
     def pick(value, default):
         return default if value is None else value
@@ -243,10 +291,13 @@ def _help_groups() -> list[tuple[str, list[str]]]:
     vcppo = [f.name for f in fields(VCPPOConfig) if f.name not in ppo_names]
     ppo = ["learning_rate", "lr_scheduler_type", "warmup_steps"]
     ppo += [f.name for f in fields(PPOConfig) if f.name not in base_names]
+    script = [f.name for f in fields(VCPPOScriptArguments)]
+    tools = [name for name in script + ppo if "tool" in name] + ["action_mask_mode"]  # --tools, --python_tool...
     return [
         ("VC-PPO (VCPPOConfig)", vcppo),
-        ("PPO (PPOConfig: TRL <= 1.12 names)", ppo),
-        ("Data, reward functions and the embedded toy", [f.name for f in fields(VCPPOScriptArguments)]),
+        ("PPO (PPOConfig: TRL <= 1.12 names)", [name for name in ppo if name not in tools]),
+        ("Data, reward functions and the embedded toy", [name for name in script if name not in tools]),
+        ("Tools (TRL's tools=, docs/tools_and_environments.md)", tools),
         (
             "Model (TRL ModelConfig: --model_name_or_path, LoRA with --use_peft, quantization)",
             [f.name for f in fields(ModelConfig)],
@@ -323,6 +374,7 @@ def main(argv: list[str] | None = None) -> VCPPOTrainer:
         check_value_model_source(training_args.value_model_path)
 
     toy = model_args.model_name_or_path is None
+    tools = resolve_tools(script_args, toy)
     if toy:
         if script_args.dataset_name is not None:
             raise ValueError("--dataset_name needs --model_name_or_path (the embedded toy builds its own data).")
@@ -330,8 +382,10 @@ def main(argv: list[str] | None = None) -> VCPPOTrainer:
     else:
         if script_args.dataset_name is None:
             raise ValueError("Set --dataset_name (a dataset with a prompt and a solution column).")
-        model, tokenizer = load_model_and_tokenizer(model_args)
         train_dataset, eval_dataset = load_datasets(script_args)
+        if tools and isinstance(train_dataset[0]["prompt"], str):
+            raise ValueError("Tools need chat prompts and the dataset's are text: set --conversational true.")
+        model, tokenizer = load_model_and_tokenizer(model_args)
 
     trainer = trainer_class(
         model=model,
@@ -341,6 +395,7 @@ def main(argv: list[str] | None = None) -> VCPPOTrainer:
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
+        tools=tools or None,
     )
 
     if script_args.store_rollouts is not None:

@@ -224,3 +224,60 @@ def evaluate_with_tools(
         "accuracy_with_tool": accuracy_where(True),
         "accuracy_without_tool": accuracy_where(False),
     }
+
+
+def build_tool_toy(
+    *,
+    output_dir: str,
+    seed: int = 0,
+    num_train: int | None = None,
+    num_eval: int | None = None,
+    min_digits: int | None = None,
+    max_digits: int | None = None,
+    num_heads: int | None = None,
+    cold_start_steps: int | None = None,
+    cold_start_learning_rate: float | None = None,
+    tool_fraction: float = 0.3,
+):
+    """The command line's tool toy (`train.py --toy_task tool_use`), to train with `tools=[add]`: the tool tokenizer,
+    the conversational splits, and a tiny policy cold-started for `cold_start_steps` SFT steps (no early stop; logs in
+    `<output_dir>/cold_start`) on worked solutions and, on `tool_fraction` of the examples, `add` episodes. A value
+    left `None` takes the text toy's default (`toy.defaults`: 4000 and 300 prompts of 1 to 6 digits, 4 heads, 1000
+    steps at 3e-3). Returns the policy, the tokenizer and the train and test splits (`prompt`, `solution`,
+    `difficulty`)."""
+    import logging
+    import os
+
+    from . import defaults
+    from .cold_start import cold_start_sft
+    from .model import build_tiny_model
+
+    def pick(value, default):
+        return default if value is None else value
+
+    tokenizer = build_tool_tokenizer()
+    splits = make_tool_splits(
+        pick(num_train, defaults.TOY_NUM_TRAIN),
+        pick(num_eval, defaults.TOY_NUM_EVAL),
+        min_digits=pick(min_digits, defaults.TOY_MIN_DIGITS),
+        max_digits=pick(max_digits, defaults.TOY_MAX_DIGITS),
+        seed=seed,
+    )
+    examples = cold_start_examples(tokenizer, splits["train"], tool_fraction=tool_fraction, seed=seed)
+    steps = pick(cold_start_steps, defaults.TOY_SFT_STEPS)
+    logging.getLogger(__name__).warning(
+        f"Embedded tool toy run: cold-start SFT for {steps} steps on {len(examples)} examples, "
+        f"{examples['form'].count('tool')} of them calling the `add` tool."
+    )
+    model = cold_start_sft(
+        build_tiny_model(tokenizer, num_heads=pick(num_heads, defaults.TOY_NUM_HEADS), seed=seed),
+        tokenizer,
+        examples,
+        output_dir=os.path.join(output_dir, "cold_start"),
+        max_steps=steps,
+        learning_rate=pick(cold_start_learning_rate, defaults.TOY_SFT_LEARNING_RATE),
+        target_accuracy=None,
+        seed=seed,
+    )
+    columns = ["prompt", "solution", "difficulty"]
+    return model, tokenizer, splits["train"].select_columns(columns), splits["test"].select_columns(columns)
