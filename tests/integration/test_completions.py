@@ -129,3 +129,54 @@ def test_markdown_cells_stay_on_one_line():
 
     text = markdown_table({"completion": ["a|b\nc"], "score": [0.123456]})
     assert text.splitlines() == ["| completion | score |", "| --- | --- |", "| a\\|b<br>c | 0.1235 |"]
+
+
+def test_reward_functions_log_columns_and_metrics_as_in_trl(tmp_path):
+    """TRL's `log_extra(column, values)` adds a column to the logged completions and `log_metric(name, value)` a
+    metric under its own name, averaged over the values logged in the update; under generation windows a column is
+    logged for the responses that finished in that update only (None for the others)."""
+    from tests.builders import tiny_config, tiny_trainer
+
+    seen = []
+
+    def checked_length(completions, log_extra, log_metric, **kwargs):
+        lengths = [len(str(c)) for c in completions]
+        log_extra("chars", lengths)
+        log_metric("custom/chars_mean", sum(lengths) / len(lengths))
+        log_metric("custom/batches", 1.0)
+        seen.append(lengths)
+        return [min(n, 20) / 20 for n in lengths]
+
+    trainer = tiny_trainer(
+        args=tiny_config(str(tmp_path / "out"), log_completions=True, logging_steps=1, total_episodes=32),
+        reward_funcs=checked_length,
+    )
+    trainer.train()
+    logged = [e for e in trainer.state.log_history if "custom/chars_mean" in e]
+    assert len(logged) == 2 and all(e["custom/batches"] == 1.0 for e in logged)
+    assert logged[-1]["custom/chars_mean"] == pytest.approx(sum(seen[-1]) / len(seen[-1]))
+    frame = pd.read_parquet(pathlib.Path(trainer.args.output_dir) / "completions" / "completions_00002.parquet")
+    assert frame["chars"].tolist() == seen[-1]
+
+    windowed = tiny_trainer(
+        args=tiny_config(str(tmp_path / "windowed"), log_completions=True, generation_window=4, total_episodes=32),
+        reward_funcs=checked_length,
+    )
+    windowed.train()
+    folder = pathlib.Path(windowed.args.output_dir) / "completions"
+    frame = pd.concat([pd.read_parquet(p) for p in sorted(folder.glob("*.parquet"))])
+    finished = frame["finished"]
+    assert frame.loc[finished, "chars"].notna().all() and frame.loc[~finished, "chars"].isna().all()
+    assert frame.loc[finished, "chars"].tolist() == [n for lengths in seen[2:] for n in lengths]
+
+
+def test_log_extra_and_log_metric_refuse_bad_input():
+    from vcppo_trl.rewards import RewardLogs
+
+    logs = RewardLogs()
+    with pytest.raises(TypeError, match="one value per completion"):
+        logs.log_extra("col", 3)
+    with pytest.raises(TypeError, match="must be a number"):
+        logs.log_metric("m", "high")
+    logs.log_extra("col", [1, 2])
+    assert logs.columns_for(3) == {"col": [1, 2, None]} and logs.columns_for(1) == {"col": [2]}

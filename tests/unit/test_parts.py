@@ -25,8 +25,9 @@ from vcppo_trl.rollout.settings import RolloutSettings, old_logprobs_from_traini
 from vcppo_trl.rollout.shaping import token_rewards
 from vcppo_trl.rollout.types import Rollout
 from vcppo_trl.sampling.hf import HFSampler
-from vcppo_trl.trainer.metrics import PRETRAIN_METRIC_NAMES, UpdateRecord, critic_fit, update_metrics
+from vcppo_trl.trainer.metrics import PRETRAIN_METRIC_NAMES, UpdateRecord, critic_fit
 from vcppo_trl.trainer.prompts import prompt_batches
+from vcppo_trl.trainer.update_metrics import update_metrics
 from vcppo_trl.trainer.value_pretraining import CriticFit, ValuePretrainingPhase, ValuePretrainRule
 
 # ------------------------------------------------------------------------------------ value-pretraining phase

@@ -29,7 +29,7 @@ def no_kwargs(prompts, completions):
     return [0.0] * len(completions)
 
 
-def every_keyword(prompts, completions, completion_ids, trainer_state, solution, difficulty):
+def every_keyword(prompts, completions, completion_ids, trainer_state, log_extra, log_metric, solution, difficulty):
     return [0.0] * len(completions)
 
 
@@ -58,7 +58,7 @@ def test_a_function_without_kwargs_that_would_get_more_keywords_is_refused():
     with pytest.raises(
         ValueError,
         match="'no_kwargs' takes no \\*\\*kwargs and would be given completion_ids, "
-        "difficulty, solution, trainer_state",
+        "difficulty, log_extra, log_metric, solution, trainer_state",
     ):
         check_reward_signatures([no_kwargs], COLUMNS, "train_dataset")
 

@@ -17,6 +17,7 @@ from .math_verify import (
     verify_answer,
 )
 from .registry import BUILTIN_REWARDS, resolve_reward_funcs, think_format_reward
+from .reward_logs import RewardLogs, merged_columns, merged_metrics, reward_log_metrics, scattered_columns
 from .reward_models import reward_func_name, reward_model_scores
 
 __all__ = [
@@ -26,16 +27,21 @@ __all__ = [
     "MathVerifyReward",
     "RewardCallResult",
     "RewardFunctionError",
+    "RewardLogs",
     "call_reward_function",
     "is_async_callable",
     "run_awaitables",
     "run_in_threads",
+    "scattered_columns",
     "completion_to_text",
     "gold_candidates",
     "make_math_verify_reward",
     "math_verify_reward",
+    "merged_columns",
+    "merged_metrics",
     "resolve_reward_funcs",
     "reward_func_name",
+    "reward_log_metrics",
     "reward_model_scores",
     "shutdown_verifier_worker",
     "split_think",

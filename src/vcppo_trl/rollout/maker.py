@@ -24,6 +24,7 @@ from ..algo.micro_batches import ForwardWork, measured
 from ..parallel.collectives import max_across_processes, whitening_all_reduce
 from ..parallel.sequence import SequenceGroup
 from ..rewards.calls import call_reward_function
+from ..rewards.reward_logs import RewardLogs, scattered_columns
 from ..rewards.reward_models import reward_model_scores
 from ..sampling.seam import Samples
 from .episodes import sample_episodes
@@ -169,20 +170,21 @@ class RolloutMaker:
         completion_texts: list[str],
         completion_ids: list[list[int]],
         trainer_state=None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, RewardLogs]:
         """
-        Rewards of every function for every completion.
+        Rewards of every function for every completion, and what the functions logged (TRL's `log_extra`,
+        `log_metric`).
 
         A function's failures on single samples (raised, timed out, NaN) give those samples `reward_failure_value`
         (see [`~rewards.calls.call_reward_function`]); a function that fails on the whole batch stops the run.
 
         Returns:
             `(rewards, failed)`: `[B, F]` float32 rewards on device (`nan` where a function returned `None`), and
-            `[B]` bool, true where at least one function failed on the sample.
+            `[B]` bool, true where at least one function failed on the sample; the [`~rewards.RewardLogs`].
         """
         prompts = [row["prompt"] for row in rows]
         extra = {key: [row[key] for row in rows] for key in rows[0] if key not in ("prompt", "completion")}
-        columns = []
+        columns, logs = [], RewardLogs()
         failed = [False] * len(rows)
         for func, proc in zip(self.reward_funcs, self.reward_processing_classes):
             if isinstance(func, torch.nn.Module):
@@ -206,6 +208,7 @@ class RolloutMaker:
                     failure_value=self.settings.reward_failure_value,
                     max_concurrency=self.settings.reward_max_concurrency,
                     trainer_state=trainer_state,
+                    **logs.kwargs(),
                 )
                 values = result.values
                 if result.failures:
@@ -213,7 +216,7 @@ class RolloutMaker:
             columns.append([float("nan") if v is None else float(v) for v in values])
         device = self.accelerator.device
         rewards = torch.tensor(columns, dtype=torch.float32, device=device).T
-        return rewards, torch.tensor(failed, dtype=torch.bool, device=device)
+        return rewards, torch.tensor(failed, dtype=torch.bool, device=device), logs
 
     def sample_and_score(
         self,
@@ -241,7 +244,7 @@ class RolloutMaker:
             tokenizer=self.tokenizer,
         )
         completions = completions if episodes is None else episodes  # a tool episode's messages, as TRL gives them
-        rewards_per_func, reward_failed = self.score(
+        rewards_per_func, reward_failed, logs = self.score(
             rows,
             prompt_texts,
             completions,
@@ -257,6 +260,8 @@ class RolloutMaker:
             rewards_per_func=rewards_per_func,
             reward_failed=reward_failed,
             raw_scores=self.weighted_scores(rewards_per_func),
+            logged_columns=logs.columns_for(len(rows)),
+            logged_metrics=logs.metrics,
         )
 
     # ----------------------------------------------------------- the rollout
@@ -400,6 +405,8 @@ class RolloutMaker:
             finished=None if window is None else window.finished,
             action_mask=None if samples.action_mask is None else samples.action_mask & response_mask,
             episode_counts=samples.episode_counts,
+            reward_columns=scored.logged_columns,
+            reward_metrics=scored.logged_metrics,
         )
         with_kl = settings.kl_coef > 0 and (train_policy or not self.reference_is_initial_policy)
         needs_old_logprobs = train_policy and not settings.old_logprobs_from_training_forward
@@ -457,9 +464,10 @@ class RolloutMaker:
         rewards_per_func = torch.full((len(rows), len(self.reward_funcs)), float("nan"), device=device)
         reward_failed = torch.zeros(len(rows), dtype=torch.bool, device=device)
         chosen = which.nonzero().flatten().tolist()
+        logged_columns, logged_metrics = {}, {}
         if chosen:
             prompt_texts = self.prompt_texts([rows[i] for i in chosen])
-            rewards, failed = self.score(
+            rewards, failed, logs = self.score(
                 [rows[i] for i in chosen],
                 prompt_texts,
                 [completions[i] for i in chosen],
@@ -468,6 +476,8 @@ class RolloutMaker:
                 trainer_state=trainer_state,
             )
             rewards_per_func[chosen], reward_failed[chosen] = rewards, failed
+            logged_columns = scattered_columns(logs.columns_for(len(chosen)), chosen, len(rows))
+            logged_metrics = logs.metrics
         return ScoredSamples(
             query_ids,
             query_mask,
@@ -476,6 +486,8 @@ class RolloutMaker:
             rewards_per_func=rewards_per_func,
             reward_failed=reward_failed,
             raw_scores=self.weighted_scores(rewards_per_func),
+            logged_columns=logged_columns,
+            logged_metrics=logged_metrics,
         )
 
     def weighted_scores(self, rewards_per_func: torch.Tensor) -> torch.Tensor:

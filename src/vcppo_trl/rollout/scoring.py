@@ -10,6 +10,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 from trl.data_utils import is_conversational, maybe_apply_chat_template
 
+from ..rewards.reward_logs import merged_columns, merged_metrics
 from ..sampling.seam import Samples
 
 
@@ -24,6 +25,10 @@ class ScoredSamples:
     rewards_per_func: torch.Tensor  # [B, F], nan where a function returned None
     reward_failed: torch.Tensor  # [B] bool
     raw_scores: torch.Tensor  # [B] weighted sum of the functions, nan where none applied
+    # What the reward functions logged (TRL's `log_extra`, `log_metric`; `rewards/reward_logs.py`): columns of B
+    # values for the logged completions, and metrics' values.
+    logged_columns: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
+    logged_metrics: dict[str, list[float]] = dataclasses.field(default_factory=dict)
 
     def select(self, idx: list[int]) -> ScoredSamples:
         """The samples `idx`, in that order (tensors stay as wide as they are)."""
@@ -47,6 +52,8 @@ class ScoredSamples:
             rewards_per_func=self.rewards_per_func[rows],
             reward_failed=self.reward_failed[rows],
             raw_scores=self.raw_scores[rows],
+            logged_columns={name: [column[i] for i in idx] for name, column in self.logged_columns.items()},
+            logged_metrics=self.logged_metrics,
         )
 
 
@@ -99,6 +106,8 @@ def concat_scored(parts: list[ScoredSamples], pad_token_id: int, multiple: int =
         rewards_per_func=torch.cat([p.rewards_per_func for p in parts]),
         reward_failed=torch.cat([p.reward_failed for p in parts]),
         raw_scores=torch.cat([p.raw_scores for p in parts]),
+        logged_columns=merged_columns([p.logged_columns for p in parts], [len(p.completions) for p in parts]),
+        logged_metrics=merged_metrics([p.logged_metrics for p in parts]),
     )
 
 

@@ -46,6 +46,9 @@ class Rollout:
     # environment tokens: context for the policy and the critic, never actions). None: every response token.
     action_mask: torch.Tensor | None = None
     episode_counts: dict[str, torch.Tensor] | None = None  # tool episodes: [B] counts each (`rollout/tool_loop.py`)
+    # What the reward functions logged while scoring it (TRL's `log_extra`: B values per column; `log_metric`).
+    reward_columns: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
+    reward_metrics: dict[str, list[float]] = dataclasses.field(default_factory=dict)
 
     @property
     def input_ids(self) -> torch.Tensor:

@@ -90,6 +90,7 @@ def completion_table(update: UpdateRecord, reward_func_names: list[str], step: i
     }
     for i, name in enumerate(reward_func_names):
         table[name] = rollout.rewards_per_func[:, i].float().tolist()
+    table.update(rollout.reward_columns)  # TRL's `log_extra` columns
     table["advantage"] = advantage.float().tolist()
     table["value"] = (
         rollout.values[:, 0].float().tolist() if rollout.values is not None else [float("nan")] * len(lengths)

@@ -1,4 +1,4 @@
-"""The metrics [`PPOTrainer`] logs per update: the rollout's, the sampler's, the PPO epochs' and TRL's old names.
+"""The metrics [`PPOTrainer`] logs per update about its rollout (the training side's: `trainer/update_metrics.py`).
 
 Pure functions of the update's tensors, the accelerator (every metric is over all processes) and the fields of the
 config they read ([`MetricSettings`]), so that the trainer file keeps the training loop.
@@ -21,17 +21,13 @@ from ..algo.diagnostics import (
     stop_advantage_gap,
     stop_positions,
 )
-from ..algo.dynamic_sampling import DynamicSamplingStats
 from ..algo.gae import dual_lambda_gae
-from ..algo.losses import sampler_importance_weights
 from ..algo.masked import masked_mean
-from ..algo.micro_batches import ForwardWork
 from ..config.ppo import PPOConfig
 from ..learner.ppo_learner import UpdateResult
+from ..rewards import reward_log_metrics
 from ..rollout import episode_metrics
-from ..rollout.maker import GenerationStats, RolloutStats
-from ..rollout.response_pool import WindowStep
-from ..rollout.types import OverlapStats, Rollout, is_correct
+from ..rollout.types import Rollout, is_correct
 from .value_pretraining import CriticFit
 
 logger = logging.get_logger(__name__)
@@ -253,6 +249,7 @@ def rollout_metrics(
             metrics[f"diagnostics/mc_explained_variance_bucket_{k}"] = ev
     for i, name in enumerate(reward_func_names):
         metrics[f"rewards/{name}/mean"] = mean_across(accelerator, rollout.rewards_per_func[:, i])
+    metrics.update(reward_log_metrics(accelerator, rollout.reward_metrics))  # TRL's `log_metric`, under its names
     if rollout.overlong_penalties is not None:  # the shaping term, apart from the correctness score
         penalties = torch.where(scored, rollout.overlong_penalties, nan)
         metrics["reward/overlong_penalty"] = mean_across(accelerator, penalties)
@@ -285,215 +282,3 @@ PER_FINISHED_RESPONSE_METRICS = (
     "rewards/",
     "reward/overlong",
 )
-
-
-def window_metrics(accelerator: Accelerator, step: WindowStep) -> dict[str, float]:
-    """
-    A generation window over all processes: `rollout/finished_responses` (responses that finished and were
-    scored), `rollout/window_tokens` (tokens sampled, the policy's), `rollout/prefilled_tokens` (earlier tokens of
-    continued responses, run again as context), `rollout/in_flight` (responses carried to the next update) and
-    `rollout/windows_per_finished_mean` (policy versions that sampled a finished response).
-    """
-    finished_windows = [w for w, done in zip(step.windows, step.finished) if done]
-    counts = torch.tensor(
-        [sum(step.finished), step.new_tokens, step.prefilled_tokens, step.in_flight, sum(finished_windows)],
-        dtype=torch.float64,
-        device=accelerator.device,
-    )
-    if accelerator.num_processes > 1:
-        counts = accelerator.reduce(counts, "sum")
-    finished, new, prefilled, in_flight, windows = counts.tolist()
-    metrics = {
-        "rollout/finished_responses": finished,
-        "rollout/window_tokens": new,
-        "rollout/prefilled_tokens": prefilled,
-        "rollout/in_flight": in_flight,
-    }
-    if finished:
-        metrics["rollout/windows_per_finished_mean"] = windows / finished
-    return metrics
-
-
-def overlap_metrics(accelerator: Accelerator, overlap: OverlapStats) -> dict[str, float]:
-    """
-    A rollout that a worker sampled ahead (`max_staleness`): `sampling/staleness_max` (policy updates between the
-    weights that sampled the batch and those that train it, the most over processes), `time/sampler_wait_s` (the
-    trainer idle, waiting for the samples), `time/sampler_idle_s` (the worker idle before it sampled them),
-    `time/weight_push_s` (the last weight push) and `rollout/prefetched` (generations queued beyond this one).
-    """
-    values = torch.tensor(
-        [overlap.staleness, overlap.wait_seconds, overlap.sampler_idle_seconds, overlap.push_seconds],
-        dtype=torch.float64,
-        device=accelerator.device,
-    )
-    if accelerator.num_processes > 1:
-        values = accelerator.reduce(values, "max")
-    staleness, wait, idle, push = values.tolist()
-    return {
-        "sampling/staleness_max": staleness,
-        "time/sampler_wait_s": wait,
-        "time/sampler_idle_s": idle,
-        "time/weight_push_s": push,
-        "rollout/prefetched": float(overlap.in_flight),
-    }
-
-
-def sampling_metrics(
-    accelerator: Accelerator,
-    settings: MetricSettings,
-    rollout: Rollout,
-    generation: GenerationStats,
-    importance_weights: torch.Tensor | None = None,
-) -> dict[str, float]:
-    """
-    Generation time and throughput of the update's rollout (`generation`, with the sampler's weight sync when it has
-    one), and, when vLLM sampled, how far its log-probs are from the training forward's (TRL GRPO's `sampling/...`
-    names): |Δ log p| over valid tokens, and the importance ratios the correction uses (per token, or per sequence in
-    `sequence_*` modes; 0 where masked). `rollout.logprobs` must be the old log-probabilities of the update;
-    `importance_weights` are the weights the loss used, when it used them (else they are computed here).
-    """
-    seconds, tokens, sync_seconds = generation.seconds, generation.tokens, generation.sync_seconds
-    metrics = {"time/generation_s": seconds}
-    total_tokens = accelerator.reduce(torch.tensor([float(tokens)], device=accelerator.device), "sum")
-    slowest = accelerator.reduce(torch.tensor([seconds], device=accelerator.device), "max")
-    metrics["time/generation_tokens_per_s"] = float(total_tokens) / max(float(slowest), 1e-9)
-    if sync_seconds is not None:
-        metrics["time/weight_sync_s"] = float(sync_seconds)
-    if rollout.sampler_logprobs is None or rollout.logprobs is None:
-        return metrics
-    # A generation window's tokens: earlier windows were sampled by earlier weights (and corrected when trained).
-    mask = rollout.action_tokens if rollout.window_mask is None else rollout.window_mask
-    delta = (rollout.logprobs - rollout.sampler_logprobs).abs()[mask]
-    mean, _, high = reduce_stats(accelerator, delta)
-    if not math.isnan(mean):
-        metrics["sampling/sampling_logp_difference/mean"] = mean
-        metrics["sampling/sampling_logp_difference/max"] = high
-    weights = importance_weights
-    if weights is None:
-        weights = sampler_importance_weights(
-            rollout.logprobs,
-            rollout.sampler_logprobs,
-            mask,
-            mode=settings.importance_sampling_mode,
-            clip_min=settings.importance_sampling_clip_min,
-            clip_max=settings.importance_sampling_clip_max,
-        )
-    flat = weights.flatten()[mask.any(1)] if weights.shape[1] == 1 else weights[mask]
-    mean, low, high = reduce_stats(accelerator, flat)
-    if not math.isnan(mean):
-        metrics["sampling/importance_sampling_ratio/min"] = low
-        metrics["sampling/importance_sampling_ratio/mean"] = mean
-        metrics["sampling/importance_sampling_ratio/max"] = high
-    if settings.importance_sampling_mode.endswith("_mask"):  # the share of tokens (or sequences) the bounds dropped
-        masked, _, _ = reduce_stats(accelerator, (flat == 0).float())
-        if not math.isnan(masked):
-            metrics["sampling/importance_sampling_masked_fraction"] = masked
-    return metrics
-
-
-def update_metrics(accelerator: Accelerator, update_stats: dict[str, float], train_policy: bool) -> dict[str, float]:
-    """
-    The PPO epochs' statistics ([`~learner.ppo_learner.PPOLearner.update`]) as logged: averaged over processes under `<name>_avg`
-    (`_var` ones keep their name), the critic's under `value_pretrain/` in value-only updates.
-    """
-    stats = dict(update_stats)
-    metrics = {"diagnostics/nonfinite_steps": stats.pop("diagnostics/nonfinite_steps")}
-    for name, value in stats.items():
-        key = name if name.endswith("_var") else f"{name}_avg"
-        if not train_policy and name in PRETRAIN_METRIC_NAMES:
-            key = f"{PRETRAIN_METRIC_NAMES[name]}_avg"
-        metrics[key] = mean_across(accelerator, torch.tensor([value], device=accelerator.device))
-    return metrics
-
-
-def learner_metrics(
-    accelerator: Accelerator,
-    settings: MetricSettings,
-    rollout: Rollout,
-    made: RolloutStats,
-    result: UpdateResult,
-    train_policy: bool,
-    rollout_side: dict[str, float],
-) -> dict[str, float]:
-    """The metrics of an update after its PPO epochs: the sampler's ([`sampling_metrics`]), the epochs'
-    ([`update_metrics`]), the forwards' work ([`work_metrics`]), the ranks' token balance and TRL's old names
-    ([`trl_metric_names`]).
-    `rollout.logprobs` must be the update's old log-probabilities; `rollout_side` the metrics logged before."""
-    metrics = sampling_metrics(
-        accelerator, settings, rollout, generation=made.generation, importance_weights=result.importance_weights
-    )
-    metrics.update(update_metrics(accelerator, result.stats, train_policy))
-    metrics.update(work_metrics(accelerator, made.forwards, result.work))
-    metrics.update(result.balance)  # perf/rank_token_imbalance(_before): the same on every process
-    if made.dynamic_sampling is not None:
-        metrics.update(dynamic_sampling_metrics(accelerator, made.dynamic_sampling))
-    if made.window is not None:
-        metrics.update(window_metrics(accelerator, made.window))
-    if made.overlap is not None:
-        metrics.update(overlap_metrics(accelerator, made.overlap))
-    metrics.update(trl_metric_names(accelerator, rollout, rollout_side | metrics))
-    return metrics
-
-
-def dynamic_sampling_metrics(accelerator: Accelerator, stats: DynamicSamplingStats) -> dict[str, float]:
-    """Dynamic sampling over all processes: `sampling/dynamic_rounds` (generation rounds, the same on every process),
-    `sampling/dynamic_informative_fraction` (of the groups drawn, those with both correct and wrong samples) and
-    `sampling/dynamic_filled_groups` (uninformative groups that completed the batch at the round limit)."""
-    counts = torch.tensor(
-        [stats.groups_drawn, stats.informative_groups, stats.filled_groups],
-        dtype=torch.float64,
-        device=accelerator.device,
-    )
-    if accelerator.num_processes > 1:
-        counts = accelerator.reduce(counts, "sum")
-    drawn, informative, filled = counts.tolist()
-    return {
-        "sampling/dynamic_rounds": float(stats.rounds),
-        "sampling/dynamic_informative_fraction": informative / drawn if drawn else float("nan"),
-        "sampling/dynamic_filled_groups": filled,
-    }
-
-
-def work_metrics(accelerator: Accelerator, rollout_forwards: ForwardWork, update: ForwardWork) -> dict[str, float]:
-    """
-    What the update's forwards computed, over all processes: `perf/{rollout_forward,update}_padding_fraction`
-    (1 − real / computed tokens of the rollout's no-grad forwards and of the PPO epochs' forwards),
-    `time/update_tokens_per_s` (real tokens through the PPO epochs' forward and backward, all processes, per second
-    of the slowest), `perf/update_micro_batches` (per process) and, on CUDA, `perf/{rollout_forward,update}_peak_
-    memory_gib` (peak allocated memory of the largest process).
-    """
-    counts = torch.tensor(
-        [rollout_forwards.real_tokens, rollout_forwards.computed_tokens, update.real_tokens, update.computed_tokens],
-        dtype=torch.float64,
-        device=accelerator.device,
-    )
-    if accelerator.num_processes > 1:
-        counts = accelerator.reduce(counts, "sum")
-    slowest = float(accelerator.gather(torch.tensor([update.seconds], device=accelerator.device)).max())
-    rollout_real, rollout_computed, update_real, update_computed = counts.tolist()
-    metrics = {
-        "perf/rollout_forward_padding_fraction": 1 - rollout_real / rollout_computed if rollout_computed else 0.0,
-        "perf/update_padding_fraction": 1 - update_real / update_computed if update_computed else 0.0,
-        "time/update_tokens_per_s": update_real / max(slowest, 1e-9),
-        "perf/update_micro_batches": float(update.micro_batches),
-    }
-    for name, work in (("rollout_forward", rollout_forwards), ("update", update)):
-        if work.peak_memory_bytes is not None:
-            peak = torch.tensor([float(work.peak_memory_bytes)], device=accelerator.device)
-            metrics[f"perf/{name}_peak_memory_gib"] = float(accelerator.gather(peak).max()) / 2**30
-    return metrics
-
-
-def trl_metric_names(accelerator: Accelerator, rollout: Rollout, metrics: dict[str, float]) -> dict[str, float]:
-    """
-    TRL ≤ 1.12's PPO metrics under their names: `val/ratio` (mean policy ratio), `val/num_eos_tokens` (responses
-    that ended with the stop token, all processes), `objective/entropy` (Σ −log π of the sampled tokens per
-    response, averaged over responses: TRL's sequence-level entropy estimate).
-    """
-    out = {"val/num_eos_tokens": float(accelerator.gather(rollout.has_stop.float()).sum())}
-    if "val/ratio_avg" in metrics:
-        out["val/ratio"] = metrics["val/ratio_avg"]
-    if rollout.logprobs is not None:
-        mask = rollout.action_tokens
-        out["objective/entropy"] = mean_across(accelerator, (-rollout.logprobs * mask).sum(1)[mask.any(1)])
-    return out

@@ -32,16 +32,15 @@ from ..learner.settings import LearnerSettings
 from ..models.loading import resolve_stop_token_ids
 from ..models.policy_and_value import PolicyAndValueModel
 from ..rewards.reward_models import reward_func_name
-from ..rollout.sources import RolloutSource, SourceSettings, build_rollout_source
-from ..rollout.types import Rollout
-from ..rollout.windowed import gae_bootstrap
+from ..rollout import Rollout, RolloutSource, SourceSettings, build_rollout_source, gae_bootstrap
 from . import loop, rollout_setup, setup
 from . import saving as trainer_saving
 from .console import CompactPrinterCallback, RolloutProgressCallback
 from .evaluation import EvaluationSettings, evaluation_metrics
-from .metrics import MetricSettings, UpdateRecord, learner_metrics, rollout_metrics
+from .metrics import MetricSettings, UpdateRecord, rollout_metrics
 from .optimization import build_optimizer, build_scheduler
 from .prompts import PromptStream
+from .update_metrics import learner_metrics
 
 if is_peft_available():
     from peft import PeftConfig

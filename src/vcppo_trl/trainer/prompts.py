@@ -20,7 +20,9 @@ from transformers import PreTrainedTokenizerBase
 from ..rollout import prompt_text
 
 # Reward-function parameters that the trainer fills itself, not from dataset columns.
-_TRAINER_ARGUMENTS = {"prompts", "completions", "completion_ids", "trainer_state", "kwargs", "args", "self"}
+_TRAINER_ARGUMENTS = {
+    *("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "kwargs", "args", "self")
+}
 
 
 @dataclass
@@ -65,8 +67,8 @@ def reward_function_columns(reward_funcs: Sequence[Any], columns: Sequence[str])
 
 REWARD_CONTRACT = (
     "A reward function is called with keywords: f(prompts=..., completions=..., completion_ids=..., "
-    "trainer_state=..., **every other column of the dataset), and returns one float (or None: does not apply) per "
-    "completion; TRL's protocol, so it should take **kwargs."
+    "trainer_state=..., log_extra=..., log_metric=..., **every other column of the dataset), and returns one float "
+    "(or None: does not apply) per completion; TRL's protocol, so it should take **kwargs."
 )
 
 
@@ -80,7 +82,7 @@ def check_reward_signatures(
     it will be given. Functions whose signature cannot be read, and reward models, are not checked. With
     `rollout_func_keys` a `rollout_func` may add keys when it runs, so a parameter that is not a column is left to it.
     """
-    passed = {"prompts", "completions", "completion_ids", "trainer_state"}
+    passed = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"}
     passed |= {c for c in columns if c not in ("prompt", "completion")}
     for func in reward_funcs:
         if not callable(func) or not _is_plain_callable(func):
@@ -102,7 +104,7 @@ def check_reward_signatures(
                 raise ValueError(
                     f"Reward function {name!r} needs the argument {param.name!r}, which is neither a column of "
                     f"{dataset_name} (its columns: {', '.join(columns)}) nor one the trainer passes (prompts, "
-                    f"completions, completion_ids, trainer_state). Add a {param.name!r} column to the dataset, or give "
+                    f"completions, completion_ids, trainer_state, log_extra, log_metric). Add a {param.name!r} column to the dataset, or give "
                     f"the parameter a default. {REWARD_CONTRACT}"
                 )
         unexpected = sorted(passed - set(parameters))
