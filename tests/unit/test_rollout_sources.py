@@ -126,7 +126,10 @@ class Maker:
 def test_the_factory_builds_whole_responses_or_a_pool_from_the_settings():
     def settings(**overrides):
         return SourceSettings(
-            **(dict(generation_window=None, max_staleness=0, seed=0, rollout_worker_threads=1) | overrides)
+            **(
+                dict(generation_window=None, rollout_pool_size=None, max_staleness=0, seed=0, rollout_worker_threads=1)
+                | overrides
+            )
         )
 
     whole = build_rollout_source(settings(), Maker(), draw=list, policy=lambda: None, local_batch_size=4)
@@ -136,6 +139,14 @@ def test_the_factory_builds_whole_responses_or_a_pool_from_the_settings():
     )
     assert type(windowed) is WindowedRollouts and windowed.ahead is None and windowed.holds_rollouts_in_flight
     assert (windowed.pool.size, windowed.pool.window, windowed.pool.response_length) == (4, 2, 8)
+    larger = build_rollout_source(
+        settings(generation_window=2, rollout_pool_size=12),
+        Maker(),
+        draw=list,
+        policy=lambda: None,
+        local_batch_size=4,
+    )
+    assert larger.pool.size == 12
 
 
 def test_a_windowed_source_saves_and_restores_its_pool():

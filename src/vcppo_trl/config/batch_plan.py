@@ -18,7 +18,7 @@ class BatchPlan:
 
     world_size: int
     local_batch_size: int  # sequences this process rolls out per update
-    local_mini_batch_size: int  # sequences of this process per optimizer step
+    local_mini_batch_size: int  # sequences of this process per optimizer step (the pool's share under windows)
     batch_size: int  # sequences per update, all processes
     local_prompts_per_update: int
     prompts_per_update: int
@@ -65,7 +65,8 @@ def plan_batches(args: PPOConfig, world_size: int, train_rows: int, warn: bool =
     return BatchPlan(
         world_size=world_size,
         local_batch_size=local_batch_size,
-        local_mini_batch_size=local_batch_size // args.num_mini_batches,
+        # Under generation windows an update trains every in-flight response: the pool's rows, in as many steps.
+        local_mini_batch_size=(args.rollout_pool_size or local_batch_size) // args.num_mini_batches,
         batch_size=batch_size,
         local_prompts_per_update=local_batch_size // k,
         prompts_per_update=prompts_per_update,

@@ -74,6 +74,30 @@ def _require_unit_interval(name: str, value: float) -> None:
         raise ValueError(f"`{name}` must be in [0, 1], got {value}.")
 
 
+def _check_rollout_pool(config) -> None:
+    """`rollout_pool_size` (PPOConfig's): with windows only, whole micro-batches per mini-batch."""
+    if config.rollout_pool_size is None:
+        return
+    if config.generation_window is None:
+        raise ValueError(
+            "`rollout_pool_size` is the number of responses in flight under generation windows: set "
+            "generation_window too, or leave rollout_pool_size=None."
+        )
+    batch = config.per_device_train_batch_size * config.gradient_accumulation_steps * config.num_mini_batches
+    unit = config.per_device_train_batch_size * config.num_mini_batches
+    if config.rollout_pool_size < batch or config.rollout_pool_size % unit:
+        raise ValueError(
+            f"`rollout_pool_size` must be at least the rollout batch ({batch} per process) and a multiple of "
+            f"per_device_train_batch_size × num_mini_batches = {unit} (each mini-batch whole micro-batches), got "
+            f"{config.rollout_pool_size}."
+        )
+    if config.rollout_pool_size % config.num_generations:
+        raise ValueError(
+            f"`rollout_pool_size` ({config.rollout_pool_size}) must be a multiple of num_generations "
+            f"({config.num_generations})."
+        )
+
+
 def _require_choice(name: str, value: str | None, choices: tuple[str, ...], optional: bool = False) -> None:
     if not (optional and value is None) and value not in choices:
         allowed = ("None or " if optional else "") + "one of " + ", ".join(map(repr, choices))
@@ -129,8 +153,8 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
       `dynamic_sampling_max_rounds`.
     - Micro-batches and parallelism [`_check_parallelism`]: `max_tokens_per_micro_batch`, `max_tokens_per_forward`,
       `padding_free`, `balance_ranks`, `sequence_parallel_size`.
-    - Asynchrony and partial rollouts [`_check_async_rollouts`]: `generation_window`, `window_bootstrap`,
-      `max_staleness`, `rollout_worker_threads`.
+    - Asynchrony and partial rollouts [`_check_async_rollouts`]: `generation_window`, `rollout_pool_size`,
+      `window_bootstrap`, `max_staleness`, `rollout_worker_threads`.
     - Generation with vLLM [`_check_vllm`]: `use_vllm`, `vllm_mode`, `vllm_model_impl`, `vllm_max_model_length`,
       `vllm_importance_sampling_correction`, `vllm_importance_sampling_mode`, `vllm_importance_sampling_clip_max`,
       `vllm_importance_sampling_clip_min`, `vllm_server_base_url`, `vllm_server_host`, `vllm_server_port`,
@@ -482,6 +506,19 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
             "each one by at most this many tokens from its token ids. The policy trains on the window's tokens "
             "(advantages bootstrapped at the cut with the critic's value), the critic on the responses that "
             "finished. None: whole responses every update. See docs/rollout_windows.md."
+        },
+    )
+    rollout_pool_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "With generation_window: responses in flight per process. None: the process's rollout batch "
+            "(per_device_train_batch_size × gradient_accumulation_steps × num_mini_batches). A window finishes only "
+            "the responses that stop in it, about batch / E⌈length / window⌉ per update; a larger pool finishes "
+            "more, so each optimizer step learns from as many outcomes as a whole-response update's: pick about the "
+            "rollout batch × rollout/windows_per_finished_mean. Every in-flight response advances by its window in "
+            "every update, and an update trains all the pool's rows in its num_ppo_epochs × num_mini_batches "
+            "optimizer steps (more micro-batches, not more steps). A multiple of per_device_train_batch_size × "
+            "num_mini_batches, at least the rollout batch. See docs/rollout_windows.md."
         },
     )
     window_bootstrap: str = field(
@@ -1138,6 +1175,7 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
                         "its score exists (see docs/rollout_windows.md for what runs with windows). Set "
                         f"generation_window=None or drop {name}."
                     )
+        _check_rollout_pool(self)
         if self.max_staleness < 0:
             raise ValueError(f"`max_staleness` must be 0 (no overlap) or more, got {self.max_staleness}.")
         if self.max_staleness == 0:

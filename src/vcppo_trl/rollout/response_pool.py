@@ -46,7 +46,8 @@ class WindowStep:
 
 class ResponsePool:
     """
-    One process's in-flight responses (a fixed number of slots: the local rollout batch).
+    One process's in-flight responses (a fixed number of slots: `rollout_pool_size`, by default the local rollout
+    batch).
 
     Args:
         size: Slots (responses per update).
@@ -136,6 +137,11 @@ class ResponsePool:
             raise ValueError(
                 "This checkpoint's rollouts in flight are a rollout worker's (max_staleness > 0), and this run has a "
                 "generation window: resume it with its own settings."
+            )
+        if len(state["slots"]) > self.size:
+            raise ValueError(
+                f"This checkpoint holds {len(state['slots'])} responses in flight per process, more than this run's "
+                f"pool of {self.size}: resume it with its rollout_pool_size (or larger)."
             )
         self.slots = [InFlight(**slot) for slot in state["slots"]]
         self.pending = list(state["pending"])

@@ -139,6 +139,7 @@ class SourceSettings:
     """The fields of [`PPOConfig`] that choose and shape the rollout source (their meanings are the config's)."""
 
     generation_window: int | None
+    rollout_pool_size: int | None
     max_staleness: int
     seed: int
     rollout_worker_threads: int
@@ -147,6 +148,7 @@ class SourceSettings:
     def from_args(cls, args: PPOConfig) -> SourceSettings:
         return cls(
             generation_window=args.generation_window,
+            rollout_pool_size=args.rollout_pool_size,
             max_staleness=args.max_staleness,
             seed=args.seed,
             rollout_worker_threads=args.rollout_worker_threads,
@@ -175,7 +177,7 @@ def build_rollout_source(
 ) -> RolloutSource:
     """
     This run's source of rollouts: whole responses in this process; with `generation_window` a pool of
-    `local_batch_size` in-flight responses; with `max_staleness` ≥ 1 a rollout worker process sampling ahead (of
+    `rollout_pool_size` in-flight responses (by default `local_batch_size`); with `max_staleness` ≥ 1 a rollout worker process sampling ahead (of
     whole responses, or of the pool's windows). `draw` gives this process's next prompt rows, `policy` the trainer's
     (unwrapped) policy, whose weights a worker starts from and is sent after each policy step.
     """
@@ -185,7 +187,8 @@ def build_rollout_source(
         common = dict(request_config=request_config, seed=settings.seed, rank=maker.accelerator.process_index)
     if settings.generation_window is not None:
         length = maker.settings.response_length
-        pool = ResponsePool(local_batch_size, window=settings.generation_window, response_length=length)
+        size = settings.rollout_pool_size or local_batch_size
+        pool = ResponsePool(size, window=settings.generation_window, response_length=length)
         ahead = None if worker is None else WindowAhead(maker, worker, policy, **common)
         return WindowedRollouts(maker, pool, draw=draw, ahead=ahead)
     if worker is not None:
