@@ -177,3 +177,49 @@ def welch_interval(a: Sequence[float], b: Sequence[float]) -> tuple[float, float
 def interval(values: Sequence[float]) -> tuple[float, float]:
     mean, half = mean_ci(values)
     return mean - half, mean + half
+
+
+# ------------------------------------------------------------------------------- held-out evaluation along the run
+
+
+def held_out_value(entry: dict | None, kind: str, key: str) -> float:
+    """`entry[kind][key]` of a held-out evaluation entry (`kind` "greedy" or "sampled"), nan where it is missing."""
+    x = ((entry or {}).get(kind) or {}).get(key)
+    return math.nan if x is None else float(x)
+
+
+# The along-run table's columns: (title, evaluation, key, digits).
+ALONG_RUN_COLUMNS = (
+    ("greedy accuracy", "greedy", "accuracy", 3),
+    ("sampled accuracy", "sampled", "accuracy", 3),
+    ("greedy length", "greedy", "response_length_mean", 1),
+    ("sampled length", "sampled", "response_length_mean", 1),
+)
+
+
+def along_run_table(records: Sequence[dict], extra_columns: Sequence[tuple] = ()) -> str:
+    """One variant's held-out evaluation along the run (`held_out_along_run`, `reproduce.py --eval-every`) as a
+    markdown table: per policy update, the mean over the runs that have it ± the half-width of its 95 % t-interval,
+    from the cold start (update 0: the runs' `cold_start_eval` and `cold_start_eval_sampled`) to the last update (the
+    final evaluation). The sampled columns only when some run has a sampled evaluation. `extra_columns`: more
+    `(title, value(record, update) -> float, digits)` columns (e.g. responses finished by then). Empty when no run has
+    the field (runs saved without it)."""
+    records = [r for r in records if r.get("held_out_along_run")]
+    if not records:
+        return ""
+    by_update: dict[int, list[tuple[dict, dict]]] = {}
+    for r in records:
+        start = {"greedy": r.get("cold_start_eval"), "sampled": r.get("cold_start_eval_sampled")}
+        for entry in [{"update": 0, **start}, *r["held_out_along_run"]]:
+            by_update.setdefault(int(entry["update"]), []).append((r, entry))
+    sampled = any(e.get("sampled") for r in records for e in r["held_out_along_run"])
+    columns = [c for c in ALONG_RUN_COLUMNS if sampled or c[1] != "sampled"]
+    titles = ["update", "runs", *(c[0] for c in columns), *(c[0] for c in extra_columns)]
+    lines = ["| " + " | ".join(titles) + " |", "|" + " --- |" * len(titles)]
+    for update in sorted(by_update):
+        pairs = by_update[update]
+        cells = [str(update) + (" (cold start)" if update == 0 else ""), str(len(pairs))]
+        cells += [fmt([held_out_value(e, kind, key) for _, e in pairs], digits) for _, kind, key, digits in columns]
+        cells += [fmt([value(r, update) for r, _ in pairs], digits) for _, value, digits in extra_columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -2,9 +2,10 @@
 runs, the grid with held-out accuracy and length (greedy and sampled) and the stop gap (the accuracy-link report's
 table), each run's length in updates and finished responses against the reference's (the equal-finished-responses
 rule) with its time, the pairwise comparisons by the 95 % Welch rule (end values, the first updates' stop gap, the
-wall time), the contrast of contrasts (does value pretraining matter more under a window?), the critics' fit, and the
-plots (training curves against finished responses; the first updates' stop gap and advantages by position). Rules:
-`results/windows_overlap/plan.md`; nothing here trains."""
+wall time), the contrast of contrasts (does value pretraining matter more under a window?), the held-out evaluation
+along the run (runs made with `--eval-every`), the critics' fit, and the plots (training curves against finished
+responses; the first updates' stop gap and advantages by position). Rules: `results/windows_overlap/plan.md`; nothing
+here trains."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from report_accuracy_link import COMPARED, accuracy_link_rows, accuracy_link_table, comparison_table, critic_fit_table
 from report_plots import PANEL_TITLES, plot_advantage_by_position, plot_stop_gap_by_position
-from report_stats import assets_section, fmt, load_runs, t95
+from report_stats import along_run_table, assets_section, fmt, load_runs, t95
 
 # The windows report compares these too: the stop gap of the first and last 5 policy updates, and the wall time.
 WINDOWS_COMPARED = (
@@ -191,6 +192,32 @@ def contrast_table(rows: list[dict[str, Any]], contrast: tuple[tuple[str, str], 
     return header + f"| {label} | " + " | ".join(cells) + " |\n"
 
 
+def finished_by_update(record: dict, update: int) -> float:
+    """Responses the run's policy updates finished up to `update` (inclusive) ÷ the batch: a whole-response update's
+    worth each, so that a windowed run's update lines up with the reference's."""
+    batch = batch_size(record)
+    return finished_responses(phase_entries(record)[1][:update], batch) / batch
+
+
+def along_run_section(runs: dict[str, list[dict]], variants) -> str:
+    """Per variant whose runs were made with `--eval-every`: held-out accuracy and length along the run, with the
+    responses finished by each update ÷ the batch. Empty when no run has `held_out_along_run`."""
+    parts = []
+    for v in variants:
+        table = along_run_table(runs.get(v.name, []), [("finished ÷ batch", finished_by_update, 1)])
+        if table:
+            parts.append(f"### {v.label}\n\n{table}")
+    if not parts:
+        return ""
+    intro = (
+        "\n## Held-out evaluation along the run (`--eval-every`; means ± the half-width of a 95 % t-interval over "
+        "seeds)\n\nUpdate 0 is the cold start; the last update is the final evaluation. A windowed run's updates "
+        "finish fewer responses each: the last column gives the responses its policy updates finished by then ÷ the "
+        "batch, the whole-response updates they match.\n\n"
+    )
+    return intro + "\n".join(parts)
+
+
 def plot_curves_by_finished(runs, variants, path: str, panels: Sequence[str] = ("length", "accuracy", "gap")) -> None:
     """Training curves (mean over seeds by policy update) against the responses finished so far ÷ the batch, so that
     a windowed run's many short updates line up with the reference's whole-response ones."""
@@ -260,6 +287,7 @@ def build_windows_report(
         + comparison_table(rows, pairs, WINDOWS_COMPARED),
         "\n## Does value pretraining matter more under a window? (contrast of contrasts, Welch–Satterthwaite 95 %)\n\n"
         + (contrast_table(rows, contrast) if contrast else ""),
+        along_run_section(runs, variants),
         "\n## How much the critics explain (explained variance, means ± 95 % t-interval over seeds)\n\n"
         + critic_fit_table(runs, variants),
     ]

@@ -8,6 +8,7 @@
     python experiments/reproduce.py --task count-mod-5   # the accuracy-link toy: VC-PPO, VAPO, GRPO (results/count_mod_5/)
     python experiments/reproduce.py --task count-mod-5 --grid windows  # VC-PPO with windows L/4 and max_staleness 1
                                                  # (results/windows_overlap/count_mod_5/; --task majority likewise)
+    python experiments/reproduce.py ... --eval-every 5   # also the held-out evaluation every 5 policy updates
 
 Everything is cached and resumable: the cold start, the reward model and (when a variant to run starts from it) the
 controlled-bias critic are built once under `experiments/.cache/`, and every run writes
@@ -143,6 +144,13 @@ def main(argv: list[str] | None = None) -> int:
         help="Policy updates per run instead of the budget's (a pilot: the cost per update and the first updates' "
         "diagnostics, into its own --results-dir).",
     )
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        help="Also evaluate on the held-out split every N policy updates (greedy, and sampled where the task asks), "
+        "recorded as each run's `held_out_along_run` (Budget.eval_every; without it only at the end, as the saved "
+        "runs were made, and a run saved with another setting is redone).",
+    )
     parser.add_argument("--workers", type=int, default=2, help="Parallel worker processes (one torch thread each).")
     parser.add_argument("--results-dir", default=DEFAULT_RESULTS)
     parser.add_argument("--cache-dir", default=DEFAULT_CACHE)
@@ -168,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.updates < 1:
             parser.error(f"--updates must be at least 1, got {args.updates}")
         budget = dataclasses.replace(budget, ppo_updates=args.updates)
+    if args.eval_every is not None:
+        if args.eval_every < 1:
+            parser.error(f"--eval-every must be at least 1, got {args.eval_every}")
+        budget = dataclasses.replace(budget, eval_every=args.eval_every)
     rebuild_command = report_command(args.task, args.results_dir, budget.seeds, full_budget.seeds, args.grid)
     if subdir or windows:
         args.results_dir = os.path.join(args.results_dir, GRID_DIRS[args.grid], subdir)

@@ -21,11 +21,20 @@ def budget_dict(budget: Budget) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(budget).items()}
 
 
+# Budget fields added after runs were saved, with the default that keeps those runs' behaviour: a saved budget without
+# one of them counts as made at its default (`same_budget`), so adding the field does not make the saved runs stale.
+# `eval_every`: `Budget`'s (None: no evaluation along the run); `toy_num_heads`: the running-sum budgets' (4, the toy
+# model's default head count the runs before it were built with; its asset key leaves 4 out for the same reason).
+ADDED_FIELDS = {"eval_every": None, "toy_num_heads": 4}
+
+
 def same_budget(saved: dict | None, budget: Budget) -> bool:
-    """Whether a saved run used this budget; the seed list is not part of it (`--seeds` picks which runs to do)."""
+    """Whether a saved run used this budget; the seed list is not part of it (`--seeds` picks which runs to do), and a
+    field of `ADDED_FIELDS` missing from the saved budget reads as its default."""
     if saved is None:
         return False
     current = budget_dict(budget)
+    saved = {k: v for k, v in ADDED_FIELDS.items() if k in current} | saved
     return {k: v for k, v in saved.items() if k != "seeds"} == {k: v for k, v in current.items() if k != "seeds"}
 
 

@@ -1,7 +1,9 @@
 """Running the comparison: one variant with one seed (VC-PPO/PPO through `VCPPOTrainer`, or TRL's GRPO), in a worker
 process with its console output in `results/logs/`, and the sweep over (variant, seed) pairs, resumable: each run
 writes its raw result `results/runs/<variant>/seed<k>.json` when it ends (its whole metric history, the held-out
-evaluation, its seed, budget and commit), and a run whose file exists with the same budget is skipped."""
+evaluation, its seed, budget and commit), and a run whose file exists with the same budget is skipped. With
+`Budget.eval_every` the held-out evaluation is also made every few policy updates along the run (`held_out_callback`),
+recorded as the run's `held_out_along_run`."""
 
 from __future__ import annotations
 
@@ -94,11 +96,14 @@ def run_vcppo(
         value_model=critic_dir,
         callbacks=list(callbacks),
     )
+    _attach(callbacks, trainer)
     trainer.train()
     return trainer.state.log_history, trainer.model.policy if hasattr(trainer.model, "policy") else trainer.model
 
 
-def run_grpo(variant: Variant, seed: int, budget: Budget, assets: dict, out_dir: str, train, test):
+def run_grpo(
+    variant: Variant, seed: int, budget: Budget, assets: dict, out_dir: str, train, test, callbacks: tuple = ()
+):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
@@ -132,9 +137,86 @@ def run_grpo(variant: Variant, seed: int, budget: Budget, assets: dict, out_dir:
         args=args,
         train_dataset=train,
         processing_class=tokenizer,
+        callbacks=list(callbacks),
     )
+    _attach(callbacks, trainer)
     trainer.train()
     return trainer.state.log_history, trainer.model
+
+
+def _attach(callbacks, trainer) -> None:
+    """Give the callbacks that evaluate the trainer's policy (`held_out_callback`'s) the trainer they watch."""
+    for callback in callbacks:
+        if hasattr(callback, "attach"):
+            callback.attach(trainer)
+
+
+def grpo_steps_per_update(budget: Budget) -> int:
+    """Optimizer steps of TRL's GRPO per policy update (one generation batch): `num_mini_batches × num_ppo_epochs`,
+    the `max_steps` mapping of `run_grpo`."""
+    return budget.num_mini_batches * budget.num_ppo_epochs
+
+
+def held_out_callback(every: int, evaluate, steps_per_update: int = 1, last_update: int | None = None):
+    """A `TrainerCallback` that evaluates the policy every `every` policy updates (`Budget.eval_every`).
+
+    `evaluate(policy)` returns the update's entry (`{"greedy": {...}, "sampled": {...}}`), made with the policy in eval
+    mode (train mode restored after) and with the trainer's random state left as it was (a run with evaluations
+    along it trains as one without). Policy updates are counted at `on_step_end`: a VC-PPO value-pretraining update
+    (its metrics carry `value_pretrain/` keys, the mark the trainer's loop reads too) is not one, and for TRL's GRPO a
+    policy update is `steps_per_update` optimizer steps. No evaluation at `last_update`: the run's final evaluation is
+    that update's entry (`run_one`). The callback needs the trainer (`attach`, done by `run_vcppo` and `run_grpo`);
+    it evaluates `trainer.model.policy` (VC-PPO, VAPO) or `trainer.model` (GRPO). Built by a function so that
+    importing this module does not import transformers (the spawned workers re-import it)."""
+    import torch
+    from transformers import TrainerCallback
+
+    if every < 1 or steps_per_update < 1:
+        raise ValueError(f"eval_every and steps_per_update must be at least 1, got {every} and {steps_per_update}")
+
+    class HeldOutAlongRun(TrainerCallback):
+        def __init__(self):
+            self.trainer = None
+            self.steps = 0  # optimizer steps (GRPO) or updates (VC-PPO) that trained the policy
+            self.last_step = 0  # the trainer's global step at the last policy update
+            self.entries: list[dict] = []
+            self.seconds = 0.0  # spent evaluating (inside the run's training time)
+
+        def attach(self, trainer) -> None:
+            self.trainer = trainer
+
+        @property
+        def updates(self) -> int:
+            """Policy updates made so far."""
+            return self.steps // steps_per_update
+
+        def policy(self):
+            model = self.trainer.model
+            unwrap = getattr(getattr(self.trainer, "accelerator", None), "unwrap_model", None)
+            model = unwrap(model) if unwrap is not None else model
+            return model.policy if hasattr(model, "policy") else model
+
+        def on_step_end(self, args, state, control, metrics=None, **kwargs):
+            if metrics is not None and any(key.startswith("value_pretrain/") for key in metrics):
+                return  # a value-pretraining update: the policy is frozen
+            self.steps += 1
+            self.last_step = state.global_step
+            if self.steps % steps_per_update or self.updates % every or self.updates == last_update:
+                return
+            if self.trainer is None:
+                raise RuntimeError("held_out_callback: attach(trainer) before training")
+            policy, t0 = self.policy(), time.time()
+            was_training = policy.training
+            policy.eval()
+            try:
+                with torch.random.fork_rng(devices=[]):
+                    entry = evaluate(policy)
+            finally:
+                policy.train(was_training)
+            self.seconds += time.time() - t0
+            self.entries.append({"update": self.updates, "step": state.global_step, **entry})
+
+    return HeldOutAlongRun()
 
 
 def run_one(variant: Variant, seed: int, budget: Budget, assets: dict, path: str) -> None:
@@ -149,20 +231,44 @@ def run_one(variant: Variant, seed: int, budget: Budget, assets: dict, path: str
     columns = ["prompt", "solution", "difficulty"]
     train, test = splits["train"].select_columns(columns), splits["test"].select_columns(columns)
     scratch = os.path.join(os.path.dirname(path), f".scratch-seed{seed}")
-    t0 = time.time()
-    runner = run_grpo if variant.trainer == "grpo" else run_vcppo
-    history, policy = runner(variant, seed, budget, assets, scratch, train, test)
-    train_seconds = time.time() - t0
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(assets["policy"])
-    final_eval = greedy_accuracy(policy, tokenizer, splits["test"], max_new_tokens=budget.response_length)
-    sampled = {}
-    if budget.held_out_samples():
-        sampled["final_eval_sampled"] = sampled_accuracy(
-            policy, tokenizer, splits["test"], budget.held_out_samples(), budget.response_length, seed=seed
+    tokenizer = AutoTokenizer.from_pretrained(assets["policy"])  # the evaluations' own (not the trainer's)
+
+    def evaluate(policy) -> dict[str, Any]:
+        """The held-out evaluation: greedy, and sampled when the task asks for it."""
+        entry = {"greedy": greedy_accuracy(policy, tokenizer, splits["test"], max_new_tokens=budget.response_length)}
+        if budget.held_out_samples():
+            entry["sampled"] = sampled_accuracy(
+                policy, tokenizer, splits["test"], budget.held_out_samples(), budget.response_length, seed=seed
+            )
+        return entry
+
+    along = None
+    if budget.eval_every is not None:
+        grpo = variant.trainer == "grpo"
+        along = held_out_callback(
+            budget.eval_every,
+            evaluate,
+            steps_per_update=grpo_steps_per_update(budget) if grpo else 1,
+            last_update=budget.ppo_updates if grpo else variant.ppo_updates(budget),
         )
-        sampled["cold_start_eval_sampled"] = assets["cold_start_eval_sampled"]
+    t0 = time.time()
+    runner = run_grpo if variant.trainer == "grpo" else run_vcppo
+    history, policy = runner(variant, seed, budget, assets, scratch, train, test, callbacks=(along,) if along else ())
+    train_seconds = time.time() - t0
+    end = evaluate(policy)
+    final_eval = end["greedy"]
+    extra = {}
+    if budget.held_out_samples():
+        extra["final_eval_sampled"] = end["sampled"]
+        extra["cold_start_eval_sampled"] = assets["cold_start_eval_sampled"]
+    if along is not None:
+        # The final evaluation is the last update's entry (unless a run stopped early was just evaluated there).
+        if not along.entries or along.entries[-1]["update"] != along.updates:
+            along.entries.append({"update": along.updates, "step": along.last_step, **end})
+        extra["held_out_along_run"] = along.entries
+        extra["held_out_along_run_seconds"] = along.seconds
     record = {
         "variant": dataclasses.asdict(variant),
         "seed": seed,
@@ -172,7 +278,7 @@ def run_one(variant: Variant, seed: int, budget: Budget, assets: dict, path: str
         "wall_seconds": time.time() - t0,
         "cold_start_eval": assets["cold_start_eval"],
         "final_eval": final_eval,
-        **sampled,
+        **extra,
         "log_history": history,
     }
     write_json(path, record)

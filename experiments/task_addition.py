@@ -44,6 +44,11 @@ class Budget:
     response_length: int = 256
     grpo_generations: int = 4
     seeds: tuple[int, ...] = (0, 1, 2)
+    # Held-out evaluation along the run (issue 49): every `eval_every` policy updates as well as at the end, recorded
+    # as the run's `held_out_along_run` (`runner.held_out_callback`); None: at the end only, as every run saved before
+    # this field. It leaves training as it was (the evaluations keep the trainer's random state), and a saved run
+    # without the field counts as made at None (`run_files.ADDED_FIELDS`), so the saved tables stay valid.
+    eval_every: int | None = None
 
     @property
     def prompts_per_update(self) -> int:
