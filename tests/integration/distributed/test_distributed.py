@@ -639,11 +639,13 @@ def test_ddp_refuses_explicit_no_unused_parameters_with_value_pretraining(tmp_pa
     assert "ddp_find_unused_parameters=False cannot run value pretraining under DDP" in proc.stdout + proc.stderr
 
 
+@pytest.mark.parametrize("pool", [None, 16])
 @pytest.mark.parametrize("launcher", ["ddp", "zero3"])
-def test_generation_windows_on_two_ranks(tmp_path, launcher):
+def test_generation_windows_on_two_ranks(tmp_path, launcher, pool):
     """Each rank keeps its own pool; every rank generates in every update with one budget (ZeRO-3's sharded generation
-    is collective), the ranks end with the same weights, and the counts are over both pools."""
-    overrides = {"generation_window": 4, "total_episodes": 64}
+    is collective), the ranks end with the same weights, and the counts are over both pools. With `rollout_pool_size`
+    16 (twice the rank's rollout batch of 8) each rank trains its 16 in-flight rows in the same optimizer steps."""
+    overrides = {"generation_window": 4, "total_episodes": 64, "rollout_pool_size": pool}
     ranks = _launch_two(tmp_path, launcher, overrides)
     r0, r1 = ranks
     assert r0["global_step"] == r1["global_step"] > 1
@@ -653,6 +655,8 @@ def test_generation_windows_on_two_ranks(tmp_path, launcher):
     assert [m["rollout/finished_responses"] for m in updates] == [
         m["rollout/finished_responses"] for m in r1["metrics"] if "rollout/window_tokens" in m
     ]
+    if pool is not None:  # both pools of 16: what finished and what is in flight add up to 2 x 16 every update
+        assert all(m["rollout/finished_responses"] + m["rollout/in_flight"] == 2 * pool for m in updates)
 
 
 def test_generation_windows_resume_on_two_ranks_equals_the_uninterrupted_run(tmp_path):
