@@ -76,3 +76,36 @@ def test_a_resumed_run_with_a_larger_pool_continues_exactly(fresh_trainer, tmp_p
 def test_bad_pool_sizes_are_refused_with_the_fix(tiny_config, overrides, match):
     with pytest.raises(ValueError, match=match):
         tiny_config(**overrides)
+
+
+def test_whitening_statistics_from_finished_responses(fresh_trainer, monkeypatch):
+    """`window_whitening="finished"`: the mean and variance come from the finished responses' window tokens and are
+    applied to every window token; with a window as long as the response every response finishes and it is 'all'."""
+    from vcppo_trl.learner.ppo_learner import PPOLearner
+
+    whitened = []
+    whiten = PPOLearner.whiten
+
+    def spy(self, values, mask, shift_mean=True, stats_mask=None):
+        out = whiten(self, values, mask, shift_mean=shift_mean, stats_mask=stats_mask)
+        whitened.append((out, mask, stats_mask))
+        return out
+
+    monkeypatch.setattr(PPOLearner, "whiten", spy)
+    trainer = fresh_trainer(generation_window=4, window_whitening="finished", total_episodes=64)
+    trainer.train()
+    checked = 0
+    for out, mask, stats_mask in whitened:
+        if stats_mask is None:  # no response finished in that update: every window token's statistics
+            continue
+        finished_tokens = mask & stats_mask
+        assert abs(float(out[finished_tokens].mean())) < 1e-5 and bool((out[~mask] == 0).all())
+        if bool((mask & ~stats_mask).any()):
+            checked += 1
+    assert checked > 0  # updates with unfinished window tokens whitened by the finished ones' statistics
+    full = {}
+    for mode in ("all", "finished"):
+        run = fresh_trainer(generation_window=16, window_whitening=mode, total_episodes=32)
+        run.train()
+        full[mode] = weights(run)
+    assert all(torch.equal(a, b) for a, b in zip(full["all"], full["finished"]))

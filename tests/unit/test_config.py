@@ -384,6 +384,7 @@ def test_parallelism_and_asynchrony_have_groups_of_their_own():
     assert groups["Asynchrony and partial rollouts"] == [
         "generation_window",
         "rollout_pool_size",
+        "window_whitening",
         "window_bootstrap",
         "max_staleness",
         "rollout_worker_threads",

@@ -783,3 +783,14 @@ def test_action_mask_errors():
         call(action_mask=actions), dual_lambda_gae(padded_reward, values, mask, 1.0, 0.95, 1.0, action_mask=actions)
     ):
         assert torch.equal(got, expected)
+
+
+def test_masked_whiten_takes_its_statistics_from_a_subset():
+    values = torch.tensor([[1.0, 2.0, 3.0, 9.0], [4.0, 5.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
+    stats = torch.tensor([[1, 1, 1, 0], [0, 0, 0, 0]], dtype=torch.bool)
+    out = masked_whiten(values, mask, stats_mask=stats)
+    subset = torch.tensor([1.0, 2.0, 3.0])
+    expected = (values - subset.mean()) * torch.rsqrt(subset.var() + 1e-8) * mask
+    assert torch.allclose(out, expected)
+    assert torch.equal(masked_whiten(values, mask, stats_mask=mask), masked_whiten(values, mask))

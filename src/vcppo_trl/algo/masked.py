@@ -32,6 +32,7 @@ def masked_whiten(
     mask: torch.Tensor,
     shift_mean: bool = True,
     all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    stats_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """
     Normalise `values` to unit variance (and zero mean when `shift_mean`) over the masked positions.
@@ -43,12 +44,15 @@ def masked_whiten(
         all_reduce (`Callable`, *optional*): Sums a tensor over processes (e.g. `lambda t: accelerator.reduce(t,
             "sum")`). When given, the mean and the (unbiased) variance are those of every process's masked values
             together, computed in float64 in two passes; otherwise of this `values` alone.
+        stats_mask (`torch.Tensor` of shape `[B, T]`, *optional*): The positions the mean and variance are taken
+            over (within `mask`), applied to every position of `mask`; `None`: `mask`'s own.
 
     Returns:
         `torch.Tensor`: same shape and dtype; positions outside the mask are 0.
     """
-    valid = mask.bool()
-    values = torch.where(valid, values, torch.zeros((), dtype=values.dtype, device=values.device))  # padding garbage
+    out_mask = mask.bool()
+    valid = out_mask if stats_mask is None else out_mask & stats_mask.bool()
+    values = torch.where(out_mask, values, torch.zeros((), dtype=values.dtype, device=values.device))  # padding
     mask_f = valid.to(values.dtype)
     if all_reduce is None:
         mean, var = masked_mean(values, mask_f), masked_var(values, mask_f)
@@ -64,4 +68,4 @@ def masked_whiten(
     whitened = (values - mean) * torch.rsqrt(var + 1e-8)
     if not shift_mean:
         whitened = whitened + mean
-    return whitened * mask_f
+    return whitened * out_mask.to(values.dtype)

@@ -154,7 +154,7 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
     - Micro-batches and parallelism [`_check_parallelism`]: `max_tokens_per_micro_batch`, `max_tokens_per_forward`,
       `padding_free`, `balance_ranks`, `sequence_parallel_size`.
     - Asynchrony and partial rollouts [`_check_async_rollouts`]: `generation_window`, `rollout_pool_size`,
-      `window_bootstrap`, `max_staleness`, `rollout_worker_threads`.
+      `window_whitening`, `window_bootstrap`, `max_staleness`, `rollout_worker_threads`.
     - Generation with vLLM [`_check_vllm`]: `use_vllm`, `vllm_mode`, `vllm_model_impl`, `vllm_max_model_length`,
       `vllm_importance_sampling_correction`, `vllm_importance_sampling_mode`, `vllm_importance_sampling_clip_max`,
       `vllm_importance_sampling_clip_min`, `vllm_server_base_url`, `vllm_server_host`, `vllm_server_port`,
@@ -519,6 +519,16 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
             "every update, and an update trains all the pool's rows in its num_ppo_epochs × num_mini_batches "
             "optimizer steps (more micro-batches, not more steps). A multiple of per_device_train_batch_size × "
             "num_mini_batches, at least the rollout batch. See docs/rollout_windows.md."
+        },
+    )
+    window_whitening: str = field(
+        default="all",
+        metadata={
+            "help": "With generation_window: the tokens whose advantages give the whitening statistics (applied to "
+            "every window token). 'all': every window token, finished or not. 'finished': the tokens of the "
+            "responses that finished in the update, whose advantages rest on outcomes; an unfinished response's "
+            "rest on the critic's value at the cut, and a critic trailing the returns shifts their mean and with it "
+            "every token's. An update that finished none uses 'all'."
         },
     )
     window_bootstrap: str = field(
@@ -1159,6 +1169,7 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
 
     def _check_async_rollouts(self) -> None:
         _require_choice("window_bootstrap", self.window_bootstrap, ("value", "last_value"))
+        _require_choice("window_whitening", self.window_whitening, ("all", "finished"))
         if self.generation_window is not None:
             if self.generation_window < 1:
                 raise ValueError(

@@ -150,7 +150,11 @@ class PPOLearner:
         mask = rollout.response_mask
         value_mask = rollout.value_mask  # the response mask, less unfinished responses of a generation window
         policy_mask = self.policy_mask(rollout)
-        adv = self.whiten(advantages, policy_mask) if train_policy else advantages
+        adv = (
+            self.whiten(advantages, policy_mask, stats_mask=self.whitening_stats_mask(rollout))
+            if train_policy
+            else advantages
+        )
         loss_settings = dataclasses.replace(settings.loss, cliprange_value=value_cliprange)
         # On-policy shortcut: the old log-probs are this update's own forward, detached (ratio exactly 1), written
         # into the batch's tensor before each micro-batch's loss reads them.
@@ -291,10 +295,23 @@ class PPOLearner:
             balance=balancer.metrics(),
         )
 
-    def whiten(self, values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
-        """[`~algo.masked.masked_whiten`] with the statistics `advantage_whitening` asks for (all processes, or this one)."""
+    def whiten(
+        self, values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, stats_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """[`~algo.masked.masked_whiten`] with the statistics `advantage_whitening` asks for (all processes, or this one),
+        taken over `stats_mask` when given."""
         all_reduce = whitening_all_reduce(self.accelerator, self.settings.advantage_whitening)
-        return masked_whiten(values, mask, shift_mean=shift_mean, all_reduce=all_reduce)
+        return masked_whiten(values, mask, shift_mean=shift_mean, all_reduce=all_reduce, stats_mask=stats_mask)
+
+    def whitening_stats_mask(self, rollout: Rollout) -> torch.Tensor | None:
+        """`window_whitening="finished"`: the finished responses' rows (None otherwise, or when no process finished
+        one in this update: then every window token gives the statistics)."""
+        if self.settings.window_whitening != "finished" or rollout.finished is None:
+            return None
+        finished = rollout.finished.sum().reshape(1)
+        if self.settings.advantage_whitening != "local":  # the statistics are over every process's tokens
+            finished = self.accelerator.reduce(finished, "sum")
+        return rollout.finished.unsqueeze(1) if int(finished) else None
 
     def check_packing(self) -> None:
         """Before the first padding-free forward: refuse a policy or critic that lets packed sequences attend to each

@@ -21,6 +21,7 @@ class LearnerSettings:
     temperature: float
     response_length: int
     advantage_whitening: str
+    window_whitening: str  # generation windows: the tokens of the whitening statistics ("all" or "finished")
     accuracy_threshold: float
     mask_truncated_completions: bool
     correct_sampler_mismatch: bool  # `vllm_importance_sampling_correction`
@@ -41,6 +42,7 @@ class LearnerSettings:
             temperature=args.temperature,
             response_length=args.response_length,
             advantage_whitening=args.advantage_whitening,
+            window_whitening=args.window_whitening,
             accuracy_threshold=args.accuracy_threshold,
             mask_truncated_completions=args.mask_truncated_completions,
             correct_sampler_mismatch=args.vllm_importance_sampling_correction,
