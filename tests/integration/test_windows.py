@@ -94,6 +94,10 @@ def test_short_windows_train_on_window_tokens_and_the_critic_on_finished_respons
         assert bool((window_tokens <= 4).all()) and bool((policy_mask == rollout.window_mask).all())
         assert entry["rollout/window_tokens"] == float(window_tokens.sum())
         assert entry["rollout/finished_responses"] == float(rollout.finished.sum())
+        # Outcomes per optimizer step: finished responses per mini-batch; advantages split by finished or not.
+        assert entry["rollout/outcomes_per_step"] == float(rollout.finished.sum()) / trainer.args.num_mini_batches
+        assert ("diagnostics/advantage_unfinished_mean" in entry) == bool((~rollout.finished).any())
+        assert ("diagnostics/advantage_finished_mean" in entry) == bool(rollout.finished.any())
         # A response is unfinished only below the cap and without a stop token.
         unfinished = ~rollout.finished
         assert not bool((rollout.has_stop & unfinished).any()) and bool((lengths[unfinished] < 16).all())

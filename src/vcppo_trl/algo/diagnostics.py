@@ -235,7 +235,9 @@ def position_buckets(mask: torch.Tensor, num_buckets: int) -> torch.Tensor:
     return torch.div(positions * num_buckets, lengths, rounding_mode="floor").clamp(max=num_buckets - 1)
 
 
-def position_bucket_means(values: torch.Tensor, mask: torch.Tensor, num_buckets: int = 8) -> torch.Tensor:
+def position_bucket_means(
+    values: torch.Tensor, mask: torch.Tensor, num_buckets: int = 8, tokens: torch.Tensor | None = None
+) -> torch.Tensor:
     """
     Mean of a per-token quantity by relative position in the response (the paper's Figure 2, as numbers).
 
@@ -244,15 +246,19 @@ def position_bucket_means(values: torch.Tensor, mask: torch.Tensor, num_buckets:
 
     Args:
         values (`torch.Tensor` of shape `[B, T]`): e.g. advantages, or values minus returns.
-        mask (`torch.Tensor` of shape `[B, T]`): right-padded mask of valid response tokens (bool or 0/1).
+        mask (`torch.Tensor` of shape `[B, T]`): right-padded mask of valid response tokens (bool or 0/1): the
+            responses whose length places each token.
         num_buckets (`int`): number of position buckets.
+        tokens (`torch.Tensor` of shape `[B, T]`, *optional*): the tokens averaged, within `mask` (e.g. a generation
+            window's: the last part of each response); their buckets stay those of their place in `mask`'s
+            responses. Defaults to every token of `mask`.
 
     Returns:
-        `torch.Tensor` of shape `[num_buckets]` (float64): the mean over every valid token in each bucket, over the
+        `torch.Tensor` of shape `[num_buckets]` (float64): the mean over every averaged token in each bucket, over the
         whole batch; `nan` for a bucket with no token.
     """
-    mask = mask.bool()
-    buckets = position_buckets(mask, num_buckets)
+    buckets = position_buckets(mask.bool(), num_buckets)
+    mask = mask.bool() if tokens is None else mask.bool() & tokens.bool()
     sums = torch.zeros(num_buckets, dtype=torch.float64, device=values.device)
     counts = torch.zeros(num_buckets, dtype=torch.float64, device=values.device)
     sums.index_add_(0, buckets[mask], values[mask].double())

@@ -49,6 +49,7 @@ class MetricSettings:
     gamma: float
     response_length: int
     position_buckets: int
+    num_mini_batches: int
     # How the sampler-mismatch weights are computed when the loss did not compute them.
     importance_sampling_mode: str
     importance_sampling_clip_min: float | None
@@ -62,6 +63,7 @@ class MetricSettings:
             gamma=args.gamma,
             response_length=args.response_length,
             position_buckets=args.position_buckets,
+            num_mini_batches=args.num_mini_batches,
             importance_sampling_mode=args.vllm_importance_sampling_mode,
             importance_sampling_clip_min=args.vllm_importance_sampling_clip_min,
             importance_sampling_clip_max=args.vllm_importance_sampling_clip_max,
@@ -150,6 +152,16 @@ def reduce_stats(accelerator: Accelerator, values: torch.Tensor) -> tuple[float,
     return float(total[0] / total[1]), float(low), float(high)
 
 
+def trained_tokens(rollout: Rollout) -> torch.Tensor:
+    """
+    `[B, T]` bool: the tokens the policy trains on in this update, as the advantage diagnostics read them: the policy's
+    own tokens (`action_tokens`), and under generation windows only this window's (`window_mask`: earlier windows were
+    trained when they were sampled, and are only re-scored now). `mask_truncated_completions` is not applied.
+    """
+    mask = rollout.action_tokens
+    return mask if rollout.window_mask is None else mask & rollout.window_mask
+
+
 def _mean_or_nan(x: torch.Tensor) -> float:
     return float(x.mean()) if x.numel() else float("nan")
 
@@ -169,12 +181,19 @@ def rollout_metrics(
     Batch-level metrics of a rollout, computed over all processes; with `prefix`, the `value/...` ones are renamed
     `<prefix>...` (value pretraining). `returns_are_monte_carlo`: the returns were computed with λ = 1 (then the
     per-position explained variance against Monte-Carlo returns uses them instead of computing them again).
+    The advantage diagnostics read the raw `advantages` of the tokens the policy trains on ([`trained_tokens`]); the
+    value error and Monte-Carlo explained variance by position the critic's tokens (finished responses, `value_mask`).
     """
     mask = rollout.action_tokens  # the policy's own tokens (tool and environment tokens are context)
     values, returns_g, advantages_g, mask_g, kl_g, value_mask_g = gather_masked(
         accelerator, rollout.values, returns, advantages, mask.long(), rollout.kl, rollout.value_mask.long()
     )
     mask_g, value_mask_g = mask_g.bool(), value_mask_g.bool()  # value_mask: finished responses (windows)
+    # The advantage diagnostics read the tokens the policy trains on: under windows this window's only.
+    if rollout.window_mask is None:
+        trained_g = mask_g
+    else:
+        trained_g = gather_masked(accelerator, trained_tokens(rollout).long())[0].bool()
     # Per-sample metrics count scored samples only: a skipped sample (no reward function applied) has no score,
     # and its response mask is empty. Under generation windows an unfinished response has no score either, and is
     # not skipped.
@@ -198,19 +217,28 @@ def rollout_metrics(
         "diagnostics/response_length_min": float(lengths.min()) if lengths.numel() else float("nan"),
         "diagnostics/response_length_max": float(lengths.max()) if lengths.numel() else float("nan"),
         "diagnostics/accuracy": _mean_or_nan(correct),
-        "diagnostics/advantage_position_corr": position_correlation(advantages_g, mask_g),
+        "diagnostics/advantage_position_corr": position_correlation(advantages_g, trained_g),
         "diagnostics/stop_rate": mean_across(accelerator, torch.where(scored, rollout.has_stop.float(), nan)),
         "diagnostics/skipped_samples": float((~valid & finished_g).sum()),
         "reward/verifier_failures": float(accelerator.gather(rollout.reward_failed.float()).sum()),
     }
     metrics["objective/rlhf_reward"] = metrics["objective/scores"] + metrics["objective/non_score_reward"]
+    # Outcomes (finished responses, all processes) per optimizer step. An outcome is in every PPO epoch's pass, so
+    # this is per mini-batch: the update's finished responses / num_mini_batches (whole responses: the batch's share).
+    metrics["rollout/outcomes_per_step"] = float(finished_g.sum()) / settings.num_mini_batches
+    # Raw advantages (as the other advantage diagnostics) over the trained tokens, by finished and unfinished response
+    # (all finished without windows); a group without a trained token is left out.
+    for group, rows in (("finished", finished_g), ("unfinished", ~finished_g)):
+        tokens = trained_g & rows.unsqueeze(1)
+        if bool(tokens.any()):
+            metrics[f"diagnostics/advantage_{group}_mean"] = float(masked_mean(advantages_g.double(), tokens))
     # The critic-bias signature that shortens responses: advantage of stopping to think minus continuing, by
-    # absolute position (see vcppo_trl.diagnostics).
+    # absolute position (see vcppo_trl.diagnostics), over the trained tokens (a stop in an earlier window is not).
     stops = stop_positions(rollout.response_ids, mask, end_of_thinking_ids, has_stop=rollout.has_stop)
     num_stop_buckets = settings.position_buckets or 8
     stop_gap = stop_advantage_gap(
         advantages_g,
-        mask_g,
+        trained_g,
         accelerator.gather(stops),
         num_buckets=num_stop_buckets,
         max_length=settings.response_length,
@@ -220,9 +248,12 @@ def rollout_metrics(
         for k in range(num_stop_buckets):
             metrics[f"diagnostics/stop_advantage_gap_bucket_{k}"] = float(stop_gap.bucket_gaps[k])
     if settings.position_buckets > 0:
-        # The paper's Figure 2 per update: advantage and value error by relative position in the response.
+        # The paper's Figure 2 per update: advantage (over the trained tokens, placed by their position in the
+        # response so far) and value error (over the critic's tokens) by relative position in the response.
         num = settings.position_buckets
-        adv_buckets = position_bucket_means(advantages_g, mask_g, num)
+        adv_buckets = position_bucket_means(
+            advantages_g, mask_g, num, tokens=None if trained_g is mask_g else trained_g
+        )
         err_buckets = position_bucket_means(values - returns_g, value_mask_g, num)
         for k in range(num):
             metrics[f"diagnostics/advantage_bucket_{k}"] = float(adv_buckets[k])
@@ -245,7 +276,9 @@ def rollout_metrics(
                 lam_critic=1.0,
                 action_mask=action_g,
             )[1]
-        for k, ev in enumerate(position_bucket_explained_variance(values, mc_returns, mask_g, num_buckets=num)):
+        # Finished responses only (value_mask: all without windows): an unfinished one's λ = 1 return is V(s_cut).
+        mc_ev = position_bucket_explained_variance(values, mc_returns, value_mask_g, num_buckets=num)
+        for k, ev in enumerate(mc_ev):
             metrics[f"diagnostics/mc_explained_variance_bucket_{k}"] = ev
     for i, name in enumerate(reward_func_names):
         metrics[f"rewards/{name}/mean"] = mean_across(accelerator, rollout.rewards_per_func[:, i])
