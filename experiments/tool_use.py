@@ -364,7 +364,8 @@ def _run_task(task: tuple, result) -> None:
 
 
 def _series(record: dict, key: str) -> list[float]:
-    return [e[key] for e in record["log_history"] if key in e]
+    """`key` over the run's policy updates (value-pretraining updates, which log `value_pretrain/` keys, left out)."""
+    return [e[key] for e in record["log_history"] if key in e and not any(k.startswith("value_pretrain/") for k in e)]
 
 
 def report(results_dir: str, budget: ToolBudget, cache_dir: str) -> str:
@@ -442,7 +443,11 @@ def report(results_dir: str, budget: ToolBudget, cache_dir: str) -> str:
             cells.append(f"{diff:+.3f} [{low:+.3f}, {high:+.3f}] {_read(low, high)}")
         lines.append(f"| {a} − {b} | {what} | " + " | ".join(cells) + " |")
     lines += ["", "## Along training (mean over seeds of the logged batch means)", ""]
-    lines += ["First and last quarter of each run's logged steps (GRPO logs each optimizer step, 4 per batch).", ""]
+    lines += [
+        "First and last quarter of each run's logged policy updates (value-pretraining updates left out; GRPO logs",
+        "each optimizer step, 4 per batch).",
+        "",
+    ]
     lines += ["| variant | tool calls, first ¼ | tool calls, last ¼ | reward, first ¼ | reward, last ¼ |"]
     lines += ["| --- | --- | --- | --- | --- |"]
     for v in VARIANTS:
