@@ -13,6 +13,9 @@ optimizer step per update, the on-policy shortcut. Sides, in this process, rotat
 - `window-T/2`, `window-T/4`: the same with `generation_window` = T/2, T/4 (the pool fills during the warm-up);
 - `whole-budget`, `win-T/4-budget`: `whole` and `window-T/4` with `step_lengths.py`'s token budget
   (`max_tokens_per_micro_batch` = 2 × (prompt + T): two full-length sequences per forward, the short ones grouped);
+- `win-T/4-pool`, `win-T/8-pool` (and `-budget`): windows of T/4 and T/8 with a larger pool (`rollout_pool_size` =
+  batch × E⌈l/W⌉ over the length mix, rounded up to whole batches: [`pool_size`]), so that an update finishes about a
+  batch of responses, as a whole-response update does;
 - `grpo`: TRL's `GRPOTrainer` step (`step_grpo.py` in a fresh process, its lengths cut after sampling: GRPO decodes
   to the longest response either way), 2 prompts × 4 samples; its finished responses per second are 8 per step.
 Printed per side (medians over repeats): finished responses per second of update time, generation seconds per update,
@@ -22,6 +25,7 @@ the policy's and the critic's tokens trained per update, and finished responses 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -84,8 +88,22 @@ class Collect(TrainerCallback):
         self.metrics.append(dict(metrics or {}))
 
 
+def pool_size(response_length: int, window: int) -> int:
+    """`rollout_pool_size` for a window: the batch × E⌈l/W⌉ (windows a response of the long-tailed mix takes), rounded
+    up to whole batches (the micro-batch is the batch here)."""
+    lengths = step_setup.long_tailed_lengths(10_000, response_length, torch.Generator().manual_seed(1234))
+    windows = sum(-(-length // window) for length in lengths) / len(lengths)
+    return BATCH * max(1, math.ceil(windows))
+
+
 def run_ours(
-    response_length: int, window: int | None, updates: int, warmup: int, budget: bool = False, seed: int = 0
+    response_length: int,
+    window: int | None,
+    updates: int,
+    warmup: int,
+    budget: bool = False,
+    seed: int = 0,
+    pool: int | None = None,
 ) -> dict:
     from datasets import Dataset
     from step_ours import first_letter_reward, vcppo_update_config
@@ -94,7 +112,8 @@ def run_ours(
 
     tokenizer = step_setup.build_tokenizer()
     policy, _, _ = step_setup.build_models(response_length, seed, stop_token_in_vocab=True)
-    num_prompts = BATCH * (warmup + updates) * 2  # windows draw fresh prompts only as responses finish
+    # Windows draw fresh prompts only as responses finish; a larger pool holds more at once.
+    num_prompts = BATCH * (warmup + updates) * 2 + 2 * (pool or 0)
     prompt_ids = step_setup.prompt_ids(num_prompts, seed)
     stop = DrawnLengthStop(drawn_lengths(prompt_ids, response_length, seed), response_length)
     original = policy.generate
@@ -113,6 +132,7 @@ def run_ours(
             updates=warmup + updates,
             seed=seed,
             generation_window=window,
+            rollout_pool_size=pool,
             # Two full-length sequences per forward, the short ones grouped.
             max_tokens_per_micro_batch=budget_tokens if budget else None,
         )
@@ -172,44 +192,59 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument(
+        "--sides", nargs="+", help="Only these sides (names as printed), e.g. whole win-T/4-pool grpo."
+    )
     args = parser.parse_args()
     if args.smoke:
         args.length, args.repeats, args.updates, args.warmup = 32, 1, 2, 1
     torch.set_num_threads(args.threads)
     length = args.length
-    sides = {  # name -> (generation_window, token budget)
-        "whole": (None, False),
-        "window-T/2": (length // 2, False),
-        "window-T/4": (length // 4, False),
-        "whole-budget": (None, True),
-        "win-T/4-budget": (length // 4, True),
+    pools = {w: pool_size(length, length // w) for w in (4, 8)}
+    sides = {  # name -> (generation_window, token budget, rollout_pool_size)
+        "whole": (None, False, None),
+        "window-T/2": (length // 2, False, None),
+        "window-T/4": (length // 4, False, None),
+        "whole-budget": (None, True, None),
+        "win-T/4-budget": (length // 4, True, None),
+        "win-T/4-pool": (length // 4, False, pools[4]),
+        "win-T/4-pool-budget": (length // 4, True, pools[4]),
+        "win-T/8-pool": (length // 8, False, pools[8]),
+        "win-T/8-pool-budget": (length // 8, True, pools[8]),
     }
+    known = [*sides, "grpo"]
+    if args.sides:
+        unknown = sorted(set(args.sides) - set(known))
+        if unknown or "whole" not in args.sides:
+            parser.error(f"--sides: choose from {known}, with 'whole' (the reference); unknown: {unknown}")
+        sides = {name: sides[name] for name in sides if name in args.sides}
     print(
         f"Long-tailed lengths up to T={length}, stop applied while sampling, batch {BATCH}, {args.repeats} repeat(s) × "
-        f"{args.updates} timed update(s) after {args.warmup} warm-up per side, torch threads {args.threads}; medians.",
+        f"{args.updates} timed update(s) after {args.warmup} warm-up per side, torch threads {args.threads}; medians. "
+        f"Larger pools: {pools[4]} responses in flight at T/4, {pools[8]} at T/8 (batch × E⌈l/W⌉).",
         flush=True,
     )
-    runs = {side: [] for side in [*sides, "grpo"]}
+    runs = {side: [] for side in [*sides, "grpo"] if not args.sides or side in args.sides}
     order = list(runs)
     for repeat in range(args.repeats):
         for side in order[repeat % len(order) :] + order[: repeat % len(order)]:
             if side == "grpo":  # TRL's GRPO in a fresh process (in this one for the smoke run)
                 runs[side].append(run_grpo(length, args.updates, args.warmup, args.threads, smoke=args.smoke))
             else:
-                window, budget = sides[side]
-                runs[side].append(run_ours(length, window, args.updates, args.warmup, budget=budget))
+                window, budget, pool = sides[side]
+                runs[side].append(run_ours(length, window, args.updates, args.warmup, budget=budget, pool=pool))
         print(f"  done: repeat {repeat + 1}/{args.repeats}", flush=True)
     median = {side: {k: statistics.median(r[k] for r in rs) for k in rs[0] if rs[0][k] is not None}
               for side, rs in runs.items() if rs}  # fmt: skip
     whole, grpo = median["whole"]["finished_per_s"], median.get("grpo", {}).get("finished_per_s")
     header = (
-        f"{'side':<12} {'finished/s':>10} {'gen s/upd':>9} {'upd s':>7} {'done/upd':>8} {'pol tok':>8} {'crit tok':>8}"
+        f"{'side':<19} {'finished/s':>10} {'gen s/upd':>9} {'upd s':>7} {'done/upd':>8} {'pol tok':>8} {'crit tok':>8}"
     )
     print(header + f" {'vs whole':>8} {'vs GRPO':>8}")
     for side, m in median.items():
         vs_grpo = f"{m['finished_per_s'] / grpo:8.2f}" if grpo else f"{'-':>8}"
         print(
-            f"{side:<14} {m['finished_per_s']:10.2f} {m['generation_s']:9.3f} {m['update_s']:7.3f} "
+            f"{side:<19} {m['finished_per_s']:10.2f} {m['generation_s']:9.3f} {m['update_s']:7.3f} "
             f"{m.get('finished_per_update', BATCH):8.1f} {m.get('policy_tokens', float('nan')):8.0f} "
             f"{m.get('critic_tokens', float('nan')):8.0f} "
             f"{m['finished_per_s'] / whole:8.2f} {vs_grpo}"
