@@ -409,7 +409,13 @@ WINDOWS_LENGTH = 1024  # the `windows` row's T on the GPU (--windows-length); wh
 
 
 def run_windows_side(
-    config_kwargs: dict, device: torch.device, response_length: int, window: int | None, warmup: int, updates: int
+    config_kwargs: dict,
+    device: torch.device,
+    response_length: int,
+    window: int | None,
+    warmup: int,
+    updates: int,
+    pool: int | None = None,
 ) -> dict:
     """
     One side of the `windows` row: `VCPPOTrainer` on `config_kwargs`' shape (random weights in bf16, the critic built
@@ -426,7 +432,7 @@ def run_windows_side(
 
     from vcppo_trl import VCPPOTrainer
 
-    batch, seed = windows.BATCH, 0
+    batch, seed = windows.BATCH, 0  # `pool`: rollout_pool_size (responses in flight), None: the batch
     baseline = peak_reset(device)
     config_kwargs = dict(config_kwargs, max_position_embeddings=PROMPT_LENGTH + response_length + 8)
     config = Qwen2Config(
@@ -436,7 +442,7 @@ def run_windows_side(
     with torch.device(device):
         policy = Qwen2ForCausalLM(config).to(torch.bfloat16)
     policy.generation_config.pad_token_id = EOS_ID
-    num_prompts = batch * (warmup + updates) * 2  # windows draw fresh prompts only as responses finish
+    num_prompts = batch * (warmup + updates) * 2 + 2 * (pool or 0)  # windows draw prompts as responses finish
     ids = prompt_ids(num_prompts, seed)
     stop = windows.DrawnLengthStop(windows.drawn_lengths(ids, response_length, seed), response_length)
 
@@ -456,6 +462,7 @@ def run_windows_side(
             updates=warmup + updates,
             seed=seed,
             generation_window=window,
+            rollout_pool_size=pool,
             max_tokens_per_micro_batch=budget,
             max_tokens_per_forward=budget,
             learning_rate=1e-6,
@@ -508,14 +515,22 @@ def check_generation_windows(device: torch.device, smoke: bool, response_length:
     default is T = 1,024, where the row took about 4 minutes. Generation dominates the update there as at 16,384 (28
     of 30.6 s per whole-response update), so the ratios read the same trade. `--windows-length 16384` runs it at the
     full length where the time is there. T/2 is left out on the GPU (another 5 x T/2 steps); the smoke run has it.
-    Smoke: the tiny model, T = 32, 2 timed updates.
+    `T/4 pool`: the window of T/4 with `rollout_pool_size` = batch x E⌈l/W⌉ (benchmarks/windows.py's `pool_size`, 16
+    at T/4), so that an update finishes about a batch; about as long as the T/4 side on a GPU (a window still decodes
+    W steps, whatever the rows). Smoke: the tiny model, T = 32, 2 timed updates.
     """
+    import windows  # benchmarks/windows.py: the larger pool's size (batch x E⌈l/W⌉ over its length mix)
+
     config, updates = (SMOKE_MODEL, 2) if smoke else (QWEN25_05B, 3)
     length = 32 if smoke else response_length
-    window_sizes = {"T/2": max(1, length // 2), "T/4": max(1, length // 4)} if smoke else {"T/4": max(1, length // 4)}
+
+    quarter = max(1, length // 4)
+    window_sizes = {"T/2": (max(1, length // 2), None)} if smoke else {}
+    window_sizes |= {"T/4": (quarter, None), "T/4 pool": (quarter, windows.pool_size(length, quarter))}
     whole = run_windows_side(config, device, length, None, 1, updates)
     sides = {
-        name: run_windows_side(config, device, length, w, -(-length // w), updates) for name, w in window_sizes.items()
+        name: run_windows_side(config, device, length, w, -(-length // w), updates, pool=pool)
+        for name, (w, pool) in window_sizes.items()
     }
 
     def peak(r: dict, ratio: bool = False) -> str:

@@ -50,11 +50,12 @@ def test_cpu_smoke_runs_every_row():
     # Long responses: the trainer's parts padded, with a budget and packed; flex attention is a GPU row.
     assert "real tok/s" in rows["long-padded"] and "1.00 real" in rows["long-packed-sdpa"]
     assert "not run: torch's flex attention has no CPU backward" in rows["long-packed-flex"]
-    # Generation windows through the trainer: whole responses, then windows of T/2 and T/4 as ratios to them (no
-    # GPU memory on CPU).
+    # Generation windows through the trainer: whole responses, then windows of T/2, T/4 and T/4 with a larger pool as
+    # ratios to them (no GPU memory on CPU).
     windows = rows["windows"]
     assert "whole " in windows and "done/s" in windows and "peak" not in windows
-    assert "; T/2 " in windows and "; T/4 " in windows and windows.count("done/upd") == 2
+    assert "; T/2 " in windows and "; T/4 " in windows and "; T/4 pool " in windows
+    assert windows.count("done/upd") == 3
     # The sampler/trainer log-prob gap with a bf16 and an fp32 head (benchmarks/fp32_head.py's measurement).
     assert "3 seeds" in rows["fp32-head"] and "bf16 head mean " in rows["fp32-head"]
     assert "fp32 head mean " in rows["fp32-head"]
