@@ -284,7 +284,9 @@ def run_one(variant: Variant, seed: int, budget: Budget, assets: dict, path: str
     write_json(path, record)
 
 
-def _worker(task: tuple) -> tuple[str, str | None]:
+def _worker(task: tuple, run=None) -> tuple[str, str | None]:
+    """One run in this (spawned) process with its output in its log file: `run(variant, seed, budget, assets, path)`,
+    by default this module's `run_one` (another sweep passes its own)."""
     variant, seed, budget, assets, path = task
     # Each run's own output (metric dicts, warnings) goes to its log file, not to the sweep's console.
     log_path = os.path.join(
@@ -296,7 +298,7 @@ def _worker(task: tuple) -> tuple[str, str | None]:
         os.dup2(log.fileno(), 2)
         sys.stdout = sys.stderr = log
         try:
-            run_one(variant, seed, budget, assets, path)
+            (run or run_one)(variant, seed, budget, assets, path)
             return path, None
         except Exception:  # reported by the parent; the other runs go on
             error = traceback.format_exc()

@@ -312,27 +312,6 @@ def run_one(variant: ToolVariant, seed: int, budget: ToolBudget, assets: dict, p
     write_json(path, record)
 
 
-def _worker(task: tuple) -> tuple[str, str | None]:
-    import traceback
-
-    variant, seed, budget, assets, path = task
-    log_path = os.path.join(
-        os.path.dirname(os.path.dirname(os.path.dirname(path))), "logs", f"{variant.name}-{seed}.log"
-    )
-    os.makedirs(os.path.dirname(log_path), exist_ok=True)
-    with open(log_path, "w") as log:
-        os.dup2(log.fileno(), 1)
-        os.dup2(log.fileno(), 2)
-        sys.stdout = sys.stderr = log
-        try:
-            run_one(variant, seed, budget, assets, path)
-            return path, None
-        except Exception:
-            error = traceback.format_exc()
-            print(error, flush=True)
-            return path, error
-
-
 def run_all(variants, budget: ToolBudget, assets: dict, results_dir: str, workers: int) -> list:
     import runner
 
@@ -355,8 +334,10 @@ def run_all(variants, budget: ToolBudget, assets: dict, results_dir: str, worker
 
 
 def _run_task(task: tuple, result) -> None:
-    """What each spawned process runs (runner._run_processes's `target`)."""
-    result.send(_worker(task))
+    """What each spawned process runs (runner._run_processes's `target`): this module's run, logged as runner's."""
+    import runner
+
+    result.send(runner._worker(task, run=run_one))
     result.close()
 
 
