@@ -109,7 +109,10 @@ def test_windows_benchmark_smoke_prints_every_side_and_stops_at_the_drawn_length
     assert bool(early[0, eos].isinf()) and int(early[0].isinf().sum()) == 1
     out = _run_benchmark("windows.py", "--smoke")
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("whole", "win", "grpo"))}
-    assert set(rows) == {"whole", "window-T/2", "window-T/4", "whole-budget", "win-T/4-budget", "grpo"}, out
+    pools = {"win-T/4-pool", "win-T/4-pool-budget", "win-T/8-pool", "win-T/8-pool-budget"}
+    assert set(rows) == {"whole", "window-T/2", "window-T/4", "whole-budget", "win-T/4-budget", "grpo", *pools}, out
+    # A larger pool finishes more responses per update than a pool of the batch
+    assert all(float(rows[side][4]) > float(rows["window-T/4"][4]) for side in pools)
     assert float(rows["whole"][7]) == 1.0 and float(rows["grpo"][8]) == 1.0
     assert float(rows["window-T/4"][4]) < 8  # responses cut by the window stay in flight
 
