@@ -55,6 +55,7 @@ def main(out_dir: str) -> None:
     from common import REPO, worker_config  # noqa: F401  (puts the repository on the path)
     from datasets import Dataset
     from worker import gathered_hash
+    from worker_exit import exit_worker
 
     from tests.builders import tiny_policy
     from tests.tool_fixtures import add, chat_tokenizer
@@ -112,6 +113,7 @@ def main(out_dir: str) -> None:
     }
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
+    exit_worker(trainer.accelerator)
 
 
 if __name__ == "__main__":
