@@ -8,6 +8,7 @@ recorded as the run's `held_out_along_run`."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import multiprocessing as mp
 import os
 import sys
@@ -56,7 +57,7 @@ def run_vcppo(
             "num_generations": budget.grpo_generations,
             "lr_scheduler_type": VCPPOConfig.lr_scheduler_type,
         }
-    args = config_class(
+    fields = dict(
         **_common_args(out_dir, seed),
         eval_strategy="no",
         num_sample_generations=0,
@@ -65,7 +66,6 @@ def run_vcppo(
         num_mini_batches=budget.num_mini_batches,
         num_ppo_epochs=budget.num_ppo_epochs,
         local_rollout_forward_batch_size=64,
-        total_episodes=variant.ppo_updates(budget) * budget.prompts_per_update,
         response_length=budget.response_length,
         generation_window=variant.generation_window(budget),
         temperature=1.0,
@@ -82,10 +82,18 @@ def run_vcppo(
         value_pretrain_stop_explained_variance=None,
         missing_eos_penalty=1.0,
         reward_weights=[1.0, 0.0],
-        **(vapo | dict(variant.options)),
     )
-    critics = {"controlled_bias": "controlled_bias_critic", "rm_eos": "reward_model_eos"}  # else "reward_model"
-    critic_dir = assets[critics.get(variant.critic, "reward_model")]
+    # The variant's options override the budget's settings (e.g. a smaller batch or another learning rate); the run's
+    # length follows its own batch: the variant's policy updates × its responses per update.
+    fields |= vapo | dict(variant.options)
+    batch = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_mini_batches")
+    fields.setdefault("total_episodes", variant.ppo_updates(budget) * math.prod(fields[k] for k in batch))
+    args = config_class(**fields)
+    if variant.critic == "pretrained":  # this seed's critic, pretrained once and loaded by every arm of a grid
+        critic_dir = assets["pretrained_critics"][seed]
+    else:
+        critics = {"controlled_bias": "controlled_bias_critic", "rm_eos": "reward_model_eos"}  # else "reward_model"
+        critic_dir = assets[critics.get(variant.critic, "reward_model")]
     tokenizer = AutoTokenizer.from_pretrained(assets["policy"])
     trainer = trainer_class(
         model=AutoModelForCausalLM.from_pretrained(assets["policy"]),
@@ -245,10 +253,11 @@ def run_one(variant: Variant, seed: int, budget: Budget, assets: dict, path: str
         return entry
 
     along = None
-    if budget.eval_every is not None:
+    eval_every = variant.eval_every or budget.eval_every
+    if eval_every is not None:
         grpo = variant.trainer == "grpo"
         along = held_out_callback(
-            budget.eval_every,
+            eval_every,
             evaluate,
             steps_per_update=grpo_steps_per_update(budget) if grpo else 1,
             last_update=budget.ppo_updates if grpo else variant.ppo_updates(budget),

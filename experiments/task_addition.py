@@ -139,6 +139,9 @@ class Variant:
     window_divisor: int | None = None
     pretrain_factor: float = 1.0
     update_factor: float = 1.0
+    # Held-out evaluation every this many policy updates of this variant's run (None: the budget's `eval_every`), for
+    # grids whose arms take different numbers of updates (results/windows_remedy/plan.md §5).
+    eval_every: int | None = None
 
     def value_learning_rate(self, budget: Budget) -> float:
         return (

@@ -1,0 +1,96 @@
+"""experiments/windows_remedy.py (issue 49's table): the arms as the plan fixes them, one smoke sweep of every arm
+from one pretrained critic per seed (each arm in its own process, as the table's), and the report's reading rule."""
+
+import contextlib
+import io
+import json
+import math
+import os
+
+import report_windows_remedy as report
+import windows_remedy as wr
+
+from vcppo_trl import VCPPOConfig
+
+
+def _arm(name):
+    return next(a for a in wr.ARMS if a.name == name)
+
+
+def test_the_arms_are_the_plans():
+    """plan.md §4: A and E take the budget's 20 updates, B, C and D 52; C's batch is 12, D's learning rate makes
+    Σ lr·steps A's, E's pool is 80 (accepted by the config's check), and every arm loads the seed's critic."""
+    budget = wr.BUDGET
+    assert budget.seeds == tuple(range(208, 216)) and budget.ppo_updates == 20 and budget.prompts_per_update == 32
+    updates = {a.name[0]: a.ppo_updates(budget) for a in wr.ARMS}
+    assert updates == {"A": 20, "B": 52, "C": 52, "D": 52, "E": 20, "F": 20}
+    assert all(a.critic == "pretrained" and not a.pretrain for a in wr.ARMS)
+    assert {a.name[0]: a.eval_every for a in wr.ARMS} == {"A": 5, "B": 13, "C": 13, "D": 13, "E": 5, "F": 5}
+    c = dict(_arm("C_whole_batch12").options)
+    assert c["per_device_train_batch_size"] * c["gradient_accumulation_steps"] * budget.num_mini_batches == 12
+    lr = dict(_arm("D_window_low_lr").options)["learning_rate"]
+    assert math.isclose(lr * 52, budget.learning_rate * 20)
+    assert [a.generation_window(budget) for a in wr.ARMS] == [None, 80, None, 80, 80, 80]
+    for name in ("E_window_pool80", "F_pool80_finished_whitening"):
+        options = dict(_arm(name).options)
+        VCPPOConfig(
+            output_dir="/tmp/unused",
+            per_device_train_batch_size=budget.per_device_train_batch_size,
+            gradient_accumulation_steps=budget.gradient_accumulation_steps,
+            num_mini_batches=budget.num_mini_batches,
+            response_length=budget.response_length,
+            generation_window=80,
+            **options,
+        )
+        assert options["rollout_pool_size"] == 80
+
+
+def test_the_reading_rule_and_the_verdicts():
+    assert report.reading(0.01, 0.2) == "first higher" and report.reading(-0.2, -0.01) == "second higher"
+    assert report.reading(-0.04, 0.049) == "equivalent" and report.reading(-0.06, 0.02) == "not resolved"
+    pairs = report.PAIRS[:5]
+
+    def readings(below):
+        return {
+            (a, b, k): ("second higher" if (a[0], b[0]) in below else "not resolved")
+            for a, b in pairs
+            for k in ("greedy", "sampled")
+        }
+
+    step_noise = report.verdicts(readings({("C", "A"), ("B", "A")}))
+    assert "support step noise" in step_noise[0] and "recommend rollout_pool_size" in step_noise[-1]
+    bootstrap = report.verdicts(readings({("B", "A"), ("D", "A"), ("E", "A")}))
+    assert "support the bootstrap" in bootstrap[0] and "the default stays" in bootstrap[-1]
+    assert "nothing to remedy" in report.verdicts(readings(set()))[-1]
+    assert "no verdict" in report.verdicts({})[0]
+
+
+def test_every_arm_runs_from_the_seeds_critic_and_reports(tmp_path):
+    results, cache = str(tmp_path / "results"), str(tmp_path / "cache")
+    argv = ["--smoke", "--workers", "2", "--results-dir", results, "--cache-dir", cache]
+    assert wr.main(argv) == 0
+    with open(os.path.join(results, "runs", "critic", "seed0.json")) as f:
+        critic = json.load(f)
+    assert any("value_pretrain/explained_variance" in e for e in critic["log_history"])
+    assert wr.critic_ready(critic, wr.SMOKE_BUDGET, cache, 0)
+    assert not wr.critic_ready({**critic, "critic_sha256": "0" * 64}, wr.SMOKE_BUDGET, cache, 0)
+    runs = {}
+    for arm in wr.smoke_arms():
+        with open(os.path.join(results, "runs", arm.name, "seed0.json")) as f:
+            runs[arm.name[0]] = run = json.load(f)
+        assert run["pretrained_critic"]["sha256"] == critic["critic_sha256"]
+        assert not any("value_pretrain/explained_variance" in e for e in run["log_history"])  # loaded, not pretrained
+        assert [e["update"] for e in run["held_out_along_run"]] == list(range(1, arm.ppo_updates(wr.SMOKE_BUDGET) + 1))
+    measures = {k: report.run_measures(r) for k, r in runs.items()}
+    assert {k: m["updates"] for k, m in measures.items()} == {"A": 2, "B": 6, "C": 6, "D": 6, "E": 2, "F": 2}
+    assert measures["C"]["finished"] == 6 * 2  # its own batch (1 × 1 × 2), not the budget's
+    first = {k: next(e for e in r["log_history"] if "lr" in e) for k, r in runs.items()}
+    assert math.isclose(first["D"]["lr"] / first["B"]["lr"], 20 / 52, rel_tol=1e-6)  # the table's lr × 20/52
+    assert max(e.get("rollout/in_flight", 0) for e in runs["E"]["log_history"]) <= wr.SMOKE_POOL
+    with open(os.path.join(results, "results.md")) as f:
+        text = f.read()
+    assert "| B − C |" in text and "## Held-out evaluation along the run" in text and "The seeds' critics" in text
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert wr.main(argv) == 0  # everything saved: nothing is run again
+    assert "0 critics to do" in out.getvalue() and "0 runs to do" in out.getvalue()
