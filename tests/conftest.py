@@ -20,8 +20,9 @@ UNIT_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "unit") + 
 
 def pytest_collection_modifyitems(config, items):
     """The fast tier, `pytest -m fast` (about a minute on 2 cores, run it before every commit): the tests under
-    tests/unit/, which build at most a tiny model in-process and launch no process; `pytest -m "not fast"` runs the
-    rest (trainer runs, launches, scripts, notebooks)."""
+    tests/unit/, which build at most a tiny model in-process and launch no trainer or launcher process (only the sandbox
+    tests start short `python -I` children, the sandbox being what they test); `pytest -m "not fast"` runs the rest
+    (trainer runs, launches, scripts, notebooks)."""
     for item in items:
         if str(item.path).startswith(UNIT_TESTS):
             item.add_marker(pytest.mark.fast)

@@ -955,3 +955,34 @@ def test_tools_with_a_vllm_server_are_refused_with_the_reason(tiny_config):
     args = tiny_config(use_vllm=True, vllm_mode="server")
     with pytest.raises(ValueError, match=r"`tools` cannot be combined with `vllm_mode='server'`.*as many prompts"):
         builders.tiny_trainer(processing_class=chat_tokenizer(), args=args, tools=[add])
+
+
+def test_an_environments_reset_text_that_overflows_vllms_context_is_a_clear_error(tiny_config):
+    """The start-up check measures the dataset's prompts with the tools' schemas (about 25 tokens here: it passes); an
+    environment's reset appends 450 characters, so the first generation call's prompt (about 475 tokens, within the
+    tiny model's 512 positions) plus `response_length` passes the context: vLLM would end those responses early,
+    unseen. Refused at that call, naming the lengths and the reset."""
+    from datasets import Dataset
+
+    from tests import builders
+    from vcppo_trl.toy.tool_use import add as toy_add
+    from vcppo_trl.toy.tool_use import build_tool_tokenizer
+
+    class Verbose:
+        add = staticmethod(toy_add)  # the toy's tool: its schema is single tokens of the toy's tokenizer
+
+        def reset(self, prompt, **row):
+            return " " + "x" * 450
+
+    tokenizer = build_tool_tokenizer()
+    prompts = [[{"role": "user", "content": f"Add 2 and 3 ({i})."}] for i in range(16)]
+    trainer = builders.tiny_trainer(
+        model=_wide_policy(tokenizer),
+        processing_class=tokenizer,
+        reward_funcs=builders.length_reward,
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        environment_factory=Verbose,
+        args=tiny_config(use_vllm=True, vllm_mode="colocate", response_length=128, max_steps=1),
+    )
+    with pytest.raises(ValueError, match=r"A prompt of 4\d\d tokens plus up to 128 new tokens .*=512.*reset\(\)"):
+        trainer.train()

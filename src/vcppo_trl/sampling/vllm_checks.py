@@ -82,6 +82,26 @@ def check_vllm_model(config, max_model_length: int, needed_length: int, on_cpu: 
         )
 
 
+def check_prompts_fit(prompt_lengths: list[int], max_new_tokens: int, max_model_length: int) -> None:
+    """
+    Refuse a generation call whose longest prompt plus its new tokens passes vLLM's context (vLLM would end those
+    responses early at the context's end, unseen). The start-up check measures the dataset's prompts; what an
+    environment's `reset` appends to a prompt is known only here.
+
+    Raises:
+        `ValueError`: with the lengths and how to fix it.
+    """
+    longest = max(prompt_lengths, default=0)
+    if longest + max_new_tokens > max_model_length:
+        raise ValueError(
+            f"A prompt of {longest} tokens plus up to {max_new_tokens} new tokens passes vLLM's context of "
+            f"vllm_max_model_length={max_model_length}. The start-up check measured the dataset's prompts; text an "
+            "environment's reset() appends (or a chat template's extra) is counted only now. Raise "
+            "vllm_max_model_length (and the model's max_position_embeddings if needed), or shorten the prompts or "
+            "response_length."
+        )
+
+
 def named_policy_weights(
     policy: torch.nn.Module, gather: Callable, copy: bool = False
 ) -> Iterator[tuple[str, torch.Tensor]]:

@@ -34,6 +34,7 @@ from transformers import PreTrainedTokenizerBase
 from ..algo.logits_processing import NO_KNOBS, VLLM_ORDER, SamplingKnobs, require_order
 from .seam import SamplerError, Samples, samples_from_token_lists, unpadded_prompts
 from .vllm_checks import (
+    check_prompts_fit,
     named_policy_weights,
     require_vllm,
 )
@@ -173,6 +174,7 @@ class VLLMColocateSampler(_VLLMSamplerBase):
             knobs=knobs,
         )
         self.copy_weights = copy_weights
+        self.max_model_length = max_model_length
         self.enable_sleep_mode = enable_sleep_mode
         if tensor_parallel_size != 1:
             raise ValueError(
@@ -247,7 +249,9 @@ class VLLMColocateSampler(_VLLMSamplerBase):
             self.sync_weights()
         start = time.perf_counter()
         prompts = [{"prompt_token_ids": ids} for ids in unpadded_prompts(query_ids, query_mask)]
-        params = SamplingParams(**self.sampling_kwargs(greedy, temperature, max_new_tokens), detokenize=False)
+        kwargs = self.sampling_kwargs(greedy, temperature, max_new_tokens)
+        check_prompts_fit([len(p["prompt_token_ids"]) for p in prompts], kwargs["max_tokens"], self.max_model_length)
+        params = SamplingParams(**kwargs, detokenize=False)
         try:
             if self.enable_sleep_mode:
                 self.llm.wake_up(tags=["kv_cache"])

@@ -267,8 +267,8 @@ def build_rollout_maker(
             tokenizer=tokenizer,
             stop_token_ids=stop_token_ids,
             datasets=datasets,
-            # An episode's prompt holds the tools' schemas (an environment's reset text and methods are not known
-            # before its episodes start, and are not measured).
+            # An episode's prompt holds the tools' schemas. An environment's reset text and methods are known only
+            # once its episodes start: vLLM colocate checks each generation call's prompts then (check_prompts_fit).
             render=None if tool_loop is None else tool_loop.render,
         )
     return RolloutMaker(
