@@ -20,6 +20,14 @@ PAIRS = (
     ("E_window_pool80", "A_whole"),
     ("F_pool80_finished_whitening", "E_window_pool80"),
 )
+# Read after the runs, not in the plan: no hypothesis or default rests on these.
+EXPLORATORY_PAIRS = (
+    ("E_window_pool80", "B_window"),
+    ("D_window_low_lr", "B_window"),
+    ("F_pool80_finished_whitening", "A_whole"),
+    ("D_window_low_lr", "E_window_pool80"),
+)
+WHOLE_RESPONSE_ARMS = ("A_whole", "C_whole_batch12")
 MARGIN = 0.05  # accuracy: "equivalent" when the whole 95 % interval lies inside ±MARGIN
 ACCURACIES = (
     ("greedy", "final_eval", "cold_start_eval"),
@@ -131,14 +139,14 @@ def _difference(d: float, low: float, high: float, digits: int) -> str:
     return "–" if math.isnan(low) else f"{d:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
 
 
-def comparison_table(measures: dict[str, list[dict]]) -> tuple[str, dict[tuple[str, str, str], str]]:
-    """The plan's comparisons on greedy and sampled accuracy at the end (and Σ approx-KL, not read by the rule)."""
+def comparison_table(measures: dict[str, list[dict]], pairs=PAIRS) -> tuple[str, dict[tuple[str, str, str], str]]:
+    """`pairs`' comparisons on greedy and sampled accuracy at the end (and Σ approx-KL, not read by the rule)."""
     readings = {}
     lines = [
         "| first − second | greedy accuracy [95 %] | reading | sampled accuracy [95 %] | reading | Σ approx-KL [95 %] |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    for first, second in PAIRS:
+    for first, second in pairs:
         if not measures.get(first) or not measures.get(second):
             continue
         cells = [f"{first[0]} − {second[0]}"]
@@ -187,6 +195,48 @@ def verdicts(readings: dict[tuple[str, str, str], str]) -> list[str]:
     return out
 
 
+def _pearson(xs: list[float], ys: list[float]) -> float:
+    mx, my = _mean(xs), _mean(ys)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else math.nan
+
+
+def entropy_section(measures: dict[str, list[dict]]) -> str:
+    """Does end greedy accuracy follow the entropy rise (last 5 − first 5 updates) whatever the arm? The correlation
+    over every run, and each windowed arm's mean residual from a line fitted on the whole-response arms alone."""
+    rise = lambda m: m["entropy_end"] - m["entropy_start"]  # noqa: E731
+    every = [m for ms in measures.values() for m in ms if "greedy_acc" in m]
+    whole = [m for arm in WHOLE_RESPONSE_ARMS for m in measures.get(arm, []) if "greedy_acc" in m]
+    if len(every) < 3 or len(whole) < 3:
+        return ""
+    xs, ys = [rise(m) for m in whole], [m["greedy_acc"] for m in whole]
+    mx, my = _mean(xs), _mean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    lines = [
+        "| arm | runs | mean residual, greedy accuracy |",
+        "| --- | --- | --- |",
+    ]
+    for arm, ms in measures.items():
+        if arm in WHOLE_RESPONSE_ARMS or not ms:
+            continue
+        residuals = [m["greedy_acc"] - (my + slope * (rise(m) - mx)) for m in ms if "greedy_acc" in m]
+        lines.append(f"| {arm[0]} | {len(residuals)} | {fmt(residuals, 3)} |")
+    if len(lines) == 2:
+        return ""  # no windowed arm to read against the line
+    r_all = _pearson([rise(m) for m in every], [m["greedy_acc"] for m in every])
+    r_kl = _pearson([m["kl_sum"] for m in every], [m["greedy_acc"] for m in every])
+    return (
+        "\n## Accuracy and the entropy rise (after the runs, not in the plan)\n\n"
+        f"Over all {len(every)} runs, end greedy accuracy against the entropy rise (last 5 − first 5 updates): "
+        f"r = {r_all:.2f} (against Σ approx-KL: r = {r_kl:.2f}). A line fitted on the whole-response arms "
+        f"({', '.join(a[0] for a in WHOLE_RESPONSE_ARMS)}: {slope:+.1f} accuracy per unit of entropy rise) and each "
+        "windowed arm's mean residual from it (0: the arm lost what its entropy rise predicts, no more):\n\n"
+        + "\n".join(lines)
+        + "\n"
+    )
+
+
 def _finished_by_update(record: dict, update: int) -> float:
     _, policy = phase_entries(record)
     return finished(policy[:update], run_batch(record)) / REFERENCE_BATCH
@@ -232,6 +282,9 @@ def build_report(results_dir: str, arms, seeds) -> str:
         f"\n## The plan's comparisons (95 % Welch intervals; equivalent: inside ±{MARGIN})\n",
         table,
         "\n" + "\n".join(verdicts(readings)) + "\n",
+        "\n## Other differences (after the runs, not in the plan; no hypothesis or default rests on them)\n",
+        comparison_table(measures, EXPLORATORY_PAIRS)[0],
+        entropy_section(measures),
         critic_section(results_dir, seeds),
     ]
     along = []

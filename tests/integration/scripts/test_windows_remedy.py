@@ -6,6 +6,7 @@ import io
 import json
 import math
 import os
+import re
 
 import report_windows_remedy as report
 import windows_remedy as wr
@@ -63,6 +64,27 @@ def test_the_reading_rule_and_the_verdicts():
     assert "support the bootstrap" in bootstrap[0] and "the default stays" in bootstrap[-1]
     assert "nothing to remedy" in report.verdicts(readings(set()))[-1]
     assert "no verdict" in report.verdicts({})[0]
+
+
+def test_the_entropy_section_fits_the_whole_response_arms_only():
+    """Accuracy = 0.7 − 10 × entropy rise on A and C exactly: an arm on that line has residual 0, one 0.1 below it
+    −0.1; the correlation is over every run."""
+
+    def run(rise, acc):
+        return {"entropy_start": 0.02, "entropy_end": 0.02 + rise, "greedy_acc": acc, "kl_sum": 0.01}
+
+    line = lambda rise: 0.7 - 10 * rise  # noqa: E731
+    measures = {
+        "A_whole": [run(r, line(r)) for r in (0.0, 0.002, 0.004)],
+        "C_whole_batch12": [run(r, line(r)) for r in (0.01, 0.012, 0.014)],
+        "B_window": [run(r, line(r) - 0.1) for r in (0.02, 0.021, 0.022)],
+        "E_window_pool80": [run(r, line(r)) for r in (0.005, 0.006, 0.007)],
+    }
+    text = report.entropy_section(measures)
+    assert "-10.0 accuracy per unit" in text
+    assert "| B | 3 | -0.100 ± 0.000 |" in text and re.search(r"\| E \| 3 \| -?0\.000 ± 0\.000 \|", text)
+    assert "| A |" not in text and "| C |" not in text
+    assert report.entropy_section({"A_whole": measures["A_whole"]}) == ""
 
 
 def test_every_arm_runs_from_the_seeds_critic_and_reports(tmp_path):
