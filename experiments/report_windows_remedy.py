@@ -20,6 +20,8 @@ PAIRS = (
     ("E_window_pool80", "A_whole"),
     ("F_pool80_finished_whitening", "E_window_pool80"),
 )
+# Follow-up 1 (plan.md, written after the table and before its arm ran): is the window's own cost the cut?
+FOLLOWUP_PAIRS = (("G_whole_cut_advantages", "A_whole"), ("G_whole_cut_advantages", "E_window_pool80"))
 # Read after the runs, not in the plan: no hypothesis or default rests on these.
 EXPLORATORY_PAIRS = (
     ("E_window_pool80", "B_window"),
@@ -195,6 +197,23 @@ def verdicts(readings: dict[tuple[str, str, str], str]) -> list[str]:
     return out
 
 
+def followup_verdict(readings: dict[tuple[str, str, str], str]) -> str:
+    """Follow-up 1's rule on greedy accuracy: the cut is supported when G − A is below 0 and G − E is not; not
+    supported when G − A is equivalent or not resolved while E − A is below 0."""
+    (g_a, g_e), e_a = FOLLOWUP_PAIRS, ("E_window_pool80", "A_whole", "greedy")
+    if (*g_a, "greedy") not in readings or (*g_e, "greedy") not in readings or e_a not in readings:
+        return "- Follow-up 1: not every comparison has runs on both sides yet: no verdict."
+    below = lambda pair: readings[(*pair, "greedy")] == "second higher"  # noqa: E731
+    if below(g_a) and not below(g_e):
+        return "- Follow-up 1 (greedy accuracy): the cut in the advantages is supported as the window's own cost."
+    if not below(g_a) and readings[(*g_a, "greedy")] != "first higher" and readings[e_a] == "second higher":
+        return (
+            "- Follow-up 1 (greedy accuracy): the cut is not supported; the window's cost lies in what G does not "
+            "change."
+        )
+    return "- Follow-up 1 (greedy accuracy): neither reading of the rule; reported as it falls."
+
+
 def _pearson(xs: list[float], ys: list[float]) -> float:
     mx, my = _mean(xs), _mean(ys)
     sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
@@ -231,7 +250,7 @@ def entropy_section(measures: dict[str, list[dict]]) -> str:
         f"Over all {len(every)} runs, end greedy accuracy against the entropy rise (last 5 − first 5 updates): "
         f"r = {r_all:.2f} (against Σ approx-KL: r = {r_kl:.2f}). A line fitted on the whole-response arms "
         f"({', '.join(a[0] for a in WHOLE_RESPONSE_ARMS)}: {slope:+.1f} accuracy per unit of entropy rise) and each "
-        "windowed arm's mean residual from it (0: the arm lost what its entropy rise predicts, no more):\n\n"
+        "other arm's mean residual from it (0: the arm lost what its entropy rise predicts, no more):\n\n"
         + "\n".join(lines)
         + "\n"
     )
@@ -282,6 +301,15 @@ def build_report(results_dir: str, arms, seeds) -> str:
         f"\n## The plan's comparisons (95 % Welch intervals; equivalent: inside ±{MARGIN})\n",
         table,
         "\n" + "\n".join(verdicts(readings)) + "\n",
+    ]
+    followup, followup_readings = comparison_table(measures, FOLLOWUP_PAIRS)
+    if followup_readings:
+        parts += [
+            "\n## Follow-up 1: the cut in the advantages (plan.md, written before its arm ran)\n",
+            followup,
+            "\n" + followup_verdict({**readings, **followup_readings}) + "\n",
+        ]
+    parts += [
         "\n## Other differences (after the runs, not in the plan; no hypothesis or default rests on them)\n",
         comparison_table(measures, EXPLORATORY_PAIRS)[0],
         entropy_section(measures),

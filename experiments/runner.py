@@ -57,6 +57,10 @@ def run_vcppo(
             "num_generations": budget.grpo_generations,
             "lr_scheduler_type": VCPPOConfig.lr_scheduler_type,
         }
+    if variant.advantage_cut_divisor is not None:
+        from cut_advantages import cut_advantage_trainer
+
+        trainer_class = cut_advantage_trainer(trainer_class, budget.response_length // variant.advantage_cut_divisor)
     fields = dict(
         **_common_args(out_dir, seed),
         eval_strategy="no",

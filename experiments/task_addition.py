@@ -142,6 +142,9 @@ class Variant:
     # Held-out evaluation every this many policy updates of this variant's run (None: the budget's `eval_every`), for
     # grids whose arms take different numbers of updates (results/windows_remedy/plan.md §5).
     eval_every: int | None = None
+    # Whole responses whose policy advantages are cut every response_length // this many tokens as a window's are
+    # (cut_advantages.py: a probe, results/windows_remedy/plan.md follow-up 1); None: whole-response GAE.
+    advantage_cut_divisor: int | None = None
 
     def value_learning_rate(self, budget: Budget) -> float:
         return (

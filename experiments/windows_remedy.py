@@ -4,6 +4,7 @@ does a larger pool of responses in flight (`rollout_pool_size`) keep the whole-r
 
     python experiments/windows_remedy.py             # arms A-E x seeds 208-215, 2 workers (resumable, seed-major)
     python experiments/windows_remedy.py --arms F    # one arm only (F: E with window_whitening="finished")
+    python experiments/windows_remedy.py --arms G    # follow-up 1: A with the advantages cut every W tokens
     python experiments/windows_remedy.py --pilot     # seed 900, 3 whole-response updates' worth per arm: the cost
     python experiments/windows_remedy.py --report    # rebuild results.md from the saved runs only
 
@@ -93,6 +94,13 @@ ARMS = (
         label='F: E with window_whitening="finished"',
         window_divisor=WINDOW_DIVISOR,
         options=(("rollout_pool_size", POOL), ("window_whitening", "finished")),
+    ),
+    # Follow-up 1 (plan.md, after the table): A with the policy's advantages cut every W tokens as a window's are.
+    dataclasses.replace(
+        _A,
+        name="G_whole_cut_advantages",
+        label="G: A with the advantages cut every W = L/4 tokens (follow-up 1)",
+        advantage_cut_divisor=WINDOW_DIVISOR,
     ),
 )
 MAIN_ARMS = 5  # A-E; F is cut first (plan.md §4)
@@ -245,7 +253,7 @@ def sweep(arms, budget, assets: dict, results_dir: str, cache_dir: str, workers:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arms", nargs="+", help="Only these arms, by letter (A-F); default A-E.")
+    parser.add_argument("--arms", nargs="+", help="Only these arms, by letter (A-G); default A-E.")
     parser.add_argument("--seeds", nargs="+", type=int, help="Other seeds than 208-215.")
     parser.add_argument("--pilot", action="store_true", help=f"Seed {PILOT_SEED}, {PILOT_UPDATES} updates' worth.")
     parser.add_argument("--report", action="store_true", help="Only rebuild results.md from the saved runs.")

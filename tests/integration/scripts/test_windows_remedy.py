@@ -2,14 +2,18 @@
 from one pretrained critic per seed (each arm in its own process, as the table's), and the report's reading rule."""
 
 import contextlib
+import dataclasses
 import io
 import json
 import math
 import os
 import re
 
+import pytest
 import report_windows_remedy as report
+import torch
 import windows_remedy as wr
+from cut_advantages import cut_advantage_trainer, cut_advantages
 
 from vcppo_trl import VCPPOConfig
 
@@ -24,14 +28,19 @@ def test_the_arms_are_the_plans():
     budget = wr.BUDGET
     assert budget.seeds == tuple(range(208, 216)) and budget.ppo_updates == 20 and budget.prompts_per_update == 32
     updates = {a.name[0]: a.ppo_updates(budget) for a in wr.ARMS}
-    assert updates == {"A": 20, "B": 52, "C": 52, "D": 52, "E": 20, "F": 20}
+    assert updates == {"A": 20, "B": 52, "C": 52, "D": 52, "E": 20, "F": 20, "G": 20}
     assert all(a.critic == "pretrained" and not a.pretrain for a in wr.ARMS)
-    assert {a.name[0]: a.eval_every for a in wr.ARMS} == {"A": 5, "B": 13, "C": 13, "D": 13, "E": 5, "F": 5}
+    assert {a.name[0]: a.eval_every for a in wr.ARMS} == {"A": 5, "B": 13, "C": 13, "D": 13, "E": 5, "F": 5, "G": 5}
     c = dict(_arm("C_whole_batch12").options)
     assert c["per_device_train_batch_size"] * c["gradient_accumulation_steps"] * budget.num_mini_batches == 12
     lr = dict(_arm("D_window_low_lr").options)["learning_rate"]
     assert math.isclose(lr * 52, budget.learning_rate * 20)
-    assert [a.generation_window(budget) for a in wr.ARMS] == [None, 80, None, 80, 80, 80]
+    assert [a.generation_window(budget) for a in wr.ARMS] == [None, 80, None, 80, 80, 80, None]
+    g = _arm("G_whole_cut_advantages")  # follow-up 1: A but for the cut every W tokens
+    assert dataclasses.replace(g, name="A_whole", label=_arm("A_whole").label, advantage_cut_divisor=None) == _arm(
+        "A_whole"
+    )
+    assert budget.response_length // g.advantage_cut_divisor == 80
     for name in ("E_window_pool80", "F_pool80_finished_whitening"):
         options = dict(_arm(name).options)
         VCPPOConfig(
@@ -64,6 +73,77 @@ def test_the_reading_rule_and_the_verdicts():
     assert "support the bootstrap" in bootstrap[0] and "the default stays" in bootstrap[-1]
     assert "nothing to remedy" in report.verdicts(readings(set()))[-1]
     assert "no verdict" in report.verdicts({})[0]
+
+
+def _cut_reference(rewards, values, lengths, gamma, lam, segment):
+    """Follow-up 1's advantages by their definition, a float64 loop: GAE restarted at each multiple of `segment`,
+    bootstrapped from V at the segment's end where the response goes on past it."""
+    out = torch.zeros(rewards.shape, dtype=torch.float64)
+    for b, n in enumerate(lengths):
+        v = values[b].double()
+        for t in range(n):
+            end = min((t // segment + 1) * segment, n)
+            acc, weight = 0.0, 1.0
+            for k in range(t, end):
+                following = v[k + 1] if k + 1 < n else 0.0
+                acc += weight * (rewards[b, k].double() + gamma * following - v[k])
+                weight *= gamma * lam
+            out[b, t] = acc
+    return out
+
+
+@pytest.mark.parametrize("segment", [1, 3, 5, 7, 40])
+def test_cut_advantages_restart_gae_at_every_cut(segment):
+    torch.manual_seed(segment)
+    lengths = [14, 5, 10, 0, 1]
+    T = 14
+    mask = torch.tensor([[t < n for t in range(T)] for n in lengths])
+    rewards = torch.randn(len(lengths), T) * mask
+    values = torch.randn(len(lengths), T) * mask
+    got = cut_advantages(rewards, values, mask, gamma=0.99, lam_actor=0.95, segment=segment)
+    want = _cut_reference(rewards, values, lengths, 0.99, 0.95, segment)
+    assert torch.allclose(got.double(), want, atol=1e-5)
+    if segment >= T:  # one segment: whole-response GAE
+        from vcppo_trl.algo import dual_lambda_gae
+
+        whole, _ = dual_lambda_gae(rewards, values, mask, gamma=0.99, lam_actor=0.95, lam_critic=1.0)
+        assert torch.equal(got, whole)
+    with pytest.raises(ValueError, match="positive number of tokens"):
+        cut_advantages(rewards, values, mask, gamma=1.0, lam_actor=0.95, segment=0)
+
+
+def test_the_cut_trainer_keeps_the_critics_returns_and_refuses_windows():
+    from vcppo_trl import VCPPOTrainer
+
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    rollout = type("R", (), {})()
+    rollout.rewards, rollout.values, rollout.response_mask = torch.zeros(2, 6), torch.randn(2, 6), mask
+    rollout.rewards[:, -1] = 1.0
+    rollout.action_tokens, rollout.action_mask, rollout.bootstrap_values = mask, None, None
+
+    class Base:  # the parts of VCPPOTrainer the probe reads
+        args = type("A", (), {"gamma": 1.0})()
+        in_value_pretraining = False
+
+        def compute_advantages(self, rollout):
+            return torch.full((2, 6), 7.0), torch.full((2, 6), 3.0)
+
+        def actor_lambda(self, action_tokens):
+            return 0.95
+
+    trainer = cut_advantage_trainer(Base, 2)()
+    advantages, returns = trainer.compute_advantages(rollout)
+    assert torch.equal(returns, torch.full((2, 6), 3.0))
+    assert torch.allclose(
+        advantages, cut_advantages(rollout.rewards, rollout.values, mask, gamma=1.0, lam_actor=0.95, segment=2)
+    )
+    trainer.in_value_pretraining = True  # value pretraining: the base's advantages, untouched
+    assert torch.equal(trainer.compute_advantages(rollout)[0], torch.full((2, 6), 7.0))
+    trainer.in_value_pretraining = False
+    rollout.bootstrap_values = torch.zeros(2)
+    with pytest.raises(ValueError, match="without generation_window"):
+        trainer.compute_advantages(rollout)
+    assert cut_advantage_trainer(VCPPOTrainer, 80).__mro__[1] is VCPPOTrainer
 
 
 def test_the_entropy_section_fits_the_whole_response_arms_only():
@@ -104,13 +184,18 @@ def test_every_arm_runs_from_the_seeds_critic_and_reports(tmp_path):
         assert not any("value_pretrain/explained_variance" in e for e in run["log_history"])  # loaded, not pretrained
         assert [e["update"] for e in run["held_out_along_run"]] == list(range(1, arm.ppo_updates(wr.SMOKE_BUDGET) + 1))
     measures = {k: report.run_measures(r) for k, r in runs.items()}
-    assert {k: m["updates"] for k, m in measures.items()} == {"A": 2, "B": 6, "C": 6, "D": 6, "E": 2, "F": 2}
+    assert {k: m["updates"] for k, m in measures.items()} == {"A": 2, "B": 6, "C": 6, "D": 6, "E": 2, "F": 2, "G": 2}
     assert measures["C"]["finished"] == 6 * 2  # its own batch (1 × 1 × 2), not the budget's
     first = {k: next(e for e in r["log_history"] if "lr" in e) for k, r in runs.items()}
     assert math.isclose(first["D"]["lr"] / first["B"]["lr"], 20 / 52, rel_tol=1e-6)  # the table's lr × 20/52
     assert max(e.get("rollout/in_flight", 0) for e in runs["E"]["log_history"]) <= wr.SMOKE_POOL
+    # G samples A's first batch (same seed and critic) and cuts its advantages: same responses, other advantages.
+    first_a, first_g = (next(e for e in runs[k]["log_history"] if "lr" in e) for k in "AG")
+    assert first_g["diagnostics/response_length_mean"] == first_a["diagnostics/response_length_mean"]
+    assert first_g["diagnostics/advantage_finished_mean"] != first_a["diagnostics/advantage_finished_mean"]
     with open(os.path.join(results, "results.md")) as f:
         text = f.read()
+    assert "| G − A |" in text and "Follow-up 1 (greedy accuracy)" in text
     assert "| B − C |" in text and "## Held-out evaluation along the run" in text and "The seeds' critics" in text
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
