@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from task_addition import Budget, Variant
 
 
-def _common_args(out_dir: str, seed: int) -> dict[str, Any]:
+def common_args(out_dir: str, seed: int) -> dict[str, Any]:
     """Settings every trainer of the comparison shares: CPU, fp32, every update logged, nothing saved."""
     return {
         "output_dir": out_dir,
@@ -62,7 +62,7 @@ def run_vcppo(
 
         trainer_class = cut_advantage_trainer(trainer_class, budget.response_length // variant.advantage_cut_divisor)
     fields = dict(
-        **_common_args(out_dir, seed),
+        **common_args(out_dir, seed),
         eval_strategy="no",
         num_sample_generations=0,
         per_device_train_batch_size=budget.per_device_train_batch_size,
@@ -113,19 +113,12 @@ def run_vcppo(
     return trainer.state.log_history, trainer.model.policy if hasattr(trainer.model, "policy") else trainer.model
 
 
-def run_grpo(
-    variant: Variant, seed: int, budget: Budget, assets: dict, out_dir: str, train, test, callbacks: tuple = ()
-):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
-
-    from vcppo_trl.rewards.math_verify import math_verify_reward
-
-    # Same samples as PPO: prompts_per_update completions per generation batch (prompts_per_update / G prompts with G
-    # completions each), and the same number of optimizer steps per batch (num_mini_batches x num_ppo_epochs).
-    completions = budget.prompts_per_update
-    args = GRPOConfig(
-        **_common_args(out_dir, seed),
+def grpo_args(budget, *, completions: int, out_dir: str, seed: int) -> dict[str, Any]:
+    """TRL GRPOConfig settings that give GRPO the PPO side's samples and steps: `completions` per generation batch
+    (completions / G prompts with G completions each) and the same optimizer steps per batch (num_mini_batches ×
+    num_ppo_epochs), the budget's length and learning rate, no KL; the first reward is trained, the second logged."""
+    return dict(
+        **common_args(out_dir, seed),
         num_generations=budget.grpo_generations,
         per_device_train_batch_size=completions // budget.num_mini_batches,
         gradient_accumulation_steps=1,
@@ -140,6 +133,19 @@ def run_grpo(
         temperature=1.0,
         reward_weights=[1.0, 0.0],
         disable_dropout=True,
+    )
+
+
+def run_grpo(
+    variant: Variant, seed: int, budget: Budget, assets: dict, out_dir: str, train, test, callbacks: tuple = ()
+):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from vcppo_trl.rewards.math_verify import math_verify_reward
+
+    args = GRPOConfig(
+        **grpo_args(budget, completions=budget.prompts_per_update, out_dir=out_dir, seed=seed),
         **dict(variant.options),
     )
     tokenizer = AutoTokenizer.from_pretrained(assets["policy"])

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import runner
 from report_stats import fmt, welch_interval
 from run_files import DEFAULT_CACHE, DEFAULT_RESULTS, git_commit, read_json, write_json
 
@@ -178,19 +179,6 @@ def held_out(policy, tokenizer, test, budget: ToolBudget, seed: int) -> dict[str
 # ------------------------------------------------------------------------------------------------------ one run
 
 
-def _common(out_dir: str, seed: int) -> dict[str, Any]:
-    return {
-        "output_dir": out_dir,
-        "seed": seed,
-        "use_cpu": True,
-        "bf16": False,
-        "report_to": "none",
-        "logging_steps": 1,
-        "save_strategy": "no",
-        "disable_tqdm": True,
-    }
-
-
 def train_ppo_family(variant: ToolVariant, seed: int, budget: ToolBudget, policy_dir: str, out_dir: str, train):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -198,7 +186,7 @@ def train_ppo_family(variant: ToolVariant, seed: int, budget: ToolBudget, policy
     from vcppo_trl.toy.tool_use import add, tool_call_rate, tool_reward
 
     shared = {
-        **_common(out_dir, seed),
+        **runner.common_args(out_dir, seed),
         "num_sample_generations": 0,
         "per_device_train_batch_size": budget.per_device_train_batch_size,
         "gradient_accumulation_steps": budget.gradient_accumulation_steps,
@@ -249,24 +237,9 @@ def train_grpo(variant: ToolVariant, seed: int, budget: ToolBudget, policy_dir: 
     from vcppo_trl.toy.tool_use import add, tool_call_rate, tool_reward
 
     # Same episodes and optimizer steps per batch as the PPO family (runner.run_grpo's mapping).
-    episodes = budget.episodes_per_update
     args = GRPOConfig(
-        **_common(out_dir, seed),
-        num_generations=budget.grpo_generations,
-        per_device_train_batch_size=episodes // budget.num_mini_batches,
-        gradient_accumulation_steps=1,
-        steps_per_generation=budget.num_mini_batches,
-        num_iterations=budget.num_ppo_epochs,
-        max_steps=budget.ppo_updates * budget.num_mini_batches * budget.num_ppo_epochs,
-        max_completion_length=budget.response_length,
+        **runner.grpo_args(budget, completions=budget.episodes_per_update, out_dir=out_dir, seed=seed),
         max_tool_calling_iterations=budget.max_tool_calling_iterations,
-        learning_rate=budget.learning_rate,
-        lr_scheduler_type="linear",
-        warmup_steps=0,
-        beta=0.0,
-        temperature=1.0,
-        reward_weights=[1.0, 0.0],
-        disable_dropout=True,
     )
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(policy_dir),
@@ -313,8 +286,6 @@ def run_one(variant: ToolVariant, seed: int, budget: ToolBudget, assets: dict, p
 
 
 def run_all(variants, budget: ToolBudget, assets: dict, results_dir: str, workers: int) -> list:
-    import runner
-
     tasks = []
     for seed in budget.seeds:
         for variant in variants:
@@ -335,8 +306,6 @@ def run_all(variants, budget: ToolBudget, assets: dict, results_dir: str, worker
 
 def _run_task(task: tuple, result) -> None:
     """What each spawned process runs (runner._run_processes's `target`): this module's run, logged as runner's."""
-    import runner
-
     result.send(runner._worker(task, run=run_one))
     result.close()
 
