@@ -22,6 +22,8 @@ PAIRS = (
 )
 # Follow-up 1 (plan.md, written after the table and before its arm ran): is the window's own cost the cut?
 FOLLOWUP_PAIRS = (("G_whole_cut_advantages", "A_whole"), ("G_whole_cut_advantages", "E_window_pool80"))
+# Follow-up 2 (plan.md, written before its code and arm): sampling in windows, or training in windows?
+FOLLOWUP2_PAIRS = (("H_window_train_finished", "A_whole"), ("H_window_train_finished", "E_window_pool80"))
 # Read after the runs, not in the plan: no hypothesis or default rests on these.
 EXPLORATORY_PAIRS = (
     ("E_window_pool80", "B_window"),
@@ -214,6 +216,25 @@ def followup_verdict(readings: dict[tuple[str, str, str], str]) -> str:
     return "- Follow-up 1 (greedy accuracy): neither reading of the rule; reported as it falls."
 
 
+def followup2_verdict(readings: dict[tuple[str, str, str], str]) -> str:
+    """Follow-up 2's rule on greedy accuracy: the training side when H − A is equivalent or not resolved and H − E is
+    above 0; the sampling side when H − A is below 0 and H − E is not above 0; else both or neither, no verdict."""
+    h_a, h_e = ((*pair, "greedy") for pair in FOLLOWUP2_PAIRS)
+    if h_a not in readings or h_e not in readings:
+        return "- Follow-up 2: not every comparison has runs on both sides yet: no verdict."
+    if readings[h_a] in ("equivalent", "not resolved") and readings[h_e] == "first higher":
+        return (
+            "- Follow-up 2 (greedy accuracy): the window's cost is on the training side (a response trained window "
+            "by window); training a response when it finishes is a candidate remedy, to be built and measured."
+        )
+    if readings[h_a] == "second higher" and readings[h_e] != "first higher":
+        return (
+            "- Follow-up 2 (greedy accuracy): the cost comes with sampling a response in windows; no change of the "
+            "update alone removes it."
+        )
+    return "- Follow-up 2 (greedy accuracy): both or neither side by the rule; reported as it falls, no verdict."
+
+
 def _pearson(xs: list[float], ys: list[float]) -> float:
     mx, my = _mean(xs), _mean(ys)
     sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
@@ -308,6 +329,13 @@ def build_report(results_dir: str, arms, seeds) -> str:
             "\n## Follow-up 1: the cut in the advantages (plan.md, written before its arm ran)\n",
             followup,
             "\n" + followup_verdict({**readings, **followup_readings}) + "\n",
+        ]
+    followup2, followup2_readings = comparison_table(measures, FOLLOWUP2_PAIRS)
+    if followup2_readings:
+        parts += [
+            "\n## Follow-up 2: sampling or training in windows (plan.md, written before its code and arm)\n",
+            followup2,
+            "\n" + followup2_verdict(followup2_readings) + "\n",
         ]
     parts += [
         "\n## Other differences (after the runs, not in the plan; no hypothesis or default rests on them)\n",

@@ -61,6 +61,10 @@ def run_vcppo(
         from cut_advantages import cut_advantage_trainer
 
         trainer_class = cut_advantage_trainer(trainer_class, budget.response_length // variant.advantage_cut_divisor)
+    if variant.train_when_finished:
+        from train_when_finished import train_when_finished_trainer
+
+        trainer_class = train_when_finished_trainer(trainer_class)
     fields = dict(
         **common_args(out_dir, seed),
         eval_strategy="no",

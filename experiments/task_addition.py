@@ -145,6 +145,9 @@ class Variant:
     # Whole responses whose policy advantages are cut every response_length // this many tokens as a window's are
     # (cut_advantages.py: a probe, results/windows_remedy/plan.md follow-up 1); None: whole-response GAE.
     advantage_cut_divisor: int | None = None
+    # Under generation windows, each response trained once when it finishes, on all its tokens (train_when_finished.py:
+    # a probe, results/windows_remedy/plan.md follow-up 2); False: each window's tokens trained when sampled.
+    train_when_finished: bool = False
 
     def value_learning_rate(self, budget: Budget) -> float:
         return (

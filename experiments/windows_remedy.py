@@ -5,6 +5,7 @@ does a larger pool of responses in flight (`rollout_pool_size`) keep the whole-r
     python experiments/windows_remedy.py             # arms A-E x seeds 208-215, 2 workers (resumable, seed-major)
     python experiments/windows_remedy.py --arms F    # one arm only (F: E with window_whitening="finished")
     python experiments/windows_remedy.py --arms G    # follow-up 1: A with the advantages cut every W tokens
+    python experiments/windows_remedy.py --arms H    # follow-up 2: E with each response trained when it finishes
     python experiments/windows_remedy.py --pilot     # seed 900, 3 whole-response updates' worth per arm: the cost
     python experiments/windows_remedy.py --report    # rebuild results.md from the saved runs only
 
@@ -102,6 +103,15 @@ ARMS = (
         label="G: A with the advantages cut every W = L/4 tokens (follow-up 1)",
         advantage_cut_divisor=WINDOW_DIVISOR,
     ),
+    # Follow-up 2 (plan.md): E sampled in windows, but each response trained once when it finishes.
+    dataclasses.replace(
+        _A,
+        name="H_window_train_finished",
+        label="H: E with each response trained when it finishes (follow-up 2)",
+        window_divisor=WINDOW_DIVISOR,
+        options=(("rollout_pool_size", POOL),),
+        train_when_finished=True,
+    ),
 )
 MAIN_ARMS = 5  # A-E; F is cut first (plan.md §4)
 SMOKE_POOL = 8  # the smoke budget's batch is 2 × 1 × 2: a pool of twice that
@@ -120,6 +130,7 @@ def smoke_arms() -> tuple[Variant, ...]:
     """The arms at the smoke budget's scale (its batch is 4: C's batch and E's pool scaled to it)."""
     small = {"C_whole_batch12": (("per_device_train_batch_size", 1),), "E_window_pool80": (("rollout_pool_size", 8),)}
     small["F_pool80_finished_whitening"] = (("rollout_pool_size", SMOKE_POOL), ("window_whitening", "finished"))
+    small["H_window_train_finished"] = (("rollout_pool_size", SMOKE_POOL),)
     return tuple(
         dataclasses.replace(a, options=small.get(a.name, a.options), eval_every=1 if a.eval_every else None)
         for a in ARMS
@@ -253,7 +264,7 @@ def sweep(arms, budget, assets: dict, results_dir: str, cache_dir: str, workers:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arms", nargs="+", help="Only these arms, by letter (A-G); default A-E.")
+    parser.add_argument("--arms", nargs="+", help="Only these arms, by letter (A-H); default A-E.")
     parser.add_argument("--seeds", nargs="+", type=int, help="Other seeds than 208-215.")
     parser.add_argument("--pilot", action="store_true", help=f"Seed {PILOT_SEED}, {PILOT_UPDATES} updates' worth.")
     parser.add_argument("--report", action="store_true", help="Only rebuild results.md from the saved runs.")

@@ -4,6 +4,7 @@ maker, and the pure functions between them (per-token rewards, the prompt stream
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -260,6 +261,23 @@ def test_learner_value_only_update_leaves_the_policy_untouched(parts, tokenizer,
     assert "loss/policy" not in result.stats and result.old_logprobs is None
     for name, tensor in parts.policy.state_dict().items():
         assert torch.equal(tensor, policy_before[name]), name
+
+
+def test_a_mini_batch_with_no_policy_token_leaves_the_policy_untouched(parts, tokenizer, tmp_path):
+    """`mask_truncated_completions` with every response truncated: the policy has no token, so it takes no step (a
+    zero gradient would still move it by AdamW's momentum and weight decay), while the critic learns."""
+    args = config(tmp_path, weight_decay=0.1, mask_truncated_completions=True)
+    learner = make_learner(parts, args)
+    rollout = synthetic_rollout(tokenizer)
+    returns = rollout.rewards.flip(1).cumsum(1).flip(1) * rollout.response_mask
+    learner.update(rollout, rollout.rewards.clone(), returns, value_cliprange=0.2)  # AdamW moments for both
+    truncated = dataclasses.replace(rollout, has_stop=torch.zeros_like(rollout.has_stop))
+    policy_before = copy.deepcopy(parts.policy.state_dict())
+    critic_before = copy.deepcopy(parts.critic.state_dict())
+    learner.update(truncated, rollout.rewards.clone(), returns, value_cliprange=0.2)
+    assert all(torch.equal(v, policy_before[k]) for k, v in parts.policy.state_dict().items())
+    assert any(not torch.equal(v, critic_before[k]) for k, v in parts.critic.state_dict().items())
+    assert learner.learning_rate("policy") > 0  # the schedule's rate is back for the next mini-batch
 
 
 def test_learner_returns_the_on_policy_old_logprobs_without_writing_the_rollout(parts, tokenizer, tmp_path):

@@ -212,7 +212,9 @@ class PPOLearner:
                     # Before the backward passes (DeepSpeed steps inside the last one); the scheduler's next step
                     # restores the rates. A mini-batch with no finished response (generation windows) has no
                     # critic target: the critic takes no step (lr 0 leaves AdamW's parameters exactly unchanged).
-                    if not train_policy:
+                    # Likewise the policy with no token of its own (`mask_truncated_completions` with every response
+                    # truncated): a zero gradient would still move it by AdamW's momentum and weight decay.
+                    if not train_policy or policy_normalizer == 0:
                         self.set_lr_to_zero("policy")
                     if value_normalizer == 0:
                         self.set_lr_to_zero("value")

@@ -14,6 +14,7 @@ import report_windows_remedy as report
 import torch
 import windows_remedy as wr
 from cut_advantages import cut_advantage_trainer, cut_advantages
+from train_when_finished import finished_response_tokens, train_when_finished_trainer
 
 from vcppo_trl import VCPPOConfig
 
@@ -28,19 +29,31 @@ def test_the_arms_are_the_plans():
     budget = wr.BUDGET
     assert budget.seeds == tuple(range(208, 216)) and budget.ppo_updates == 20 and budget.prompts_per_update == 32
     updates = {a.name[0]: a.ppo_updates(budget) for a in wr.ARMS}
-    assert updates == {"A": 20, "B": 52, "C": 52, "D": 52, "E": 20, "F": 20, "G": 20}
+    assert updates == {"A": 20, "B": 52, "C": 52, "D": 52, "E": 20, "F": 20, "G": 20, "H": 20}
     assert all(a.critic == "pretrained" and not a.pretrain for a in wr.ARMS)
-    assert {a.name[0]: a.eval_every for a in wr.ARMS} == {"A": 5, "B": 13, "C": 13, "D": 13, "E": 5, "F": 5, "G": 5}
+    assert {a.name[0]: a.eval_every for a in wr.ARMS} == {
+        "A": 5,
+        "B": 13,
+        "C": 13,
+        "D": 13,
+        "E": 5,
+        "F": 5,
+        "G": 5,
+        "H": 5,
+    }
     c = dict(_arm("C_whole_batch12").options)
     assert c["per_device_train_batch_size"] * c["gradient_accumulation_steps"] * budget.num_mini_batches == 12
     lr = dict(_arm("D_window_low_lr").options)["learning_rate"]
     assert math.isclose(lr * 52, budget.learning_rate * 20)
-    assert [a.generation_window(budget) for a in wr.ARMS] == [None, 80, None, 80, 80, 80, None]
+    assert [a.generation_window(budget) for a in wr.ARMS] == [None, 80, None, 80, 80, 80, None, 80]
     g = _arm("G_whole_cut_advantages")  # follow-up 1: A but for the cut every W tokens
     assert dataclasses.replace(g, name="A_whole", label=_arm("A_whole").label, advantage_cut_divisor=None) == _arm(
         "A_whole"
     )
     assert budget.response_length // g.advantage_cut_divisor == 80
+    h = _arm("H_window_train_finished")  # follow-up 2: E but for when a response is trained
+    e = _arm("E_window_pool80")
+    assert dataclasses.replace(h, name=e.name, label=e.label, train_when_finished=False) == e
     for name in ("E_window_pool80", "F_pool80_finished_whitening"):
         options = dict(_arm(name).options)
         VCPPOConfig(
@@ -73,6 +86,16 @@ def test_the_reading_rule_and_the_verdicts():
     assert "support the bootstrap" in bootstrap[0] and "the default stays" in bootstrap[-1]
     assert "nothing to remedy" in report.verdicts(readings(set()))[-1]
     assert "no verdict" in report.verdicts({})[0]
+    h_a, h_e = ((*pair, "greedy") for pair in report.FOLLOWUP2_PAIRS)
+    training = report.followup2_verdict({h_a: "not resolved", h_e: "first higher"})
+    assert (
+        "training side" in training and report.followup2_verdict({h_a: "equivalent", h_e: "first higher"}) == training
+    )
+    sampling = report.followup2_verdict({h_a: "second higher", h_e: "not resolved"})
+    assert "sampling a response" in sampling
+    for both in ({h_a: "second higher", h_e: "first higher"}, {h_a: "not resolved", h_e: "not resolved"}):
+        assert "no verdict" in report.followup2_verdict(both)
+    assert "not every comparison" in report.followup2_verdict({h_a: "equivalent"})
 
 
 def _cut_reference(rewards, values, lengths, gamma, lam, segment):
@@ -146,6 +169,50 @@ def test_the_cut_trainer_keeps_the_critics_returns_and_refuses_windows():
     assert cut_advantage_trainer(VCPPOTrainer, 80).__mro__[1] is VCPPOTrainer
 
 
+def test_train_when_finished_trains_the_finished_responses_whole_tokens():
+    """Follow-up 2's seam: after the advantages, `window_mask` holds every token of the finished responses and none of
+    the others, whatever the window sampled; the base computes the advantages from that rollout; value pretraining
+    and a rollout without windows or with tool tokens are left alone or refused."""
+    from vcppo_trl import VCPPOTrainer
+
+    response_mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    finished = torch.tensor([True, False, True])
+    window = response_mask & (torch.arange(5) >= 2)  # this window's tokens
+    rollout = type("R", (), {})()
+    rollout.response_mask, rollout.finished, rollout.window_mask, rollout.action_mask = (
+        response_mask,
+        finished,
+        window,
+        None,
+    )
+    seen = []
+
+    class Base:  # the part of VCPPOTrainer the probe calls
+        in_value_pretraining = False
+
+        def compute_advantages(self, rollout):
+            seen.append(rollout.window_mask.clone())
+            return torch.zeros(3, 5), torch.ones(3, 5)
+
+    trainer = train_when_finished_trainer(Base)()
+    advantages, returns = trainer.compute_advantages(rollout)
+    want = torch.tensor([[1, 1, 1, 1, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    assert torch.equal(rollout.window_mask, want) and torch.equal(seen[-1], want)
+    assert torch.equal(finished_response_tokens(response_mask, finished), want)
+    assert torch.equal(returns, torch.ones(3, 5))
+    trainer.in_value_pretraining = True
+    rollout.window_mask = window
+    trainer.compute_advantages(rollout)
+    assert torch.equal(rollout.window_mask, window)  # value pretraining: untouched
+    trainer.in_value_pretraining = False
+    for broken in ({"window_mask": None}, {"action_mask": response_mask}):
+        bad = type("R", (), {})()
+        bad.__dict__.update(vars(rollout) | broken)
+        with pytest.raises(ValueError, match="set generation_window"):
+            trainer.compute_advantages(bad)
+    assert train_when_finished_trainer(VCPPOTrainer).__mro__[1] is VCPPOTrainer
+
+
 def test_the_entropy_section_fits_the_whole_response_arms_only():
     """Accuracy = 0.7 − 10 × entropy rise on A and C exactly: an arm on that line has residual 0, one 0.1 below it
     −0.1; the correlation is over every run."""
@@ -184,7 +251,16 @@ def test_every_arm_runs_from_the_seeds_critic_and_reports(tmp_path):
         assert not any("value_pretrain/explained_variance" in e for e in run["log_history"])  # loaded, not pretrained
         assert [e["update"] for e in run["held_out_along_run"]] == list(range(1, arm.ppo_updates(wr.SMOKE_BUDGET) + 1))
     measures = {k: report.run_measures(r) for k, r in runs.items()}
-    assert {k: m["updates"] for k, m in measures.items()} == {"A": 2, "B": 6, "C": 6, "D": 6, "E": 2, "F": 2, "G": 2}
+    assert {k: m["updates"] for k, m in measures.items()} == {
+        "A": 2,
+        "B": 6,
+        "C": 6,
+        "D": 6,
+        "E": 2,
+        "F": 2,
+        "G": 2,
+        "H": 2,
+    }
     assert measures["C"]["finished"] == 6 * 2  # its own batch (1 × 1 × 2), not the budget's
     first = {k: next(e for e in r["log_history"] if "lr" in e) for k, r in runs.items()}
     assert math.isclose(first["D"]["lr"] / first["B"]["lr"], 20 / 52, rel_tol=1e-6)  # the table's lr × 20/52
@@ -193,8 +269,15 @@ def test_every_arm_runs_from_the_seeds_critic_and_reports(tmp_path):
     first_a, first_g = (next(e for e in runs[k]["log_history"] if "lr" in e) for k in "AG")
     assert first_g["diagnostics/response_length_mean"] == first_a["diagnostics/response_length_mean"]
     assert first_g["diagnostics/advantage_finished_mean"] != first_a["diagnostics/advantage_finished_mean"]
+    # H samples E's windows (same seed, critic and pool) but trains only finished responses, all their tokens.
+    first_e, first_h = (next(e for e in runs[k]["log_history"] if "lr" in e) for k in "EH")
+    assert first_h["rollout/finished_responses"] == first_e["rollout/finished_responses"]
+    assert first_h["rollout/window_tokens"] == first_e["rollout/window_tokens"]
+    assert first_e["diagnostics/advantage_unfinished_mean"] is not None
+    assert first_h.get("diagnostics/advantage_unfinished_mean") is None  # no unfinished token is trained
     with open(os.path.join(results, "results.md")) as f:
         text = f.read()
+    assert "| H − E |" in text and "Follow-up 2" in text
     assert "| G − A |" in text and "Follow-up 1 (greedy accuracy)" in text
     assert "| B − C |" in text and "## Held-out evaluation along the run" in text and "The seeds' critics" in text
     out = io.StringIO()
