@@ -24,6 +24,8 @@ PAIRS = (
 FOLLOWUP_PAIRS = (("G_whole_cut_advantages", "A_whole"), ("G_whole_cut_advantages", "E_window_pool80"))
 # Follow-up 2 (plan.md, written before its code and arm): sampling in windows, or training in windows?
 FOLLOWUP2_PAIRS = (("H_window_train_finished", "A_whole"), ("H_window_train_finished", "E_window_pool80"))
+# Follow-up 3 (plan.md, written before its arm ran): does one update of staleness alone cost what the window costs?
+FOLLOWUP3_PAIRS = (("J_whole_one_step_off", "A_whole"), ("J_whole_one_step_off", "E_window_pool80"))
 # Read after the runs, not in the plan: no hypothesis or default rests on these.
 EXPLORATORY_PAIRS = (
     ("E_window_pool80", "B_window"),
@@ -235,6 +237,25 @@ def followup2_verdict(readings: dict[tuple[str, str, str], str]) -> str:
     return "- Follow-up 2 (greedy accuracy): both or neither side by the rule; reported as it falls, no verdict."
 
 
+def followup3_verdict(readings: dict[tuple[str, str, str], str]) -> str:
+    """Follow-up 3's rule on greedy accuracy: stale data explains the window's cost when J − A is below 0 and J − E is
+    not above 0; it does not when J − A is equivalent or not resolved and J − E is above 0; else no verdict."""
+    j_a, j_e = ((*pair, "greedy") for pair in FOLLOWUP3_PAIRS)
+    if j_a not in readings or j_e not in readings:
+        return "- Follow-up 3: not every comparison has runs on both sides yet: no verdict."
+    if readings[j_a] == "second higher" and readings[j_e] != "first higher":
+        return (
+            "- Follow-up 3 (greedy accuracy): one update of staleness alone costs about what the window costs: the "
+            "window's cost is read as training on text older policies wrote."
+        )
+    if readings[j_a] in ("equivalent", "not resolved") and readings[j_e] == "first higher":
+        return (
+            "- Follow-up 3 (greedy accuracy): one update of staleness does not explain the window's cost; left: a "
+            "response composed by successive policies, and the pool's finishing order."
+        )
+    return "- Follow-up 3 (greedy accuracy): neither reading of the rule; reported as it falls, no verdict."
+
+
 def _pearson(xs: list[float], ys: list[float]) -> float:
     mx, my = _mean(xs), _mean(ys)
     sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
@@ -336,6 +357,13 @@ def build_report(results_dir: str, arms, seeds) -> str:
             "\n## Follow-up 2: sampling or training in windows (plan.md, written before its code and arm)\n",
             followup2,
             "\n" + followup2_verdict(followup2_readings) + "\n",
+        ]
+    followup3, followup3_readings = comparison_table(measures, FOLLOWUP3_PAIRS)
+    if followup3_readings:
+        parts += [
+            "\n## Follow-up 3: one update of staleness (plan.md, written before its arm ran)\n",
+            followup3,
+            "\n" + followup3_verdict(followup3_readings) + "\n",
         ]
     parts += [
         "\n## Other differences (after the runs, not in the plan; no hypothesis or default rests on them)\n",
