@@ -26,6 +26,11 @@ FOLLOWUP_PAIRS = (("G_whole_cut_advantages", "A_whole"), ("G_whole_cut_advantage
 FOLLOWUP2_PAIRS = (("H_window_train_finished", "A_whole"), ("H_window_train_finished", "E_window_pool80"))
 # Follow-up 3 (plan.md, written before its arm ran): does one update of staleness alone cost what the window costs?
 FOLLOWUP3_PAIRS = (("J_whole_one_step_off", "A_whole"), ("J_whole_one_step_off", "E_window_pool80"))
+# Follow-up 4 (plan.md, written before its arm ran): J's cost, staleness or its sequence-level correction?
+FOLLOWUP4_PAIRS = (
+    ("K_whole_one_step_off_uncorrected", "A_whole"),
+    ("K_whole_one_step_off_uncorrected", "J_whole_one_step_off"),
+)
 # Read after the runs, not in the plan: no hypothesis or default rests on these.
 EXPLORATORY_PAIRS = (
     ("E_window_pool80", "B_window"),
@@ -256,6 +261,22 @@ def followup3_verdict(readings: dict[tuple[str, str, str], str]) -> str:
     return "- Follow-up 3 (greedy accuracy): neither reading of the rule; reported as it falls, no verdict."
 
 
+def followup4_verdict(readings: dict[tuple[str, str, str], str]) -> str:
+    """Follow-up 4's rule on greedy accuracy: the correction was J's cost when K − A is equivalent or not resolved and
+    K − J is above 0; staleness itself when K − A is below 0 and K − J is not above 0; else no verdict."""
+    k_a, k_j = ((*pair, "greedy") for pair in FOLLOWUP4_PAIRS)
+    if k_a not in readings or k_j not in readings:
+        return "- Follow-up 4: not every comparison has runs on both sides yet: no verdict."
+    if readings[k_a] in ("equivalent", "not resolved") and readings[k_j] == "first higher":
+        return (
+            "- Follow-up 4 (greedy accuracy): J's cost came from the sequence-level sampler correction, not from "
+            "staleness; follow-up 3's reading is withdrawn."
+        )
+    if readings[k_a] == "second higher" and readings[k_j] != "first higher":
+        return "- Follow-up 4 (greedy accuracy): staleness itself costs accuracy here, corrected or not."
+    return "- Follow-up 4 (greedy accuracy): neither reading of the rule; reported as it falls, no verdict."
+
+
 def _pearson(xs: list[float], ys: list[float]) -> float:
     mx, my = _mean(xs), _mean(ys)
     sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
@@ -364,6 +385,13 @@ def build_report(results_dir: str, arms, seeds) -> str:
             "\n## Follow-up 3: one update of staleness (plan.md, written before its arm ran)\n",
             followup3,
             "\n" + followup3_verdict(followup3_readings) + "\n",
+        ]
+    followup4, followup4_readings = comparison_table(measures, FOLLOWUP4_PAIRS)
+    if followup4_readings:
+        parts += [
+            "\n## Follow-up 4: staleness or its correction (plan.md, written before its arm ran)\n",
+            followup4,
+            "\n" + followup4_verdict(followup4_readings) + "\n",
         ]
     parts += [
         "\n## Other differences (after the runs, not in the plan; no hypothesis or default rests on them)\n",

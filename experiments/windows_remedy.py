@@ -7,6 +7,7 @@ does a larger pool of responses in flight (`rollout_pool_size`) keep the whole-r
     python experiments/windows_remedy.py --arms G    # follow-up 1: A with the advantages cut every W tokens
     python experiments/windows_remedy.py --arms H    # follow-up 2: E with each response trained when it finishes
     python experiments/windows_remedy.py --arms J    # follow-up 3: A with max_staleness=1 (one-step-off)
+    python experiments/windows_remedy.py --arms K    # follow-up 4: J without the sampler correction
     python experiments/windows_remedy.py --pilot     # seed 900, 3 whole-response updates' worth per arm: the cost
     python experiments/windows_remedy.py --report    # rebuild results.md from the saved runs only
 
@@ -119,6 +120,13 @@ ARMS = (
         name="J_whole_one_step_off",
         label="J: A with max_staleness=1 (one-step-off; follow-up 3)",
         options=(("max_staleness", 1), ("rollout_worker_threads", 1)),
+    ),
+    # Follow-up 4 (plan.md): J without the sampler correction (the ratio against the trainer's weights alone).
+    dataclasses.replace(
+        _A,
+        name="K_whole_one_step_off_uncorrected",
+        label="K: J without the sampler correction (follow-up 4)",
+        options=(("max_staleness", 1), ("rollout_worker_threads", 1), ("vllm_importance_sampling_correction", False)),
     ),
 )
 MAIN_ARMS = 5  # A-E; F is cut first (plan.md §4)
@@ -272,7 +280,7 @@ def sweep(arms, budget, assets: dict, results_dir: str, cache_dir: str, workers:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arms", nargs="+", help="Only these arms, by letter (A-H, J); default A-E.")
+    parser.add_argument("--arms", nargs="+", help="Only these arms, by letter (A-H, J, K); default A-E.")
     parser.add_argument("--seeds", nargs="+", type=int, help="Other seeds than 208-215.")
     parser.add_argument("--pilot", action="store_true", help=f"Seed {PILOT_SEED}, {PILOT_UPDATES} updates' worth.")
     parser.add_argument("--report", action="store_true", help="Only rebuild results.md from the saved runs.")

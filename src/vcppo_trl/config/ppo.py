@@ -592,7 +592,8 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
         metadata={
             "help": "Weight the policy loss by the ratio between the training forward's and the sampler's "
             "probability of the sampled tokens (truncated/masked importance sampling), correcting for the sampler's "
-            "numerical mismatch. Applies only when vLLM samples."
+            "numerical mismatch, and the staleness of a rollout worker's samples (max_staleness). Applies when the "
+            "sampler reports its log-probs: vLLM, or the rollout worker; the in-process HF sampler does not."
         },
     )
     vllm_importance_sampling_mode: ImportanceSamplingMode = field(

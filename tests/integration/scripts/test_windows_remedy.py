@@ -29,7 +29,7 @@ def test_the_arms_are_the_plans():
     budget = wr.BUDGET
     assert budget.seeds == tuple(range(208, 216)) and budget.ppo_updates == 20 and budget.prompts_per_update == 32
     updates = {a.name[0]: a.ppo_updates(budget) for a in wr.ARMS}
-    assert updates == {"A": 20, "B": 52, "C": 52, "D": 52, "E": 20, "F": 20, "G": 20, "H": 20, "J": 20}
+    assert updates == {"A": 20, "B": 52, "C": 52, "D": 52, "E": 20, "F": 20, "G": 20, "H": 20, "J": 20, "K": 20}
     assert all(a.critic == "pretrained" and not a.pretrain for a in wr.ARMS)
     assert {a.name[0]: a.eval_every for a in wr.ARMS} == {
         "A": 5,
@@ -41,12 +41,13 @@ def test_the_arms_are_the_plans():
         "G": 5,
         "H": 5,
         "J": 5,
+        "K": 5,
     }
     c = dict(_arm("C_whole_batch12").options)
     assert c["per_device_train_batch_size"] * c["gradient_accumulation_steps"] * budget.num_mini_batches == 12
     lr = dict(_arm("D_window_low_lr").options)["learning_rate"]
     assert math.isclose(lr * 52, budget.learning_rate * 20)
-    assert [a.generation_window(budget) for a in wr.ARMS] == [None, 80, None, 80, 80, 80, None, 80, None]
+    assert [a.generation_window(budget) for a in wr.ARMS] == [None, 80, None, 80, 80, 80, None, 80, None, None]
     g = _arm("G_whole_cut_advantages")  # follow-up 1: A but for the cut every W tokens
     assert dataclasses.replace(g, name="A_whole", label=_arm("A_whole").label, advantage_cut_divisor=None) == _arm(
         "A_whole"
@@ -58,6 +59,8 @@ def test_the_arms_are_the_plans():
     j = _arm("J_whole_one_step_off")  # follow-up 3: A but one update stale
     assert dataclasses.replace(j, name="A_whole", label=_arm("A_whole").label, options=()) == _arm("A_whole")
     assert dict(j.options) == {"max_staleness": 1, "rollout_worker_threads": 1}
+    k = _arm("K_whole_one_step_off_uncorrected")  # follow-up 4: J but for the sampler correction
+    assert dict(k.options) == {**dict(j.options), "vllm_importance_sampling_correction": False}
     for name in ("E_window_pool80", "F_pool80_finished_whitening"):
         options = dict(_arm(name).options)
         VCPPOConfig(
@@ -106,6 +109,10 @@ def test_the_reading_rule_and_the_verdicts():
     assert "does not explain" in report.followup3_verdict({j_a: "equivalent", j_e: "first higher"})
     assert "no verdict" in report.followup3_verdict({j_a: "not resolved", j_e: "not resolved"})
     assert "not every comparison" in report.followup3_verdict({})
+    k_a, k_j = ((*pair, "greedy") for pair in report.FOLLOWUP4_PAIRS)
+    assert "withdrawn" in report.followup4_verdict({k_a: "not resolved", k_j: "first higher"})
+    assert "corrected or not" in report.followup4_verdict({k_a: "second higher", k_j: "equivalent"})
+    assert "no verdict" in report.followup4_verdict({k_a: "second higher", k_j: "first higher"})
 
 
 def _cut_reference(rewards, values, lengths, gamma, lam, segment):
@@ -271,6 +278,7 @@ def test_every_arm_runs_from_the_seeds_critic_and_reports(tmp_path):
         "G": 2,
         "H": 2,
         "J": 2,
+        "K": 2,
     }
     assert measures["C"]["finished"] == 6 * 2  # its own batch (1 × 1 × 2), not the budget's
     first = {k: next(e for e in r["log_history"] if "lr" in e) for k, r in runs.items()}
@@ -291,6 +299,9 @@ def test_every_arm_runs_from_the_seeds_critic_and_reports(tmp_path):
     assert "| H − E |" in text and "Follow-up 2" in text
     assert "| J − A |" in text and "Follow-up 3" in text
     assert max(e.get("sampling/staleness_max", 0) for e in runs["J"]["log_history"]) == 1  # one update stale
+    # K: the same staleness; that it trains without the correction is the learner's (test_parts.py).
+    assert max(e.get("sampling/staleness_max", 0) for e in runs["K"]["log_history"]) == 1
+    assert "| K − J |" in text and "Follow-up 4" in text
     assert "| G − A |" in text and "Follow-up 1 (greedy accuracy)" in text
     assert "| B − C |" in text and "## Held-out evaluation along the run" in text and "The seeds' critics" in text
     out = io.StringIO()
