@@ -277,6 +277,32 @@ def followup4_verdict(readings: dict[tuple[str, str, str], str]) -> str:
     return "- Follow-up 4 (greedy accuracy): neither reading of the rule; reported as it falls, no verdict."
 
 
+def followups() -> tuple:
+    """The follow-ups' sections in plan order: (title, pairs, verdict)."""
+    return (
+        (
+            "Follow-up 1: the cut in the advantages (plan.md, written before its arm ran)",
+            FOLLOWUP_PAIRS,
+            followup_verdict,
+        ),
+        (
+            "Follow-up 2: sampling or training in windows (plan.md, written before its code and arm)",
+            FOLLOWUP2_PAIRS,
+            followup2_verdict,
+        ),
+        (
+            "Follow-up 3: one update of staleness (plan.md, written before its arm ran)",
+            FOLLOWUP3_PAIRS,
+            followup3_verdict,
+        ),
+        (
+            "Follow-up 4: staleness or its correction (plan.md, written before its arm ran)",
+            FOLLOWUP4_PAIRS,
+            followup4_verdict,
+        ),
+    )
+
+
 def _pearson(xs: list[float], ys: list[float]) -> float:
     mx, my = _mean(xs), _mean(ys)
     sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
@@ -365,34 +391,10 @@ def build_report(results_dir: str, arms, seeds) -> str:
         table,
         "\n" + "\n".join(verdicts(readings)) + "\n",
     ]
-    followup, followup_readings = comparison_table(measures, FOLLOWUP_PAIRS)
-    if followup_readings:
-        parts += [
-            "\n## Follow-up 1: the cut in the advantages (plan.md, written before its arm ran)\n",
-            followup,
-            "\n" + followup_verdict({**readings, **followup_readings}) + "\n",
-        ]
-    followup2, followup2_readings = comparison_table(measures, FOLLOWUP2_PAIRS)
-    if followup2_readings:
-        parts += [
-            "\n## Follow-up 2: sampling or training in windows (plan.md, written before its code and arm)\n",
-            followup2,
-            "\n" + followup2_verdict(followup2_readings) + "\n",
-        ]
-    followup3, followup3_readings = comparison_table(measures, FOLLOWUP3_PAIRS)
-    if followup3_readings:
-        parts += [
-            "\n## Follow-up 3: one update of staleness (plan.md, written before its arm ran)\n",
-            followup3,
-            "\n" + followup3_verdict(followup3_readings) + "\n",
-        ]
-    followup4, followup4_readings = comparison_table(measures, FOLLOWUP4_PAIRS)
-    if followup4_readings:
-        parts += [
-            "\n## Follow-up 4: staleness or its correction (plan.md, written before its arm ran)\n",
-            followup4,
-            "\n" + followup4_verdict(followup4_readings) + "\n",
-        ]
+    for title, pairs, verdict in followups():
+        followup, followup_readings = comparison_table(measures, pairs)
+        if followup_readings:  # each verdict reads its own pairs (follow-up 1 also E − A from the plan's)
+            parts += [f"\n## {title}\n", followup, "\n" + verdict({**readings, **followup_readings}) + "\n"]
     parts += [
         "\n## Other differences (after the runs, not in the plan; no hypothesis or default rests on them)\n",
         comparison_table(measures, EXPLORATORY_PAIRS)[0],
