@@ -18,3 +18,5 @@ SP_ROLLOUT_WORKER = os.path.join(DISTRIBUTED, "sp_rollout_worker.py")
 TOOLS_WORKER = os.path.join(DISTRIBUTED, "tools_worker.py")
 # One rank of the 2-process run with a `rollout_func` (DDP, ZeRO-3, FSDP2).
 ROLLOUT_FUNC_WORKER = os.path.join(DISTRIBUTED, "rollout_func_worker.py")
+# A group advantage estimator's advantages on 2 processes, against group_advantages of both ranks' scores.
+ADVANTAGE_WORKER = os.path.join(DISTRIBUTED, "advantage_worker.py")

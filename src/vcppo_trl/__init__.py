@@ -3,6 +3,7 @@
 __version__ = "0.1.0"
 
 
+from .algo.advantages import register_advantage_estimator
 from .algo.gae import dual_lambda_gae, gae
 from .checkpoint.files import CheckpointError, InsufficientDiskSpaceError
 from .config.ppo import PPOConfig
@@ -40,6 +41,7 @@ __all__ = [
     "gae",
     "math_verify_reward",
     "python_tool",
+    "register_advantage_estimator",
     "run_python",
     "store_rollouts",
 ]

@@ -37,13 +37,15 @@ def named_policy(tiny_policy):
 
 def _train_and_push(make_trainer, tiny_config, named_policy, **config):
     args = tiny_config(
-        total_episodes=8,
-        num_mini_batches=1,
-        gradient_accumulation_steps=1,
-        value_pretrain_steps=1,
-        push_to_hub=True,
-        hub_token="hf_test_token",
-        **config,
+        **{
+            "total_episodes": 8,
+            "num_mini_batches": 1,
+            "gradient_accumulation_steps": 1,
+            "value_pretrain_steps": 1,
+            "push_to_hub": True,
+            "hub_token": "hf_test_token",
+            **config,
+        }
     )
     trainer = make_trainer(model=named_policy, args=args)
     trainer.train()
@@ -108,6 +110,29 @@ def test_push_policy_and_critic_with_cards(hub, make_trainer, tiny_config, named
     assert {"config.json", "model.safetensors", "README.md"} <= set(pretrained)
     assert "value-pretrained on rollouts of the frozen initial policy" in pretrained["README.md"].decode()
     assert pretrained["model.safetensors"] != value_files["model.safetensors"]
+
+
+def test_a_run_without_a_critic_pushes_the_policy_alone(hub, make_trainer, tiny_config, named_policy):
+    """A group advantage estimator builds no critic: the checkpoint pushes at each save and push_to_hub push the
+    policy only, and its card says how its advantages were made."""
+    trainer = _train_and_push(
+        make_trainer,
+        tiny_config,
+        named_policy,
+        hub_model_id="test-org/tiny-grpo",
+        value_pretrain_steps=0,
+        advantage_estimator="grpo",
+        num_generations=2,
+        save_strategy="steps",
+        save_steps=1,
+    )
+    result = trainer.push_to_hub()
+    assert set(result) == {"policy"}
+    assert set(hub.repos) == {"test-org/tiny-grpo"}
+    card = hub.files("test-org/tiny-grpo")["README.md"].decode()
+    assert "trained without a critic: its advantages are TRL GRPO's group-relative baseline" in card
+    assert "value_model" not in card and "| critic learning rate |" not in card and "| λ_critic" not in card
+    assert not os.path.exists(os.path.join(trainer.args.output_dir, "value_model"))
 
 
 def test_push_honours_revision_and_default_value_repo(hub, make_trainer, tiny_config, named_policy):

@@ -1,9 +1,21 @@
-"""Pure tensor functions of the update: GAE, losses and the micro-batch objective, masked reductions, diagnostics,
-micro-batch planning, dynamic sampling, the assignment of balanced ranks, and the sampled distribution (the logits
+"""Pure tensor functions of the update: advantage estimators by name, GAE, losses and the micro-batch objective,
+masked reductions, diagnostics, micro-batch planning, dynamic sampling, the assignment of balanced ranks, and the sampled distribution (the logits
 processing of top-k, top-p, min-p and the repetition penalty). Nothing here imports the rest of the
 package (only torch).
 """
 
+from .advantages import (
+    GROUP_ESTIMATORS,
+    SCALE_REWARDS,
+    SCALE_REWARDS_ALIASES,
+    AdvantageEstimator,
+    AdvantageInputs,
+    Advantages,
+    advantage_estimator_names,
+    get_advantage_estimator,
+    group_advantages,
+    register_advantage_estimator,
+)
 from .diagnostics import (
     StopAdvantageGap,
     explained_variance,
@@ -15,7 +27,7 @@ from .diagnostics import (
     stop_positions,
 )
 from .dynamic_sampling import DynamicSamplingStats, choose_groups, informative_groups
-from .gae import ACTION_MASK_MODES, dual_lambda_gae, gae, last_valid_values, reverse_discounted_cumsum
+from .gae import ACTION_MASK_MODES, LambdaLike, dual_lambda_gae, gae, last_valid_values, reverse_discounted_cumsum
 from .logits_processing import (
     NO_KNOBS,
     ORDERS,
@@ -67,6 +79,17 @@ from .rank_assignment import (
 )
 
 __all__ = [
+    "AdvantageEstimator",
+    "AdvantageInputs",
+    "Advantages",
+    "GROUP_ESTIMATORS",
+    "SCALE_REWARDS",
+    "SCALE_REWARDS_ALIASES",
+    "LambdaLike",
+    "advantage_estimator_names",
+    "get_advantage_estimator",
+    "group_advantages",
+    "register_advantage_estimator",
     "ACTION_MASK_MODES",
     "NO_KNOBS",
     "ORDERS",

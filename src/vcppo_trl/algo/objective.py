@@ -16,6 +16,7 @@ from .losses import (
     LossType,
     PolicyLossOutput,
     ValueLossOutput,
+    aggregate_loss,
     clipped_policy_loss,
     clipped_value_loss,
     sampler_importance_weights,
@@ -41,6 +42,9 @@ class PPOLossSettings:
     dual_clip_c: float | None = None  # c of dual-clip; None: off
     entropy_coef: float = 0.0  # − entropy_coef × token-mean entropy is added to the loss
     positive_example_lm_coef: float = 0.0  # μ × token-mean NLL of the correct responses is added to the loss
+    # β of a KL loss term (TRL GRPO's beta, with advantage_estimator="grpo"): β × k3(π, π_ref) × ratio per token,
+    # aggregated with the policy loss; 0: the KL, if any, is in the rewards instead.
+    kl_loss_coef: float = 0.0
 
     @classmethod
     def from_args(cls, args: Any, cliprange_value: float | None) -> PPOLossSettings:
@@ -59,6 +63,7 @@ class PPOLossSettings:
             dual_clip_c=args.dual_clip_c,
             entropy_coef=args.entropy_coef,
             positive_example_lm_coef=args.positive_example_lm_coef,
+            kl_loss_coef=args.kl_coef if args.advantage_estimator == "grpo" else 0.0,
         )
 
 
@@ -67,8 +72,8 @@ class PPOBatch:
     """The rollout's tensors the PPO losses read, all `[B, T]`; [`select`] takes the rows of a micro-batch."""
 
     mask: torch.Tensor  # valid response tokens: the value loss's (and the policy's unless `policy_mask` is given)
-    old_values: torch.Tensor  # the critic's values at rollout time
-    returns: torch.Tensor  # the critic's regression targets
+    old_values: torch.Tensor | None  # the critic's values at rollout time (None: no critic)
+    returns: torch.Tensor | None  # the critic's regression targets (None: no critic)
     advantages: torch.Tensor  # of the policy loss (whitened)
     old_logprobs: torch.Tensor | None = None  # of the policy that sampled the rollout; unused in value-only updates
     # The sampler's log-probs when another engine (vLLM) sampled the rollout: the policy loss is then weighted by
@@ -82,6 +87,8 @@ class PPOBatch:
     # Tokens the sampler correction covers when they differ from `mask`: a generation window's, sampled by this
     # update's weights (a `sequence_*` weight is the product over them); None: `mask`.
     sampler_mask: torch.Tensor | None = None
+    # The reference policy's log-probs when the KL is a loss term (`kl_loss_coef`, GRPO's beta); None: no such term.
+    ref_logprobs: torch.Tensor | None = None
 
     def select(self, idx: torch.Tensor, width: int | None = None) -> PPOBatch:
         """The rows `idx`, and only the first `width` response columns (a micro-batch cut to its longest response:
@@ -96,8 +103,8 @@ class MicroBatchLoss:
     """What [`ppo_micro_batch_loss`] returns: the loss to backpropagate and its statistics."""
 
     loss: torch.Tensor  # vf_coef · value loss (+ policy loss)
-    value: ValueLossOutput
-    vpred: torch.Tensor  # masked mean of the critic's predictions, detached
+    value: ValueLossOutput | None  # None without a critic
+    vpred: torch.Tensor | None  # masked mean of the critic's predictions, detached
     policy: PolicyLossOutput | None = None  # None in a value-only update
     entropy: torch.Tensor | None = None  # masked mean of the policy's entropy, detached
     # π_old/π_sampler weights of the policy loss ([`~algo.losses.sampler_importance_weights`]), None without correction
@@ -106,11 +113,15 @@ class MicroBatchLoss:
     # μ's term before μ: the token-mean NLL of the correct responses (this micro-batch's share of the mini-batch's
     # mean, as the losses), None when the term is off
     positive_example_lm: torch.Tensor | None = None
+    # The KL loss term's per-token mean KL (k3, before β and the ratio), None when there is no such term
+    kl: torch.Tensor | None = None
 
     def metrics(self) -> dict[str, torch.Tensor]:
         """The micro-batch's statistics under TRL's PPO metric names (the losses are summed per mini-batch); the
         ratio's low and high clip fractions under TRL GRPO's meaning (`clip_ratio/low_mean`, `clip_ratio/high_mean`)."""
-        metrics = {"val/clipfrac": self.value.clipfrac, "val/vpred": self.vpred}
+        metrics = {} if self.value is None else {"val/clipfrac": self.value.clipfrac, "val/vpred": self.vpred}
+        if self.kl is not None:
+            metrics["policy/kl_loss_term"] = self.kl
         if self.policy is not None:
             metrics["policy/clipfrac"] = self.policy.clipfrac
             metrics["policy/clipfrac_low"] = self.policy.clipfrac_low
@@ -128,7 +139,7 @@ def ppo_micro_batch_loss(
     batch: PPOBatch,
     logprobs: torch.Tensor | None,
     entropy: torch.Tensor | None,
-    vpred: torch.Tensor,
+    vpred: torch.Tensor | None,
     policy_normalizer: torch.Tensor | float,
     value_normalizer: torch.Tensor | float,
     policy_tokens: torch.Tensor | float | None = None,
@@ -146,7 +157,8 @@ def ppo_micro_batch_loss(
         batch ([`PPOBatch`]): The rollout's rows of the micro-batch.
         logprobs, entropy (`torch.Tensor` of shape `[b, T]` or `None`): The policy's outputs; `None` in a value-only
             update (then the policy gets no loss).
-        vpred (`torch.Tensor` of shape `[b, T]`): The critic's values.
+        vpred (`torch.Tensor` of shape `[b, T]` or `None`): The critic's values (`None` without a critic: no value
+            loss).
         policy_normalizer, value_normalizer: Denominators of the policy and value losses.
         policy_tokens: The policy's valid tokens in the mini-batch (the entropy bonus's denominator); default: this
             micro-batch's.
@@ -154,18 +166,21 @@ def ppo_micro_batch_loss(
             micro-batch's.
     """
     mask = batch.mask
-    value = clipped_value_loss(
-        vpred,
-        batch.old_values,
-        batch.returns,
-        mask=mask,
-        cliprange_value=settings.cliprange_value,
-        loss_type=settings.value_loss_type,
-        normalizer=value_normalizer,
-        max_length=settings.max_length,
-    )
-    loss = settings.vf_coef * value.loss
-    vpred_mean = masked_mean(vpred.detach(), mask)
+    value = vpred_mean = None
+    loss = torch.zeros((), device=mask.device)
+    if vpred is not None:
+        value = clipped_value_loss(
+            vpred,
+            batch.old_values,
+            batch.returns,
+            mask=mask,
+            cliprange_value=settings.cliprange_value,
+            loss_type=settings.value_loss_type,
+            normalizer=value_normalizer,
+            max_length=settings.max_length,
+        )
+        loss = settings.vf_coef * value.loss
+        vpred_mean = masked_mean(vpred.detach(), mask)
     if logprobs is None:
         return MicroBatchLoss(loss=loss, value=value, vpred=vpred_mean)
     importance_weights = None
@@ -193,6 +208,18 @@ def ppo_micro_batch_loss(
         dual_clip_c=settings.dual_clip_c,
     )
     loss = loss + policy.loss
+    kl = None
+    if settings.kl_loss_coef and batch.ref_logprobs is not None:
+        kl_term, kl = grpo_kl_term(
+            logprobs,
+            batch.old_logprobs,
+            batch.ref_logprobs,
+            mask=policy_mask,
+            loss_type=settings.loss_type,
+            normalizer=policy_normalizer,
+            max_length=settings.max_length,
+        )
+        loss = loss + settings.kl_loss_coef * kl_term
     if settings.entropy_coef:
         tokens = policy_mask.sum() if policy_tokens is None else policy_tokens
         loss = loss - settings.entropy_coef * token_mean_term(entropy, policy_mask, tokens)
@@ -210,7 +237,35 @@ def ppo_micro_batch_loss(
         entropy=masked_mean(entropy.detach(), policy_mask),
         importance_weights=importance_weights,
         positive_example_lm=None if positive_lm is None else positive_lm.detach(),
+        kl=kl,
     )
+
+
+def grpo_kl_term(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    *,
+    mask: torch.Tensor,
+    loss_type: LossType,
+    normalizer: torch.Tensor | float,
+    max_length: int | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """
+    TRL GRPO's KL loss term before β: per token `k3 = exp(ref − logp) − (ref − logp) − 1` (≥ 0), times the policy
+    ratio `exp(logp − old)` (TRL's default `use_bias_correction_kl=True`: the unbiased reverse-KL gradient), aggregated
+    as the policy loss is (`loss_type`, `normalizer`).
+
+    Returns:
+        `(term, mean_kl)`: the term to add to the loss (× β), and the detached masked mean of `k3 × ratio` (what TRL
+        GRPO logs as `kl`).
+    """
+    mask = mask.bool()
+    delta = torch.where(mask, ref_logprobs - logprobs, 0.0)  # zero outside the mask before exp (no inf·0 = nan)
+    per_token_kl = torch.exp(delta) - delta - 1
+    ratio = torch.exp(torch.where(mask, logprobs - old_logprobs, 0.0))
+    term = aggregate_loss(per_token_kl * ratio, mask, loss_type, normalizer=normalizer, max_length=max_length)
+    return term, masked_mean((per_token_kl * ratio).detach(), mask)  # TRL logs it after the ratio
 
 
 def mean_metrics(stats: dict[str, list[torch.Tensor | float]]) -> dict[str, float]:

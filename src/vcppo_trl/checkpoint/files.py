@@ -126,13 +126,19 @@ def saved_world_size(checkpoint: str, state: dict[str, Any] | None = None) -> in
 
 
 def missing_checkpoint_files(
-    checkpoint: str, world_size: int, deepspeed: bool = False, with_policy: bool = True, fsdp2: bool = False
+    checkpoint: str,
+    world_size: int,
+    deepspeed: bool = False,
+    with_policy: bool = True,
+    fsdp2: bool = False,
+    with_critic: bool = True,
 ) -> list[str]:
     """
     Files a resumable checkpoint must have that `checkpoint` lacks. Under DeepSpeed the weights and optimizer states
     are the engine's own (`latest` and `global_step*/`), not `optimizer.pt` and the safetensors; under FSDP2 the
     optimizer's are torch's distributed checkpoint (`fsdp2_states/.metadata` and its `.distcp` files). A critic job's
-    checkpoints (`with_policy=False`) hold no policy weights.
+    checkpoints (`with_policy=False`) hold no policy weights; a run without a critic (`with_critic=False`, a group
+    advantage estimator) no critic weights.
     """
     required = ["trainer_state.json", TRAINING_STATE_NAME, "scheduler.pt"]
     required.append("rng_state.pth" if world_size <= 1 else "rng_state_0.pth")
@@ -145,7 +151,7 @@ def missing_checkpoint_files(
         return missing
     if with_policy and not _weight_files(checkpoint):
         missing.append("model.safetensors (policy weights)")
-    if not _weight_files(os.path.join(checkpoint, VALUE_MODEL_DIRNAME)):
+    if with_critic and not _weight_files(os.path.join(checkpoint, VALUE_MODEL_DIRNAME)):
         missing.append("value_model/model.safetensors (critic weights)")
     return missing
 

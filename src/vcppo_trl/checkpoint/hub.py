@@ -147,7 +147,7 @@ def upload_command(
 
 def push_models(
     policy_dir: str,
-    value_dir: str,
+    value_dir: str | None,
     *,
     policy_repo: str,
     value_repo: str,
@@ -159,19 +159,19 @@ def push_models(
     """
     Push a saved policy (`policy_dir`, without the critic's folders, checkpoints and logs: `POLICY_IGNORE_PATTERNS`)
     to `policy_repo` and its critic (`value_dir`) to `value_repo`, the policy first. Call on the main process.
+    `value_dir=None`: the run had no critic (a group advantage estimator); the policy alone is pushed.
 
     Returns:
-        `{"policy": CommitInfo, "value": CommitInfo}`.
+        `{"policy": CommitInfo, "value": CommitInfo}` (no `"value"` without a critic).
 
     Raises:
         [`HubPushError`]: the policy's push failed (nothing was pushed; the message gives one `hf upload` command per
             repo), or the critic's.
     """
     push = {"token": token, "private": private, "revision": revision, "commit_message": commit_message}
-    commands = [
-        upload_command(policy_repo, policy_dir, POLICY_IGNORE_PATTERNS, revision=revision, private=private),
-        upload_command(value_repo, value_dir, None, revision=revision, private=private),
-    ]
+    commands = [upload_command(policy_repo, policy_dir, POLICY_IGNORE_PATTERNS, revision=revision, private=private)]
+    if value_dir is not None:
+        commands.append(upload_command(value_repo, value_dir, None, revision=revision, private=private))
     try:
         policy_commit = push_folder(
             policy_dir, policy_repo, what="policy", ignore_patterns=POLICY_IGNORE_PATTERNS, **push
@@ -182,6 +182,9 @@ def push_models(
         raise HubPushError(
             f"{err} Nothing was pushed; to push both models by hand, each to its own repo:\n  " + "\n  ".join(commands)
         ) from err.__cause__
+    if value_dir is None:
+        logger.warning(f"Pushed the policy to {policy_commit.repo_url} (the run has no critic).")
+        return {"policy": policy_commit}
     value_commit = push_folder(value_dir, value_repo, what="critic (value model)", **push)
     logger.warning(f"Pushed the policy to {policy_commit.repo_url} and the critic to {value_commit.repo_url}.")
     return {"policy": policy_commit, "value": value_commit}
@@ -226,19 +229,22 @@ def write_cards(
     dataset_name: str | list[str] | None = None,
     tags: list[str] | None = None,
     pushed: bool = True,
+    with_critic: bool = True,
 ) -> None:
     """The cards of a saved run: the policy's in `output_dir` (`with_policy=False` in a critic job, which saves no
     policy), the critic's in `output_dir/value_model`, each naming the other's repo when the run pushes them (`pushed`;
-    otherwise the policy's card points at the critic's folder, not at a repo that may never exist)."""
+    otherwise the policy's card points at the critic's folder, not at a repo that may never exist). `with_critic=False`:
+    the run had no critic (a group advantage estimator), and the policy's card says so."""
     if with_policy:
         write_card(
             "policy",
             output_dir,
             repo_id=policy_repo,
             run=run,
-            companion_repo=value_repo if pushed else None,
+            companion_repo=value_repo if pushed and with_critic else None,
             dataset_name=dataset_name,
             tags=tags,
+            has_critic=with_critic,
         )
     value_dir = os.path.join(output_dir, VALUE_MODEL_DIRNAME)
     if os.path.isdir(value_dir):

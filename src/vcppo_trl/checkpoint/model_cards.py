@@ -120,6 +120,7 @@ def render_card(
     companion_repo: str | None,
     base_description: str | None = None,
     versions: dict[str, str] | None = None,
+    has_critic: bool = True,
 ) -> ModelCard:
     """
     The model card of a policy or a critic: what it is, its base model, the method and its λs, the data, citations.
@@ -157,7 +158,10 @@ def render_card(
             f"This is the **policy**{kind} of a {algorithm} run: a causal language model fine-tuned from {base} with "
             f"reinforcement learning."
         )
-        if companion_repo:
+        if not has_critic:
+            estimator = facts.get("advantage estimator", "a group baseline")
+            what += f" It was trained without a critic: its advantages are {estimator}."
+        elif companion_repo:
             what += f" Its critic (value model) is [{companion_repo}](https://huggingface.co/{companion_repo})."
         else:
             what += " Its critic (value model) was saved with it, in the `value_model/` folder of the run's output."
@@ -259,8 +263,10 @@ def write_card(
     companion_repo: str | None = None,
     dataset_name: str | list[str] | None = None,
     tags: list[str] | None = None,
+    has_critic: bool = True,
 ) -> ModelCard:
-    """Render the card of the checkpoint in `folder` (its role in the `run`) and save it there as `README.md`."""
+    """Render the card of the checkpoint in `folder` (its role in the `run`) and save it there as `README.md`
+    (`has_critic=False`: a policy trained without a critic)."""
     base_model, base_description = base_model_info(run.policy_source)
     card = render_card(
         role,
@@ -272,6 +278,7 @@ def write_card(
         tags=list(run.tags) + list(tags or []),
         is_adapter=_is_adapter(folder),
         companion_repo=companion_repo,
+        has_critic=has_critic,
     )
     card.save(os.path.join(folder, "README.md"))
     return card

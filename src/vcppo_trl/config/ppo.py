@@ -17,6 +17,7 @@ from typing import ClassVar, Literal, get_args
 from transformers.utils import logging
 from trl.trainer.base_config import _BaseConfig
 
+from ..algo import SCALE_REWARDS, SCALE_REWARDS_ALIASES, get_advantage_estimator
 from ..algo.gae import ACTION_MASK_MODES
 from ..algo.losses import (
     IMPORTANCE_SAMPLING_MODES,
@@ -163,10 +164,10 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
     - Rewards [`_check_rewards`]: `reward_weights`, `missing_eos_penalty`, `overlong_buffer_length`,
       `overlong_penalty_factor`, `reward_timeout`, `reward_failure_value`, `reward_max_concurrency`.
     - Tools and environments [`_check_tools`]: `max_tool_calling_iterations`, `tool_timeout`, `action_mask_mode`.
-    - Training, advantages and the policy loss [`_check_training`]: `num_ppo_epochs`, `gamma`, `lam`,
-      `whiten_rewards`, `advantage_whitening`, `kl_coef`, `kl_estimator`, `cliprange`, `cliprange_high`,
-      `dual_clip_c`, `entropy_coef`, `positive_example_lm_coef`, `mask_truncated_completions`, `loss_type`,
-      `on_policy_shortcut`, `max_consecutive_nonfinite_steps`.
+    - Training, advantages and the policy loss [`_check_training`]: `advantage_estimator`, `scale_rewards`,
+      `normalize_advantages`, `num_ppo_epochs`, `gamma`, `lam`, `whiten_rewards`, `advantage_whitening`, `kl_coef`,
+      `kl_estimator`, `cliprange`, `cliprange_high`, `dual_clip_c`, `entropy_coef`, `positive_example_lm_coef`,
+      `mask_truncated_completions`, `loss_type`, `on_policy_shortcut`, `max_consecutive_nonfinite_steps`.
     - Critic, the value model [`_check_critic`]: `value_learning_rate`, `vf_coef`, `cliprange_value`,
       `value_loss_type`.
     - Evaluation [`_check_evaluation`]: `eval_num_generations`, `eval_temperature`.
@@ -720,6 +721,31 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
     )
 
     # Training (advantages and the policy loss)
+    advantage_estimator: str = field(
+        default="gae",
+        metadata={
+            "help": "How the policy's advantages are made. 'gae': GAE with the critic (single-λ `lam` in PPOTrainer, "
+            "decoupled lam_actor/lam_critic in VCPPOTrainer, length-adaptive in VAPO). 'grpo': TRL GRPOTrainer's "
+            "group-relative advantage (r − the mean of the prompt's num_generations samples, / (std + 1e-4) per "
+            "scale_rewards). 'rloo': TRL RLOOTrainer's leave-one-out baseline (normalize_advantages). 'grpo' and "
+            "'rloo' build no critic (nothing is loaded, trained, saved or pushed for it) and need num_generations "
+            ">= 2. Others: vcppo_trl.register_advantage_estimator."
+        },
+    )
+    scale_rewards: str = field(
+        default="group",
+        metadata={
+            "help": "advantage_estimator='grpo': TRL GRPO's scaling of r − mean. 'group' (default; True): by the "
+            "group's std; 'batch': by the whole batch's std (all processes); 'none' (False): not scaled (Dr. GRPO)."
+        },
+    )
+    normalize_advantages: bool = field(
+        default=False,
+        metadata={
+            "help": "advantage_estimator='rloo': normalise the advantages to mean 0 and std 1 over the whole batch "
+            "(all processes), TRL RLOOConfig's field."
+        },
+    )
     num_ppo_epochs: int = field(default=4, metadata={"help": "Number of PPO epochs (passes) over each rollout batch."})
     gamma: float = field(default=1.0, metadata={"help": "Discount factor."})
     lam: float | None = field(
@@ -735,11 +761,13 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
             "process the mean and variance are noisy)."
         },
     )
-    kl_coef: float = field(
-        default=0.05,
+    kl_coef: float | None = field(
+        default=None,
         metadata={
-            "help": "Coefficient of the per-token KL penalty against the reference policy. 0: no reference model is "
-            "created or run."
+            "help": "Coefficient of the KL to the reference policy (TRL GRPO's beta). With advantage_estimator='gae' "
+            "a per-token penalty in the rewards; 'rloo': β × the response's summed KL taken from its reward before "
+            "the baseline; 'grpo': β × the per-token KL (k3, times the policy ratio) in the loss. 0: no reference "
+            "model is created or run. Default: 0.05 (TRL's PPO and RLOO), 0 with 'grpo' (TRL GRPO's beta)."
         },
     )
     kl_estimator: KLEstimator = field(
@@ -993,6 +1021,10 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
                     f"`pad_to_multiple_of` must be an int, 'auto' or None, got {self.pad_to_multiple_of!r}."
                 )
             self.pad_to_multiple_of = None if text in ("auto", "none", "null") else int(text)
+        if isinstance(self.scale_rewards, bool):  # TRL GRPOConfig's spellings
+            self.scale_rewards = SCALE_REWARDS_ALIASES[self.scale_rewards]
+        if self.kl_coef is None:  # TRL's defaults: GRPO's beta 0, PPO's and RLOO's 0.05
+            self.kl_coef = 0.0 if self.advantage_estimator == "grpo" else 0.05
         if self.value_learning_rate is None:
             self.value_learning_rate = self.learning_rate
         if self.value_loss_type is None:
@@ -1269,6 +1301,7 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
                 raise ValueError("`lam` must be set (GAE λ in [0, 1], e.g. 0.95): PPOTrainer uses it for GAE.")
             _require_unit_interval("lam", self.lam)
         _require_choice("advantage_whitening", self.advantage_whitening, ADVANTAGE_WHITENING_MODES)
+        self._refuse_estimator_misuse()
         _require_nonnegative("kl_coef", self.kl_coef)
         _require_choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
         _require_positive("cliprange", self.cliprange)
@@ -1288,6 +1321,48 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
                 raise ValueError(f"`{name}` must be >= 0 (0 turns the term off), got {getattr(self, name)}.")
         _require_choice("loss_type", self.loss_type, LOSS_TYPES)
         _require_nonnegative("max_consecutive_nonfinite_steps", self.max_consecutive_nonfinite_steps)
+
+    @property
+    def uses_critic(self) -> bool:
+        """Whether the run has a critic: its advantage estimator reads one (`"gae"`; not `"grpo"` or `"rloo"`)."""
+        return get_advantage_estimator(self.advantage_estimator).uses_critic
+
+    def _refuse_estimator_misuse(self) -> None:
+        """A registered estimator; a group one with groups (num_generations >= 2) that one update holds whole; each
+        estimator's own knobs only with it."""
+        estimator = get_advantage_estimator(self.advantage_estimator)  # an unknown name: refused with the choices
+        _require_choice("scale_rewards", self.scale_rewards, SCALE_REWARDS)
+        # A registered estimator of one's own may read either knob; the built-in ones read only their own.
+        if self.scale_rewards != "group" and self.advantage_estimator in ("gae", "rloo"):
+            raise ValueError(
+                f"`scale_rewards={self.scale_rewards!r}` scales TRL GRPO's group-relative advantage, and "
+                f"advantage_estimator={self.advantage_estimator!r} makes none. Set advantage_estimator='grpo' to keep "
+                "GRPO's advantage, or drop scale_rewards."
+            )
+        if self.normalize_advantages and self.advantage_estimator in ("gae", "grpo"):
+            raise ValueError(
+                f"`normalize_advantages` normalises TRL RLOO's leave-one-out advantages, and advantage_estimator="
+                f"{self.advantage_estimator!r} makes none (GAE's are whitened by advantage_whitening). Set "
+                "advantage_estimator='rloo', or drop normalize_advantages."
+            )
+        if estimator.uses_critic:
+            return
+        name = f"advantage_estimator={self.advantage_estimator!r}"
+        if self.num_generations < 2:
+            raise ValueError(
+                f"{name} is a group baseline: it needs num_generations >= 2 samples per prompt (TRL's default is 8), "
+                f"got {self.num_generations}."
+            )
+        if self.generation_window is not None:
+            raise ValueError(
+                f"{name} does not combine with generation_window: a group's samples would finish in different updates, "
+                "and its baseline needs them all. Drop generation_window (max_staleness samples a group together), or "
+                "use advantage_estimator='gae' (a critic)."
+            )
+        if self.whiten_rewards:
+            raise ValueError(f"`whiten_rewards` whitens the per-token rewards GAE reads; {name} reads none: drop it.")
+        if self.value_peft_config is not None:
+            raise ValueError(f"`value_peft_config` puts LoRA on the critic, and {name} builds none: drop it.")
 
     def _check_critic(self) -> None:
         if self.value_learning_rate < 0 or self.learning_rate < 0:

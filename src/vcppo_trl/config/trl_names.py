@@ -45,6 +45,7 @@ SAME_NAME: frozenset[str] = frozenset(
         "disable_dropout",
         "cast_lm_head_to_fp32",
         "num_generations",
+        "scale_rewards",  # with advantage_estimator="grpo" (config/ppo.py)
         "ds3_gather_for_generation",
         "temperature",
         "top_p",  # the sampling knobs: sampled and scored alike (docs/trainer.md, "Sampling")
@@ -98,17 +99,8 @@ REFUSED_LOSS_TYPES: dict[str, str] = {
     )
 }
 
-_GROUP_RELATIVE = (
-    "this trainer's advantages come from the critic (GAE), not from normalising rewards within a prompt's group, so "
-    "there is nothing for it to act on"
-)
-
 # TRL's fields refused whatever their value, with the reason (and what to use instead).
 REFUSED: dict[str, str] = {
-    "scale_rewards": _GROUP_RELATIVE + "; rewards enter as they are (set reward_weights to weigh several).",
-    "multi_objective_aggregation": "rewards are summed with reward_weights and not normalised within a group: "
-    + _GROUP_RELATIVE
-    + ".",
     "sapo_temperature_neg": "loss_type='sapo' is not implemented here.",
     "sapo_temperature_pos": "loss_type='sapo' is not implemented here.",
     "vespo_k_pos": "loss_type='vespo' is not implemented here.",
@@ -141,10 +133,15 @@ ONLY_VALUE: dict[str, tuple[Any, str]] = {
     "top_entropy_quantile": (1.0, "keeping only the highest-entropy tokens in the loss is not implemented here."),
     "use_adaptive_entropy": (False, "adaptive entropy control (Skywork-OR1) is not implemented here."),
     "off_policy_mask_threshold": (None, "off-policy sequence masking is not implemented here."),
+    "multi_objective_aggregation": (
+        "sum_then_normalize",
+        "rewards are summed with reward_weights, then (advantage_estimator='grpo') normalised within the group, as "
+        "TRL's default does; 'normalize_then_sum' (GDPO) is not implemented.",
+    ),
     "use_bias_correction_kl": (
         True,
-        "the KL here is a per-token penalty in the rewards (kl_coef), not a loss term, so there is no importance "
-        "weight to put on it. True (TRL's default) is accepted and changes nothing.",
+        "with advantage_estimator='grpo' the KL loss term is weighted by the policy ratio, as TRL's default does "
+        "(with 'gae' and 'rloo' the KL is in the rewards, with no ratio to put on it); False is not implemented.",
     ),
     "log_multimodal": (True, "there is no multimodal content to log (True, TRL's default, changes nothing)."),
     "log_unique_prompts": (False, "every logged completion is logged with its prompt."),

@@ -206,7 +206,29 @@ class VCPPOConfig(PPOConfig):
         if self.lam_actor_length_alpha is not None:
             _require_positive("lam_actor_length_alpha", self.lam_actor_length_alpha)
 
+    def _refuse_critic_fields_without_a_critic(self) -> None:
+        """With an estimator that builds no critic (`"grpo"`, `"rloo"`), a critic field set away from its default is
+        refused: it would silently do nothing."""
+        if self.uses_critic:
+            return
+        fields = self.__dataclass_fields__
+        critic_fields = [name for name in fields if name.startswith("value_pretrain_") or name == "value_model_path"]
+        # Unset, or set to what means "none" (no pretraining steps, no steps to save) is not acting on anything.
+        off = {"value_pretrain_steps": 0, "value_pretrain_save_steps": []}
+        given = [
+            name
+            for name in critic_fields
+            if getattr(self, name) not in (fields[name].default, off.get(name, fields[name].default))
+        ]
+        if given:
+            raise ValueError(
+                f"advantage_estimator={self.advantage_estimator!r} builds no critic, so {', '.join(given)} has nothing "
+                "to act on (value pretraining and a pretrained critic are the critic's). Drop them, or use "
+                "advantage_estimator='gae' to train with a critic."
+            )
+
     def _check_value_pretraining(self) -> None:
+        self._refuse_critic_fields_without_a_critic()
         _require_nonnegative("value_pretrain_steps", self.value_pretrain_steps)
         _require_at_least("value_pretrain_min_steps", self.value_pretrain_min_steps, 1)
         _require_at_least("value_pretrain_patience", self.value_pretrain_patience, 1, optional=True)

@@ -119,7 +119,7 @@ class PPOLearner:
         self,
         rollout: Rollout,
         advantages: torch.Tensor,
-        returns: torch.Tensor,
+        returns: torch.Tensor | None,
         train_policy: bool = True,
         value_cliprange: float | None = None,
         update_index: int = 0,
@@ -138,8 +138,8 @@ class PPOLearner:
         Args:
             rollout: The batch; `rollout.logprobs` are the old log-probabilities (`None` under the on-policy shortcut:
                 this update's own forward, detached, gives them, a ratio of exactly 1).
-            advantages: `[B, T]` raw advantages (whitened here, for policy updates).
-            returns: `[B, T]` the critic's targets.
+            advantages: `[B, T]` raw advantages (whitened here for policy updates, when the estimator's are).
+            returns: `[B, T]` the critic's targets (`None` without a critic).
             train_policy: `False` for value-only updates.
             value_cliprange: Clip range of the value loss (`None`: no clipping).
             update_index: The update's number from 1, for messages.
@@ -150,11 +150,9 @@ class PPOLearner:
         mask = rollout.response_mask
         value_mask = rollout.value_mask  # the response mask, less unfinished responses of a generation window
         policy_mask = self.policy_mask(rollout)
-        adv = (
-            self.whiten(advantages, policy_mask, stats_mask=self.whitening_stats_mask(rollout))
-            if train_policy
-            else advantages
-        )
+        adv = advantages
+        if train_policy and settings.whiten_advantages:  # GAE's; a group baseline's are used as they are (TRL)
+            adv = self.whiten(advantages, policy_mask, stats_mask=self.whitening_stats_mask(rollout))
         loss_settings = dataclasses.replace(settings.loss, cliprange_value=value_cliprange)
         # On-policy shortcut: the old log-probs are this update's own forward, detached (ratio exactly 1), written
         # into the batch's tensor before each micro-batch's loss reads them.
@@ -175,6 +173,7 @@ class PPOLearner:
             policy_mask=None if policy_mask is value_mask else policy_mask,
             positive_mask=self.positive_mask(rollout, policy_mask),
             sampler_mask=None if rollout.window_mask is None and rollout.action_mask is None else policy_mask,
+            ref_logprobs=rollout.ref_logprobs if settings.loss.kl_loss_coef else None,
         )
         stats = defaultdict(list)
         importance_weights = None  # filled per micro-batch from the loss's own (old log-probs may come from it)
@@ -260,13 +259,15 @@ class PPOLearner:
                             epoch_weights[idx, : out.importance_weights.shape[1]] = out.importance_weights
                         for name, value in out.metrics().items():
                             stats[name].append(value)
-                        vf_total = vf_total + out.value.loss.detach() * share
+                        if out.value is not None:
+                            vf_total = vf_total + out.value.loss.detach() * share
                         if train_policy:
                             pg_total = pg_total + out.policy.loss.detach() * share
                         if out.positive_example_lm is not None:
                             lm_total = lm_total + out.positive_example_lm * share
                     # This process's share of the mini-batch loss, × share: its mean over processes is the global loss.
-                    stats["loss/value"].append(vf_total)
+                    if rollout.values is not None:
+                        stats["loss/value"].append(vf_total)
                     if train_policy:
                         stats["loss/policy"].append(pg_total)
                     if train_policy and batch.positive_mask is not None:

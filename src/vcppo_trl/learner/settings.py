@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..algo.advantages import get_advantage_estimator
 from ..algo.logits_processing import NO_KNOBS, SamplingKnobs
 from ..algo.objective import PPOLossSettings
 from ..config.ppo import PPOConfig
@@ -21,6 +22,7 @@ class LearnerSettings:
     temperature: float
     response_length: int
     advantage_whitening: str
+    whiten_advantages: bool  # the advantage estimator's are whitened (GAE's), or used as they are (group baselines)
     window_whitening: str  # generation windows: the tokens of the whitening statistics ("all" or "finished")
     accuracy_threshold: float
     mask_truncated_completions: bool
@@ -42,6 +44,7 @@ class LearnerSettings:
             temperature=args.temperature,
             response_length=args.response_length,
             advantage_whitening=args.advantage_whitening,
+            whiten_advantages=get_advantage_estimator(args.advantage_estimator).whiten,
             window_whitening=args.window_whitening,
             accuracy_threshold=args.accuracy_threshold,
             mask_truncated_completions=args.mask_truncated_completions,

@@ -25,7 +25,7 @@ class PolicyAndValueModel(nn.Module):
     policy (`policy=None`): its forwards compute values only.
     """
 
-    def __init__(self, policy: PreTrainedModel | None, critic: PreTrainedModel):
+    def __init__(self, policy: PreTrainedModel | None, critic: PreTrainedModel | None):
         super().__init__()
         self.policy = policy
         self.critic = critic
@@ -77,7 +77,7 @@ class PolicyAndValueModel(nn.Module):
         packed: PackedRow | None = None,
         split: SplitRows | None = None,
         knobs: SamplingKnobs = NO_KNOBS,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         """
         Log-probabilities (and entropy) of the response tokens under the policy, and the critic's values. The
         log-probabilities and the entropy are those of the sampled distribution: at `temperature`, processed by the
@@ -89,18 +89,18 @@ class PolicyAndValueModel(nn.Module):
         Returns:
             `(logprobs, entropy, values)`, each `[B, T]` for the `T` tokens after `context_length` (`[b, w]` of the
             packed row's responses); the first two are `None` when `compute_policy` is False (value-only updates leave
-            the policy out of the graph).
+            the policy out of the graph); `values` is `None` without a critic.
         """
-        if split is not None:
-            values = split_value_forward(self.critic, split)
-            position_ids = None
-        elif packed is not None:
-            values = packed_value_forward(self.critic, packed)
-            position_ids = None
-        else:
-            position_ids = position_ids_from_mask(attention_mask)
-            values = value_forward(
-                self.critic, input_ids, attention_mask, position_ids=position_ids, context_length=context_length
+        position_ids = None if split is not None or packed is not None else position_ids_from_mask(attention_mask)
+        values = None
+        if self.critic is not None:
+            values = self.values(
+                input_ids,
+                attention_mask,
+                context_length=context_length,
+                position_ids=position_ids,
+                packed=packed,
+                split=split,
             )
         if not compute_policy:
             return None, None, values
@@ -119,6 +119,25 @@ class PolicyAndValueModel(nn.Module):
             knobs=knobs,
         )
         return logprobs, entropy, values
+
+    def values(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        *,
+        context_length: int,
+        position_ids: torch.Tensor | None,
+        packed: PackedRow | None = None,
+        split: SplitRows | None = None,
+    ) -> torch.Tensor:
+        """The critic's values of the response tokens, from the same inputs as [`forward`]."""
+        if split is not None:
+            return split_value_forward(self.critic, split)
+        if packed is not None:
+            return packed_value_forward(self.critic, packed)
+        return value_forward(
+            self.critic, input_ids, attention_mask, position_ids=position_ids, context_length=context_length
+        )
 
 
 def response_logprobs_of(

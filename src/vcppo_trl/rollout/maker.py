@@ -431,7 +431,7 @@ class RolloutMaker:
                 kl_penalty(rollout.logprobs, rollout.ref_logprobs, settings.kl_estimator) * rollout.action_tokens
             )
         else:
-            rollout.kl = torch.zeros_like(rollout.values)
+            rollout.kl = torch.zeros(rollout.response_mask.shape, device=rollout.response_mask.device)
         all_reduce = whitening_all_reduce(self.accelerator, settings.advantage_whitening)
         rollout.rewards = token_rewards(
             rollout.scores,

@@ -73,7 +73,8 @@ def run(trainer, resume_from_checkpoint: str | bool | None):
             )
             metrics["episode"] = trainer.state.global_step * trainer.batches.batch_size
             metrics["lr"] = trainer._learning_rate("policy")
-            metrics["value_lr"] = trainer._learning_rate("value")
+            if trainer.args.uses_critic:
+                metrics["value_lr"] = trainer._learning_rate("value")
             metrics["time/update_s"] = time.time() - trainer._update_start
             trainer.latest_metrics = metrics
             trainer.after_update(metrics)

@@ -45,7 +45,7 @@ class MetricSettings:
     """The fields of [`PPOConfig`] the update's metrics read (their meanings are the config's)."""
 
     accuracy_threshold: float
-    kl_coef: float
+    kl_coef: float  # of the KL penalty in the rewards (0 when the KL is a loss term, as GRPO's)
     gamma: float
     response_length: int
     position_buckets: int
@@ -59,7 +59,7 @@ class MetricSettings:
     def from_args(cls, args: PPOConfig) -> MetricSettings:
         return cls(
             accuracy_threshold=args.accuracy_threshold,
-            kl_coef=args.kl_coef,
+            kl_coef=0.0 if args.advantage_estimator == "grpo" else args.kl_coef,  # GRPO's KL is a loss term
             gamma=args.gamma,
             response_length=args.response_length,
             position_buckets=args.position_buckets,
@@ -171,7 +171,7 @@ def rollout_metrics(
     settings: MetricSettings,
     rollout: Rollout,
     advantages: torch.Tensor,
-    returns: torch.Tensor,
+    returns: torch.Tensor | None,
     end_of_thinking_ids: list[int],
     reward_func_names: list[str],
     prefix: str = "",
@@ -183,10 +183,16 @@ def rollout_metrics(
     per-position explained variance against Monte-Carlo returns uses them instead of computing them again).
     The advantage diagnostics read the raw `advantages` of the tokens the policy trains on ([`trained_tokens`]); the
     value error and Monte-Carlo explained variance by position the critic's tokens (finished responses, `value_mask`).
+    Without a critic (`rollout.values` and `returns` are `None`: a group advantage estimator) the critic's metrics
+    are left out.
     """
     mask = rollout.action_tokens  # the policy's own tokens (tool and environment tokens are context)
-    values, returns_g, advantages_g, mask_g, kl_g, value_mask_g = gather_masked(
-        accelerator, rollout.values, returns, advantages, mask.long(), rollout.kl, rollout.value_mask.long()
+    has_critic = rollout.values is not None
+    values = returns_g = None
+    if has_critic:
+        values, returns_g = gather_masked(accelerator, rollout.values, returns)
+    advantages_g, mask_g, kl_g, value_mask_g = gather_masked(
+        accelerator, advantages, mask.long(), rollout.kl, rollout.value_mask.long()
     )
     mask_g, value_mask_g = mask_g.bool(), value_mask_g.bool()  # value_mask: finished responses (windows)
     # The advantage diagnostics read the tokens the policy trains on: under windows this window's only.
@@ -210,9 +216,6 @@ def rollout_metrics(
         "objective/scores": mean_across(accelerator, torch.where(scored, rollout.scores, nan)),
         "objective/kl": _mean_or_nan(kl_per_sample),
         "objective/non_score_reward": _mean_or_nan(-settings.kl_coef * kl_per_sample),
-        "value/explained_variance": explained_variance(values, returns_g, value_mask_g),
-        "value/mean": float(masked_mean(values, value_mask_g)),
-        "value/returns_mean": float(masked_mean(returns_g, value_mask_g)),
         "diagnostics/response_length_mean": _mean_or_nan(lengths),
         "diagnostics/response_length_min": float(lengths.min()) if lengths.numel() else float("nan"),
         "diagnostics/response_length_max": float(lengths.max()) if lengths.numel() else float("nan"),
@@ -223,6 +226,10 @@ def rollout_metrics(
         "reward/verifier_failures": float(accelerator.gather(rollout.reward_failed.float()).sum()),
     }
     metrics["objective/rlhf_reward"] = metrics["objective/scores"] + metrics["objective/non_score_reward"]
+    if has_critic:
+        metrics["value/explained_variance"] = explained_variance(values, returns_g, value_mask_g)
+        metrics["value/mean"] = float(masked_mean(values, value_mask_g))
+        metrics["value/returns_mean"] = float(masked_mean(returns_g, value_mask_g))
     # Outcomes (finished responses, all processes) per optimizer step. An outcome is in every PPO epoch's pass, so
     # this is per mini-batch: the update's finished responses / num_mini_batches (whole responses: the batch's share).
     metrics["rollout/outcomes_per_step"] = float(finished_g.sum()) / settings.num_mini_batches
@@ -254,9 +261,12 @@ def rollout_metrics(
         adv_buckets = position_bucket_means(
             advantages_g, mask_g, num, tokens=None if trained_g is mask_g else trained_g
         )
-        err_buckets = position_bucket_means(values - returns_g, value_mask_g, num)
         for k in range(num):
             metrics[f"diagnostics/advantage_bucket_{k}"] = float(adv_buckets[k])
+    if settings.position_buckets > 0 and has_critic:
+        num = settings.position_buckets
+        err_buckets = position_bucket_means(values - returns_g, value_mask_g, num)
+        for k in range(num):
             metrics[f"diagnostics/value_error_bucket_{k}"] = float(err_buckets[k])
         # Against Monte-Carlo returns (λ = 1), whatever λ the critic trains with: the paper's Figure 3.
         if returns_are_monte_carlo:

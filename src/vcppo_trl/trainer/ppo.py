@@ -1,5 +1,5 @@
 """PPOTrainer on current TRL: the parts it holds (see `training_update`): the rollout source (`rollout/sources.py`,
-over the rollout maker `rollout/maker.py`), `compute_advantages` (the seam subclasses change), the learner
+over the rollout maker `rollout/maker.py`), `compute_advantages` (by the estimator the config names), the learner
 (`learner/ppo_learner.py`) and the metrics (`trainer/metrics.py`). A subclass adds a phase through the seams
 `trains_policy`, `critic_only_updates`, `num_training_updates`, `phase_state` and the `before_training`/`after_update`
 hooks (VC-PPO's value pretraining: `trainer/vcppo.py`). Construction: `trainer/setup.py`; loop and cadence:
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +22,6 @@ from transformers.utils import is_peft_available, logging
 from trl.trainer.base_trainer import _BaseTrainer
 
 from ..algo.diagnostics import marker_token_ids
-from ..algo.gae import gae
 from ..checkpoint import HubSettings
 from ..config.batch_plan import plan_batches
 from ..config.ppo import PPOConfig
@@ -32,8 +30,8 @@ from ..learner.settings import LearnerSettings
 from ..models.loading import resolve_stop_token_ids
 from ..models.policy_and_value import PolicyAndValueModel
 from ..rewards.reward_models import reward_func_name
-from ..rollout import Rollout, RolloutSource, SourceSettings, build_rollout_source, gae_bootstrap
-from . import loop, rollout_setup, setup
+from ..rollout import Rollout, RolloutSource, SourceSettings, build_rollout_source
+from . import advantages, loop, rollout_setup, setup
 from . import saving as trainer_saving
 from .console import CompactPrinterCallback, RolloutProgressCallback
 from .evaluation import EvaluationSettings, evaluation_metrics
@@ -234,19 +232,18 @@ class PPOTrainer(_BaseTrainer):
     def restore_phase_state(self, saved: dict[str, Any]) -> None:
         """Restore a subclass's phases from a checkpoint's training state, after the callbacks' states."""
 
-    def compute_advantages(self, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
-        """The seam where a subclass changes how advantages are made: `(advantages, returns)`, both `[B, T]`, raw (not
-        whitened) advantages for the policy and the critic's targets. [`PPOTrainer`] uses single-λ GAE with `lam`."""
-        return gae(
-            rollout.rewards,
-            rollout.values,
-            rollout.response_mask,
-            gamma=self.args.gamma,
-            lam=self.critic_lambda(),
-            bootstrap_values=gae_bootstrap(rollout, self.args.window_bootstrap),
-            action_mask=rollout.action_mask,
-            action_mask_mode=self.args.action_mask_mode,
+    def compute_advantages(self, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`(advantages, returns)`, raw (not whitened) `[B, T]` advantages for the policy and the critic's targets
+        (`None` without a critic), by the estimator `advantage_estimator` names (`trainer/advantages.py`), with this
+        update's [`actor_lambda`] and [`critic_lambda`]."""
+        made = advantages.compute_advantages(
+            rollout,
+            self.args,
+            self.accelerator,
+            lam_actor=self.actor_lambda(rollout.action_tokens),
+            lam_critic=self.critic_lambda(),
         )
+        return made.advantages, made.returns
 
     def build_rollout_source(self, draw: Callable[[], list[dict[str, Any]]]) -> RolloutSource:
         """This run's source of rollouts ([`~rollout.sources.build_rollout_source`]), drawing prompt rows with `draw`.
@@ -262,6 +259,10 @@ class PPOTrainer(_BaseTrainer):
     def critic_lambda(self) -> float:
         """The λ of the critic's targets that [`compute_advantages`] gives in the current update (the metrics reuse
         targets computed with λ = 1 as the Monte-Carlo returns); subclasses that change one change both."""
+        return self.args.lam
+
+    def actor_lambda(self, action_tokens: torch.Tensor) -> float | torch.Tensor:
+        """GAE's λ of the policy's advantages in the current update: `lam` in PPO (subclasses decouple it)."""
         return self.args.lam
 
     def value_cliprange(self) -> float | None:
@@ -465,15 +466,9 @@ class PPOTrainer(_BaseTrainer):
         tags: str | list[str] | None = None,
         **kwargs,
     ) -> None:
-        """This package's model cards in `output_dir` (the policy's, and the critic's in `value_model/`), the same
-        `save_model()` and `push_to_hub()` write; see [`~trainer.saving.write_run_cards`]."""
-        if not self.is_world_process_zero():
-            return
-        if dataset_name is not None:
-            self.model_card_dataset_name = dataset_name
-        tags = [tags] if isinstance(tags, str) else tags
-        os.makedirs(self.args.output_dir, exist_ok=True)
-        self._write_cards(self.args.output_dir, tags)
+        """This package's model cards in `output_dir`, the same `save_model()` and `push_to_hub()` write; see
+        [`~trainer.saving.create_model_card`]."""
+        trainer_saving.create_model_card(self, dataset_name=dataset_name, tags=tags)
 
     def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
         """Name the policy's repo; repos are created at the first push, so building the trainer needs no network."""

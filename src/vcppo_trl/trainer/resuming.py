@@ -96,7 +96,12 @@ def resolve_checkpoint(
     fsdp2 = requested_fsdp_version(accelerator) == 2
     check_checkpoint_backend(checkpoint, "deepspeed" if is_deepspeed else "fsdp2" if fsdp2 else "ddp")
     missing = missing_checkpoint_files(
-        checkpoint, saved_world, is_deepspeed, with_policy=not args.is_critic_job, fsdp2=fsdp2
+        checkpoint,
+        saved_world,
+        is_deepspeed,
+        with_policy=not args.is_critic_job,
+        fsdp2=fsdp2,
+        with_critic=args.uses_critic,
     )
     if missing:
         raise CheckpointError(
@@ -191,7 +196,8 @@ def load_checkpoint_weights(wrapper: torch.nn.Module, checkpoint: str) -> None:
     engine loads its own states later)."""
     if wrapper.policy is not None:  # a critic job's checkpoints hold the critic only
         load_weights_into(wrapper.policy, checkpoint)
-    load_weights_into(wrapper.critic, os.path.join(checkpoint, VALUE_MODEL_DIRNAME))
+    if wrapper.critic is not None:  # a group advantage estimator's run has none
+        load_weights_into(wrapper.critic, os.path.join(checkpoint, VALUE_MODEL_DIRNAME))
 
 
 def restore_training_state(trainer, resume: ResumePoint) -> int:

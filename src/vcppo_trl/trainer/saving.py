@@ -46,7 +46,7 @@ logger = logging.get_logger(__name__)
 
 def save_models(
     policy: PreTrainedModel | None,
-    critic: PreTrainedModel,
+    critic: PreTrainedModel | None,
     *,
     tokenizer: PreTrainedTokenizerBase,
     args: PPOConfig,
@@ -57,7 +57,8 @@ def save_models(
     """
     Save the policy (or its adapter) and tokenizer in `output_dir`, the critic in `output_dir/value_model`, the
     training arguments and the model cards. Call on every process: a ZeRO-3 critic is gathered first. Without a
-    policy (a critic job) only the critic, the arguments and its card are written.
+    policy (a critic job) only the critic, the arguments and its card are written; without a critic (a group
+    advantage estimator) no `value_model` folder.
 
     Args:
         state_dict: The joint model's full state dict when the caller gathered it (DeepSpeed), else `None`.
@@ -68,16 +69,17 @@ def save_models(
         critic_sd = split_by_role(state_dict, "value") if state_dict else None
         if state_dict is None:  # FSDP2 shards gathered here, on every process; None: save_pretrained reads them
             policy_sd = None if policy is None else gathered_state_dict(policy)
-            critic_sd = gathered_state_dict(critic)
+            critic_sd = None if critic is None else gathered_state_dict(critic)
         if not args.should_save:
             return
         os.makedirs(output_dir, exist_ok=True)
         if policy is not None:
             policy.save_pretrained(output_dir, state_dict=policy_sd)
             tokenizer.save_pretrained(output_dir)
-        save_critic(
-            critic, tokenizer, args, output_dir=os.path.join(output_dir, VALUE_MODEL_DIRNAME), state_dict=critic_sd
-        )
+        if critic is not None:
+            save_critic(
+                critic, tokenizer, args, output_dir=os.path.join(output_dir, VALUE_MODEL_DIRNAME), state_dict=critic_sd
+            )
         torch.save(args, os.path.join(output_dir, "training_args.bin"))
         write_cards(output_dir)
 
@@ -171,7 +173,7 @@ def push_trainer(
     repos = hub.HubSettings.from_args(args)
     return hub.push_models(
         args.output_dir,
-        os.path.join(args.output_dir, VALUE_MODEL_DIRNAME),
+        os.path.join(args.output_dir, VALUE_MODEL_DIRNAME) if args.uses_critic else None,
         policy_repo=repos.policy_repo,
         value_repo=repos.value_repo,
         commit_message=commit_message,
@@ -210,10 +212,23 @@ def write_run_cards(
         policy_repo=repos.policy_repo,
         value_repo=repos.value_repo,
         with_policy=not trainer.args.is_critic_job,
+        with_critic=trainer.args.uses_critic,
         pushed=trainer.args.push_to_hub if pushed is None else pushed,
         dataset_name=dataset_name,
         tags=tags,
     )
+
+
+def create_model_card(trainer, dataset_name: str | list[str] | None, tags: str | list[str] | None) -> None:
+    """The trainer's `create_model_card`: the run's cards in `output_dir` (the policy's, and the critic's in
+    `value_model/` when there is one), from the main process; a `dataset_name` given here is kept for later saves."""
+    if not trainer.is_world_process_zero():
+        return
+    if dataset_name is not None:
+        trainer.model_card_dataset_name = dataset_name
+    tags = [tags] if isinstance(tags, str) else tags
+    os.makedirs(trainer.args.output_dir, exist_ok=True)
+    trainer._write_cards(trainer.args.output_dir, tags)
 
 
 def run_card(trainer, pretrain_steps: int | None = None) -> RunCard:
@@ -243,7 +258,9 @@ def training_facts(trainer, pretrain_steps: int | None = None) -> dict[str, Any]
     args = trainer.args
     vc = hasattr(args, "lam_actor")
     facts: dict[str, Any] = {"algorithm": getattr(trainer, "_name", "VC-PPO") if vc else "PPO"}
-    if vc:
+    if not args.uses_critic:
+        facts["advantage estimator"] = GROUP_BASELINE_NAMES.get(args.advantage_estimator, args.advantage_estimator)
+    elif vc:
         facts["λ_actor (policy advantages)"] = (
             f"1 − 1/({args.lam_actor_length_alpha}·length) per response (VAPO)"
             if args.lam_actor_length_alpha is not None
@@ -268,7 +285,7 @@ def training_facts(trainer, pretrain_steps: int | None = None) -> dict[str, Any]
             "γ": args.gamma,
             "KL coefficient": args.kl_coef,
             "policy learning rate": args.learning_rate,
-            "critic learning rate": args.value_learning_rate,
+            "critic learning rate": args.value_learning_rate if args.uses_critic else None,
             "training updates run (value pretraining included)": trainer.state.global_step
             if trainer.state is not None
             else 0,
@@ -291,7 +308,14 @@ def training_facts(trainer, pretrain_steps: int | None = None) -> dict[str, Any]
         "truncated responses left out of the policy loss": True if args.mask_truncated_completions else None,
     }
     facts.update({name: value for name, value in optional.items() if value is not None})
-    return facts
+    return {name: value for name, value in facts.items() if value is not None}
+
+
+# How a card names a group baseline (the policy of such a run "was trained without a critic: its advantages are ...").
+GROUP_BASELINE_NAMES = {
+    "grpo": "TRL GRPO's group-relative baseline (advantage_estimator='grpo')",
+    "rloo": "TRL RLOO's leave-one-out baseline (advantage_estimator='rloo')",
+}
 
 
 # ------------------------------------------------------------- checkpoints

@@ -118,7 +118,7 @@ class BuiltModels:
     `initial_policy` says which policy the critic was built beside (its name, revision and weights hash)."""
 
     policy: PreTrainedModel | None
-    critic: PreTrainedModel
+    critic: PreTrainedModel | None  # None: the advantage estimator uses no critic
     reference: PreTrainedModel | None
     tokenizer: PreTrainedTokenizerBase
     initial_policy: dict | None = None
@@ -140,16 +140,19 @@ def build_models(
     built from the policy first, keeps its dtype). A critic job ([`critic_job_models`]) keeps no policy."""
     if args.is_critic_job:
         check_critic_job_inputs(args, ref_model=ref_model, peft_config=peft_config)
+    check_critic_inputs(args, value_model=value_model, value_peft_config=value_peft_config)
     policy = load_policy(model, model_init_kwargs=args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
     tokenizer = load_tokenizer(processing_class, policy, trust_remote_code=args.trust_remote_code)
-    critic = build_critic(
-        value_model,
-        policy,
-        tokenizer,
-        model_init_kwargs=args.model_init_kwargs,
-        trust_remote_code=args.trust_remote_code,
-        deepspeed_config=registered_deepspeed_config(args),
-    )
+    critic = None  # a group advantage estimator has none: no memory, no step, nothing saved or pushed
+    if args.uses_critic:
+        critic = build_critic(
+            value_model,
+            policy,
+            tokenizer,
+            model_init_kwargs=args.model_init_kwargs,
+            trust_remote_code=args.trust_remote_code,
+            deepspeed_config=registered_deepspeed_config(args),
+        )
     policy, critic = prepare_models(policy, critic, args, peft_config=peft_config, value_peft_config=value_peft_config)
     reference = None if args.is_critic_job else reference_model(policy, ref_model, args)
     if args.cast_lm_head_to_fp32:
@@ -167,6 +170,20 @@ def registered_deepspeed_config(args: PPOConfig):
     return getattr(args, "hf_deepspeed_config", None) or getattr(
         getattr(args, "deepspeed_plugin", None), "dschf", None
     )
+
+
+def check_critic_inputs(args: PPOConfig, *, value_model, value_peft_config) -> None:
+    """Refuse a critic's inputs in a run whose advantage estimator builds no critic (`"grpo"`, `"rloo"`)."""
+    if args.uses_critic:
+        return
+    given = [
+        name for name, v in (("value_model", value_model), ("value_peft_config", value_peft_config)) if v is not None
+    ]
+    if given:
+        raise ValueError(
+            f"advantage_estimator={args.advantage_estimator!r} builds no critic, so `{'` and `'.join(given)}` has "
+            "nothing to act on: drop it, or use advantage_estimator='gae' to train with this critic."
+        )
 
 
 def check_critic_job_inputs(args: PPOConfig, *, ref_model, peft_config) -> None:
@@ -197,7 +214,7 @@ def critic_job_models(policy: PreTrainedModel, critic: PreTrainedModel, tokenize
 
 def prepare_models(
     policy: PreTrainedModel,
-    critic: PreTrainedModel,
+    critic: PreTrainedModel | None,
     args: PPOConfig,
     peft_config: PeftConfig | None,
     value_peft_config: PeftConfig | dict | None,
@@ -208,16 +225,17 @@ def prepare_models(
             raise ImportError("`peft_config` needs the `peft` package: pip install peft")
         policy = get_peft_model(policy, peft_config)
     value_peft_config = value_peft_config if value_peft_config is not None else args.value_peft_config
-    if value_peft_config is not None:
+    if value_peft_config is not None and critic is not None:
         if is_peft_model(critic):
             logger.warning("The value model is already a PEFT model: `value_peft_config` is not applied.")
         else:
             critic = wrap_value_model(critic, value_peft_config)
+    models = [m for m in (policy, critic) if m is not None]
     if args.disable_dropout:
-        disable_dropout_in_model(policy)
-        disable_dropout_in_model(critic)
+        for m in models:
+            disable_dropout_in_model(m)
     if args.activation_checkpointing:
-        for m in (policy, critic):
+        for m in models:
             if hasattr(m, "activation_checkpointing_enable"):  # transformers ≥ 5.2's name
                 m.activation_checkpointing_enable(activation_checkpointing_kwargs=args.activation_checkpointing_kwargs)
             else:

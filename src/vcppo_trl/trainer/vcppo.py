@@ -14,11 +14,8 @@ import os
 import torch
 from transformers.utils import logging
 
-from ..algo.gae import dual_lambda_gae
 from ..config.vcppo import VCPPOConfig
 from ..rollout import StoredRolloutSource, StoredSourceSettings, with_stored_pretraining
-from ..rollout.types import Rollout
-from ..rollout.windowed import gae_bootstrap
 from . import saving as trainer_saving
 from .metrics import critic_fit, heldout_fit
 from .ppo import PPOTrainer
@@ -72,6 +69,13 @@ class VCPPOTrainer(PPOTrainer):
         given = [cb for cb in self.callback_handler.callbacks if isinstance(cb, ValuePretrainCallback)]
         if len(given) > 1:
             raise ValueError("Pass at most one ValuePretrainCallback.")
+        if not self.args.uses_critic:  # a group advantage estimator: no critic to pretrain
+            if given:
+                raise ValueError(
+                    f"A ValuePretrainCallback pretrains the critic, and advantage_estimator="
+                    f"{self.args.advantage_estimator!r} builds none: drop the callback, or use advantage_estimator='gae'."
+                )
+            return None
         if self.args.value_model_path is not None:
             for cb in given:
                 self.remove_callback(cb)
@@ -224,17 +228,3 @@ class VCPPOTrainer(PPOTrainer):
     def critic_lambda(self) -> float:
         """λ of the critic's targets: 1 during value pretraining (Monte-Carlo returns), else `lam_critic`."""
         return 1.0 if self.in_value_pretraining else self.args.lam_critic
-
-    def compute_advantages(self, rollout: Rollout):
-        """Decoupled GAE; during value pretraining the targets are Monte-Carlo returns (λ = 1)."""
-        return dual_lambda_gae(
-            rollout.rewards,
-            rollout.values,
-            rollout.response_mask,
-            gamma=self.args.gamma,
-            lam_actor=self.actor_lambda(rollout.action_tokens),
-            lam_critic=self.critic_lambda(),
-            bootstrap_values=gae_bootstrap(rollout, self.args.window_bootstrap),
-            action_mask=rollout.action_mask,
-            action_mask_mode=self.args.action_mask_mode,
-        )

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from ...paths import (
+    ADVANTAGE_WORKER,
     BALANCE_WORKER,
     GRAD_WORKER,
     LOADING_WORKER,
@@ -966,3 +967,19 @@ def test_rollout_func_on_two_ranks(tmp_path, launcher):
             assert "sampling/importance_sampling_ratio/mean" in logged  # the function's logprobs were used
     assert ranks[0]["policy_hash"] == ranks[1]["policy_hash"] != ranks[0]["initial_policy_hash"]
     assert ranks[0]["critic_hash"] == ranks[1]["critic_hash"]
+
+
+@pytest.mark.parametrize("launcher, estimator", [("ddp", "grpo"), ("zero3", "rloo")])
+def test_group_advantages_use_both_ranks_scores(tmp_path, launcher, estimator):
+    """A group advantage estimator on two processes (advantage_worker.py): GRPO with `scale_rewards="batch"` and RLOO
+    with `normalize_advantages` and the KL in its reward take their batch statistics over both ranks' responses, as
+    TRL's do: the advantages each rank trained on equal `group_advantages` of both ranks' scores together (and not
+    of its own alone), one per response on its policy tokens; no critic exists on either rank; the ranks end with the
+    same policy."""
+    _run_worker(ADVANTAGE_WORKER, launcher, [str(tmp_path), estimator])
+    result = json.load(open(tmp_path / "advantages.json"))
+    assert result["updates"] == 2
+    assert result["max_abs_diff"] < 1e-5
+    assert all(result["checks"]), result["checks"]
+    assert not result["critic_anywhere"]
+    assert result["policy_hashes"][0] == result["policy_hashes"][1]
