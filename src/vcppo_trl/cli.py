@@ -102,10 +102,12 @@ class VCPPOScriptArguments(ScriptArguments):
     toy_task: str = field(
         default="arithmetic",
         metadata={
-            "help": "Toy task: 'arithmetic' (text prompts) or 'tool_use' (chat prompts and an `add` tool to call).",
-            "choices": ["arithmetic", "tool_use"],
+            "help": "Toy task: 'arithmetic' (text prompts), 'tool_use' (an `add` tool to call) or 'pointer_chase'.",
+            "choices": ["arithmetic", "tool_use", "pointer_chase"],
         },
     )
+    toy_hops: int | None = field(default=None, metadata={"help": "Pointer-chase toy: hops per response, K (8)."})
+    toy_filler: int | None = field(default=None, metadata={"help": "Pointer-chase toy: dots after each hop (0)."})
     tools: list[str] = field(
         default_factory=list,
         metadata={"help": "Tools for the policy: import paths `package.module:name` of functions, sync or async."},
@@ -193,12 +195,10 @@ def build_toy(script_args: VCPPOScriptArguments, training_args: VCPPOConfig):
     from .toy.task import make_splits
     from .toy.tokenizer import build_tokenizer
 
-    if script_args.toy_task == "tool_use":  # the same options, None for the tool toy's defaults
-        from .toy.tool_use import build_tool_toy
+    if script_args.toy_task != "arithmetic" or (script_args.toy_hops, script_args.toy_filler) != (None, None):
+        from .toy.pointer_chase_cold_start import build_command_line_toy  # the same options, None for its defaults
 
-        names = ("num_train", "num_eval", "min_digits", "max_digits", "num_heads", "cold_start_steps")
-        options = {name: getattr(script_args, f"toy_{name}") for name in (*names, "cold_start_learning_rate")}
-        return build_tool_toy(output_dir=training_args.output_dir, seed=training_args.seed, **options)
+        return build_command_line_toy(script_args, training_args)
 
     def pick(value, default):
         return default if value is None else value
