@@ -238,7 +238,19 @@ def train_grpo(arm: str, hops: int, seed: int, budget: CreditBudget, policy_dir:
     return trainer.state.log_history, trainer.model
 
 
-def run_one(task: tuple, budget: CreditBudget, cache_dir: str, path: str) -> None:
+@dataclass(frozen=True)
+class ArmAtK:
+    """One arm at one K: what `runner._worker` runs (its `name` names the run's log, `logs/<arm>_K<k>-seed<s>.log`)."""
+
+    arm: str
+    hops: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.arm}_K{self.hops}"
+
+
+def run_one(which: ArmAtK, seed: int, budget: CreditBudget, cache_dir: str, path: str) -> None:
     """Train one arm at one K with one seed in this process (one torch thread), evaluate it, write its JSON."""
     import torch
 
@@ -246,7 +258,7 @@ def run_one(task: tuple, budget: CreditBudget, cache_dir: str, path: str) -> Non
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from transformers import AutoTokenizer
 
-    arm, hops, seed = task
+    arm, hops = which.arm, which.hops
     t0 = time.time()
     assets = cold_start_assets(seed, hops, budget, cache_dir)
     data = splits(seed, hops, budget)
@@ -270,7 +282,7 @@ def run_one(task: tuple, budget: CreditBudget, cache_dir: str, path: str) -> Non
         "seed": seed,
         "commit": git_commit(),
         "budget": budget.run_key(),
-        "cold_start": {"recipe_key": assets["manifest"].get("key"), **assets["manifest"]},
+        "cold_start": assets["manifest"],
         "cold_start_eval_sampled": assets["eval_sampled"],
         "cold_start_eval_greedy": assets["eval_greedy"],
         "final_eval_sampled": end["eval_sampled"],
@@ -300,9 +312,9 @@ def run_all(
                 saved = read_json(path)
                 if saved is not None and saved.get("budget") == budget.run_key():
                     continue
-                tasks.append(((arm, hops, seed), budget, cache_dir, path))
+                tasks.append((ArmAtK(arm, hops), seed, budget, cache_dir, path))
     print(f"{len(tasks)} runs to do.", flush=True)
-    for seed, hops in sorted({(t[0][2], t[0][1]) for t in tasks}):
+    for seed, hops in sorted({(seed, which.hops) for which, seed, *_ in tasks}):
         t0 = time.time()
         cold_start_assets(seed, hops, budget, cache_dir)
         print(f"cold start seed {seed} K={hops}: ready in {time.time() - t0:.0f} s", flush=True)
@@ -315,30 +327,9 @@ def run_all(
     return failures
 
 
-def _worker(task: tuple) -> tuple[str, str | None]:
-    """One run with its console output in `D/logs/<arm>_K<k>-seed<s>.log` (runner._worker's layout)."""
-    import traceback
-
-    (arm, hops, seed), budget, cache_dir, path = task
-    log_path = os.path.join(
-        os.path.dirname(os.path.dirname(os.path.dirname(path))), "logs", f"{arm}_K{hops}-seed{seed}.log"
-    )
-    os.makedirs(os.path.dirname(log_path), exist_ok=True)
-    with open(log_path, "w") as log:
-        os.dup2(log.fileno(), 1)
-        os.dup2(log.fileno(), 2)
-        sys.stdout = sys.stderr = log
-        try:
-            run_one((arm, hops, seed), budget, cache_dir, path)
-            return path, None
-        except Exception:
-            error = traceback.format_exc()
-            print(error, flush=True)
-            return path, error
-
-
 def _run_task(task: tuple, result) -> None:
-    result.send(_worker(task))
+    """What each spawned process runs (runner._run_processes's `target`): this module's run, logged as runner's."""
+    result.send(runner._worker(task, run=run_one))
     result.close()
 
 

@@ -25,6 +25,7 @@ import os
 import sys
 import time
 
+import runner
 from credit import CreditBudget, cold_start_assets, recipe_of, response_length, splits
 from run_files import DEFAULT_CACHE, DEFAULT_RESULTS, git_commit, write_json
 
@@ -44,14 +45,7 @@ def pearson(xs: list[float], ys: list[float]) -> float:
 
 def base_fields(out_dir: str, seed: int, hops: int, budget: CreditBudget) -> dict:
     return {
-        "output_dir": out_dir,
-        "seed": seed,
-        "use_cpu": True,
-        "bf16": False,
-        "report_to": "none",
-        "logging_steps": 1,
-        "save_strategy": "no",
-        "disable_tqdm": True,
+        **runner.common_args(out_dir, seed),
         "num_sample_generations": 0,
         "num_generations": budget.num_generations,
         "response_length": response_length(hops, budget),
