@@ -9,7 +9,8 @@ alone on fresh rollouts of the frozen policy each update, λ = 1) for `--updates
 the same policy (`--eval-prompts` prompts × 4 responses) the Monte-Carlo explained variance of the learned critic and
 of the oracle (`toy.pointer_chase_credit.oracle_values`) by relative position, and the correlation of each hop's
 advantage (at its decision token) with that hop's correctness under a group mean of G = 2 and 4, the learned critic
-with GAE λ 0.95 and the oracle with GAE λ 0.95 (`../shared/notes/credit_sim.py`'s measure).
+with GAE λ 0.95 and the oracle with GAE λ 0.95 (the measure of issue 58's numpy simulation of K independent
+decisions, which has no model).
 
 `noise`: the policy's gradient norm at two mini-batch sizes on frozen cold-start rollouts (learning rate 0, so the
 policy never moves; one optimizer step per update), giving the gradient noise scale B_noise = tr(Σ) / |G|² from

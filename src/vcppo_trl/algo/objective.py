@@ -166,21 +166,9 @@ def ppo_micro_batch_loss(
             micro-batch's.
     """
     mask = batch.mask
-    value = vpred_mean = None
-    loss = torch.zeros((), device=mask.device)
-    if vpred is not None:
-        value = clipped_value_loss(
-            vpred,
-            batch.old_values,
-            batch.returns,
-            mask=mask,
-            cliprange_value=settings.cliprange_value,
-            loss_type=settings.value_loss_type,
-            normalizer=value_normalizer,
-            max_length=settings.max_length,
-        )
-        loss = settings.vf_coef * value.loss
-        vpred_mean = masked_mean(vpred.detach(), mask)
+    value = value_term(settings, batch, vpred=vpred, normalizer=value_normalizer)
+    loss = torch.zeros((), device=mask.device) if value is None else settings.vf_coef * value.loss
+    vpred_mean = None if vpred is None else masked_mean(vpred.detach(), mask)
     if logprobs is None:
         return MicroBatchLoss(loss=loss, value=value, vpred=vpred_mean)
     importance_weights = None
@@ -238,6 +226,24 @@ def ppo_micro_batch_loss(
         importance_weights=importance_weights,
         positive_example_lm=None if positive_lm is None else positive_lm.detach(),
         kl=kl,
+    )
+
+
+def value_term(
+    settings: PPOLossSettings, batch: PPOBatch, *, vpred: torch.Tensor | None, normalizer: torch.Tensor | float
+) -> ValueLossOutput | None:
+    """The clipped value loss of a micro-batch (before `vf_coef`), or `None` without a critic (`vpred` is `None`)."""
+    if vpred is None:
+        return None
+    return clipped_value_loss(
+        vpred,
+        batch.old_values,
+        batch.returns,
+        mask=batch.mask,
+        cliprange_value=settings.cliprange_value,
+        loss_type=settings.value_loss_type,
+        normalizer=normalizer,
+        max_length=settings.max_length,
     )
 
 
