@@ -3,6 +3,10 @@ chase, and how large must a batch be to beat the gradient's noise. Results under
 
     python experiments/credit_pilots.py critic --hops 2 8 32 --seed 900     # pilot (c)
     python experiments/credit_pilots.py noise --hops 8 --seed 900           # the batch size of pilot (b)
+    python experiments/credit_pilots.py cold_start --hops 8 --seeds 900 901 902   # the cold starts' held-out success
+
+`cold_start`: each (seed, K)'s cold start, built or read from the cache, and its held-out greedy and sampled success
+(the table's evaluation, `credit.cold_start_assets`): the pilots and the table need about 0.35 on every seed.
 
 `critic` (pilot (c)): on the frozen cold start, value pretraining (`VCPPOTrainer`, `value_pretrain_only`: the critic
 alone on fresh rollouts of the frozen policy each update, λ = 1) for `--updates` updates; then on held-out rollouts of
@@ -210,11 +214,28 @@ def noise_pilot(hops: int, seed: int, estimator: str, sizes: tuple[int, int], up
     }
 
 
+def cold_start_pilot(hops: int, seed: int, budget, cache_dir: str) -> dict:
+    """The cold start of (seed, K) and its held-out success (`credit.cold_start_assets`, cached beside it)."""
+    t0 = time.time()
+    assets = cold_start_assets(seed, hops, budget, cache_dir)
+    manifest = assets["manifest"]
+    return {
+        "hops": hops,
+        "seed": seed,
+        "eval_sampled": assets["eval_sampled"],
+        "eval_greedy": assets["eval_greedy"],
+        "cold_start": {k: manifest[k] for k in ("key", "recipe", "weights_sha256", "lookup_stage", "cpu", "threads")},
+        "sft_seconds": manifest["seconds"],
+        "seconds": time.time() - t0,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("pilot", choices=("critic", "noise"))
+    parser.add_argument("pilot", choices=("critic", "noise", "cold_start"))
     parser.add_argument("--hops", nargs="+", type=int, default=[8])
     parser.add_argument("--seed", type=int, default=900)
+    parser.add_argument("--seeds", nargs="+", type=int, help="cold_start: the seeds (default: --seed)")
     parser.add_argument("--updates", type=int, default=40, help="critic: value-pretraining updates; noise: per size")
     parser.add_argument("--value-lr", type=float, default=1e-3)
     parser.add_argument("--eval-prompts", type=int, default=128)
@@ -231,7 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     budget = CreditBudget(cold_start_steps=args.cold_start_steps)
     for hops in args.hops:
         recipe_of(args.seed, hops, budget)  # a bad K stops here
-        if args.pilot == "critic":
+        if args.pilot == "cold_start":
+            records = [cold_start_pilot(hops, seed, budget, args.cache_dir) for seed in args.seeds or [args.seed]]
+        elif args.pilot == "critic":
             records = [
                 critic_pilot(hops, args.seed, args.updates, args.value_lr, args.eval_prompts, budget, args.cache_dir)
             ]
@@ -242,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             ]
         for record in records:
             record |= {"commit": git_commit(), "argv": sys.argv[1:]}
-            name = f"{args.pilot}_K{hops}_seed{args.seed}{record.get('estimator', '') and '_' + record['estimator']}"
+            seed = record.get("seed", args.seed)
+            name = f"{args.pilot}_K{hops}_seed{seed}{record.get('estimator', '') and '_' + record['estimator']}"
             write_json(os.path.join(args.results_dir, f"{name}{args.tag}.json"), record)
             print(name, {k: v for k, v in record.items() if k not in ("pretrain_curve", "argv")}, flush=True)
     return 0

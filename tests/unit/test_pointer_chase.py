@@ -287,17 +287,23 @@ def test_the_cache_key_changes_with_every_knob():
 def test_the_same_recipe_gives_the_same_weights_and_is_built_once(tmp_path):
     small = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "steps": 2, "lookup_steps": 2, "batch_size": 2}
     recipe = ColdStartRecipe(num_hops=2, seed=5, **small)
-    assert recipe.lookup_stage() == ColdStartRecipe(num_hops=8, seed=5, **{**small, "lookup_steps": 0})
+    # The first stage is the base of seed `lookup_seed` (0), whatever the recipe's own seed.
+    base = ColdStartRecipe(num_hops=8, seed=0, **{**small, "lookup_steps": 0}, lookup_seed=None)
+    assert recipe.lookup_stage() == base
     policy, _, built = build_cold_start(recipe, cache_dir=str(tmp_path))
     assert not built["loaded_from_cache"] and built["weights_sha256"] == weights_sha256(policy)
-    assert built["lookup_stage"]["key"] == recipe.lookup_stage().key()
+    assert built["lookup_stage"]["key"] == base.key()
     _, _, again = build_cold_start(recipe, cache_dir=str(tmp_path))
     assert again["loaded_from_cache"] and again["weights_sha256"] == built["weights_sha256"]
     rebuilt, _, _ = build_cold_start(recipe)  # no cache: both stages afresh, bit-identical on this machine
     assert weights_sha256(rebuilt) == built["weights_sha256"]
-    # Another K shares the first stage; another seed has its own.
+    # Another K and another seed share the first stage and have their own second.
     _, _, other_k = build_cold_start(dataclasses.replace(recipe, num_hops=3), cache_dir=str(tmp_path))
     assert other_k["lookup_stage"] == built["lookup_stage"] and other_k["weights_sha256"] != built["weights_sha256"]
-    other, _, _ = build_cold_start(dataclasses.replace(recipe, seed=6), cache_dir=str(tmp_path))
-    assert weights_sha256(other) != built["weights_sha256"]
-    assert len([p for p in tmp_path.iterdir() if p.name.startswith("pointer_chase-")]) == 5
+    _, _, other_seed = build_cold_start(dataclasses.replace(recipe, seed=6), cache_dir=str(tmp_path))
+    assert other_seed["lookup_stage"] == built["lookup_stage"]
+    assert other_seed["weights_sha256"] != built["weights_sha256"]
+    # lookup_seed=None: the first stage from the recipe's own seed.
+    _, _, own = build_cold_start(dataclasses.replace(recipe, lookup_seed=None), cache_dir=str(tmp_path))
+    assert own["lookup_stage"]["key"] == dataclasses.replace(base, seed=5).key() != base.key()
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("pointer_chase-")]) == 6
