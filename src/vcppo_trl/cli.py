@@ -108,6 +108,9 @@ class VCPPOScriptArguments(ScriptArguments):
     )
     toy_hops: int | None = field(default=None, metadata={"help": "Pointer-chase toy: hops per response, K (8)."})
     toy_filler: int | None = field(default=None, metadata={"help": "Pointer-chase toy: dots after each hop (0)."})
+    toy_tables: int | None = field(
+        default=None, metadata={"help": "Pointer-chase toy: a pool of this many tables (default: a fresh one each)."}
+    )
     tools: list[str] = field(
         default_factory=list,
         metadata={"help": "Tools for the policy: import paths `package.module:name` of functions, sync or async."},
@@ -195,7 +198,8 @@ def build_toy(script_args: VCPPOScriptArguments, training_args: VCPPOConfig):
     from .toy.task import make_splits
     from .toy.tokenizer import build_tokenizer
 
-    if script_args.toy_task != "arithmetic" or (script_args.toy_hops, script_args.toy_filler) != (None, None):
+    pointer_chase_options = (script_args.toy_hops, script_args.toy_filler, script_args.toy_tables)
+    if script_args.toy_task != "arithmetic" or pointer_chase_options != (None, None, None):
         from .toy.pointer_chase_cold_start import build_command_line_toy  # the same options, None for its defaults
 
         return build_command_line_toy(script_args, training_args)

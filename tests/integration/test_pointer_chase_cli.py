@@ -26,7 +26,10 @@ def test_train_py_runs_the_pointer_chase(tmp_path, capsys, caplog):
     out = tmp_path / "run"
     main(["--config", RECIPE, "--output_dir", str(out), *TINY])
     assert "after cold start" in capsys.readouterr().out
-    assert "Embedded pointer-chase run: 2 hops over 12 pairs, 1 filler dots a hop" in caplog.text
+    assert (
+        "Embedded pointer-chase run: 2 hops over 12 pairs (a fresh table per problem), 1 filler dots a hop"
+        in caplog.text
+    )
     assert os.path.isfile(out / "model.safetensors")
     cached = [p for p in (out / "cold_start").iterdir() if p.name.startswith("pointer_chase-")]
     assert len(cached) == 2 and all((folder / "manifest.json").is_file() for folder in cached)  # both stages
@@ -44,6 +47,7 @@ def test_the_command_line_builds_the_toy_once_and_refuses_knobs_of_other_toys(tm
     for task, knob in (
         ("arithmetic", "--toy_hops"),
         ("tool_use", "--toy_filler"),
+        ("arithmetic", "--toy_tables"),
         ("pointer_chase", "--toy_max_digits"),
     ):
         options = ["--config", RECIPE, "--output_dir", out, "--toy_task", task, knob, "3"]

@@ -20,6 +20,8 @@ from vcppo_trl.toy.pointer_chase import (
     parse_prompt,
     pointer_chase_reward,
     sample_trace,
+    start_letters,
+    table_pool,
 )
 from vcppo_trl.toy.pointer_chase_cold_start import ColdStartRecipe, build_cold_start, weights_sha256
 from vcppo_trl.toy.pointer_chase_credit import (
@@ -79,6 +81,44 @@ def test_no_trace_with_a_wrong_hop_ends_on_the_answer(num_hops, num_pairs, num_d
         assert len(outcomes) > num_hops
         for final, wrong in outcomes:
             assert (final == problem.answer) == (wrong == 0), (problem, final, wrong)
+
+
+@pytest.mark.parametrize("num_hops, num_pairs, num_distractors", SHAPES + [(8, 12, 3), (32, 12, 3)])
+def test_every_start_of_a_pool_table_keeps_the_no_way_back_property(num_hops, num_pairs, num_distractors):
+    shape = {"num_hops": num_hops, "num_pairs": num_pairs, "num_distractors": num_distractors}
+    pool = table_pool(2, **shape)
+    assert pool == table_pool(2, **shape)  # the task's, whatever the run
+    for table in pool:
+        starts = start_letters(table)
+        assert starts[0] == table.start and len(set(starts)) == len(starts) >= num_hops % len(starts) + 1
+        for start in starts:
+            problem = dataclasses.replace(table, start=start)
+            assert len(problem.distractors) >= num_distractors and problem.answer not in problem.distractors
+            if num_hops <= 7:  # every trace
+                for final, wrong in _traces(problem, problem.start, num_hops, 0):
+                    assert (final == problem.answer) == (wrong == 0), (problem, final, wrong)
+            else:  # too many to list: traces sampled with many wrong hops
+                rng = random.Random(start)
+                for _ in range(200):
+                    values = sample_trace(problem, 0.3, rng)
+                    keys = [problem.start, *values[:-1]]
+                    wrong = sum(v != problem.lookup[k.lower()] for v, k in zip(values, keys))
+                    assert (values[-1] == problem.answer) == (wrong == 0)
+
+
+def test_a_pool_of_tables_gives_few_prompts_shared_by_the_splits():
+    with pytest.raises(ValueError, match="at least 1"):
+        table_pool(0)
+    data = make_pointer_chase_dataset(300, seed=3, num_hops=8, num_tables=2)
+    tables = {format_prompt(t).split(" | ")[0] for t in table_pool(2, num_hops=8)}
+    assert {prompt.split(" | ")[0] for prompt in data["prompt"]} == tables
+    assert len(set(data["prompt"])) <= 2 * 12
+    assert all((row["wrong_hops"] == 0) == row["completion_correct"] for row in data)
+    # One table: 12 prompts in all, so the test split's are trained on (no exclusion, and no endless draw).
+    splits = make_pointer_chase_splits(50, 20, num_hops=8, num_tables=1)
+    assert set(splits["test"]["prompt"]) <= set(splits["train"]["prompt"])
+    fresh = make_pointer_chase_splits(50, 20, num_hops=8)
+    assert not set(fresh["test"]["prompt"]) & set(fresh["train"]["prompt"])
 
 
 def test_a_long_chase_reuses_letters_and_keeps_the_answer_off_the_start():
@@ -303,6 +343,9 @@ def test_the_same_recipe_gives_the_same_weights_and_is_built_once(tmp_path):
     _, _, other_seed = build_cold_start(dataclasses.replace(recipe, seed=6), cache_dir=str(tmp_path))
     assert other_seed["lookup_stage"] == built["lookup_stage"]
     assert other_seed["weights_sha256"] != built["weights_sha256"]
+    # A pool of tables: the same first stage (it learns the in-context lookup on fresh tables), its own second.
+    pooled = dataclasses.replace(recipe, num_tables=3)
+    assert pooled.lookup_stage() == base and pooled.task()["num_tables"] == 3
     # lookup_seed=None: the first stage from the recipe's own seed.
     _, _, own = build_cold_start(dataclasses.replace(recipe, lookup_seed=None), cache_dir=str(tmp_path))
     assert own["lookup_stage"]["key"] == dataclasses.replace(base, seed=5).key() != base.key()

@@ -41,6 +41,7 @@ previous value. `pointer_chase_credit.py` finds each hop's decision token and wh
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 import string
@@ -57,6 +58,11 @@ POINTER_CHASE_DISTRACTORS = 3
 POINTER_CHASE_FILLER = 0
 POINTER_CHASE_SUCCESS = 0.35
 """Success rate of the cold start's traces at every K: each hop is wrong with probability 1 - s^(1/K)."""
+POINTER_CHASE_TABLES = None
+"""Tables of the task: `None` draws a fresh table for every problem; M draws each problem from a pool of M tables
+([`table_pool`])."""
+TABLE_POOL_SEED = 20_261_206
+"""Seed of [`table_pool`]: the pool is part of the task, the same for every run's seed."""
 POINTER_CHASE_NUM_TRAIN = 4000
 POINTER_CHASE_NUM_EVAL = 300
 
@@ -158,6 +164,41 @@ def make_problem(
     return ChaseProblem(entries=tuple(entries), start=letters[0].upper(), num_hops=num_hops)
 
 
+def start_letters(problem: ChaseProblem) -> list[str]:
+    """The values a problem of this table may start from: the letters of its start's cycle, in walk order. From any of
+    them the chain and its distractors keep [`make_problem`]'s shape: on one cycle the distractors are the letters just
+    after the answer; on two, the other cycle's letters, and K modulo the cycle's length is the same."""
+    lookup, letters, value = problem.lookup, [problem.start], problem.start
+    while (value := lookup[value.lower()]) != problem.start:
+        letters.append(value)
+    return letters
+
+
+def table_pool(
+    num_tables: int,
+    num_hops: int = POINTER_CHASE_HOPS,
+    num_pairs: int = POINTER_CHASE_PAIRS,
+    num_distractors: int = POINTER_CHASE_DISTRACTORS,
+) -> list[ChaseProblem]:
+    """The task's `num_tables` tables ([`make_problem`] from [`TABLE_POOL_SEED`]: the same for every run). With a pool,
+    a table's lookups can be learned into the weights, by the policy and by a critic: with a fresh table per problem a
+    critic must redo the in-context lookup to see that a hop was wrong, which a toy critic did not learn from returns
+    (`experiments/credit_critic_learnability.py`)."""
+    if num_tables < 1:
+        raise ValueError(f"`num_tables` must be at least 1 (or None for a fresh table per problem), got {num_tables}.")
+    rng = random.Random(TABLE_POOL_SEED)
+    return [make_problem(rng, num_hops, num_pairs, num_distractors) for _ in range(num_tables)]
+
+
+def draw_problem(rng: random.Random, pool: Sequence[ChaseProblem] | None, **shape) -> ChaseProblem:
+    """A problem: a fresh table ([`make_problem`] with `shape`) without a pool, else a pool's table from one of its
+    [`start_letters`]."""
+    if pool is None:
+        return make_problem(rng, **shape)
+    table = pool[rng.randrange(len(pool))]
+    return dataclasses.replace(table, start=rng.choice(start_letters(table)))
+
+
 def format_prompt(problem: ChaseProblem) -> str:
     """The prompt: `"Kd Qa ... | A\\n"`, the table (each entry the value, then its key), then the start value; the only
     newline ends it."""
@@ -214,12 +255,15 @@ def make_pointer_chase_dataset(
     filler: int = POINTER_CHASE_FILLER,
     success: float | None = POINTER_CHASE_SUCCESS,
     exclude_prompts: Iterable[str] | None = None,
+    num_tables: int | None = POINTER_CHASE_TABLES,
 ) -> Dataset:
     """Pointer-chase problems with cold-start traces, each hop wrong with probability ε_K ([`hop_error_rate`]).
 
     Args:
         success (`float` or `None`): Success rate of the traces (ε_K from it); `None` writes correct traces only.
         exclude_prompts (`Iterable[str]` or `None`): Prompts that must not appear (a held-out split's).
+        num_tables (`int` or `None`): `None`, a fresh table per problem; M, problems from the pool of M tables
+            ([`table_pool`]), so that M × (letters a start may be) prompts exist.
 
     Returns:
         [`~datasets.Dataset`]: Columns `prompt`, `completion` (a trace, no end-of-sequence token), `solution`
@@ -229,9 +273,11 @@ def make_pointer_chase_dataset(
     error_rate = 0.0 if success is None else hop_error_rate(num_hops, success)
     rng = random.Random(seed)
     excluded = set(exclude_prompts or ())
+    shape = {"num_hops": num_hops, "num_pairs": num_pairs, "num_distractors": num_distractors}
+    pool = None if num_tables is None else table_pool(num_tables, **shape)
     rows = []
     while len(rows) < num_examples:
-        problem = make_problem(rng, num_hops=num_hops, num_pairs=num_pairs, num_distractors=num_distractors)
+        problem = draw_problem(rng, pool, **shape)
         values = sample_trace(problem, error_rate, rng)
         prompt = format_prompt(problem)
         if prompt in excluded:
@@ -254,8 +300,11 @@ def make_pointer_chase_dataset(
 def make_pointer_chase_splits(
     num_train: int = POINTER_CHASE_NUM_TRAIN, num_eval: int = POINTER_CHASE_NUM_EVAL, seed: int = 0, **task
 ) -> DatasetDict:
-    """Train and test splits (test first, with correct traces; no test prompt in train). `task`: the knobs of
-    [`make_pointer_chase_dataset`] (`num_hops`, `num_pairs`, `num_distractors`, `filler`, `success`)."""
+    """Train and test splits (test first, with correct traces). `task`: the knobs of [`make_pointer_chase_dataset`]
+    (`num_hops`, `num_pairs`, `num_distractors`, `filler`, `success`, `num_tables`). With a fresh table per problem
+    no test prompt is in train; with a pool of tables the test prompts are drawn from the same pool and may be in
+    train (the few prompts it has are all trained on: test accuracy is then on fresh samples, not unseen prompts)."""
     test = make_pointer_chase_dataset(num_eval, seed=seed + 1_000_003, **{**task, "success": None})
-    train = make_pointer_chase_dataset(num_train, seed=seed, exclude_prompts=test["prompt"], **task)
+    held_out = test["prompt"] if task.get("num_tables") is None else None
+    train = make_pointer_chase_dataset(num_train, seed=seed, exclude_prompts=held_out, **task)
     return DatasetDict(train=train, test=test)

@@ -32,6 +32,7 @@ from .pointer_chase import (
     POINTER_CHASE_NUM_TRAIN,
     POINTER_CHASE_PAIRS,
     POINTER_CHASE_SUCCESS,
+    POINTER_CHASE_TABLES,
     check_table_shape,
     make_pointer_chase_dataset,
     make_pointer_chase_splits,
@@ -73,6 +74,7 @@ class ColdStartRecipe:
     num_distractors: int = POINTER_CHASE_DISTRACTORS
     filler: int = POINTER_CHASE_FILLER
     success: float = POINTER_CHASE_SUCCESS
+    num_tables: int | None = POINTER_CHASE_TABLES
     hidden_size: int = 128
     num_layers: int = 3
     num_heads: int = 4
@@ -87,17 +89,24 @@ class ColdStartRecipe:
 
     def task(self) -> dict:
         """The task's knobs, as [`make_pointer_chase_dataset`] and [`make_pointer_chase_splits`] take them."""
-        keys = ("num_hops", "num_pairs", "num_distractors", "filler", "success")
+        keys = ("num_hops", "num_pairs", "num_distractors", "filler", "success", "num_tables")
         return {key: getattr(self, key) for key in keys}
 
     def lookup_stage(self) -> ColdStartRecipe | None:
-        """The first stage's recipe (one stage, 8 hops, no filler, `lookup_steps` steps, seed `lookup_seed` unless
-        `None`); `None` without one."""
+        """The first stage's recipe (one stage, 8 hops, no filler, a fresh table per problem, `lookup_steps` steps,
+        seed `lookup_seed` unless `None`); `None` without one."""
         if self.lookup_steps == 0:
             return None
         seed = self.seed if self.lookup_seed is None else self.lookup_seed
         return dataclasses.replace(
-            self, num_hops=LOOKUP_HOPS, filler=0, steps=self.lookup_steps, lookup_steps=0, lookup_seed=None, seed=seed
+            self,
+            num_hops=LOOKUP_HOPS,
+            filler=0,
+            num_tables=None,
+            steps=self.lookup_steps,
+            lookup_steps=0,
+            lookup_seed=None,
+            seed=seed,
         )
 
     def data_seed(self) -> int:
@@ -228,6 +237,7 @@ def build_pointer_chase_toy(
     seed: int = 0,
     hops: int | None = None,
     filler: int | None = None,
+    tables: int | None = None,
     num_train: int | None = None,
     num_eval: int | None = None,
     num_heads: int | None = None,
@@ -242,6 +252,7 @@ def build_pointer_chase_toy(
     options = {
         "num_hops": hops,
         "filler": filler,
+        "num_tables": tables,
         "num_heads": num_heads,
         "steps": cold_start_steps,
         "lookup_steps": cold_start_steps,
@@ -257,8 +268,9 @@ def build_pointer_chase_toy(
     )
     cache_dir = os.path.join(output_dir, "cold_start")
     logger.warning(
-        f"Embedded pointer-chase run: {recipe.num_hops} hops over {recipe.num_pairs} pairs, {recipe.filler} filler "
-        f"dots a hop; cold-start SFT for {recipe.lookup_steps} steps on 8-hop traces then {recipe.steps} on the "
+        f"Embedded pointer-chase run: {recipe.num_hops} hops over {recipe.num_pairs} pairs "
+        f"({'a fresh table per problem' if recipe.num_tables is None else f'a pool of {recipe.num_tables} tables'}), "
+        f"{recipe.filler} filler dots a hop; cold-start SFT for {recipe.lookup_steps} steps on 8-hop traces then {recipe.steps} on the "
         f"task's, right {recipe.success:.0%} of the time (cached in {cache_dir})."
     )
     policy, tokenizer, manifest = build_cold_start(recipe, cache_dir=cache_dir)
@@ -275,7 +287,7 @@ def build_command_line_toy(script_args, training_args):
     any model is built, an option the chosen toy does not take: `--toy_hops` and `--toy_filler` off the pointer chase
     (the arithmetic default included), the digit counts on it. Returns `(policy, tokenizer, train, test)`."""
     task = script_args.toy_task
-    unused = ("min_digits", "max_digits") if task == "pointer_chase" else ("hops", "filler")
+    unused = ("min_digits", "max_digits") if task == "pointer_chase" else ("hops", "filler", "tables")
     if given := [f"--toy_{name}" for name in unused if getattr(script_args, f"toy_{name}") is not None]:
         raise ValueError(f"{' and '.join(given)}: not an option of --toy_task {task}.")
     shared = ("num_train", "num_eval", "num_heads", "cold_start_steps", "cold_start_learning_rate")
@@ -288,5 +300,5 @@ def build_command_line_toy(script_args, training_args):
     from .tokenizer import build_tokenizer
 
     resolve_stop_token_ids(build_tokenizer(), stop_token_id=training_args.stop_token_id)  # a bad one stops here
-    options = {name: getattr(script_args, f"toy_{name}") for name in (*shared, "hops", "filler")}
+    options = {name: getattr(script_args, f"toy_{name}") for name in (*shared, "hops", "filler", "tables")}
     return build_pointer_chase_toy(output_dir=training_args.output_dir, seed=training_args.seed, **options)
