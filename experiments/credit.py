@@ -69,6 +69,7 @@ class CreditBudget:
     eval_samples: int = 4
     eval_every: int = 10
     cold_start_steps: int | None = None  # None: the recipe's default
+    num_tables: int | None = None  # the task's pool of tables (None: a fresh table per problem)
 
     @property
     def episodes_per_update(self) -> int:
@@ -103,7 +104,10 @@ def recipe_of(seed: int, hops: int, budget: CreditBudget):
     # Both stages (the shared lookup stage and the task's own) at `cold_start_steps` when the budget sets it.
     steps = budget.cold_start_steps
     return ColdStartRecipe(
-        seed=seed, num_hops=hops, **({} if steps is None else {"steps": steps, "lookup_steps": steps})
+        seed=seed,
+        num_hops=hops,
+        num_tables=budget.num_tables,
+        **({} if steps is None else {"steps": steps, "lookup_steps": steps}),
     )
 
 
@@ -403,8 +407,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="A tiny budget (tests): 1 update, 2 SFT steps.")
     parser.add_argument("--updates", type=int, help="Policy updates per run instead of the budget's (a pilot).")
     parser.add_argument("--learning-rate", type=float, help="The policy's learning rate instead of the budget's.")
+    parser.add_argument("--tables", type=int, help="A pool of this many tables (default: a fresh table per problem).")
     args = parser.parse_args(argv)
     budget = SMOKE_BUDGET if args.smoke else CreditBudget()
+    if args.tables:
+        budget = dataclasses.replace(budget, num_tables=args.tables)
     if args.updates:
         budget = dataclasses.replace(budget, ppo_updates=args.updates)
     if args.learning_rate:
