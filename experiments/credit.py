@@ -57,11 +57,11 @@ class CreditBudget:
     num_eval: int = 200
     num_generations: int = 4  # every arm: G responses per prompt (the group arms' group)
     per_device_train_batch_size: int = 16
-    gradient_accumulation_steps: int = 2
-    num_mini_batches: int = 2  # 64 responses (16 prompts × 4) per update
+    gradient_accumulation_steps: int = 4
+    num_mini_batches: int = 1  # 64 responses (16 prompts × 4) per update and per optimizer step (plan amendment 8)
     num_ppo_epochs: int = 2
     ppo_updates: int = 30
-    pretrain_updates: int = 20  # vcppo's value pretraining (a fixed number: no early stop)
+    pretrain_updates: int | None = None  # vcppo's value pretraining, fixed (no early stop); None: pretrain_updates_at
     learning_rate: float = 1e-4
     value_learning_rate: float = 1e-3
     vf_coef: float = 0.5
@@ -69,7 +69,13 @@ class CreditBudget:
     eval_samples: int = 4
     eval_every: int = 10
     cold_start_steps: int | None = None  # None: the recipe's default
-    num_tables: int | None = None  # the task's pool of tables (None: a fresh table per problem)
+    num_tables: int | None = 1  # the task's pool of tables (None: a fresh table per problem; plan amendment 8)
+
+    def pretrain_updates_at(self, hops: int) -> int:
+        """vcppo's value-pretraining updates at K: `pretrain_updates`, else max(50, 800 // K) (400 / 100 / 50 at K = 2
+        / 8 / 32): the critic learns from hop decisions, K per response, and pilot (c) saw it converge after about 150
+        updates at K = 2, 60 at K = 8 and 10 at K = 32 (plan amendment 8)."""
+        return self.pretrain_updates if self.pretrain_updates is not None else max(50, 800 // hops)
 
     @property
     def episodes_per_update(self) -> int:
@@ -162,7 +168,7 @@ def train_ours(arm: str, hops: int, seed: int, budget: CreditBudget, policy_dir:
     from vcppo_trl import VCPPOConfig, VCPPOTrainer
     from vcppo_trl.toy.pointer_chase import pointer_chase_reward
 
-    pretrain = budget.pretrain_updates if arm == "vcppo" else 0
+    pretrain = budget.pretrain_updates_at(hops) if arm == "vcppo" else 0
     estimator = {"group_mean": "grpo", "rloo": "rloo"}.get(arm, "gae")
     fields = {
         **runner.common_args(out_dir, seed),
@@ -407,11 +413,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="A tiny budget (tests): 1 update, 2 SFT steps.")
     parser.add_argument("--updates", type=int, help="Policy updates per run instead of the budget's (a pilot).")
     parser.add_argument("--learning-rate", type=float, help="The policy's learning rate instead of the budget's.")
-    parser.add_argument("--tables", type=int, help="A pool of this many tables (default: a fresh table per problem).")
+    parser.add_argument(
+        "--tables", type=int, help="A pool of this many tables instead of the budget's (0: a fresh one each)."
+    )
     args = parser.parse_args(argv)
     budget = SMOKE_BUDGET if args.smoke else CreditBudget()
-    if args.tables:
-        budget = dataclasses.replace(budget, num_tables=args.tables)
+    if args.tables is not None:
+        budget = dataclasses.replace(budget, num_tables=args.tables or None)
     if args.updates:
         budget = dataclasses.replace(budget, ppo_updates=args.updates)
     if args.learning_rate:

@@ -25,6 +25,7 @@ estimator.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -245,12 +246,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", default=os.path.join(DEFAULT_CACHE, "credit"))
     parser.add_argument("--tag", default="", help="A suffix of the result file's name (a variant of the pilot).")
     parser.add_argument("--cold-start-steps", type=int, help="SFT steps of the cold start (default: the recipe's).")
-    parser.add_argument("--tables", type=int, help="A pool of this many tables (default: a fresh table per problem).")
+    parser.add_argument(
+        "--tables", type=int, help="A pool of this many tables instead of the budget's (0: a fresh one each)."
+    )
     args = parser.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
-    budget = CreditBudget(cold_start_steps=args.cold_start_steps, num_tables=args.tables)
+    budget = CreditBudget(cold_start_steps=args.cold_start_steps)
+    if args.tables is not None:
+        budget = dataclasses.replace(budget, num_tables=args.tables or None)
     for hops in args.hops:
         recipe_of(args.seed, hops, budget)  # a bad K stops here
         if args.pilot == "cold_start":
@@ -265,10 +270,10 @@ def main(argv: list[str] | None = None) -> int:
                 for e in args.estimators
             ]
         for record in records:
-            record |= {"commit": git_commit(), "argv": sys.argv[1:], "num_tables": args.tables}
+            record |= {"commit": git_commit(), "argv": sys.argv[1:], "num_tables": budget.num_tables}
             seed = record.get("seed", args.seed)
             name = f"{args.pilot}_K{hops}_seed{seed}{record.get('estimator', '') and '_' + record['estimator']}"
-            name += "" if args.tables is None else f"_pool{args.tables}"
+            name += "" if budget.num_tables is None else f"_pool{budget.num_tables}"
             write_json(os.path.join(args.results_dir, f"{name}{args.tag}.json"), record)
             print(name, {k: v for k, v in record.items() if k not in ("pretrain_curve", "argv")}, flush=True)
     return 0

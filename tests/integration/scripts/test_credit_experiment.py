@@ -41,7 +41,7 @@ def test_the_critic_pilot_measures_both_critics(tmp_path):
     results, cache = str(tmp_path / "pilots"), str(tmp_path / "cache")
     argv = ["critic", "--hops", "2", "--seed", "0", "--updates", "1", "--eval-prompts", "4", "--cold-start-steps", "2"]
     assert credit_pilots.main([*argv, "--results-dir", results, "--cache-dir", cache]) == 0
-    with open(os.path.join(results, "critic_K2_seed0.json")) as f:
+    with open(os.path.join(results, "critic_K2_seed0_pool1.json")) as f:  # the budget's pool of one table
         record = json.load(f)
     assert record["episodes"] == 16 and len(record["pretrain_curve"]) == 1
     assert set(record["ev_by_position"]) == {"critic", "oracle"} and len(record["ev_by_position"]["oracle"]) == 8
