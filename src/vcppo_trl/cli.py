@@ -108,9 +108,7 @@ class VCPPOScriptArguments(ScriptArguments):
     )
     toy_hops: int | None = field(default=None, metadata={"help": "Pointer-chase toy: hops per response, K (8)."})
     toy_filler: int | None = field(default=None, metadata={"help": "Pointer-chase toy: dots after each hop (0)."})
-    toy_tables: int | None = field(
-        default=None, metadata={"help": "Pointer-chase toy: a pool of this many tables (default: a fresh one each)."}
-    )
+    toy_tables: int | None = field(default=None, metadata={"help": "Pointer-chase toy: a pool of M tables (fresh)."})
     tools: list[str] = field(
         default_factory=list,
         metadata={"help": "Tools for the policy: import paths `package.module:name` of functions, sync or async."},
@@ -198,8 +196,8 @@ def build_toy(script_args: VCPPOScriptArguments, training_args: VCPPOConfig):
     from .toy.task import make_splits
     from .toy.tokenizer import build_tokenizer
 
-    pointer_chase_options = (script_args.toy_hops, script_args.toy_filler, script_args.toy_tables)
-    if script_args.toy_task != "arithmetic" or pointer_chase_options != (None, None, None):
+    chase_options = (script_args.toy_hops, script_args.toy_filler, script_args.toy_tables)
+    if script_args.toy_task != "arithmetic" or chase_options != (None, None, None):
         from .toy.pointer_chase_cold_start import build_command_line_toy  # the same options, None for its defaults
 
         return build_command_line_toy(script_args, training_args)
@@ -458,10 +456,8 @@ def main(argv: list[str] | None = None) -> VCPPOTrainer:
 
 
 def leave_process_group(trainer: VCPPOTrainer) -> None:
-    """
-    End a multi-process run as accelerate prescribes: all ranks meet, then `accelerator.end_training()` destroys the
-    process group. See [`exit_process`] for why that is not the last step.
-    """
+    """End a multi-process run as accelerate prescribes: all ranks meet, then `accelerator.end_training()` destroys
+    the process group. See [`exit_process`] for why that is not the last step."""
     import torch
 
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -483,9 +479,8 @@ def left_process_group() -> bool:
 
 
 def exit_process(code: int = 0) -> None:
-    """
-    Exit a process of a multi-process run without the interpreter's teardown, once its work is done and saved: flush
-    the output, run the `atexit` handlers (loggers, trackers), then `os._exit(code)`.
+    """Exit a process of a multi-process run without the interpreter's teardown, once its work is done and saved:
+    flush the output, run the `atexit` handlers (loggers, trackers), then `os._exit(code)`.
 
     A gloo rank sometimes aborts in teardown, after training and saving, even with the process group destroyed
     ("terminate called without an active exception", SIGABRT, from a C++ thread still alive while the interpreter

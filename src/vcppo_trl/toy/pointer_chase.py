@@ -187,7 +187,8 @@ def table_pool(
     if num_tables < 1:
         raise ValueError(f"`num_tables` must be at least 1 (or None for a fresh table per problem), got {num_tables}.")
     rng = random.Random(TABLE_POOL_SEED)
-    return [make_problem(rng, num_hops, num_pairs, num_distractors) for _ in range(num_tables)]
+    shape = {"num_hops": num_hops, "num_pairs": num_pairs, "num_distractors": num_distractors}
+    return [make_problem(rng, **shape) for _ in range(num_tables)]
 
 
 def draw_problem(rng: random.Random, pool: Sequence[ChaseProblem] | None, **shape) -> ChaseProblem:
