@@ -13,11 +13,11 @@ TOOL_TEXT = "[=42]"  # what the "tool" writes into each completion, after the po
 
 
 def sample_as_the_trainer(prompts, trainer, tool_ids=None):
-    """A rollout_func that samples exactly as the trainer's own sampler would (each prompt num_generations times),
-    optionally with a tool block spliced in after the policy's first 3 tokens (`env_mask` 0 on it)."""
+    """A rollout_func that samples exactly as the trainer's own sampler would (one completion per prompt received: TRL
+    passes each prompt num_generations times), optionally with a tool block spliced in after the policy's first 3
+    tokens (`env_mask` 0 on it)."""
     maker = trainer.rollout_maker
-    k = trainer.args.num_generations
-    rows = [{"prompt": p} for p in prompts for _ in range(k)]
+    rows = [{"prompt": p} for p in prompts]
     query_ids, query_mask = maker.tokenize_prompts(maker.prompt_texts(rows))
     samples = maker.generate(query_ids, query_mask)
     completions = [ids[m].tolist() for ids, m in zip(samples.response_ids, samples.response_mask)]
@@ -141,3 +141,11 @@ def test_what_a_rollout_func_cannot_be_combined_with_is_refused_by_name(tiny_con
         )
     with pytest.raises(TypeError, match="must be callable"):
         builders.tiny_trainer(processing_class=tokenizer, args=tiny_config(), rollout_func="not a function")
+
+
+def test_a_function_that_makes_num_generations_per_prompt_received_is_told_the_migration(tiny_config, tokenizer):
+    def earlier_form(prompts, trainer):  # this package's form before TRL's: its own loop over num_generations
+        return sample_as_the_trainer([p for p in prompts for _ in range(trainer.args.num_generations)], trainer)
+
+    with pytest.raises(ValueError, match="drop its own loop over num_generations"):
+        _train(tiny_config, tokenizer, rollout_func=earlier_form, max_steps=1, num_generations=2)

@@ -227,7 +227,7 @@ def make_learner(model, args):
         is_deepspeed=False,
         local_mini_batch_size=local,
     )
-    learner.start_policy_schedule(planned_pretrain_steps=0)  # the policy's clock starts at its first PPO update
+    learner.start_policy_schedule()  # the policy's clock starts at its first PPO update
     return learner
 
 

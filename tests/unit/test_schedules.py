@@ -1,4 +1,5 @@
-"""Learning-rate schedules: the policy's spans its PPO updates only; the critic's spans pretraining and PPO."""
+"""Learning-rate schedules: the policy's spans its PPO updates only; the critic has one over value pretraining and
+another over the PPO updates (issue 59: pretraining does not spend the critic's rate)."""
 
 import math
 import types
@@ -60,10 +61,10 @@ def test_policy_schedule_starts_at_first_ppo_update(make_trainer, tiny_config, s
     # Frozen policy: exactly 0. Then warmup over 2 steps and decay over its 4 PPO steps, whatever came before.
     assert policy[:pretrain_steps] == [0.0] * pretrain_steps
     assert policy[pretrain_steps:] == pytest.approx([LR * linear_with_warmup(k, 2, 4) for k in range(4)])
-    # The critic: one schedule over the 4 planned pretraining updates and the PPO updates (8 + 4 steps); after an
-    # early stop its PPO steps sit where they would have been after the full pretraining (8..11).
-    expected_critic = [VALUE_LR * linear_with_warmup(k, 2, 12) for k in range(pretrain_steps)]
-    expected_critic += [VALUE_LR * linear_with_warmup(8 + k, 2, 12) for k in range(4)]
+    # The critic: one schedule over the 4 planned pretraining updates (8 steps), cut where the phase stops, then the
+    # PPO phase's, the same as the policy's, from its start.
+    expected_critic = [VALUE_LR * linear_with_warmup(k, 2, 8) for k in range(pretrain_steps)]
+    expected_critic += [VALUE_LR * linear_with_warmup(k, 2, 4) for k in range(4)]
     assert critic == pytest.approx(expected_critic)
     assert isinstance(trainer.lr_scheduler, RoleLR)
 
@@ -89,8 +90,12 @@ def test_schedule_clocks_survive_resume(make_trainer, tiny_config, tmp_path):
     trainer = make_trainer(reward_funcs=length_reward, args=args)
     trainer.train()
     state = trainer.lr_scheduler.state_dict()
-    assert state["starts"] == {"policy": 2, "value": 0}
+    assert state["starts"] == {"policy": 2, "value": 2}
     fresh = make_trainer(reward_funcs=length_reward, args=args)
     fresh._setup_training()
     fresh.lr_scheduler.load_state_dict(state)
-    assert fresh.lr_scheduler.starts == {"policy": 2, "value": 0}
+    assert fresh.lr_scheduler.starts == {"policy": 2, "value": 2}
+    # A scheduler saved before the phases had their own critic schedule: the critic's clock restarts with the policy's.
+    older = {k: v for k, v in state.items() if k != "phases"} | {"starts": {"policy": 2, "value": 0}}
+    fresh.lr_scheduler.load_state_dict(older)
+    assert fresh.lr_scheduler.starts == {"policy": 2, "value": 2}

@@ -56,15 +56,14 @@ def role_scheduler(
     optimizer: torch.optim.Optimizer, settings: ScheduleSettings, *, ppo_steps: int, pretrain_steps: int
 ) -> RoleLR:
     """
-    `settings.lr_scheduler_type` with one clock per model ([`~learner.schedules.RoleLR`]): the policy's schedule spans
-    the `ppo_steps` optimizer steps and starts at the first of them; the critic's spans value pretraining and PPO.
+    `settings.lr_scheduler_type` with one clock per model ([`~learner.schedules.RoleLR`]): both models' PPO
+    schedules span the `ppo_steps` optimizer steps and start at the first of them; the critic has its own schedule over
+    value pretraining's `pretrain_steps` before it (when there are any).
     """
-    multipliers = {
-        "policy": schedule_multiplier(settings, ppo_steps),
-        "value": schedule_multiplier(settings, ppo_steps + pretrain_steps),
-    }
-    starts = {"policy": None, "value": 0}  # the policy's clock starts at its first PPO update
-    return RoleLR(optimizer, multipliers, starts)
+    ppo = schedule_multiplier(settings, ppo_steps)
+    pretrain = {"value": schedule_multiplier(settings, pretrain_steps)} if pretrain_steps > 0 else {}
+    starts = {"policy": None, "value": 0 if pretrain else None}  # the PPO clocks start at the first PPO update
+    return RoleLR(optimizer, {"policy": ppo, "value": ppo}, starts, pretrain_multipliers=pretrain)
 
 
 def _role_optimizer_states(optimizer: torch.optim.Optimizer, role: str) -> tuple[torch.optim.Optimizer, list]:

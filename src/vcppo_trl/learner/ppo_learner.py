@@ -346,15 +346,13 @@ class PPOLearner:
                 return float(group["lr"])
         return float("nan")
 
-    def start_policy_schedule(self, planned_pretrain_steps: int) -> None:
-        """
-        At the first PPO update: start the policy's clock, and move the critic's past the pretraining steps that were
-        planned (`planned_pretrain_steps` optimizer steps) but not run.
-        """
+    def start_policy_schedule(self) -> None:
+        """At the first PPO update: start the PPO phase's clocks, the policy's and the critic's (whose value-pretraining
+        schedule, if any, ends here however far it got)."""
         scheduler = self.lr_scheduler
         if not isinstance(scheduler, RoleLR) or scheduler.started("policy"):
             return
-        scheduler.start("value", scheduler.last_epoch - planned_pretrain_steps)  # last_epoch: the steps actually run
+        scheduler.start("value")
         scheduler.start("policy")
 
     def reset_policy_optimizer_state(self) -> None:

@@ -7,11 +7,12 @@ over its own steps:
 
 - **policy**: warmup and decay span the PPO optimizer steps only, and start at the first of them. While the policy is
   frozen its multiplier is exactly 0.
-- **value** (the critic): one schedule over value pretraining *and* PPO (`value_pretrain_steps` + PPO updates), started
-  at the first step. The critic trains in both phases and the warmup belongs where a fresh scalar head sees its first,
-  largest gradients; restarting a warmup at the first PPO update would cut the critic's rate just when the policy
-  starts to move and its targets start to shift. When pretraining stops early, the critic's clock jumps over the
-  unused pretraining steps, so the PPO phase sits at the same place of the critic's schedule either way.
+- **value** (the critic): one schedule over value pretraining's planned optimizer steps, started at the first step,
+  and another over the PPO optimizer steps (the policy's span), started with the policy's clock at the first PPO
+  update. Each phase has its own schedule, as a separate critic-pretraining job would: a linear decay does not spend
+  the critic's rate in pretraining and leave the PPO phase ≈ 0 (a short run after pretraining would barely train its
+  critic), and an early stop of pretraining changes nothing of the PPO phase's schedule. Without value pretraining
+  (PPO) the critic has the PPO schedule only, like the policy.
 
 Each role's schedule is transformers' own (`lr_scheduler_type`, `warmup_steps`/`warmup_ratio` of that role's span,
 `lr_scheduler_kwargs`). Groups without a role (a user optimizer) follow the value schedule, i.e. all steps.
@@ -77,10 +78,12 @@ class RoleLR(LambdaLR):
 
     Args:
         optimizer: Optimizer whose groups carry `role` (`"policy"` or `"value"`).
-        multipliers: `{role: multiplier(step)}`, the step counted from the role's start.
+        multipliers: `{role: multiplier(step)}` in the PPO phase, the step counted from the role's start.
         starts: `{role: first optimizer step of the role}`, or `None` for a role that has not started (multiplier 0).
+        pretrain_multipliers: `{role: multiplier(step)}` for a role that trains before the PPO phase (the critic in
+            value pretraining), used until the policy's clock starts; the role's clock restarts with the policy's.
 
-    `starts` is part of the state dict, so a resumed run keeps each clock where it was.
+    `starts` is part of the state dict, so a resumed run keeps each clock and its phase where they were.
     """
 
     def __init__(
@@ -88,25 +91,38 @@ class RoleLR(LambdaLR):
         optimizer: torch.optim.Optimizer,
         multipliers: dict[str, Callable[[int], float]],
         starts: dict[str, int | None],
+        pretrain_multipliers: dict[str, Callable[[int], float]] | None = None,
     ):
         self.starts = dict(starts)
+        pretrain_multipliers = dict(pretrain_multipliers or {})
 
         def role_lambda(role: str) -> Callable[[int], float]:
-            multiplier = multipliers[role]
-
             def lr_lambda(step: int) -> float:
                 start = self.starts[role]
-                return 0.0 if start is None else multiplier(max(0, step - start))
+                if start is None:
+                    return 0.0
+                pretraining = role in pretrain_multipliers and self.starts["policy"] is None
+                multiplier = (pretrain_multipliers if pretraining else multipliers)[role]
+                return multiplier(max(0, step - start))
 
             return lr_lambda
 
         lambdas = [role_lambda(group.get("role", "value")) for group in optimizer.param_groups]
+        self.phases = True  # in the state dict: a schedule with a PPO phase of its own for every role
         super().__init__(optimizer, lambdas)
 
     def start(self, role: str, step: int | None = None) -> None:
         """Start (or re-anchor) `role`'s clock so that its step `0` is optimizer step `step` (default: now)."""
         self.starts[role] = self.last_epoch if step is None else step
         self._apply()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        if "phases" not in state_dict and self.starts.get("policy") is not None:
+            # Saved before each phase had its own critic schedule (one clock over both): restart the critic's clock
+            # with the policy's, as this version does at the first PPO update.
+            self.starts["value"] = self.starts["policy"]
+        self.phases = True
 
     def started(self, role: str) -> bool:
         return self.starts[role] is not None

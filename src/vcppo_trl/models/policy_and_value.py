@@ -60,6 +60,13 @@ class PolicyAndValueModel(nn.Module):
             else:
                 model.gradient_checkpointing_disable()
 
+    def generate(self, *args, **kwargs):
+        """The policy's `generate`: `trainer.model` is this wrapper, and a TRL `rollout_func` samples with
+        `trainer.accelerator.unwrap_model(trainer.model).generate(...)`. The policy's own train/eval mode is kept."""
+        if self.policy is None:
+            raise RuntimeError("This model holds no policy (a critic job): it cannot generate.")
+        return self.policy.generate(*args, **kwargs)
+
     def activation_checkpointing_enable(self, activation_checkpointing_kwargs: dict | None = None) -> None:
         self.gradient_checkpointing_enable(activation_checkpointing_kwargs)
 

@@ -20,7 +20,7 @@ def sample_episodes(
     `rows` sampled by `maker`'s source of samples ([`~rollout.maker.RolloutMaker`]): `(rows, query_ids, query_mask,
     samples, prompt_texts, episodes)`. `rows` gain a `rollout_func`'s extra keys; `episodes` are the tool episodes as
     messages (what TRL gives reward functions as completions), else `None`; `num_generations` is how many times each
-    prompt is repeated in a row (the `rollout_func` is given each once).
+    prompt is repeated in a row (and so given to a `rollout_func`, as TRL gives it).
     """
     settings = maker.settings
     tensors = dict(

@@ -1,9 +1,10 @@
 """TRL's `rollout_func`: the user's function samples the completions (its own backend, a multi-turn environment) and
 the trainer scores them, takes their values and trains on them as on its own samples.
 
-The function is called as TRL calls it, `rollout_func(prompts, trainer)`, with each prompt of this process's batch once
-(not repeated `num_generations` times), and returns a dict of per-completion lists, `num_generations` consecutive
-completions per prompt:
+The function is called as TRL 1.16's `GRPOTrainer` calls it, `rollout_func(prompts, trainer)`, with this process's
+batch as the trainer samples it: each prompt `num_generations` times in a row (TRL's docstring says "no duplication";
+its code passes the repeated prompts, and this is what a function written for TRL expects). It returns a dict of
+per-completion lists, one completion per prompt received, in their order:
 
 - `prompt_ids`, `completion_ids`: token ids (the completion as the policy must be trained on it: every turn, tool
   results included);
@@ -44,12 +45,19 @@ class FunctionRollouts:
     extra_columns: dict[str, list[Any]]
 
 
-def _check_token_lists(name: str, lists: Any, count: int) -> list[list[int]]:
+def _check_token_lists(name: str, lists: Any, count: int, num_generations: int = 1) -> list[list[int]]:
     if not isinstance(lists, (list, tuple)) or len(lists) != count:
         got = f"{len(lists)} entries" if isinstance(lists, (list, tuple)) else type(lists).__name__
+        hint = ""
+        if isinstance(lists, (list, tuple)) and num_generations > 1 and len(lists) == count * num_generations:
+            hint = (
+                f" It returned num_generations={num_generations} completions per prompt received: the function is "
+                "now given each prompt num_generations times, as TRL's GRPOTrainer gives it, and makes one "
+                "completion per prompt it receives (drop its own loop over num_generations)."
+            )
         raise ValueError(
-            f"rollout_func returned `{name}` with {got}; it must hold one list per completion: {count} (the prompts it "
-            "was given × num_generations, each prompt's completions in a row)."
+            f"rollout_func returned `{name}` with {got}; it must hold one list per completion: {count}, one per "
+            f"prompt it was given (each prompt comes num_generations times in a row, as TRL passes them).{hint}"
         )
     return [list(map(int, ids.tolist() if isinstance(ids, torch.Tensor) else ids)) for ids in lists]
 
@@ -75,6 +83,7 @@ def function_rollouts(
     output: dict[str, Any],
     *,
     num_completions: int,
+    num_generations: int = 1,
     response_length: int,
     stop_token_ids: list[int],
     pad_token_id: int,
@@ -92,8 +101,9 @@ def function_rollouts(
     missing = [key for key in REQUIRED_KEYS if key not in output]
     if missing:
         raise ValueError(f"rollout_func must return the keys {list(REQUIRED_KEYS)}; missing: {missing}.")
-    prompt_ids = _check_token_lists("prompt_ids", output["prompt_ids"], num_completions)
-    completion_ids = _check_token_lists("completion_ids", output["completion_ids"], num_completions)
+    counts = dict(count=num_completions, num_generations=num_generations)
+    prompt_ids = _check_token_lists("prompt_ids", output["prompt_ids"], **counts)
+    completion_ids = _check_token_lists("completion_ids", output["completion_ids"], **counts)
     lengths = [len(ids) for ids in completion_ids]
     for i, length in enumerate(lengths):
         if not 0 < length <= response_length:
@@ -146,12 +156,15 @@ def sample_with_rollout_function(
     num_generations: int,
     **tensors,
 ) -> tuple[list[dict[str, Any]], torch.Tensor, torch.Tensor, Samples]:
-    """The `rollout_func`'s completions of `rows` (each prompt `num_generations` times in a row; the function gets
-    each once), timed, with the rows extended by its extra keys for the reward functions. `tensors`: the keyword
-    arguments of [`function_rollouts`] but `num_completions`."""
+    """The `rollout_func`'s completions of `rows` (each prompt `num_generations` times in a row, and so given to the
+    function), timed, with the rows extended by its extra keys for the reward functions. `tensors`: the keyword
+    arguments of [`function_rollouts`] but `num_completions` and `num_generations`."""
     start = time.perf_counter()
     made = function_rollouts(
-        rollout_function([row["prompt"] for row in rows[::num_generations]]), num_completions=len(rows), **tensors
+        rollout_function([row["prompt"] for row in rows]),
+        num_completions=len(rows),
+        num_generations=num_generations,
+        **tensors,
     )
     made.samples.seconds = time.perf_counter() - start
     extra = made.extra_columns

@@ -148,6 +148,8 @@ class RolloutProgressCallback(ProgressCallback):
             self._redirect = None
 
     def on_step_end(self, args, state, control, metrics: dict[str, float] | None = None, **kwargs):
+        if self.training_bar is not None and self.training_bar.total != state.max_steps:
+            self.training_bar.total = state.max_steps  # value pretraining stopped early: the run shrank, the bar too
         super().on_step_end(args, state, control, **kwargs)
         if state.is_world_process_zero and self.training_bar is not None and metrics:
             postfix = {}
@@ -160,8 +162,11 @@ class RolloutProgressCallback(ProgressCallback):
             ):
                 if key in metrics and not math.isnan(metrics[key]):
                     postfix[label] = f"{metrics[key]:.3g}"
-            if "value_pretrain/explained_variance" in metrics:
+            pretraining = "value_pretrain/explained_variance" in metrics
+            if pretraining:
                 postfix["phase"] = "value-pretrain"
+            if hasattr(args, "lam_actor"):
+                self.training_bar.set_description("value pretraining" if pretraining else "VC-PPO", refresh=False)
             self.training_bar.set_postfix(postfix, refresh=False)
 
     def on_log(self, args, state, control, logs=None, **kwargs):

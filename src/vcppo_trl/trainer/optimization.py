@@ -30,8 +30,8 @@ def build_optimizer(trainer, wrapper: torch.nn.Module, args: PPOConfig) -> torch
 def build_scheduler(
     optimizer: torch.optim.Optimizer, args: PPOConfig, *, ppo_steps: int, pretrain_steps: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """`lr_scheduler_type` with one clock per model: the critic's runs through value pretraining's `pretrain_steps`
-    optimizer steps, the policy's only through the `ppo_steps` after them."""
+    """`lr_scheduler_type` with one clock per model and phase: the critic's over value pretraining's `pretrain_steps`
+    optimizer steps, then the policy's and the critic's over the `ppo_steps` after them."""
     return role_scheduler(
         optimizer, ScheduleSettings.from_args(args), ppo_steps=ppo_steps, pretrain_steps=pretrain_steps
     )

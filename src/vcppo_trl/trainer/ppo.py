@@ -218,7 +218,7 @@ class PPOTrainer(_BaseTrainer):
 
     def critic_only_updates(self) -> int:
         """Updates planned before the policy's first, in which only the critic trains (0 in PPO; VC-PPO's value
-        pretraining): the policy's learning-rate clock starts after them, the critic's spans them."""
+        pretraining): the critic's learning rate has its own schedule over them, and both PPO schedules start after them."""
         return 0
 
     def num_training_updates(self) -> int:
@@ -301,8 +301,7 @@ class PPOTrainer(_BaseTrainer):
         self._update_start = time.time()
         train_policy = self.trains_policy()
         if train_policy:
-            planned = self.critic_only_updates() * self.optimizer_steps_per_update()
-            self.learner.start_policy_schedule(planned)
+            self.learner.start_policy_schedule()
         rollout, made = self.rollouts.next(train_policy, self.state)
         advantages, returns = self.compute_advantages(rollout)
         metric_settings = MetricSettings.from_args(self.args)

@@ -91,11 +91,14 @@ def main(out_dir: str) -> None:
         rank = trainer.accelerator.process_index
         out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [], "tag": []}
         call = {"numbers": [], "policy_lengths": []}
-        for prompt in prompts:
+        k = trainer.args.num_generations
+        for first in range(0, len(prompts), k):  # each prompt comes num_generations times in a row, as TRL passes it
+            prompt = prompts[first]
+            assert prompts[first : first + k] == [prompt] * k, prompts
             number = int(re.match(r"Add (\d+) and 7", prompt).group(1))
             call["numbers"].append(number)
             prompt_ids = trainer.processing_class(prompt, add_special_tokens=False)["input_ids"]
-            for generation in range(trainer.args.num_generations):
+            for generation in range(k):
                 policy = policy_tokens(number, generation, rank, vocab_size)
                 completion = policy[:3] + tool_ids + policy[3:]
                 mask = [1] * 3 + [0] * len(tool_ids) + [1] * (len(policy) - 3)

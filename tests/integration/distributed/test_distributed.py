@@ -945,7 +945,7 @@ def test_rollout_func_on_two_ranks(tmp_path, launcher):
     for r in ranks:
         assert r["num_processes"] == 2 and r["global_step"] == 2
         assert r["deepspeed"] == (launcher == "zero3") and r["fsdp2"] == (launcher == "fsdp2")
-        assert [len(call["numbers"]) for call in r["calls"]] == [4, 4]  # each prompt once, 2 updates
+        assert [len(call["numbers"]) for call in r["calls"]] == [4, 4]  # 4 prompts a call, each twice; 2 updates
         assert r["reward_rows"] == 16 and not r["mismatches"]  # every tag matched its row's idx and completion
         expected_tags = [[f"{n}:{j}" for n in call["numbers"] for j in (0, 1)] for call in r["calls"]]
         assert r["reward_tags"] == expected_tags
