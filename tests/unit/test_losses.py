@@ -423,3 +423,18 @@ def test_overlong_penalty_at_the_buffer_edges():
     torch.testing.assert_close(penalty, torch.tensor([0.0, 0.0, -0.125, -0.25, -0.5, -0.5]))
     whole = overlong_penalty(torch.tensor([1, 10]), torch.tensor([True, True]), 10, 10, 1.0)
     torch.testing.assert_close(whole, torch.tensor([-0.1, -1.0]))
+
+
+def test_per_response_clip_fractions_by_hand():
+    """TRL GRPO's `clip_ratio/low_min` and `clip_ratio/high_max`: the least low-clipped and the most high-clipped
+    response, each a fraction of its own masked tokens; a response with no masked token is left out."""
+    ratio = torch.tensor([[0.5, 1.0, 1.0, 9.0], [0.5, 0.5, 1.5, 1.0], [0.5, 1.5, 1.5, 1.0]])
+    adv = torch.tensor([[-1.0, -1.0, 1.0, 1.0], [-1.0, -1.0, 1.0, 1.0], [-1.0, 1.0, 1.0, 1.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [0, 0, 0, 0]]).bool()  # row 0's 9.0 is masked; row 2 empty
+    old = torch.zeros(3, 4)
+    out = clipped_policy_loss(ratio.log(), old, adv, mask, 0.2)
+    # Row 0: 1 of 3 low-clipped, 0 high; row 1: 2 of 4 low, 1 of 4 high.
+    assert float(out.clipfrac_low_min) == pytest.approx(1 / 3)
+    assert float(out.clipfrac_high_max) == pytest.approx(1 / 4)
+    none = clipped_policy_loss(ratio.log(), old, adv, torch.zeros(3, 4, dtype=torch.bool), 0.2)
+    assert math.isnan(float(none.clipfrac_low_min)) and math.isnan(float(none.clipfrac_high_max))

@@ -3,6 +3,7 @@
 import math
 
 import pytest
+import torch
 
 from vcppo_trl import PPOConfig, PPOTrainer
 
@@ -78,3 +79,53 @@ def test_trl_ppo_metric_names_are_logged(make_trainer, tiny_config):
     expected_entropy = float((-rollout.logprobs * mask).sum(1)[mask.any(1)].mean())
     assert last["objective/entropy"] == pytest.approx(expected_entropy, rel=1e-6)
     assert last["objective/entropy"] > 0
+
+
+@pytest.mark.parametrize("estimator", ["gae", "grpo"])
+def test_trl_grpo_metric_names_are_logged_with_its_meanings(make_trainer, tiny_config, estimator):
+    """TRL GRPO's keys beside ours (issue 59), each checked on the last update against TRL's own definition."""
+    from trl.trainer.utils import nanstd
+
+    from ..builders import length_reward
+
+    args = tiny_config(kl_coef=0.05, num_generations=4, advantage_estimator=estimator, max_steps=2)
+    trainer = make_trainer(reward_funcs=length_reward, args=args)
+    trainer.train()
+    last = [h for h in trainer.state.log_history if "episode" in h][-1]
+    rollout = trainer.last_update.rollout
+    raw = rollout.raw_scores
+    assert last["reward"] == pytest.approx(float(raw.mean()))
+    assert last["reward_std"] == pytest.approx(float(nanstd(raw)))
+    zero = torch.isclose(nanstd(raw.view(-1, 4), dim=1), torch.zeros(raw.numel() // 4))
+    assert last["frac_reward_zero_std"] == pytest.approx(float(zero.float().mean()))
+    lengths = rollout.action_tokens.sum(1).float()
+    assert last["completions/mean_length"] == pytest.approx(float(lengths.mean()))
+    assert last["completions/min_length"] == float(lengths.min())
+    assert last["completions/max_length"] == float(lengths.max())
+    assert last["completions/clipped_ratio"] == pytest.approx(float((~rollout.has_stop).float().mean()))
+    stopped = lengths[rollout.has_stop] if rollout.has_stop.any() else torch.zeros(1)
+    assert last["completions/mean_terminated_length"] == pytest.approx(float(stopped.mean()))
+    for grpo, ours in (
+        ("entropy", "policy/entropy_avg"),
+        ("clip_ratio/low_mean", "policy/clipfrac_low_avg"),
+        ("clip_ratio/high_mean", "policy/clipfrac_high_avg"),
+        ("clip_ratio/region_mean", "policy/clipfrac_avg"),
+    ):
+        assert last[grpo] == last[ours], grpo
+    assert 0 <= last["clip_ratio/low_min"] <= last["clip_ratio/low_mean"] + 1e-9
+    assert last["clip_ratio/high_max"] >= last["clip_ratio/high_mean"] - 1e-9
+    if estimator == "grpo":  # the KL is a loss term: TRL's `kl` is its mean k3 × ratio
+        assert last["kl"] == last["policy/kl_loss_term_avg"]
+    else:  # the KL is in the rewards: per token, where objective/kl sums it per response
+        tokens = rollout.action_tokens
+        assert last["kl"] == pytest.approx(float(rollout.kl[tokens].mean()), rel=1e-5)
+        assert last["objective/kl"] == pytest.approx(float(rollout.kl.sum(1).mean()), rel=1e-5)
+
+
+def test_without_a_kl_no_kl_is_logged_under_grpo_names(make_trainer, tiny_config):
+    from ..builders import length_reward
+
+    trainer = make_trainer(reward_funcs=length_reward, args=tiny_config(kl_coef=0.0, max_steps=1))
+    trainer.train()
+    last = [h for h in trainer.state.log_history if "episode" in h][-1]
+    assert "kl" not in last and "reward" in last

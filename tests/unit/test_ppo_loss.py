@@ -97,6 +97,8 @@ def test_policy_and_value_loss_is_vf_coef_times_value_plus_policy(loss_type):
         "policy/clipfrac": policy.clipfrac,
         "policy/clipfrac_low": policy.clipfrac_low,
         "policy/clipfrac_high": policy.clipfrac_high,
+        "policy/clipfrac_low_min": policy.clipfrac_low_min,
+        "policy/clipfrac_high_max": policy.clipfrac_high_max,
         "policy/approxkl": policy.approxkl,
         "val/ratio": policy.ratio,
         "policy/entropy": masked_mean(entropy, batch.mask),

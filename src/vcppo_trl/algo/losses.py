@@ -116,6 +116,10 @@ class PolicyLossOutput:
     clipfrac_low: torch.Tensor | None = None  # ratio below 1 − ε_low with a negative advantage
     clipfrac_high: torch.Tensor | None = None  # ratio above 1 + ε_high with a positive advantage
     clipfrac_dual: torch.Tensor | None = None  # negative advantage, ratio above c (dual-clip bound); None when off
+    # Over the responses with a token in `mask`: the least low-clipped fraction and the most high-clipped one (TRL
+    # GRPO's `clip_ratio/low_min` and `clip_ratio/high_max`, per micro-batch); nan when no response has a token.
+    clipfrac_low_min: torch.Tensor | None = None
+    clipfrac_high_max: torch.Tensor | None = None
 
 
 @dataclass
@@ -185,8 +189,11 @@ def clipped_policy_loss(
         clipfrac = masked_mean((clipped > unclipped).float(), mask)
         approxkl = 0.5 * masked_mean(log_ratio**2, mask)
         mean_ratio = masked_mean(ratio, mask)
-        clipfrac_low = masked_mean(((ratio < 1.0 - cliprange) & (advantages < 0)).float(), mask)
-        clipfrac_high = masked_mean(((ratio > 1.0 + high) & (advantages > 0)).float(), mask)
+        low = ((ratio < 1.0 - cliprange) & (advantages < 0)).float()
+        high_clipped = ((ratio > 1.0 + high) & (advantages > 0)).float()
+        clipfrac_low = masked_mean(low, mask)
+        clipfrac_high = masked_mean(high_clipped, mask)
+        low_min, high_max = _response_fraction_extremes(low, high_clipped, mask)
         clipfrac_dual = None
         if dual_clip_c is not None:
             clipfrac_dual = masked_mean(((ratio > dual_clip_c) & (advantages < 0)).float(), mask)
@@ -198,7 +205,25 @@ def clipped_policy_loss(
         clipfrac_low=clipfrac_low,
         clipfrac_high=clipfrac_high,
         clipfrac_dual=clipfrac_dual,
+        clipfrac_low_min=low_min,
+        clipfrac_high_max=high_max,
     )
+
+
+def _response_fraction_extremes(
+    low: torch.Tensor, high: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The smallest per-response fraction of `low` and the largest of `high` (`[B, T]` 0/1), over the responses with
+    a token in `mask`; nan when there is none."""
+    mask = mask.float()
+    tokens = mask.sum(-1)
+    rows = tokens > 0
+    if not bool(rows.any()):
+        nan = torch.tensor(float("nan"), device=low.device)
+        return nan, nan
+    low_frac = (low * mask).sum(-1)[rows] / tokens[rows]
+    high_frac = (high * mask).sum(-1)[rows] / tokens[rows]
+    return low_frac.min(), high_frac.max()
 
 
 def token_mean_term(per_token: torch.Tensor, mask: torch.Tensor, normalizer: torch.Tensor | float) -> torch.Tensor:

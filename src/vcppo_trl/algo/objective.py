@@ -126,6 +126,8 @@ class MicroBatchLoss:
             metrics["policy/clipfrac"] = self.policy.clipfrac
             metrics["policy/clipfrac_low"] = self.policy.clipfrac_low
             metrics["policy/clipfrac_high"] = self.policy.clipfrac_high
+            metrics["policy/clipfrac_low_min"] = self.policy.clipfrac_low_min
+            metrics["policy/clipfrac_high_max"] = self.policy.clipfrac_high_max
             if self.policy.clipfrac_dual is not None:
                 metrics["policy/clipfrac_dual"] = self.policy.clipfrac_dual
             metrics["policy/approxkl"] = self.policy.approxkl
@@ -274,11 +276,16 @@ def grpo_kl_term(
     return term, masked_mean((per_token_kl * ratio).detach(), mask)  # TRL logs it after the ratio
 
 
+EXTREMES_OVER_RESPONSES = frozenset({"policy/clipfrac_low_min", "policy/clipfrac_high_max"})
+
+
 def mean_metrics(stats: dict[str, list[torch.Tensor | float]]) -> dict[str, float]:
     """An update's metrics: the mean of each statistic over its micro-batches (or mini-batches, or steps)."""
-    out = {
-        k: float(torch.stack([torch.as_tensor(x, dtype=torch.float32) for x in v]).mean()) for k, v in stats.items()
-    }
+    out = {}
+    for k, v in stats.items():
+        stacked = torch.stack([torch.as_tensor(x, dtype=torch.float32) for x in v])
+        # A micro-batch with no response to take an extreme over has none (nan): left out of the mean.
+        out[k] = float(stacked.nanmean() if k in EXTREMES_OVER_RESPONSES else stacked.mean())
     if len(stats.get("val/ratio", [])) > 1:  # TRL ≤ 1.12's val/ratio_var: variance of the micro-batch mean ratios
         out["val/ratio_var"] = float(torch.stack([torch.as_tensor(x).float() for x in stats["val/ratio"]]).var())
     return out

@@ -23,7 +23,7 @@ _UPDATE_FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("len", ("diagnostics/response_length_mean",)),
     ("done", ("rollout/finished_responses",)),  # generation windows: responses that finished in the update
     ("ev", ("value/explained_variance", "value_pretrain/explained_variance")),
-    ("kl", ("objective/kl",)),
+    ("kl", ("kl",)),  # per token, as TRL GRPO logs it (objective/kl: per response)
     ("pg_loss", ("loss/policy_avg",)),
     ("vf_loss", ("loss/value_avg", "value_pretrain/loss_avg")),
     ("clipfrac", ("policy/clipfrac_avg",)),

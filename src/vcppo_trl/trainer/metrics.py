@@ -54,6 +54,7 @@ class MetricSettings:
     importance_sampling_mode: str
     importance_sampling_clip_min: float | None
     importance_sampling_clip_max: float | None
+    num_generations: int = 1  # responses per prompt, in a row (TRL GRPO's `frac_reward_zero_std` reads the groups)
 
     @classmethod
     def from_args(cls, args: PPOConfig) -> MetricSettings:
@@ -67,6 +68,7 @@ class MetricSettings:
             importance_sampling_mode=args.vllm_importance_sampling_mode,
             importance_sampling_clip_min=args.vllm_importance_sampling_clip_min,
             importance_sampling_clip_max=args.vllm_importance_sampling_clip_max,
+            num_generations=args.num_generations,
         )
 
 

@@ -16,6 +16,7 @@ from ..learner.ppo_learner import UpdateResult
 from ..rollout.maker import GenerationStats, RolloutStats
 from ..rollout.response_pool import WindowStep
 from ..rollout.types import OverlapStats, Rollout
+from .grpo_metrics import grpo_learner_metrics, grpo_rollout_metrics
 from .metrics import PRETRAIN_METRIC_NAMES, MetricSettings, mean_across, reduce_stats
 
 
@@ -149,7 +150,7 @@ def learner_metrics(
 ) -> dict[str, float]:
     """The metrics of an update after its PPO epochs: the sampler's ([`sampling_metrics`]), the epochs'
     ([`update_metrics`]), the forwards' work ([`work_metrics`]), the ranks' token balance and TRL's old names
-    ([`trl_metric_names`]).
+    ([`trl_metric_names`]), and TRL GRPO's names ([`~trainer.grpo_metrics`]).
     `rollout.logprobs` must be the update's old log-probabilities; `rollout_side` the metrics logged before."""
     metrics = sampling_metrics(
         accelerator, settings, rollout, generation=made.generation, importance_weights=result.importance_weights
@@ -164,6 +165,12 @@ def learner_metrics(
     if made.overlap is not None:
         metrics.update(overlap_metrics(accelerator, made.overlap))
     metrics.update(trl_metric_names(accelerator, rollout, rollout_side | metrics))
+    metrics.update(grpo_learner_metrics(metrics))
+    metrics.update(
+        grpo_rollout_metrics(
+            accelerator, rollout, num_generations=settings.num_generations, kl_in_rewards=settings.kl_coef != 0
+        )
+    )
     return metrics
 
 
