@@ -61,15 +61,23 @@ ALIAS_VALUES = {
 
 
 @pytest.mark.parametrize("trl_name", sorted(trl_names.ALIASES))
-def test_a_trl_name_sets_ours_and_is_left_none(trl_name, tmp_path):
+def test_a_trl_name_sets_ours_and_then_reads_and_writes_it(trl_name, tmp_path):
     ours = trl_names.ALIASES[trl_name]
     kwargs = tiny_config_kwargs(tmp_path, **{trl_name: ALIAS_VALUES[trl_name]})
     kwargs.pop(ours, None)  # the tiny config sets some of ours
     config = VCPPOConfig(**kwargs)
     assert getattr(config, ours) == ALIAS_VALUES[trl_name]
-    assert getattr(config, trl_name) is None
+    assert getattr(config, trl_name) == ALIAS_VALUES[trl_name]  # user code written for GRPOConfig reads it
     rebuilt = dataclasses.replace(config, seed=1)  # a config rebuilt from its fields is the same
-    assert getattr(rebuilt, ours) == ALIAS_VALUES[trl_name]
+    assert getattr(rebuilt, ours) == getattr(rebuilt, trl_name) == ALIAS_VALUES[trl_name]
+    changed = ALIAS_VALUES[trl_name] * 2 + 1
+    assert getattr(dataclasses.replace(config, **{ours: changed}), ours) == changed  # a rebuild changes ours
+    assert VCPPOConfig(**{k: v for k, v in config.to_dict().items() if k in kwargs}).to_dict() == config.to_dict()
+    other = ALIAS_VALUES[trl_name] + 1
+    setattr(config, trl_name, other)  # a live view: setting TRL's name sets ours
+    assert getattr(config, ours) == other
+    plain = VCPPOConfig(**tiny_config_kwargs(tmp_path))  # not given: reads ours all the same
+    assert getattr(plain, trl_name) == getattr(plain, ours)
 
 
 @pytest.mark.parametrize("trl_name", sorted(trl_names.ALIASES))
@@ -111,7 +119,8 @@ def _another_value(value):
 def test_an_only_value_field_takes_its_no_op_value_and_refuses_others(name, tmp_path):
     accepted, _ = trl_names.ONLY_VALUE[name]
     config = VCPPOConfig(**tiny_config_kwargs(tmp_path, **{name: accepted}))
-    assert not hasattr(config, name)
+    assert getattr(config, name) == accepted  # read as in GRPOConfig
+    assert not hasattr(config, name + "_misspelt")
     other = _another_value(accepted)
     with pytest.raises(ValueError, match=f"`{name}={other!r}` \\(a TRL GRPOConfig field\\) is refused by VCPPOConfig"):
         VCPPOConfig(**tiny_config_kwargs(tmp_path, **{name: other}))
@@ -241,7 +250,8 @@ def test_knobs_out_of_trls_ranges_are_refused(fields, message, tmp_path):
 
 def test_generation_kwargs_set_the_knobs_and_refuse_everything_else(tmp_path):
     config = tiny_config(tmp_path, generation_kwargs={"top_p": 0.9, "min_p": 0.1, "temperature": 1.0})
-    assert (config.top_p, config.min_p, config.temperature, config.generation_kwargs) == (0.9, 0.1, 1.0, None)
+    assert (config.top_p, config.min_p, config.temperature) == (0.9, 0.1, 1.0)
+    assert config.generation_kwargs == {"top_p": 0.9, "min_p": 0.1, "temperature": 1.0}  # kept, as TRL code reads it
     assert tiny_config(tmp_path, generation_kwargs='{"top_k": 5}').top_k == 5  # its JSON, from the command line
     assert dataclasses.replace(config, seed=1).top_p == 0.9  # a config rebuilt from its fields is the same
     same = tiny_config(tmp_path, top_k=5, generation_kwargs={"top_k": 5})

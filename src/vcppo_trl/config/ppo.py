@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from transformers.utils import logging
 from trl.trainer.base_config import _BaseConfig
@@ -937,7 +937,7 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
         },
     )
 
-    # TRL GRPO's names for fields above (each moved onto ours in `_resolve_defaults`, then left None)
+    # TRL GRPO's names for fields above (each moved onto ours in `_resolve_defaults`, then a live view of ours)
     max_completion_length: int | None = field(
         default=None,
         metadata={"help": "TRL GRPOConfig's name for response_length: sets it (both set and different: an error)."},
@@ -974,6 +974,13 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
             "help": "TRL GRPOConfig's name for vllm_importance_sampling_clip_max: sets it (both set and different: an error)."
         },
     )
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for a name that is not an attribute: a TRL field accepted only at its no-op value reads that
+        # value (`args.top_entropy_quantile` is 1.0), as in GRPOConfig.
+        if name in trl_names.ONLY_VALUE:
+            return trl_names.ONLY_VALUE[name][0]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def is_critic_job(self) -> bool:
@@ -1033,9 +1040,9 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
             self.max_tokens_per_forward = self.max_tokens_per_micro_batch
 
     def _resolve_trl_names(self) -> None:
-        """TRL GRPO's names moved onto ours (then left None, so that `dataclasses.replace` and a saved config rebuild
-        the same), its `loss_type` values mapped to the aggregation they denote, `steps_per_generation` onto
-        `num_mini_batches`."""
+        """TRL GRPO's names moved onto ours (then each a live view of ours, [`~config.trl_names.TrlAlias`]: a saved
+        config or `dataclasses.replace` passes both with the same value, which is accepted), its `loss_type` values
+        mapped to the aggregation they denote, `steps_per_generation` onto `num_mini_batches`."""
         for trl_name, ours in trl_names.ALIASES.items():
             value = getattr(self, trl_name)
             if value is None:
@@ -1048,7 +1055,8 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
                     f"different values: set only one of them."
                 )
             setattr(self, ours, value)
-            setattr(self, trl_name, None)
+        self.__dict__.pop("_trl_given", None)
+        self.__dict__[trl_names.TrlAlias.RESOLVED] = True
         self._resolve_generation_kwargs()
         if self.loss_type in trl_names.REFUSED_LOSS_TYPES:
             raise ValueError(trl_names.REFUSED_LOSS_TYPES[self.loss_type])
@@ -1067,8 +1075,8 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
             )
 
     def _resolve_generation_kwargs(self) -> None:
-        """TRL GRPO's `generation_kwargs` moved onto the fields of the keys it may hold (then left None, as TRL's
-        aliases), any other key refused with the reason."""
+        """TRL GRPO's `generation_kwargs` moved onto the fields of the keys it may hold, any other key refused with the
+        reason."""
         kwargs = self.generation_kwargs
         if kwargs is None:
             return
@@ -1092,7 +1100,7 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
                     "different values: set only one of them."
                 )
             setattr(self, key, value)
-        self.generation_kwargs = None
+        self.generation_kwargs = dict(kwargs)  # kept as given (its keys now set their fields): TRL code may read it
 
     def _resolve_generation_batch_size(self) -> None:
         if self.generation_batch_size is None:
@@ -1380,3 +1388,6 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
             raise ValueError("`num_sample_generations` must be >= 0 (0 disables sample tables).")
         if self.num_completions_to_print is not None and self.num_completions_to_print < 0:
             raise ValueError("`num_completions_to_print` must be >= 0, or None to print every completion.")
+
+
+trl_names.install_aliases(PPOConfig)  # TRL names: live views of ours once the config is built

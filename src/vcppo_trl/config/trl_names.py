@@ -19,9 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import sys
 from typing import Any
 
-# TRL's name -> ours. Each is a field of PPOConfig (default None) resolved in `_resolve_defaults`.
+# The functions of `dataclasses.replace` that read a config's fields to rebuild it (3.13 moved the reads to `_replace`).
+_REBUILDERS = frozenset(f.__code__ for f in (dataclasses.replace, getattr(dataclasses, "_replace", None)) if f)
+
+# TRL's name -> ours. Each is a field of PPOConfig (default None) resolved in `_resolve_defaults`, then a live view of
+# ours ([`TrlAlias`]).
 ALIASES: dict[str, str] = {
     "max_completion_length": "response_length",
     "beta": "kl_coef",
@@ -177,6 +182,51 @@ def generation_kwarg_refusal(key: str) -> str:
     )
     instead = _GENERATION_KWARG_INSTEAD.get(key)
     return f"{reason}; {instead}" if instead else reason
+
+
+class TrlAlias:
+    """
+    A TRL name of one of our fields, on the config class (a data descriptor over the dataclass field of that name).
+    Before the config resolves TRL's names it holds what was given (None by default), for `_resolve_trl_names` to
+    move onto ours; after, it is a live view of ours: `args.max_completion_length` reads `args.response_length` and
+    setting it sets ours, so that user code written for `GRPOConfig` reads and writes what it expects.
+    `dataclasses.replace` changes ours' name (`replace(args, response_length=64)`); given TRL's name, it also passes
+    ours' old value, and the two are refused as a conflict.
+    """
+
+    RESOLVED = "_trl_names_resolved"  # the instance's flag, set once its TRL names are moved onto ours
+
+    def __init__(self, ours: str):
+        self.ours = ours
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        if obj is None:
+            return None  # the field's default, as the dataclass and argument parsers read it
+        if obj.__dict__.get(self.RESOLVED):
+            if sys._getframe(1).f_code in _REBUILDERS:
+                # `dataclasses.replace(config, response_length=...)` reads every field to rebuild the config: the TRL
+                # name must not carry ours' old value beside the new one (a conflict); ours carries the setting.
+                return None
+            return getattr(obj, self.ours)
+        return obj.__dict__.get("_trl_given", {}).get(self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        if obj.__dict__.get(self.RESOLVED):
+            setattr(obj, self.ours, value)
+        else:
+            obj.__dict__.setdefault("_trl_given", {})[self.name] = value
+
+
+def install_aliases(config_class: type) -> None:
+    """Put a [`TrlAlias`] on `config_class` for each TRL name of `ALIASES` (after the dataclass is built: the fields
+    keep their default None)."""
+    for trl_name, ours in ALIASES.items():
+        alias = TrlAlias(ours)
+        alias.__set_name__(config_class, trl_name)
+        setattr(config_class, trl_name, alias)
 
 
 def answer(name: str) -> str:
