@@ -202,6 +202,20 @@ def test_max_steps_is_the_number_of_updates_over_epochs_and_total_episodes(tmp_p
     assert unset.num_ppo_updates == 2
 
 
+def test_every_default_that_differs_from_grpo_config_is_named_with_its_reason(tmp_path):
+    trl = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    ours = VCPPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    differ = []
+    for f in dataclasses.fields(GRPOConfig):
+        name = trl_names.ALIASES.get(f.name, f.name)
+        if not f.init or not hasattr(ours, name) or f.name in ("output_dir", "logging_dir"):
+            continue
+        theirs, mine = getattr(trl, f.name), getattr(ours, name)
+        if theirs != mine and not (isinstance(theirs, float) and theirs == pytest.approx(mine)):
+            differ.append(f.name)
+    assert sorted(differ) == sorted(trl_names.DIFFERENT_DEFAULTS), "classify in trl_names.DIFFERENT_DEFAULTS"
+
+
 def test_the_migration_page_answers_every_grpo_field():
     import pathlib
 
@@ -211,6 +225,8 @@ def test_the_migration_page_answers_every_grpo_field():
     for name, (value, reason) in trl_names.ONLY_VALUE.items():
         assert f"| `{name}` | `{value!r}` | {reason} |" in page
     for name, reason in trl_names.REFUSED.items():
+        assert f"| `{name}` | {reason} |" in page
+    for name, reason in trl_names.DIFFERENT_DEFAULTS.items():
         assert f"| `{name}` | {reason} |" in page
 
 

@@ -162,6 +162,56 @@ ONLY_VALUE: dict[str, tuple[Any, str]] = {
 # alike (each sets its field of PPOConfig). Any other key would change what is sampled (or how long) unscored.
 GENERATION_KWARGS: tuple[str, ...] = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 # What to use instead of a few generation keys a GRPO config may carry.
+# The fields (TRL's name) whose default here differs from a default `GRPOConfig`'s on a CPU, and why: a GRPO script that
+# leaves one unset gets ours. The migration page lists them; tests/unit/test_trl_names.py fails on a difference not
+# named here, so a new TRL default is classified before it ships.
+DIFFERENT_DEFAULTS: dict[str, str] = {
+    "max_completion_length": "53 here (TRL: 512): the embedded toy's length. Set it for your task.",
+    "num_generations": (
+        "1 here (TRL: 8): a critic needs no group per prompt. Set it to compare at equal prompts, and to at least 2 "
+        "with `advantage_estimator='grpo'` or `'rloo'`."
+    ),
+    "num_generations_eval": "1 here (TRL: None, i.e. `num_generations`): one sample per evaluation prompt.",
+    "learning_rate": (
+        "3e-6 for the policy here (TRL's GRPO: 1e-6), TRL <= 1.12 PPOConfig's; `value_learning_rate` follows it "
+        "unless set."
+    ),
+    "temperature": (
+        "0.7 here (TRL's GRPO: 1.0), TRL <= 1.12 PPOConfig's, so that a PPO script keeps its meaning. Set 1.0 to "
+        "sample as GRPO does; every log-probability is of the distribution sampled, whichever."
+    ),
+    "num_iterations": (
+        "`num_ppo_epochs` is 4 here (TRL's GRPO: `num_iterations=1`), TRL <= 1.12 PPOConfig's: PPO reuses each "
+        "rollout for several epochs under its clip. Set 1 for GRPO's single pass."
+    ),
+    "disable_dropout": (
+        "True here (TRL's GRPO: False), as TRL <= 1.12's PPO always did: with dropout on, the rollout's log-probs "
+        "and values and the update's come from different networks and the first ratio is not 1."
+    ),
+    "gradient_checkpointing": (
+        "follows the hardware here (on with an accelerator, off on a CPU, where it only costs time); TRL's GRPO: "
+        "True. `activation_checkpointing`, transformers' newer name, is the same."
+    ),
+    "activation_checkpointing": "follows the hardware here, as `gradient_checkpointing` (TRL's GRPO: True).",
+    "bf16": "follows the hardware here (TRL's GRPO: True, which fails on a CPU without bf16).",
+    "loss_type": "'token_mean' here, TRL's 'dapo' under its PPO name: the same aggregation.",
+    "steps_per_generation": (
+        "None here: `num_mini_batches` (1) decides, which is TRL's default of one rollout per optimizer step's "
+        "worth of micro-batches (TRL resolves None to `gradient_accumulation_steps`)."
+    ),
+    "generation_batch_size": (
+        "None here: `per_device_train_batch_size` x processes x `gradient_accumulation_steps` x `num_mini_batches` "
+        "sequences per rollout (TRL resolves it to the same product with its steps_per_generation)."
+    ),
+    "remove_unused_columns": (
+        "True here, transformers' default (TRL's GRPO: False); not read by this trainer, which passes every dataset "
+        "column to the reward functions as TRL does."
+    ),
+    "vllm_importance_sampling_cap": (
+        "TRL's deprecated name (None) of `vllm_importance_sampling_clip_max`, 3.0 in both."
+    ),
+}
+
 _GENERATION_KWARG_INSTEAD = {
     "max_new_tokens": "set response_length (TRL's max_completion_length)",
     "max_tokens": "set response_length (TRL's max_completion_length)",
