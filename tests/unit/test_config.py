@@ -447,3 +447,16 @@ def test_defaults_that_follow_other_fields_are_resolved(tmp_path):
     assert (config.max_tokens_per_forward, config.value_peft_config) == (256, {"r": 4})
     assert make(PPOConfig, tmp_path).max_tokens_per_forward is None
     assert make(VCPPOConfig, tmp_path).value_pretrain_save_steps == []
+
+
+def test_fewer_processes_than_asked_reads_the_launchers_environment():
+    from vcppo_trl.parallel.checks import fewer_processes_than_asked
+
+    asked_two = {"ACCELERATE_DYNAMO_BACKEND": "NO", "ACCELERATE_USE_CPU": "True", "MASTER_ADDR": "127.0.0.1"}
+    assert "cpu_ddp.yaml" in fewer_processes_than_asked(1, asked_two)
+    assert fewer_processes_than_asked(2, asked_two) is None  # it did start them
+    assert fewer_processes_than_asked(1, asked_two | {"WORLD_SIZE": "1"}) is None  # torchrun's world of one
+    assert fewer_processes_than_asked(1, asked_two | {"OMPI_COMM_WORLD_SIZE": "2"}) is None  # mpirun's
+    one = {k: v for k, v in asked_two.items() if k != "MASTER_ADDR"}
+    assert fewer_processes_than_asked(1, one) is None  # one process asked, one started
+    assert fewer_processes_than_asked(1, {"MASTER_ADDR": "127.0.0.1"}) is None  # not accelerate launch

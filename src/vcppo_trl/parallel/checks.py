@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from accelerate import Accelerator
 from transformers.utils import logging
@@ -57,7 +59,38 @@ def check_distributed_setup(
             accelerator, is_deepspeed=is_deepspeed, fsdp2=fsdp2, sequence_parallel_size=sequence_parallel_size
         )
         logger.warning(f"Training on {backend}.")
+        fewer = fewer_processes_than_asked(accelerator.num_processes)
+        if fewer:
+            logger.warning(fewer)
     return fsdp2
+
+
+# What MPI launchers set: accelerate's multi-CPU launch through `mpirun` starts its processes that way.
+_MPI_WORLD_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
+
+
+def fewer_processes_than_asked(num_processes: int, environ: dict[str, str] | None = None) -> str | None:
+    """
+    The warning to give when `accelerate launch` was asked for several processes and started one, else `None`.
+
+    accelerate's single-process launcher (a launch config with `use_cpu: true` or `distributed_type: NO`, or `--cpu`,
+    without an MPI hostfile) ignores `--num_processes`; it then exports the rendezvous address (`MASTER_ADDR`), which
+    only a launch of several processes needs, and no `WORLD_SIZE` (torchrun's).
+    """
+    env = os.environ if environ is None else environ
+    launched_by_accelerate = "ACCELERATE_DYNAMO_BACKEND" in env
+    asked_for_several = "MASTER_ADDR" in env and "WORLD_SIZE" not in env
+    if num_processes > 1 or not (launched_by_accelerate and asked_for_several):
+        return None
+    if any(name in env for name in _MPI_WORLD_VARIABLES):
+        return None
+    return (
+        "accelerate launch was asked for several processes but started one: its single-process launcher (a config "
+        "with use_cpu: true or distributed_type NO, e.g. configs/accelerate/cpu.yaml, or --cpu) ignores "
+        "--num_processes. For several CPU processes run `accelerate launch --config_file "
+        "configs/accelerate/cpu_ddp.yaml --num_processes 2 train.py ... --use_cpu true`, or `ACCELERATE_USE_CPU=1 "
+        "torchrun --standalone --nproc_per_node 2 train.py ...`."
+    )
 
 
 def describe_backend(accelerator: Accelerator, *, is_deepspeed: bool, fsdp2: bool, sequence_parallel_size: int) -> str:
