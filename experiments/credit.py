@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import runner
-from report_stats import fmt, welch_interval
+from report_stats import contrast_interval, fmt, welch_interval
 from run_files import DEFAULT_CACHE, DEFAULT_RESULTS, git_commit, read_json, write_json
 
 ARMS = ("vcppo", "group_mean", "rloo", "grpo_trl", "ppo", "oracle")
@@ -398,7 +398,45 @@ def report(results_dir: str) -> str:
                     [r["final_eval_sampled"]["accuracy"] for r in runs[(b, hops)]],
                 )
                 lines.append(f"| {a} − {b} | {hops} | {diff:+.3f} [{low:+.3f}, {high:+.3f}] |")
+    lines += ["", *falsification_rules(runs)]
     return "\n".join(lines) + "\n"
+
+
+def falsification_rules(runs: dict[tuple[str, int], list[dict]]) -> list[str]:
+    """The figures plan.md §4's rules read, computed as written there (final held-out sampled accuracy, Welch 95 %):
+    rule 1 the VC-PPO − group_mean gap at the longest K and its growth from the shortest K; rule 2 the oracle's gap at
+    the longest K; rule 3 group_mean − grpo_trl at every K. The verdicts are read from these by a person."""
+    final = {key: [r["final_eval_sampled"]["accuracy"] for r in rs] for key, rs in runs.items()}
+    hops = sorted({k for _, k in runs})
+    if not hops:
+        return []
+    short, long_ = hops[0], hops[-1]
+    out = ["## What plan.md §4's falsification rules read", ""]
+
+    def gap(a: str, b: str, k: int) -> str:
+        if (a, k) not in final or (b, k) not in final:
+            return "not run"
+        diff, low, high = welch_interval(final[(a, k)], final[(b, k)])
+        return f"{diff:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+    keys = [("vcppo", short), ("group_mean", short), ("vcppo", long_), ("group_mean", long_)]
+    growth = "not run"
+    if all(key in final for key in keys):
+        (v2, g2, v32, g32) = (final[key] for key in keys)
+        est, low, high = contrast_interval([(v32, 1.0), (g32, -1.0), (v2, -1.0), (g2, 1.0)])
+        growth = f"{est:+.3f} [{low:+.3f}, {high:+.3f}]"
+    out += [
+        f"- Rule 1: vcppo − group_mean at K = {long_}: {gap('vcppo', 'group_mean', long_)} (fails if the interval lies "
+        "entirely below +0.03); its growth from K = "
+        f"{short} to K = {long_}, (vcppo − group_mean)@{long_} − (vcppo − group_mean)@{short}: {growth} (fails if the "
+        "interval includes 0).",
+        f"- Rule 2: oracle − group_mean at K = {long_}: {gap('oracle', 'group_mean', long_)}; vcppo − oracle: "
+        f"{gap('vcppo', 'oracle', long_)}.",
+        "- Rule 3 (expected unresolved): group_mean − grpo_trl: "
+        + "; ".join(f"K = {k}: {gap('group_mean', 'grpo_trl', k)}" for k in hops)
+        + ".",
+    ]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

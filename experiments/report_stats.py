@@ -174,6 +174,26 @@ def welch_interval(a: Sequence[float], b: Sequence[float]) -> tuple[float, float
     return diff, diff - half, diff + half
 
 
+def contrast_interval(groups: Sequence[tuple[Sequence[float], float]]) -> tuple[float, float, float]:
+    """A contrast Σ c_i·mean_i of independent groups `(values, c_i)` and its 95 % interval with Welch–Satterthwaite
+    degrees of freedom, rounded down (for two groups with c = +1, −1: `report_stats.welch_interval`); nan when a group
+    has fewer than two finite values."""
+    estimate, variance, df_denominator = 0.0, 0.0, 0.0
+    for values, c in groups:
+        xs = [x for x in values if x is not None and not math.isnan(x)]
+        if len(xs) < 2:
+            return math.nan, math.nan, math.nan
+        mean = sum(xs) / len(xs)
+        v = c * c * sum((x - mean) ** 2 for x in xs) / (len(xs) - 1) / len(xs)
+        estimate += c * mean
+        variance += v
+        df_denominator += v * v / (len(xs) - 1)
+    if variance == 0:
+        return estimate, estimate, estimate
+    half = t95(variance * variance / df_denominator) * math.sqrt(variance)
+    return estimate, estimate - half, estimate + half
+
+
 def interval(values: Sequence[float]) -> tuple[float, float]:
     mean, half = mean_ci(values)
     return mean - half, mean + half

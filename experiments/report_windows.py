@@ -17,7 +17,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from report_accuracy_link import COMPARED, accuracy_link_rows, accuracy_link_table, comparison_table, critic_fit_table
 from report_plots import PANEL_TITLES, plot_advantage_by_position, plot_stop_gap_by_position
-from report_stats import along_run_table, assets_section, fmt, load_runs, t95
+from report_stats import along_run_table, assets_section, contrast_interval, fmt, load_runs
 
 # The windows report compares these too: the stop gap of the first and last 5 policy updates, and the wall time.
 WINDOWS_COMPARED = (
@@ -143,26 +143,6 @@ def run_length_table(rows: list[dict[str, Any]]) -> str:
         for r in rows
     ]
     return intro + header + "\n".join(lines) + "\n"
-
-
-def contrast_interval(groups: Sequence[tuple[Sequence[float], float]]) -> tuple[float, float, float]:
-    """A contrast Σ c_i·mean_i of independent groups `(values, c_i)` and its 95 % interval with Welch–Satterthwaite
-    degrees of freedom, rounded down (for two groups with c = +1, −1: `report_stats.welch_interval`); nan when a group
-    has fewer than two finite values."""
-    estimate, variance, df_denominator = 0.0, 0.0, 0.0
-    for values, c in groups:
-        xs = [x for x in values if x is not None and not math.isnan(x)]
-        if len(xs) < 2:
-            return math.nan, math.nan, math.nan
-        mean = sum(xs) / len(xs)
-        v = c * c * sum((x - mean) ** 2 for x in xs) / (len(xs) - 1) / len(xs)
-        estimate += c * mean
-        variance += v
-        df_denominator += v * v / (len(xs) - 1)
-    if variance == 0:
-        return estimate, estimate, estimate
-    half = t95(variance * variance / df_denominator) * math.sqrt(variance)
-    return estimate, estimate - half, estimate + half
 
 
 def contrast_table(rows: list[dict[str, Any]], contrast: tuple[tuple[str, str], tuple[str, str]]) -> str:

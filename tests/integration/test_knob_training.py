@@ -80,7 +80,9 @@ def test_generation_kwargs_set_the_knobs(make_trainer, tiny_config, monkeypatch)
         make_trainer, tiny_config, monkeypatch, generation_kwargs='{"top_k": 8, "repetition_penalty": 1.5}'
     )
     assert (
-        trainer.args.top_k == 8 and trainer.args.repetition_penalty == 1.5 and trainer.args.generation_kwargs is None
+        trainer.args.top_k == 8
+        and trainer.args.repetition_penalty == 1.5
+        and trainer.args.generation_kwargs == {"top_k": 8, "repetition_penalty": 1.5}  # kept, as TRL code reads it
     )
     assert trainer.sampler.knobs.top_k == 8 and trainer.learner.settings.knobs.repetition_penalty == 1.5
     assert max(float((lp - old).abs()[mask].max()) for lp, old, mask in seen) < 1e-5

@@ -95,7 +95,13 @@ def test_schedule_clocks_survive_resume(make_trainer, tiny_config, tmp_path):
     fresh._setup_training()
     fresh.lr_scheduler.load_state_dict(state)
     assert fresh.lr_scheduler.starts == {"policy": 2, "value": 2}
-    # A scheduler saved before the phases had their own critic schedule: the critic's clock restarts with the policy's.
+    # A scheduler saved before the phases had their own critic schedule keeps the critic on its one clock over both
+    # phases (linear over 1 + 2 updates of 2 steps, from step 0), as the older run would have continued.
     older = {k: v for k, v in state.items() if k != "phases"} | {"starts": {"policy": 2, "value": 0}}
     fresh.lr_scheduler.load_state_dict(older)
-    assert fresh.lr_scheduler.starts == {"policy": 2, "value": 2}
+    assert fresh.lr_scheduler.starts == {"policy": 2, "value": 0} and not fresh.lr_scheduler.phases
+    multipliers = [lam(3) for lam in fresh.lr_scheduler.lr_lambdas]
+    roles = [g["role"] for g in fresh.lr_scheduler.optimizer.param_groups]
+    assert multipliers[roles.index("value")] == pytest.approx(linear_with_warmup(3, 2, 6))
+    assert multipliers[roles.index("policy")] == pytest.approx(linear_with_warmup(1, 2, 4))
+    assert fresh.lr_scheduler.state_dict()["phases"] is False  # saved again, it stays on its one clock

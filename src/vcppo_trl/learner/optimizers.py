@@ -63,7 +63,15 @@ def role_scheduler(
     ppo = schedule_multiplier(settings, ppo_steps)
     pretrain = {"value": schedule_multiplier(settings, pretrain_steps)} if pretrain_steps > 0 else {}
     starts = {"policy": None, "value": 0 if pretrain else None}  # the PPO clocks start at the first PPO update
-    return RoleLR(optimizer, {"policy": ppo, "value": ppo}, starts, pretrain_multipliers=pretrain)
+    # The critic's one clock over both phases, for a checkpoint saved before the phases had their own schedules.
+    single_clock = {"value": schedule_multiplier(settings, ppo_steps + pretrain_steps)}
+    return RoleLR(
+        optimizer,
+        {"policy": ppo, "value": ppo},
+        starts,
+        pretrain_multipliers=pretrain,
+        single_clock_multipliers=single_clock,
+    )
 
 
 def _role_optimizer_states(optimizer: torch.optim.Optimizer, role: str) -> tuple[torch.optim.Optimizer, list]:

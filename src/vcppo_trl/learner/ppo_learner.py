@@ -352,7 +352,8 @@ class PPOLearner:
         scheduler = self.lr_scheduler
         if not isinstance(scheduler, RoleLR) or scheduler.started("policy"):
             return
-        scheduler.start("value")
+        if scheduler.phases:  # (an older run resumed in pretraining keeps its critic's one clock)
+            scheduler.start("value")
         scheduler.start("policy")
 
     def reset_policy_optimizer_state(self) -> None:

@@ -82,8 +82,10 @@ class RoleLR(LambdaLR):
         starts: `{role: first optimizer step of the role}`, or `None` for a role that has not started (multiplier 0).
         pretrain_multipliers: `{role: multiplier(step)}` for a role that trains before the PPO phase (the critic in
             value pretraining), used until the policy's clock starts; the role's clock restarts with the policy's.
+        single_clock_multipliers: `{role: multiplier(step)}` over both phases, the schedule of a checkpoint saved
+            before each phase had its own (its state has no `phases`): a resumed older run keeps its schedule.
 
-    `starts` is part of the state dict, so a resumed run keeps each clock and its phase where they were.
+    `starts` and `phases` are in the state dict, so a resumed run keeps each clock and its phase where they were.
     """
 
     def __init__(
@@ -92,15 +94,20 @@ class RoleLR(LambdaLR):
         multipliers: dict[str, Callable[[int], float]],
         starts: dict[str, int | None],
         pretrain_multipliers: dict[str, Callable[[int], float]] | None = None,
+        single_clock_multipliers: dict[str, Callable[[int], float]] | None = None,
     ):
         self.starts = dict(starts)
+        self.phases = True  # False: an older run's schedule, one clock over both phases (see load_state_dict)
         pretrain_multipliers = dict(pretrain_multipliers or {})
+        single_clock = dict(single_clock_multipliers or {})
 
         def role_lambda(role: str) -> Callable[[int], float]:
             def lr_lambda(step: int) -> float:
                 start = self.starts[role]
                 if start is None:
                     return 0.0
+                if not self.phases and role in single_clock:
+                    return single_clock[role](max(0, step - start))
                 pretraining = role in pretrain_multipliers and self.starts["policy"] is None
                 multiplier = (pretrain_multipliers if pretraining else multipliers)[role]
                 return multiplier(max(0, step - start))
@@ -108,7 +115,6 @@ class RoleLR(LambdaLR):
             return lr_lambda
 
         lambdas = [role_lambda(group.get("role", "value")) for group in optimizer.param_groups]
-        self.phases = True  # in the state dict: a schedule with a PPO phase of its own for every role
         super().__init__(optimizer, lambdas)
 
     def start(self, role: str, step: int | None = None) -> None:
@@ -117,12 +123,9 @@ class RoleLR(LambdaLR):
         self._apply()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)
-        if "phases" not in state_dict and self.starts.get("policy") is not None:
-            # Saved before each phase had its own critic schedule (one clock over both): restart the critic's clock
-            # with the policy's, as this version does at the first PPO update.
-            self.starts["value"] = self.starts["policy"]
-        self.phases = True
+        # A state without `phases` was saved before each phase had its own critic schedule: the run resumes on its
+        # single clock (`single_clock_multipliers`), as it would have continued.
+        super().load_state_dict({"phases": False, **state_dict})
 
     def started(self, role: str) -> bool:
         return self.starts[role] is not None

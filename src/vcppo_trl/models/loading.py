@@ -26,10 +26,17 @@ from .value_model import (
 logger = logging.get_logger(__name__)
 
 
-def init_kwargs(model_init_kwargs: dict | None, trust_remote_code: bool) -> dict:
+# `model_init_kwargs`' key naming the policy's GGUF file in its folder (transformers' `from_pretrained(gguf_file=)`).
+GGUF_FILE = "gguf_file"
+
+
+def init_kwargs(model_init_kwargs: dict | None, trust_remote_code: bool, *, policy: bool = False) -> dict:
     """Keyword arguments for loading a model by name: `model_init_kwargs` (the config's), with `trust_remote_code`
-    (the config's) unless they set it themselves (TRL's precedence)."""
+    (the config's) unless they set it themselves (TRL's precedence). A `gguf_file` names the policy's file: it is
+    kept for the policy (`policy=True`) and left out for a critic or reward model loaded from a folder of its own."""
     kwargs = dict(model_init_kwargs or {})
+    if not policy:
+        kwargs.pop(GGUF_FILE, None)
     if trust_remote_code:
         kwargs.setdefault("trust_remote_code", True)
     return kwargs
@@ -38,21 +45,55 @@ def init_kwargs(model_init_kwargs: dict | None, trust_remote_code: bool) -> dict
 def load_policy(
     model: str | PreTrainedModel, *, model_init_kwargs: dict | None, trust_remote_code: bool = False
 ) -> PreTrainedModel:
-    """The policy: `model` itself, or loaded from its name/path with `model_init_kwargs` (the config's)."""
+    """The policy: `model` itself, or loaded from its name/path with `model_init_kwargs` (the config's); from a GGUF
+    file (`model_init_kwargs={"gguf_file": ...}`) as a plain trainable model ([`detach_gguf_quantizer`])."""
     if isinstance(model, str):
-        return AutoModelForCausalLM.from_pretrained(model, **init_kwargs(model_init_kwargs, trust_remote_code))
+        kwargs = init_kwargs(model_init_kwargs, trust_remote_code, policy=True)
+        policy = AutoModelForCausalLM.from_pretrained(model, **kwargs)
+        if kwargs.get(GGUF_FILE):
+            detach_gguf_quantizer(policy, source=f"{model}/{kwargs[GGUF_FILE]}")
+        return policy
     if model_init_kwargs:
         logger.warning("`model_init_kwargs` is ignored because `model` is already instantiated.")
     return model
 
 
+def detach_gguf_quantizer(model: PreTrainedModel, source: str) -> None:
+    """
+    Make a model transformers loaded from a GGUF file a plain one. transformers dequantizes the GGUF weights to
+    floating point but keeps its GGUF quantizer attached, which makes `save_pretrained` refuse the model ("quantized
+    with gguf and is not serializable"): the weights are the model, so the quantizer is dropped, and the model trains,
+    saves and reloads as any transformers checkpoint (policy and critic alike).
+
+    Raises:
+        `ValueError`: a weight is not floating point (blocks kept packed, which transformers may do with the `kernels`
+            package installed): such a model cannot train.
+    """
+    packed = [name for name, p in model.named_parameters() if not p.is_floating_point()]
+    if packed:
+        raise ValueError(
+            f"{source}: {len(packed)} weights were loaded as packed {model.get_parameter(packed[0]).dtype} blocks "
+            f"(e.g. {packed[0]}), which cannot be trained. Load the GGUF file dequantized: uninstall the `kernels` "
+            "package, or convert the file to a transformers folder first (scripts/fetch_smollm2.py does)."
+        )
+    model.hf_quantizer = None
+    model.is_quantized = False
+    model.quantization_method = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+
+
 def load_tokenizer(
-    processing_class, policy: PreTrainedModel, *, trust_remote_code: bool = False
+    processing_class, policy: PreTrainedModel, *, trust_remote_code: bool = False, gguf_file: str | None = None
 ) -> PreTrainedTokenizerBase:
-    """The policy's tokenizer (loaded from the policy when not given), with a pad token."""
+    """The policy's tokenizer (loaded from the policy when not given, from its GGUF file with `gguf_file`), with a pad
+    token."""
     tokenizer = processing_class
     if tokenizer is None:
-        tokenizer = AutoTokenizer.from_pretrained(policy.config._name_or_path, trust_remote_code=trust_remote_code)
+        extra = {GGUF_FILE: gguf_file} if gguf_file else {}
+        tokenizer = AutoTokenizer.from_pretrained(
+            policy.config._name_or_path, trust_remote_code=trust_remote_code, **extra
+        )
     tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a multimodal processor wraps its tokenizer
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:

@@ -142,7 +142,12 @@ def build_models(
         check_critic_job_inputs(args, ref_model=ref_model, peft_config=peft_config)
     check_critic_inputs(args, value_model=value_model, value_peft_config=value_peft_config)
     policy = load_policy(model, model_init_kwargs=args.model_init_kwargs, trust_remote_code=args.trust_remote_code)
-    tokenizer = load_tokenizer(processing_class, policy, trust_remote_code=args.trust_remote_code)
+    tokenizer = load_tokenizer(
+        processing_class,
+        policy,
+        trust_remote_code=args.trust_remote_code,
+        gguf_file=(args.model_init_kwargs or {}).get("gguf_file") if isinstance(model, str) else None,
+    )
     critic = None  # a group advantage estimator has none: no memory, no step, nothing saved or pushed
     if args.uses_critic:
         critic = build_critic(

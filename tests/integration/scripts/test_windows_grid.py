@@ -125,12 +125,12 @@ def test_run_length_rows_count_finished_responses_per_phase_against_the_referenc
 
 def test_the_contrast_interval_is_welchs_for_two_groups_and_adds_variances_for_four():
     a, b = [1.0, 2.0, 3.0, 4.0], [2.0, 4.0, 6.0]
-    assert report_windows.contrast_interval([(a, 1.0), (b, -1.0)]) == pytest.approx(report_stats.welch_interval(a, b))
+    assert report_stats.contrast_interval([(a, 1.0), (b, -1.0)]) == pytest.approx(report_stats.welch_interval(a, b))
     # Four groups of 3 with variance 1 each: se² = 4/3, df = (4/3)² / (4 · (1/3)² / 2) = 8 (t = 2.306).
     groups = [([0.0, 1.0, 2.0], 1.0), ([0.0, 1.0, 2.0], -1.0), ([1.0, 2.0, 3.0], -1.0), ([0.0, 1.0, 2.0], 1.0)]
-    est, lo, hi = report_windows.contrast_interval(groups)
+    est, lo, hi = report_stats.contrast_interval(groups)
     assert est == pytest.approx(-1.0) and hi - est == pytest.approx(2.306 * (4 / 3) ** 0.5)
-    assert all(math.isnan(x) for x in report_windows.contrast_interval([([1.0], 1.0), ([1.0, 2.0], -1.0)]))
+    assert all(math.isnan(x) for x in report_stats.contrast_interval([([1.0], 1.0), ([1.0, 2.0], -1.0)]))
     assert report_stats.t95(14.7) == 2.145 and report_stats.t95(31) == 1.96
 
 
