@@ -12,7 +12,6 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from datasets import Dataset, DatasetDict, load_dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import ModelConfig, ScriptArguments, TrlParser
 from trl.trainer.utils import get_peft_config, get_quantization_config
@@ -23,6 +22,7 @@ from .models.loading import resolve_stop_token_ids
 from .models.value_model import check_value_model_source
 from .parallel.checks import check_launch_environment
 from .rewards.registry import resolve_reward_funcs
+from .script_datasets import load_datasets
 from .trainer.preemption import TrainingInterrupted
 from .trainer.store_job import store_rollouts
 from .trainer.vapo import VAPOTrainer
@@ -50,7 +50,11 @@ class VCPPOScriptArguments(ScriptArguments):
         },
     )
     dataset_name: str | None = field(
-        default=None, metadata={"help": "Dataset name or path. Leave unset (with no model) for the embedded toy task."}
+        default=None,
+        metadata={
+            "help": "Dataset name or path, or reasoning_gym:<task> (a reasoning-gym task, built here; with "
+            "--reward_funcs reasoning_gym). Leave unset (with no model) for the embedded toy task."
+        },
     )
     prompt_column: str = field(default="prompt", metadata={"help": "Column holding the prompt."})
     solution_column: str | None = field(
@@ -116,49 +120,6 @@ class VCPPOScriptArguments(ScriptArguments):
     python_tool: bool = field(default=False, metadata={"help": "Add vcppo_trl.python_tool(): a code interpreter."})
     python_tool_timeout: float = field(default=10.0, metadata={"help": "python_tool: seconds per call."})
     python_tool_memory_mb: int = field(default=512, metadata={"help": "python_tool: memory per call (0: no limit)."})
-
-
-def _to_chat(example: dict, column: str, system_prompt: str | None) -> dict:
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    messages.append({"role": "user", "content": example[column]})
-    return {"prompt": messages}
-
-
-def prepare_dataset(dataset: Dataset, script_args: VCPPOScriptArguments, limit: int | None) -> Dataset:
-    """Rename the configured columns to `prompt`/`solution` and optionally wrap prompts as chat messages."""
-    columns = dataset.column_names
-    if script_args.prompt_column not in columns:
-        raise ValueError(
-            f"The dataset has no column {script_args.prompt_column!r} (columns: {columns}). Set --prompt_column."
-        )
-    if script_args.solution_column and script_args.solution_column not in columns:
-        raise ValueError(
-            f"The dataset has no column {script_args.solution_column!r} (columns: {columns}). Set --solution_column "
-            "to the gold-answer column, or to an empty value if your reward functions need none."
-        )
-    if limit is not None:
-        dataset = dataset.select(range(min(limit, len(dataset))))
-    if script_args.solution_column and script_args.solution_column != "solution":
-        if "solution" in columns:
-            dataset = dataset.remove_columns("solution")
-        dataset = dataset.rename_column(script_args.solution_column, "solution")
-    if script_args.conversational:
-        dataset = dataset.map(lambda ex: _to_chat(ex, script_args.prompt_column, script_args.system_prompt))
-    elif script_args.prompt_column != "prompt":
-        dataset = dataset.rename_column(script_args.prompt_column, "prompt")
-    return dataset
-
-
-def load_datasets(script_args: VCPPOScriptArguments) -> tuple[Dataset, Dataset | None]:
-    """Load the train (and test, when the split exists) datasets named by the script arguments."""
-    data = load_dataset(script_args.dataset_name, name=script_args.dataset_config)
-    if not isinstance(data, DatasetDict) or script_args.dataset_train_split not in data:
-        raise ValueError(f"The dataset has no split {script_args.dataset_train_split!r}: set --dataset_train_split.")
-    train = prepare_dataset(data[script_args.dataset_train_split], script_args, script_args.max_train_samples)
-    test = None
-    if script_args.dataset_test_split in data:
-        test = prepare_dataset(data[script_args.dataset_test_split], script_args, script_args.max_eval_samples)
-    return train, test
 
 
 def resolve_tools(script_args: VCPPOScriptArguments, toy: bool) -> list:
@@ -239,10 +200,11 @@ def build_toy(script_args: VCPPOScriptArguments, training_args: VCPPOConfig):
     return model, tokenizer, train, test
 
 
-def load_model_and_tokenizer(model_args: ModelConfig):
+def load_model_and_tokenizer(model_args: ModelConfig, trust_remote_code: bool = False):
+    # `trust_remote_code` is the trainer config's (TRL 1.16's ModelConfig no longer has it).
     kwargs = {
         "revision": model_args.model_revision,
-        "trust_remote_code": model_args.trust_remote_code,
+        "trust_remote_code": trust_remote_code,
         "attn_implementation": model_args.attn_implementation,
         "dtype": model_args.dtype,
     }
@@ -253,7 +215,7 @@ def load_model_and_tokenizer(model_args: ModelConfig):
     tokenizer = AutoTokenizer.from_pretrained(
         model_args.model_name_or_path,
         revision=model_args.model_revision,
-        trust_remote_code=model_args.trust_remote_code,
+        trust_remote_code=trust_remote_code,
     )
     return model, tokenizer
 
@@ -387,7 +349,7 @@ def main(argv: list[str] | None = None) -> VCPPOTrainer:
         train_dataset, eval_dataset = load_datasets(script_args)
         if tools and isinstance(train_dataset[0]["prompt"], str):
             raise ValueError("Tools need chat prompts and the dataset's are text: set --conversational true.")
-        model, tokenizer = load_model_and_tokenizer(model_args)
+        model, tokenizer = load_model_and_tokenizer(model_args, training_args.trust_remote_code)
 
     trainer = trainer_class(
         model=model,

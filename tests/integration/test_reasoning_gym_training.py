@@ -30,3 +30,27 @@ def test_a_reasoning_gym_task_trains_with_its_own_scoring(tmp_path):
     assert len(seen) == 16 and all(seen)
     assert set(trainer.last_update.rollout.raw_scores.tolist()) <= {-1.0, 1.0}  # a random model: no partial credit
     assert ENTRY_COLUMN in train.column_names
+
+
+def test_train_py_trains_on_a_reasoning_gym_task_by_name(tmp_path):
+    """`train.py --dataset_name reasoning_gym:<task> --reward_funcs reasoning_gym` on a model folder."""
+    from transformers import AutoTokenizer
+
+    from vcppo_trl.cli import main
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    write_tiny_llama_gguf(str(folder / "tiny.gguf")).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(folder, gguf_file="tiny.gguf").save_pretrained(folder)
+    argv = [
+        *("--model_name_or_path", str(folder), "--dataset_name", "reasoning_gym:basic_arithmetic"),
+        *("--reward_funcs", "reasoning_gym", "--max_train_samples", "32", "--max_eval_samples", "4"),
+        *("--output_dir", str(tmp_path / "run"), "--use_cpu", "true", "--report_to", "none", "--save_strategy", "no"),
+        *("--max_steps", "1", "--value_pretrain_steps", "1", "--response_length", "16"),
+        *("--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2", "--disable_tqdm", "true"),
+        *("--num_sample_generations", "0", "--eval_strategy", "no"),
+    ]
+    trainer = main(argv)
+    assert trainer.num_ppo_updates == 1 and len(trainer.train_dataset) == 32
+    assert trainer.train_dataset[0]["prompt"][0]["role"] == "system"
+    assert any("rewards/reasoning_gym_reward/mean" in e for e in trainer.state.log_history)

@@ -215,10 +215,13 @@ def test_reward_is_picklable():
 def test_builtin_rewards():
     from trl.rewards import accuracy_reward, think_format_reward
 
+    from vcppo_trl.rewards.reasoning_gym import reasoning_gym_reward
+
     assert BUILTIN_REWARDS == {
         "math_verify": math_verify_reward,
         "think_format": think_format_reward,
         "accuracy": accuracy_reward,
+        "reasoning_gym": reasoning_gym_reward,
     }
 
 

@@ -1,4 +1,5 @@
-"""Reward functions by name for scripts: the built-ins (`math_verify`, `think_format`, `accuracy`) and dotted paths."""
+"""Reward functions by name for scripts: the built-ins (`math_verify`, `think_format`, `accuracy`, `reasoning_gym`)
+and dotted paths."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from trl.rewards import accuracy_reward, think_format_reward
 
 from .math_verify import math_verify_reward
+from .reasoning_gym import reasoning_gym_reward
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Registry
@@ -19,6 +21,7 @@ BUILTIN_REWARDS: dict[str, Callable[..., list[float | None]]] = {
     "math_verify": math_verify_reward,
     "think_format": think_format_reward,
     "accuracy": accuracy_reward,
+    "reasoning_gym": reasoning_gym_reward,  # the task's own scoring, with --dataset_name reasoning_gym:<task>
 }
 
 

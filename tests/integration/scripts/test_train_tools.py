@@ -74,7 +74,7 @@ def test_text_prompts_with_tools_need_the_chat_conversion(tmp_path, monkeypatch)
     class ModelLoaded(Exception):
         pass
 
-    def load_model(model_args):
+    def load_model(model_args, trust_remote_code=False):
         raise ModelLoaded
 
     monkeypatch.setattr(cli, "load_model_and_tokenizer", load_model)
@@ -82,13 +82,15 @@ def test_text_prompts_with_tools_need_the_chat_conversion(tmp_path, monkeypatch)
         ValueError, match="Tools need chat prompts and the dataset's are text: set --conversational true"
     ):
         main(argv)
-    prepared, prepare = [], cli.prepare_dataset
+    from vcppo_trl import script_datasets
+
+    prepared, prepare = [], script_datasets.prepare_dataset
 
     def record(*args, **kwargs):
         prepared.append(prepare(*args, **kwargs))
         return prepared[-1]
 
-    monkeypatch.setattr(cli, "prepare_dataset", record)
+    monkeypatch.setattr(script_datasets, "prepare_dataset", record)
     with pytest.raises(ModelLoaded):  # past the check: the prompts are chat messages
         main([*argv, "--conversational", "true", "--system_prompt", "Use the tool."])
     assert prepared[0][0]["prompt"] == [
