@@ -152,9 +152,27 @@ def test_what_the_loop_cannot_use_is_refused():
         ToolLoop([], tokenizer, settings, [0])
     with pytest.raises(ValueError, match="two functions of one name"):
         ToolLoop([add, add], tokenizer, settings, [0])
-    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    # A template that renders tools, in no form TRL knows a response schema for.
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if tools %}{{ tools }}{% endif %}"
+    )
     with pytest.raises(ValueError, match="no response schema"):
         ToolLoop([add], tokenizer, settings, [0])
     loop, tokenizer = _loop()
     with pytest.raises(ValueError, match="conversational prompts"):
         loop.render(["Add 2 and 3."])
+
+
+def test_a_chat_template_that_does_not_render_tools_is_refused():
+    """SmolLM2's template (and any like it) ignores `tools`: the policy would never see one, so tools are refused."""
+    from vcppo_trl.rollout.tool_loop import ToolLoop, renders_tools
+
+    tokenizer = chat_tokenizer()
+    assert renders_tools(tokenizer)  # TRL's Qwen2.5 template does
+    tokenizer.chat_template = (
+        "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    assert not renders_tools(tokenizer)
+    with pytest.raises(ValueError, match="does not render tools"):
+        ToolLoop([add], tokenizer, settings=None, stop_token_ids=[tokenizer.eos_token_id])

@@ -72,6 +72,26 @@ class ToolEpisodes:
     environments: list[Any] | None = None  # per episode: its environment (`environment_factory`)
 
 
+def _probe_tool(value: int) -> int:
+    """A tool that only probes a chat template.
+
+    Args:
+        value: Any number.
+    """
+    return value
+
+
+def renders_tools(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the tokenizer's chat template shows tools to the model: a one-message prompt rendered with a tool
+    differs from the same prompt without it."""
+    messages = [{"role": "user", "content": "Hello."}]
+    bare = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    with_tool = tokenizer.apply_chat_template(
+        messages, tools=[_probe_tool], add_generation_prompt=True, tokenize=False
+    )
+    return with_tool != bare
+
+
 def tool_name(tool: Callable) -> str:
     return getattr(tool, "__name__", type(tool).__name__)
 
@@ -109,6 +129,13 @@ class ToolLoop:
             raise ValueError(f"`tools` holds two functions of one name: {sorted(names)}; each name must be unique.")
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError("`tools` need a tokenizer with a chat template that renders tools (e.g. Qwen2.5's).")
+        if not renders_tools(tokenizer):
+            raise ValueError(
+                "`tools`: the tokenizer's chat template does not render tools (a prompt rendered with tools is the "
+                "prompt without them: SmolLM2-135M-Instruct's template is one such), so the policy would never be "
+                "shown a tool. Use a model whose template renders `tools` (Qwen2.5/3, Llama 3.x, ...), or set "
+                "`tokenizer.chat_template` to one that does."
+            )
         if (
             getattr(tokenizer, "response_schema", None) is None
             and getattr(tokenizer, "response_template", None) is None
