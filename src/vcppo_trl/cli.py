@@ -53,7 +53,8 @@ class VCPPOScriptArguments(ScriptArguments):
         default=None,
         metadata={
             "help": "Dataset name or path, or reasoning_gym:<task> (a reasoning-gym task, built here; with "
-            "--reward_funcs reasoning_gym). Leave unset (with no model) for the embedded toy task."
+            "--reward_funcs reasoning_gym; its settings as JSON in --dataset_config). Leave unset (with no model) "
+            "for the embedded toy task."
         },
     )
     prompt_column: str = field(default="prompt", metadata={"help": "Column holding the prompt."})

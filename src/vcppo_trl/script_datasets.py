@@ -4,6 +4,7 @@ in-process with its own scoring ([`~rewards.reasoning_gym`])."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from datasets import Dataset, DatasetDict, load_dataset
@@ -64,10 +65,36 @@ def load_datasets(script_args: VCPPOScriptArguments) -> tuple[Dataset, Dataset |
 def reasoning_gym_splits(script_args: VCPPOScriptArguments) -> tuple[Dataset, Dataset]:
     """`--dataset_name reasoning_gym:<task>`: the task's problems, train from its generator's seed 0 and eval from
     seed 1 (a task with few distinct problems may repeat some), sized by `--max_train_samples` and
-    `--max_eval_samples` (default 1000 and 100); score them with `--reward_funcs reasoning_gym`."""
+    `--max_eval_samples` (default 1000 and 100), with the task's settings from `--dataset_config` (a JSON object, e.g.
+    '{"max_terms": 2}') and `--system_prompt` instead of reasoning-gym's own when set; score them with
+    `--reward_funcs reasoning_gym` (or `math_verify` against the `solution` column, on numeric tasks)."""
     from .rewards.reasoning_gym import reasoning_gym_dataset
 
     task = script_args.dataset_name[len(REASONING_GYM_PREFIX) :]
+    settings = reasoning_gym_settings(script_args.dataset_config)
     train_size = script_args.max_train_samples or REASONING_GYM_SIZES[0]
     eval_size = script_args.max_eval_samples or REASONING_GYM_SIZES[1]
-    return reasoning_gym_dataset(task, train_size, seed=0), reasoning_gym_dataset(task, eval_size, seed=1)
+    system = {"system_message": script_args.system_prompt}
+    return (
+        reasoning_gym_dataset(task, train_size, seed=0, **system, **settings),
+        reasoning_gym_dataset(task, eval_size, seed=1, **system, **settings),
+    )
+
+
+def reasoning_gym_settings(dataset_config: str | dict | None) -> dict[str, Any]:
+    """A reasoning-gym task's settings from `--dataset_config`: a JSON object (a mapping in a --config YAML), or
+    nothing."""
+    if not dataset_config:
+        return {}
+    if isinstance(dataset_config, dict):
+        return dataset_config
+    try:
+        settings = json.loads(dataset_config)
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"With --dataset_name reasoning_gym:<task>, --dataset_config holds the task's settings as a JSON object "
+            f"(e.g. '{{\"max_terms\": 2}}'); {dataset_config!r} is not JSON: {err}."
+        ) from err
+    if not isinstance(settings, dict):
+        raise ValueError(f"--dataset_config must be a JSON object of the task's settings, got {dataset_config!r}.")
+    return settings

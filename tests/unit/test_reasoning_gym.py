@@ -19,7 +19,8 @@ TASKS = ("leg_counting", "basic_arithmetic", "spell_backward", "word_sorting")
 @pytest.mark.parametrize("task", TASKS)
 def test_a_tasks_own_answer_scores_plus_one_and_a_wrong_one_minus_one(task):
     dataset = reasoning_gym_dataset(task, size=4, seed=3)
-    assert dataset.column_names == ["prompt", ENTRY_COLUMN]
+    assert dataset.column_names == ["prompt", ENTRY_COLUMN, "solution"]
+    assert dataset["solution"] == [str(e["answer"]) for e in [json.loads(x) for x in dataset[ENTRY_COLUMN]]]
     entries = [json.loads(e) for e in dataset[ENTRY_COLUMN]]
     system, user = dataset[0]["prompt"]
     assert system["role"] == "system" and "<answer>" in system["content"]
@@ -56,3 +57,31 @@ def test_a_wrong_task_name_is_refused_with_the_closest_names():
     with pytest.raises(ValueError, match="system_prompt must be one of"):
         reasoning_gym_dataset("leg_counting", size=2, system_prompt="chatty")
     assert len(reasoning_gym_tasks()) > 50
+
+
+def test_task_settings_and_a_system_message_of_ones_own():
+    dataset = reasoning_gym_dataset(
+        "basic_arithmetic", size=6, seed=0, system_message="Reply with the number.",
+        min_terms=2, max_terms=2, min_digits=1, max_digits=1, operators=["+"],
+        allow_negation=False, allow_parentheses=False,
+    )  # fmt: skip
+    assert all(row["prompt"][0] == {"role": "system", "content": "Reply with the number."} for row in dataset)
+    for entry in map(json.loads, dataset[ENTRY_COLUMN]):
+        left, right = entry["question"].removeprefix("Calculate ").rstrip(".").split(" + ")
+        assert (
+            int(left) + int(right) == int(entry["answer"]) and max(int(left), int(right)) <= 10
+        )  # its 1-digit range ends at 10
+    with pytest.raises(ValueError, match="has no setting 'max_animal'; its settings: .*max_animals"):
+        reasoning_gym_dataset("leg_counting", size=2, max_animal=3)
+
+
+def test_train_py_reads_task_settings_as_json():
+    from vcppo_trl.script_datasets import reasoning_gym_settings
+
+    assert reasoning_gym_settings(None) == {} and reasoning_gym_settings("") == {}
+    assert reasoning_gym_settings('{"max_terms": 2}') == {"max_terms": 2}
+    assert reasoning_gym_settings({"max_terms": 2}) == {"max_terms": 2}  # a mapping in a --config YAML
+    with pytest.raises(ValueError, match="is not JSON"):
+        reasoning_gym_settings("max_terms=2")
+    with pytest.raises(ValueError, match="must be a JSON object"):
+        reasoning_gym_settings("[2]")

@@ -7,8 +7,10 @@ with its own answer scoring) as prompts and a reward, with the task's own scorin
     trainer = VCPPOTrainer(model=..., reward_funcs=reasoning_gym_reward, train_dataset=train, args=...)
 
 - Prompts: chat messages, the task's system prompt (reasoning-gym's `SYSTEM_PROMPTS["default"]`: think step by step,
-  then give the answer inside `<answer>…</answer>`) and the question. The entry (question, answer, metadata) is kept as
-  JSON in the `reasoning_gym_entry` column, which the trainer passes to the reward function.
+  then give the answer inside `<answer>…</answer>`; or a system message of your own) and the question. The entry
+  (question, answer, metadata) is kept as JSON in the `reasoning_gym_entry` column, which the trainer passes to the
+  reward function; the gold answer is also the `solution` column, for rewards that compare answers themselves
+  (`math_verify_reward` on the numeric tasks).
 - Reward: the answer extracted as the prompt asks for it (reasoning-gym's `extract_answer`: the last `<answer>` block,
   so a `<think>` part before it is ignored), scored by the task's own `score_answer(answer, entry)` in [0, 1] (1:
   correct; some tasks give partial credit, e.g. for a well-formed wrong answer), mapped to `2·score − 1`: +1 correct,
@@ -45,16 +47,24 @@ def reasoning_gym_tasks() -> list[str]:
     return sorted(DATASETS)
 
 
-def reasoning_gym_dataset(task: str, size: int, seed: int = 0, *, system_prompt: str = "default", **task_config):
+def reasoning_gym_dataset(
+    task: str,
+    size: int,
+    seed: int = 0,
+    *,
+    system_prompt: str = "default",
+    system_message: str | None = None,
+    **task_config,
+):
     """
     `size` problems of the reasoning-gym task `task` (its own generator, seeded by `seed`; `task_config`: the task's
     own settings, e.g. `min_animals=3`) as a `datasets.Dataset` with a conversational `prompt` (the system prompt
-    `system_prompt` of reasoning-gym's `SYSTEM_PROMPTS`, then the question) and the entry as JSON in
-    `reasoning_gym_entry`.
+    `system_prompt` of reasoning-gym's `SYSTEM_PROMPTS`, or `system_message` as given when set, then the question),
+    the entry as JSON in `reasoning_gym_entry` and its gold answer as text in `solution`.
 
     Raises:
-        `ValueError`: `task` is not a reasoning-gym task (the closest names are given), or `system_prompt` is not one
-            of reasoning-gym's.
+        `ValueError`: `task` is not a reasoning-gym task (the closest names are given), `system_prompt` is not one
+            of reasoning-gym's, or `task_config` names a setting the task does not have (its settings are listed).
     """
     from datasets import Dataset
 
@@ -72,16 +82,34 @@ def reasoning_gym_dataset(task: str, size: int, seed: int = 0, *, system_prompt:
         raise ValueError(
             f"system_prompt must be one of reasoning-gym's {sorted(SYSTEM_PROMPTS)}, got {system_prompt!r}."
         )
+    _check_task_config(task, task_config)
     problems = reasoning_gym.create_dataset(task, size=size, seed=seed, **task_config)
-    system = SYSTEM_PROMPTS[system_prompt]
+    system = SYSTEM_PROMPTS[system_prompt] if system_message is None else system_message
     rows = [
         {
             "prompt": [{"role": "system", "content": system}, {"role": "user", "content": entry["question"]}],
             ENTRY_COLUMN: json.dumps(entry),
+            "solution": str(entry["answer"]),
         }
         for entry in problems
     ]
     return Dataset.from_list(rows)
+
+
+def _check_task_config(task: str, task_config: dict[str, Any]) -> None:
+    """Refuses a setting the task's config does not declare (reasoning-gym's own error names only the class)."""
+    import dataclasses
+
+    from reasoning_gym.factory import DATASETS
+
+    config_class = DATASETS[task][1]
+    known = {f.name for f in dataclasses.fields(config_class)} - {"seed", "size"}
+    unknown = sorted(set(task_config) - known)
+    if unknown:
+        raise ValueError(
+            f"The reasoning-gym task {task!r} has no setting {', '.join(map(repr, unknown))}; its settings: "
+            f"{', '.join(sorted(known))}."
+        )
 
 
 def _text(completion: Any) -> str:
