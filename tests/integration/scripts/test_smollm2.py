@@ -49,3 +49,23 @@ def test_the_quickstart_trains_smollm2_from_its_wheel(tmp_path):
     critic = AutoModelForTokenClassification.from_pretrained(out / "value_model")
     assert critic.config.num_labels == 1 and critic.config.hidden_size == policy.config.hidden_size
     assert (out / "value_pretrained" / "model.safetensors").is_file()
+
+
+def test_the_smollm2_recipe_trains_cut_short(tmp_path):
+    """configs/recipes/smollm2_cpu.yaml as its comment launches it (the fetched folder as the model), cut to one
+    update of each phase: reasoning-gym's one-digit additions, math-verify's reward printed per update."""
+    folder = smollm2_folder()
+    recipe = os.path.join(ROOT, "configs", "recipes", "smollm2_cpu.yaml")
+    cmd = [
+        *(sys.executable, os.path.join(ROOT, "train.py"), "--config", recipe, "--model_name_or_path", folder),
+        *("--output_dir", str(tmp_path / "run"), "--max_steps", "1", "--value_pretrain_steps", "1"),
+        *("--max_train_samples", "32", "--max_eval_samples", "4"),
+    ]
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    both = result.stdout + result.stderr
+    assert "update 1/2 value-pretrain:  reward" in both and "update 2/2:  reward" in both, both[-3000:]
+    assert "eval: accuracy" in both and "num_samples 4" in both  # the task's held-out split, evaluated at the start
+    policy = AutoModelForCausalLM.from_pretrained(tmp_path / "run")
+    assert sum(p.numel() for p in policy.parameters()) == 134_515_008
