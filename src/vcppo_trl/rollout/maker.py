@@ -29,11 +29,10 @@ from ..rewards.reward_models import reward_model_scores
 from ..sampling.seam import Samples
 from .episodes import sample_episodes
 from .forwards import RolloutForwards
-from .response_pool import WindowStep
 from .scoring import ScoredSamples, concat_scored, decode_completions, padded_to_multiple, prompt_text
 from .settings import RolloutSettings
 from .shaping import overlong_penalty, token_rewards
-from .types import OverlapStats, Rollout, WindowMarks, is_correct
+from .types import Rollout, SourceReport, WindowMarks, is_correct
 
 logger = logging.get_logger(__name__)
 
@@ -54,8 +53,7 @@ class RolloutStats:
     generation: GenerationStats
     forwards: ForwardWork  # values, old and reference log-probs (reward models not counted)
     dynamic_sampling: DynamicSamplingStats | None = None  # None unless `dynamic_sampling` ran for this rollout
-    window: WindowStep | None = None  # None unless the rollout is a generation window's
-    overlap: OverlapStats | None = None  # None unless a rollout worker sampled ahead (`max_staleness`)
+    reports: tuple[SourceReport, ...] = ()  # what the source reports of itself (a window's step, an overlap's waits)
 
 
 class RolloutMaker:

@@ -249,7 +249,9 @@ class OverlappedRollouts(AheadOfTraining):
         )
         rollout, work = self.maker.complete(batch.rows, scored, train_policy)
         generation = GenerationStats(generated.seconds, samples.num_tokens, None)
-        return rollout, RolloutStats(generation, work, overlap=self.stats(generated, wait, in_flight=len(self.queue)))
+        return rollout, RolloutStats(
+            generation, work, reports=(self.stats(generated, wait, in_flight=len(self.queue)),)
+        )
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from accelerate import Accelerator
 
 from ..sampling.seam import Samples
 
@@ -42,6 +43,33 @@ class WindowStep:
     new_tokens: int  # tokens sampled in this window (within the budgets)
     prefilled_tokens: int  # response tokens sampled earlier and prefilled again as context
     in_flight: int = 0  # responses left in the pool once the finished ones left it
+
+    def metrics(self, accelerator: Accelerator) -> dict[str, float]:
+        """
+        This window over all processes (a collective: every process calls it): `rollout/finished_responses`
+        (responses that finished and were scored), `rollout/window_tokens` (tokens sampled, the policy's),
+        `rollout/prefilled_tokens` (earlier tokens of continued responses, run again as context), `rollout/in_flight`
+        (responses carried to the next update) and `rollout/windows_per_finished_mean` (policy versions that sampled a
+        finished response).
+        """
+        finished_windows = [w for w, done in zip(self.windows, self.finished) if done]
+        counts = torch.tensor(
+            [sum(self.finished), self.new_tokens, self.prefilled_tokens, self.in_flight, sum(finished_windows)],
+            dtype=torch.float64,
+            device=accelerator.device,
+        )
+        if accelerator.num_processes > 1:
+            counts = accelerator.reduce(counts, "sum")
+        finished, new, prefilled, in_flight, windows = counts.tolist()
+        metrics = {
+            "rollout/finished_responses": finished,
+            "rollout/window_tokens": new,
+            "rollout/prefilled_tokens": prefilled,
+            "rollout/in_flight": in_flight,
+        }
+        if finished:
+            metrics["rollout/windows_per_finished_mean"] = windows / finished
+        return metrics
 
 
 class ResponsePool:

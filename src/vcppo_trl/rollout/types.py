@@ -1,13 +1,15 @@
 """The [`Rollout`] of one update (tokens, masks, log-probabilities, values and scores), the type its maker produces
-and the learner and metrics consume, the correctness of a score, and a generation window's marks ([`WindowMarks`])."""
+and the learner and metrics consume, the correctness of a score, a generation window's marks ([`WindowMarks`]), and what
+a source reports of itself ([`SourceReport`], e.g. [`OverlapStats`])."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+from accelerate import Accelerator
 
 
 @dataclass
@@ -114,3 +116,35 @@ class OverlapStats:
     sampler_idle_seconds: float  # the worker idle, waiting for work, before it sampled this batch
     push_seconds: float  # the last weight push (copy into shared memory)
     in_flight: int  # generations queued beyond this one
+
+    def metrics(self, accelerator: Accelerator) -> dict[str, float]:
+        """
+        This rollout over all processes (a collective: every process calls it): `sampling/staleness_max` (policy
+        updates between the weights that sampled the batch and those that train it, the most over processes),
+        `time/sampler_wait_s` (the trainer idle, waiting for the samples), `time/sampler_idle_s` (the worker idle
+        before it sampled them), `time/weight_push_s` (the last weight push) and `rollout/prefetched` (generations
+        queued beyond this one).
+        """
+        values = torch.tensor(
+            [self.staleness, self.wait_seconds, self.sampler_idle_seconds, self.push_seconds],
+            dtype=torch.float64,
+            device=accelerator.device,
+        )
+        if accelerator.num_processes > 1:
+            values = accelerator.reduce(values, "max")
+        staleness, wait, idle, push = values.tolist()
+        return {
+            "sampling/staleness_max": staleness,
+            "time/sampler_wait_s": wait,
+            "time/sampler_idle_s": idle,
+            "time/weight_push_s": push,
+            "rollout/prefetched": float(self.in_flight),
+        }
+
+
+class SourceReport(Protocol):
+    """What a rollout source reports of itself for one rollout (a generation window's step, an overlapped rollout's
+    staleness and waits): its metrics over all processes. Every process's source reports the same kinds in the same
+    order, so that the collectives inside `metrics` pair up."""
+
+    def metrics(self, accelerator: Accelerator) -> dict[str, float]: ...

@@ -143,7 +143,7 @@ def make_window(
         ahead.submit_window(context_ids, context_mask, budget=budget)
         overlap = ahead.stats(generated, wait, in_flight=1)
     generation = GenerationStats(samples.seconds, step.new_tokens, getattr(maker.sampler, "sync_seconds", None))
-    return rollout, RolloutStats(generation, work, window=step, overlap=overlap)
+    return rollout, RolloutStats(generation, work, reports=(step,) if overlap is None else (step, overlap))
 
 
 def next_window(

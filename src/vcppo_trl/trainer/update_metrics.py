@@ -1,6 +1,6 @@
 """The metrics of an update's training side, over all processes: the sampler's, the PPO epochs', the forwards'
-work, dynamic sampling, generation windows, one-step-off overlap and TRL's old names ([`learner_metrics`] puts them
-together). The rollout's own metrics are `trainer/metrics.py`'s."""
+work, dynamic sampling, what the rollout source reports of itself (`RolloutStats.reports`) and TRL's old names
+([`learner_metrics`] puts them together). The rollout's own metrics are `trainer/metrics.py`'s."""
 
 from __future__ import annotations
 
@@ -14,61 +14,9 @@ from ..algo.losses import sampler_importance_weights
 from ..algo.micro_batches import ForwardWork
 from ..learner.ppo_learner import UpdateResult
 from ..rollout.maker import GenerationStats, RolloutStats
-from ..rollout.response_pool import WindowStep
-from ..rollout.types import OverlapStats, Rollout
+from ..rollout.types import Rollout
 from .grpo_metrics import grpo_learner_metrics, grpo_rollout_metrics
 from .metrics import PRETRAIN_METRIC_NAMES, MetricSettings, mean_across, reduce_stats
-
-
-def window_metrics(accelerator: Accelerator, step: WindowStep) -> dict[str, float]:
-    """
-    A generation window over all processes: `rollout/finished_responses` (responses that finished and were
-    scored), `rollout/window_tokens` (tokens sampled, the policy's), `rollout/prefilled_tokens` (earlier tokens of
-    continued responses, run again as context), `rollout/in_flight` (responses carried to the next update) and
-    `rollout/windows_per_finished_mean` (policy versions that sampled a finished response).
-    """
-    finished_windows = [w for w, done in zip(step.windows, step.finished) if done]
-    counts = torch.tensor(
-        [sum(step.finished), step.new_tokens, step.prefilled_tokens, step.in_flight, sum(finished_windows)],
-        dtype=torch.float64,
-        device=accelerator.device,
-    )
-    if accelerator.num_processes > 1:
-        counts = accelerator.reduce(counts, "sum")
-    finished, new, prefilled, in_flight, windows = counts.tolist()
-    metrics = {
-        "rollout/finished_responses": finished,
-        "rollout/window_tokens": new,
-        "rollout/prefilled_tokens": prefilled,
-        "rollout/in_flight": in_flight,
-    }
-    if finished:
-        metrics["rollout/windows_per_finished_mean"] = windows / finished
-    return metrics
-
-
-def overlap_metrics(accelerator: Accelerator, overlap: OverlapStats) -> dict[str, float]:
-    """
-    A rollout that a worker sampled ahead (`max_staleness`): `sampling/staleness_max` (policy updates between the
-    weights that sampled the batch and those that train it, the most over processes), `time/sampler_wait_s` (the
-    trainer idle, waiting for the samples), `time/sampler_idle_s` (the worker idle before it sampled them),
-    `time/weight_push_s` (the last weight push) and `rollout/prefetched` (generations queued beyond this one).
-    """
-    values = torch.tensor(
-        [overlap.staleness, overlap.wait_seconds, overlap.sampler_idle_seconds, overlap.push_seconds],
-        dtype=torch.float64,
-        device=accelerator.device,
-    )
-    if accelerator.num_processes > 1:
-        values = accelerator.reduce(values, "max")
-    staleness, wait, idle, push = values.tolist()
-    return {
-        "sampling/staleness_max": staleness,
-        "time/sampler_wait_s": wait,
-        "time/sampler_idle_s": idle,
-        "time/weight_push_s": push,
-        "rollout/prefetched": float(overlap.in_flight),
-    }
 
 
 def sampling_metrics(
@@ -160,10 +108,8 @@ def learner_metrics(
     metrics.update(result.balance)  # perf/rank_token_imbalance(_before): the same on every process
     if made.dynamic_sampling is not None:
         metrics.update(dynamic_sampling_metrics(accelerator, made.dynamic_sampling))
-    if made.window is not None:
-        metrics.update(window_metrics(accelerator, made.window))
-    if made.overlap is not None:
-        metrics.update(overlap_metrics(accelerator, made.overlap))
+    for report in made.reports:  # the source's own (a window's step, an overlap's staleness): no mode named here
+        metrics.update(report.metrics(accelerator))
     metrics.update(trl_metric_names(accelerator, rollout, rollout_side | metrics))
     metrics.update(grpo_learner_metrics(metrics))
     metrics.update(
