@@ -256,9 +256,14 @@ def record(path: str, names: list[str], checkpoints: str | None) -> int:
     return check_twins(results)
 
 
+def window_only(key: str) -> bool:
+    """What only a window logs (`rollout/...`) or leaves out by design (`frac_reward_zero_std`: groups finish apart)."""
+    return key.startswith("rollout/") or key == "frac_reward_zero_std"
+
+
 def without_window_metrics(result: dict) -> dict:
     return {
-        "log_history": [{k: v for k, v in e.items() if not k.startswith("rollout/")} for e in result["log_history"]],
+        "log_history": [{k: v for k, v in e.items() if not window_only(k)} for e in result["log_history"]],
         "printed": [WINDOW_ONLY.sub("", line) for line in result["printed"]],
         "evaluate": result["evaluate"],
         "policy_sha256": result["policy_sha256"],
