@@ -26,9 +26,9 @@ from vcppo_trl.rollout.settings import RolloutSettings, old_logprobs_from_traini
 from vcppo_trl.rollout.shaping import token_rewards
 from vcppo_trl.rollout.types import Rollout
 from vcppo_trl.sampling.hf import HFSampler
+from vcppo_trl.trainer.learner_metrics import epoch_metrics
 from vcppo_trl.trainer.metrics import PRETRAIN_METRIC_NAMES, UpdateRecord, critic_fit
 from vcppo_trl.trainer.prompts import prompt_batches
-from vcppo_trl.trainer.update_metrics import update_metrics
 from vcppo_trl.trainer.value_pretraining import CriticFit, ValuePretrainingPhase, ValuePretrainRule
 
 # ------------------------------------------------------------------------------------ value-pretraining phase
@@ -150,7 +150,7 @@ def test_critic_fit_is_built_from_the_update_not_from_metric_names():
     )  # an update that did not train
     assert math.isnan(skipped.loss) and skipped.explained_variance == fit.explained_variance
     # The logged names for value pretraining are still the ones docs/trainer.md gives.
-    logged = update_metrics(accelerator, {"loss/value": 0.25, "diagnostics/nonfinite_steps": 0.0}, train_policy=False)
+    logged = epoch_metrics(accelerator, {"loss/value": 0.25, "diagnostics/nonfinite_steps": 0.0}, train_policy=False)
     assert logged[f"{PRETRAIN_METRIC_NAMES['loss/value']}_avg"] == fit.loss
 
 

@@ -1,4 +1,4 @@
-"""The metrics [`PPOTrainer`] logs per update about its rollout (the training side's: `trainer/update_metrics.py`).
+"""The metrics [`PPOTrainer`] logs per update about its rollout (the training side's: `trainer/learner_metrics.py`).
 
 Pure functions of the update's tensors, the accelerator (every metric is over all processes) and the fields of the
 config they read ([`MetricSettings`]), so that the trainer file keeps the training loop.

@@ -35,10 +35,10 @@ from . import advantages, loop, rollout_setup, setup
 from . import saving as trainer_saving
 from .console import CompactPrinterCallback, RolloutProgressCallback
 from .evaluation import EvaluationSettings, evaluation_metrics
+from .learner_metrics import learner_metrics
 from .metrics import MetricSettings, UpdateRecord, rollout_metrics
 from .optimization import build_optimizer, build_scheduler
 from .prompts import PromptStream
-from .update_metrics import learner_metrics
 
 if is_peft_available():
     from peft import PeftConfig

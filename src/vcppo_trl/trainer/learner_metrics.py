@@ -72,7 +72,7 @@ def sampling_metrics(
     return metrics
 
 
-def update_metrics(accelerator: Accelerator, update_stats: dict[str, float], train_policy: bool) -> dict[str, float]:
+def epoch_metrics(accelerator: Accelerator, update_stats: dict[str, float], train_policy: bool) -> dict[str, float]:
     """
     The PPO epochs' statistics ([`~learner.ppo_learner.PPOLearner.update`]) as logged: averaged over processes under `<name>_avg`
     (`_var` ones keep their name), the critic's under `value_pretrain/` in value-only updates.
@@ -97,13 +97,13 @@ def learner_metrics(
     rollout_side: dict[str, float],
 ) -> dict[str, float]:
     """The metrics of an update after its PPO epochs: the sampler's ([`sampling_metrics`]), the epochs'
-    ([`update_metrics`]), the forwards' work ([`work_metrics`]), the ranks' token balance and TRL's old names
+    ([`epoch_metrics`]), the forwards' work ([`work_metrics`]), the ranks' token balance and TRL's old names
     ([`trl_metric_names`]), and TRL GRPO's names ([`~trainer.grpo_metrics`]).
     `rollout.logprobs` must be the update's old log-probabilities; `rollout_side` the metrics logged before."""
     metrics = sampling_metrics(
         accelerator, settings, rollout, generation=made.generation, importance_weights=result.importance_weights
     )
-    metrics.update(update_metrics(accelerator, result.stats, train_policy))
+    metrics.update(epoch_metrics(accelerator, result.stats, train_policy))
     metrics.update(work_metrics(accelerator, made.forwards, result.work))
     metrics.update(result.balance)  # perf/rank_token_imbalance(_before): the same on every process
     if made.dynamic_sampling is not None:
