@@ -244,23 +244,29 @@ HELP_DESCRIPTION = (
 
 
 def _help_groups() -> list[tuple[str, list[str]]]:
-    """Option groups of `--help`, in the order shown: what this package adds first, transformers' arguments last."""
+    """Option groups of `--help`, in the order shown: what this package adds first, by the config's sections
+    ([`~config.sections`]), transformers' arguments last."""
     from dataclasses import fields
 
     from trl.trainer.base_config import _BaseConfig
 
     from .config.ppo import PPOConfig
+    from .config.sections import config_sections
 
     ppo_names = {f.name for f in fields(PPOConfig)}
     base_names = {f.name for f in fields(_BaseConfig)}
     vcppo = [f.name for f in fields(VCPPOConfig) if f.name not in ppo_names]
-    ppo = ["learning_rate", "lr_scheduler_type", "warmup_steps"]
-    ppo += [f.name for f in fields(PPOConfig) if f.name not in base_names]
     script = [f.name for f in fields(VCPPOScriptArguments)]
+    sections = config_sections(PPOConfig, skip=base_names)
+    ppo = [name for _, names in sections for name in names]
     tools = [name for name in script + ppo if "tool" in name] + ["action_mask_mode"]  # --tools, --python_tool...
-    return [
-        ("VC-PPO (VCPPOConfig)", vcppo),
-        ("PPO (PPOConfig: TRL <= 1.12 names)", [name for name in ppo if name not in tools]),
+    optimizer = ["learning_rate", "lr_scheduler_type", "warmup_steps"]  # TrainingArguments' that most runs set
+    groups = [("VC-PPO (VCPPOConfig): value pretraining, dual-λ GAE", vcppo)]
+    for title, names in sections:
+        names = optimizer + names if title.startswith("Training") else names
+        if not title.startswith("Tools"):  # the tools' group comes with the script's --tools, below
+            groups.append((f"PPO (PPOConfig): {title}", [name for name in names if name not in tools]))
+    groups += [
         ("Data, reward functions and the embedded toy", [name for name in script if name not in tools]),
         ("Tools (TRL's tools=, docs/tools_and_environments.md)", tools),
         (
@@ -268,6 +274,7 @@ def _help_groups() -> list[tuple[str, list[str]]]:
             [f.name for f in fields(ModelConfig)],
         ),
     ]
+    return groups
 
 
 def chosen_trainer(argv: list[str] | None) -> str:

@@ -460,3 +460,25 @@ def test_fewer_processes_than_asked_reads_the_launchers_environment():
     one = {k: v for k, v in asked_two.items() if k != "MASTER_ADDR"}
     assert fewer_processes_than_asked(1, one) is None  # one process asked, one started
     assert fewer_processes_than_asked(1, {"MASTER_ADDR": "127.0.0.1"}) is None  # not accelerate launch
+
+
+def test_every_ppo_config_field_falls_in_one_help_section():
+    """`--help` groups PPOConfig's options by the config's sections (config/sections.py): each field in exactly one,
+    in declaration order, and each section's first field where its comment header is in config/ppo.py."""
+    import inspect
+
+    from trl.trainer.base_config import _BaseConfig
+
+    from vcppo_trl.config import ppo
+    from vcppo_trl.config.sections import SECTIONS, config_sections
+
+    base = {f.name for f in dataclasses.fields(_BaseConfig)}
+    grouped = config_sections(PPOConfig, skip=base)
+    names = [name for _, group in grouped for name in group]
+    assert names == [f.name for f in dataclasses.fields(PPOConfig) if f.name not in base]
+    assert [title for title, _ in grouped] == [title for title, _ in SECTIONS]
+    source = inspect.getsource(ppo.PPOConfig)
+    for _, first in SECTIONS:  # a section starts right after a comment header
+        assert re.search(rf"\n    # [^\n]+\n    {first}: ", source), first
+    with pytest.raises(ValueError, match="does not have"):
+        config_sections(VAPOConfig, skip=base | {"use_vllm"})

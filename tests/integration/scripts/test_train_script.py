@@ -183,8 +183,12 @@ def test_help_shows_real_defaults_with_vcppo_options_first(tmp_path):
         for s in (
             "VC-PPO (VCPPOConfig)",
             "  --lam_actor",
-            "PPO (PPOConfig",
+            "PPO (PPOConfig): Models",
+            "PPO (PPOConfig): Rollouts",
+            "PPO (PPOConfig): Training",
             "  --kl_coef",
+            "PPO (PPOConfig): Critic",
+            "  --value_learning_rate",
             "  --dataset_name",
             "  --model_name_or_path",
             "Training (transformers",

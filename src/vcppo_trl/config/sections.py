@@ -1,0 +1,46 @@
+"""The sections of [`~config.ppo.PPOConfig`], as its source declares them (one comment header each), by the first field
+of each: `--help` groups the options by them and a test checks that every field falls in one. A field added to a
+section needs nothing here; a new section needs its title and first field below."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+# (title shown in --help, the section's first field in PPOConfig's declaration order)
+SECTIONS: tuple[tuple[str, str], ...] = (
+    ("Models (policy, critic and reference)", "model_init_kwargs"),
+    ("Data preprocessing", "dataset_num_proc"),
+    ("Rollouts (batch sizes and sampling)", "num_generations"),
+    ("Micro-batches and parallelism", "max_tokens_per_micro_batch"),
+    ("Asynchrony (generation windows, a rollout worker running ahead)", "generation_window"),
+    ("Generation with vLLM (TRL GRPO's names)", "use_vllm"),
+    ("The vLLM server (vllm_mode='server')", "vllm_server_base_url"),
+    ("The colocated vLLM engine (vllm_mode='colocate')", "vllm_gpu_memory_utilization"),
+    ("Rewards", "reward_weights"),
+    ("Tools and environments", "max_tool_calling_iterations"),
+    ("Training (advantages and the policy loss)", "advantage_estimator"),
+    ("Critic (value model)", "value_learning_rate"),
+    ("Evaluation", "eval_num_generations"),
+    ("Logging and diagnostics", "exp_name"),
+    ("Pushing to the Hub", "value_hub_model_id"),
+    ("TRL GRPOConfig's names (each a live view of the field it names)", "max_completion_length"),
+)
+
+
+def config_sections(config_class: type, skip: set[str]) -> list[tuple[str, list[str]]]:
+    """`config_class`'s fields by section (`SECTIONS`), in declaration order, leaving out `skip` (e.g. the fields it
+    shares with TrainingArguments, which keep their place there). A field before the first section's first field is
+    refused: it would belong to none."""
+    names = [f.name for f in fields(config_class) if f.name not in skip]
+    starts = {first: title for title, first in SECTIONS}
+    missing = [first for first in starts if first not in names]
+    if missing:
+        raise ValueError(f"config/sections.py names fields that {config_class.__name__} does not have: {missing}")
+    grouped: list[tuple[str, list[str]]] = []
+    for name in names:
+        if name in starts:
+            grouped.append((starts[name], []))
+        elif not grouped:
+            raise ValueError(f"{config_class.__name__}.{name} comes before the first section of config/sections.py")
+        grouped[-1][1].append(name)
+    return grouped
