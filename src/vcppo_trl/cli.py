@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import ModelConfig, ScriptArguments, TrlParser
 from trl.trainer.utils import get_peft_config, get_quantization_config
 
+from .config.trl_names import ALIASES
 from .config.vapo import VAPOConfig
 from .config.vcppo import VCPPOConfig
 from .models.loading import resolve_stop_token_ids
@@ -331,6 +332,10 @@ def build_parser(config_class: type[VCPPOConfig] = VCPPOConfig) -> TrlParser:
     default_group._group_actions[:] = [a for a in default_group._group_actions if a.dest == "help"]
     parser._action_groups = [g for g in parser._action_groups if g not in order and g is not rest]
     parser._action_groups += order + [rest]
+    actions = {action.dest: action for action in parser._actions}
+    for trl_name, ours in ALIASES.items():  # TRL's name beside ours, where a GRPO user looks for it
+        if actions[ours].help:
+            actions[ours].help += f" (TRL GRPOConfig's name: --{trl_name})"
     return parser
 
 

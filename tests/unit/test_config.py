@@ -482,3 +482,23 @@ def test_every_ppo_config_field_falls_in_one_help_section():
         assert re.search(rf"\n    # [^\n]+\n    {first}: ", source), first
     with pytest.raises(ValueError, match="does not have"):
         config_sections(VAPOConfig, skip=base | {"use_vllm"})
+
+
+def test_the_config_reference_page_matches_the_code():
+    """docs/config_reference.md is generated from the fields' defaults and helps (scripts/config_reference.py)."""
+    import importlib.util
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    spec = importlib.util.spec_from_file_location(
+        "config_reference", os.path.join(root, "scripts", "config_reference.py")
+    )
+    reference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reference)
+    with open(reference.PAGE) as f:
+        assert f.read() == reference.render(), (
+            "docs/config_reference.md is out of date: python scripts/config_reference.py"
+        )
+    assert "| `response_length` |" in reference.render() and "TRL GRPOConfig's name: `max_completion_length`" in (
+        reference.render()
+    )

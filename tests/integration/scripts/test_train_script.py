@@ -176,6 +176,8 @@ def test_help_shows_real_defaults_with_vcppo_options_first(tmp_path):
     assert "(default: 4)" in _option_help(text, "--num_ppo_epochs")
     assert "(default: 0.0)" in _option_help(text, "--kl_coef")
     assert "(default: 0.95)" in _option_help(text, "--lam_actor")
+    assert "TRL GRPOConfig's name: --max_completion_length" in _option_help(text, "--response_length")
+    assert "TRL GRPOConfig's name: --beta" in _option_help(text, "--kl_coef")
     # VC-PPO first, then PPO, then the script's, the model's and transformers' arguments.
     options = text[text.index("\noptions:") :]
     positions = [
