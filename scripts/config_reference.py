@@ -35,14 +35,17 @@ def render() -> str:
     from trl.trainer.base_config import _BaseConfig
 
     from vcppo_trl import PPOConfig, VCPPOConfig
-    from vcppo_trl.config.sections import config_sections
+    from vcppo_trl.config.sections import VCPPO_SECTIONS, config_sections
     from vcppo_trl.config.trl_names import ALIASES
 
     fields = {f.name: f for f in dataclasses.fields(VCPPOConfig)}
     ppo_names = {f.name for f in dataclasses.fields(PPOConfig)}
     base = {f.name for f in dataclasses.fields(_BaseConfig)}
     trl_name = {ours: trl for trl, ours in ALIASES.items()}
-    groups = [("VC-PPO (`VCPPOConfig`'s own fields)", [name for name in fields if name not in ppo_names])]
+    groups = [
+        (f"VC-PPO: {title} (`VCPPOConfig`'s own)", names)
+        for title, names in config_sections(VCPPOConfig, skip=ppo_names, sections=VCPPO_SECTIONS)
+    ]
     groups += [(f"PPO: {title}", names) for title, names in config_sections(PPOConfig, skip=base)]
     lines = [
         "# Configuration reference",

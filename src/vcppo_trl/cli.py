@@ -252,17 +252,19 @@ def _help_groups() -> list[tuple[str, list[str]]]:
     from trl.trainer.base_config import _BaseConfig
 
     from .config.ppo import PPOConfig
-    from .config.sections import config_sections
+    from .config.sections import VCPPO_SECTIONS, config_sections
 
     ppo_names = {f.name for f in fields(PPOConfig)}
     base_names = {f.name for f in fields(_BaseConfig)}
-    vcppo = [f.name for f in fields(VCPPOConfig) if f.name not in ppo_names]
     script = [f.name for f in fields(VCPPOScriptArguments)]
     sections = config_sections(PPOConfig, skip=base_names)
     ppo = [name for _, names in sections for name in names]
     tools = [name for name in script + ppo if "tool" in name] + ["action_mask_mode"]  # --tools, --python_tool...
     optimizer = ["learning_rate", "lr_scheduler_type", "warmup_steps"]  # TrainingArguments' that most runs set
-    groups = [("VC-PPO (VCPPOConfig): value pretraining, dual-λ GAE", vcppo)]
+    groups = [
+        (f"VC-PPO (VCPPOConfig): {title}", names)
+        for title, names in config_sections(VCPPOConfig, skip=ppo_names, sections=VCPPO_SECTIONS)
+    ]
     for title, names in sections:
         names = optimizer + names if title.startswith("Training") else names
         if not title.startswith("Tools"):  # the tools' group comes with the script's --tools, below

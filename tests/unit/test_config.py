@@ -470,7 +470,7 @@ def test_every_ppo_config_field_falls_in_one_help_section():
     from trl.trainer.base_config import _BaseConfig
 
     from vcppo_trl.config import ppo
-    from vcppo_trl.config.sections import SECTIONS, config_sections
+    from vcppo_trl.config.sections import SECTIONS, VCPPO_SECTIONS, config_sections
 
     base = {f.name for f in dataclasses.fields(_BaseConfig)}
     grouped = config_sections(PPOConfig, skip=base)
@@ -482,6 +482,11 @@ def test_every_ppo_config_field_falls_in_one_help_section():
         assert re.search(rf"\n    # [^\n]+\n    {first}: ", source), first
     with pytest.raises(ValueError, match="does not have"):
         config_sections(VAPOConfig, skip=base | {"use_vllm"})
+    ppo_names = {f.name for f in dataclasses.fields(PPOConfig)}
+    own = config_sections(VCPPOConfig, skip=ppo_names, sections=VCPPO_SECTIONS)
+    assert [n for _, group in own for n in group] == [
+        f.name for f in dataclasses.fields(VCPPOConfig) if f.name not in ppo_names
+    ]
 
 
 def test_the_config_reference_page_matches_the_code():

@@ -27,12 +27,21 @@ SECTIONS: tuple[tuple[str, str], ...] = (
 )
 
 
-def config_sections(config_class: type, skip: set[str]) -> list[tuple[str, list[str]]]:
-    """`config_class`'s fields by section (`SECTIONS`), in declaration order, leaving out `skip` (e.g. the fields it
-    shares with TrainingArguments, which keep their place there). A field before the first section's first field is
-    refused: it would belong to none."""
+# VCPPOConfig's own fields, after PPOConfig's
+VCPPO_SECTIONS: tuple[tuple[str, str], ...] = (
+    ("dual-λ GAE", "lam_actor"),
+    ("value pretraining", "value_pretrain_steps"),
+)
+
+
+def config_sections(
+    config_class: type, skip: set[str], sections: tuple[tuple[str, str], ...] = SECTIONS
+) -> list[tuple[str, list[str]]]:
+    """`config_class`'s fields by section (`sections`: titles and first fields), in declaration order, leaving out
+    `skip` (e.g. the fields it shares with TrainingArguments, which keep their place there). A field before the first
+    section's first field is refused: it would belong to none."""
     names = [f.name for f in fields(config_class) if f.name not in skip]
-    starts = {first: title for title, first in SECTIONS}
+    starts = {first: title for title, first in sections}
     missing = [first for first in starts if first not in names]
     if missing:
         raise ValueError(f"config/sections.py names fields that {config_class.__name__} does not have: {missing}")
