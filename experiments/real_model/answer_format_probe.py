@@ -15,10 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 
 import torch
+from smollm2 import smollm2_folder  # this folder's: the scripts run from it
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -45,16 +44,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8, help="responses per problem")
     parser.add_argument("--response-length", type=int, default=32)
     args = parser.parse_args()
-    folder = (
-        subprocess.run(
-            [sys.executable, os.path.join(ROOT, "scripts", "fetch_smollm2.py")],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        .stdout.strip()
-        .splitlines()[-1]
-    )
+    folder = smollm2_folder()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder)
     torch.manual_seed(0)

@@ -15,15 +15,25 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
 import time
 
+from smollm2 import commit, smollm2_folder  # this folder's: the scripts run from it
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
 OUT = os.path.join(ROOT, "experiments", "results", "real_model", "quickstart")
+QUICKSTART_MODEL = '"HuggingFaceTB/SmolLM2-135M-Instruct"'
 SAVE_LOGS = '\nimport json\njson.dump(trainer.state.log_history, open("log_history.json", "w"), indent=1)\n'
+
+
+def readme_quickstart() -> str:
+    """The README's quickstart block, the first ```python block under its "## Quickstart"."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    return re.search(r"```python\n(.*?)```", readme[readme.index("## Quickstart") :], re.S).group(1)
 
 
 def drop_progress_redraws(path: str) -> None:
@@ -35,26 +45,13 @@ def drop_progress_redraws(path: str) -> None:
 
 
 def main() -> None:
-    # the block exactly as CI reads it from README.md
-    from tests.integration.scripts.test_defaults import QUICKSTART_MODEL, readme_quickstart
-
-    folder = (
-        subprocess.run(
-            [sys.executable, os.path.join(ROOT, "scripts", "fetch_smollm2.py")],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        .stdout.strip()
-        .splitlines()[-1]
-    )
-    code = readme_quickstart()
+    folder = smollm2_folder()
+    code = readme_quickstart()  # as CI reads it (tests/integration/scripts/test_defaults.py)
     if code.count(QUICKSTART_MODEL) != 1:
         raise SystemExit(f"README's quickstart no longer names {QUICKSTART_MODEL} once")
     code = code.replace(QUICKSTART_MODEL, repr(folder)) + SAVE_LOGS
     os.makedirs(OUT, exist_ok=True)
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     with tempfile.TemporaryDirectory() as scratch, open(os.path.join(OUT, "console.log"), "w") as console:
         start = time.perf_counter()
         result = subprocess.run([sys.executable, "-c", code], cwd=scratch, env=env, stdout=console, stderr=console)
@@ -65,7 +62,7 @@ def main() -> None:
     drop_progress_redraws(os.path.join(OUT, "console.log"))
     run = {
         "block_seconds": round(seconds, 1),
-        "commit": commit,
+        "commit": commit(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
         "python": platform.python_version(),
         "model_folder": folder,

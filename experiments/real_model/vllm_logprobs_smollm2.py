@@ -13,11 +13,10 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
-import sys
 import tempfile
 
 import torch
+from smollm2 import commit, smollm2_folder  # this folder's: the scripts run from it
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = os.path.join(ROOT, "experiments", "results", "real_model", "vllm_logprobs.json")
@@ -38,16 +37,7 @@ def main() -> None:
     from vcppo_trl.sampling.hf import HFSampler
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    folder = (
-        subprocess.run(
-            [sys.executable, os.path.join(ROOT, "scripts", "fetch_smollm2.py")],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        .stdout.strip()
-        .splitlines()[-1]
-    )
+    folder = smollm2_folder()
     train = Dataset.from_dict({"prompt": [[{"role": "user", "content": q}] for q in QUESTIONS], "solution": ["0"] * 4})
     with tempfile.TemporaryDirectory() as scratch:
         args = VCPPOConfig(
@@ -104,9 +94,7 @@ def main() -> None:
         "greedy_vllm_first": tokenizer.decode(greedy_vllm.response_ids[0][greedy_vllm.response_mask[0].bool()]),
         "vllm": vllm.__version__,
         "torch": torch.__version__,
-        "commit": subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip(),
+        "commit": commit(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
     }
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
