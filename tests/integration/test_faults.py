@@ -130,7 +130,7 @@ def test_nonfinite_step_is_skipped(make_trainer, tiny_config, monkeypatch):
     logs = [e for e in trainer.state.log_history if "episode" in e]
     assert [e["diagnostics/nonfinite_steps"] for e in logs] == [1.0, 0.0]
     assert all(torch.isfinite(p).all() for p in list(policy.parameters()) + list(critic.parameters()))
-    assert trainer.learner.nonfinite_steps_in_a_row == 0
+    assert trainer.learner.steps.nonfinite_steps_in_a_row == 0
 
 
 def test_persistent_nonfinite_loss_stops_with_last_checkpoint_intact(make_trainer, tiny_config, monkeypatch):

@@ -11,10 +11,11 @@ from ..builders import step_logs, weights
 
 
 def test_a_larger_pool_trains_every_in_flight_row_in_the_same_optimizer_steps(fresh_trainer, monkeypatch):
+    from vcppo_trl.learner.optimizer_steps import OptimizerSteps
     from vcppo_trl.learner.ppo_learner import PPOLearner
 
     seen, steps = [], []
-    update, optimizer_step = PPOLearner.update, PPOLearner.optimizer_step
+    update, optimizer_step = PPOLearner.update, OptimizerSteps.step
 
     def spy_update(self, rollout, advantages, returns, **kwargs):
         steps.append(0)
@@ -26,7 +27,7 @@ def test_a_larger_pool_trains_every_in_flight_row_in_the_same_optimizer_steps(fr
         return optimizer_step(self, *args, **kwargs)
 
     monkeypatch.setattr(PPOLearner, "update", spy_update)
-    monkeypatch.setattr(PPOLearner, "optimizer_step", spy_step)
+    monkeypatch.setattr(OptimizerSteps, "step", spy_step)
     # The rollout batch is 16 (4 × 2 × 2); the pool holds 32 responses in flight.
     trainer = fresh_trainer(generation_window=4, rollout_pool_size=32, total_episodes=96, num_ppo_epochs=2)
     trainer.train()

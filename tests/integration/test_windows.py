@@ -200,7 +200,7 @@ def test_an_update_that_finished_no_response_moves_the_policy_and_not_the_critic
     pool = ResponsePool(16, window=2, response_length=16)
     prompts = PromptStream(toy_splits["train"], trainer.batches, 0, seed=0, num_generations=1)
     rollout, _ = make_window(trainer.rollout_maker, pool, draw=prompts.draw)
-    trainer.learner.start_policy_schedule()  # the policy's learning-rate clock starts at its first update
+    trainer.learner.steps.start_policy_schedule()  # the policy's learning-rate clock starts at its first update
     # A first update with every response finished gives AdamW moments: a zero gradient alone would move nothing.
     finished = dataclasses.replace(rollout, finished=torch.ones_like(rollout.finished))
     trainer.learner.update(finished, *trainer.compute_advantages(finished), train_policy=True, update_index=1)

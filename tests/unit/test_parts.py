@@ -227,7 +227,7 @@ def make_learner(model, args):
         is_deepspeed=False,
         local_mini_batch_size=local,
     )
-    learner.start_policy_schedule()  # the policy's clock starts at its first PPO update
+    learner.steps.start_policy_schedule()  # the policy's clock starts at its first PPO update
     return learner
 
 
@@ -277,7 +277,7 @@ def test_a_mini_batch_with_no_policy_token_leaves_the_policy_untouched(parts, to
     learner.update(truncated, rollout.rewards.clone(), returns, value_cliprange=0.2)
     assert all(torch.equal(v, policy_before[k]) for k, v in parts.policy.state_dict().items())
     assert any(not torch.equal(v, critic_before[k]) for k, v in parts.critic.state_dict().items())
-    assert learner.learning_rate("policy") > 0  # the schedule's rate is back for the next mini-batch
+    assert learner.steps.learning_rate("policy") > 0  # the schedule's rate is back for the next mini-batch
 
 
 def test_learner_returns_the_on_policy_old_logprobs_without_writing_the_rollout(parts, tokenizer, tmp_path):
@@ -301,7 +301,7 @@ def test_learner_skips_non_finite_steps_and_stops_past_the_limit(parts, tokenize
     returns = torch.full_like(rollout.rewards, float("nan"))  # a NaN value loss
     before = copy.deepcopy(parts.state_dict())
     result = learner.update(rollout, rollout.rewards.clone(), returns, update_index=1)
-    assert result.stats["diagnostics/nonfinite_steps"] == 1.0 and learner.nonfinite_steps_in_a_row == 1
+    assert result.stats["diagnostics/nonfinite_steps"] == 1.0 and learner.steps.nonfinite_steps_in_a_row == 1
     assert all(torch.equal(before[k], v) for k, v in parts.state_dict().items())
     with pytest.raises(NonFiniteTrainingError, match="2 optimizer steps in a row"):
         learner.update(rollout, rollout.rewards.clone(), returns, update_index=2)

@@ -1,39 +1,35 @@
 """The learner: PPO epochs over one rollout, as an object with explicit inputs.
 
 `PPOLearner.update(rollout, advantages, returns, ...)` runs `num_ppo_epochs × num_mini_batches` optimizer steps —
-micro-batches, the micro-batch loss ([`~algo.objective.ppo_micro_batch_loss`]), backward, gradient clipping per model, the
-non-finite skip, the optimizer and scheduler steps — and returns the statistics of those steps, with the old
-log-probabilities it computed itself under the on-policy shortcut (the rollout is not written to). It holds the
-prepared model, optimizer and scheduler the trainer gives it, and the count of non-finite steps in a row.
+micro-batches, the micro-batch loss ([`~algo.objective.ppo_micro_batch_loss`]) and backward, then the optimizer's
+end of each mini-batch ([`~learner.optimizer_steps.OptimizerSteps`]: clipping per model, the non-finite skip, the
+optimizer and scheduler steps) — and returns the statistics of those steps, with the old log-probabilities it computed
+itself under the on-policy shortcut (the rollout is not written to). It holds the prepared model the trainer gives it,
+and its optimizer and scheduler in `steps`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import os
 from collections import defaultdict
 from collections.abc import Callable
 
 import numpy
 import torch
 from accelerate import Accelerator
-from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import logging
 
 from ..algo.losses import loss_normalizer
 from ..algo.masked import masked_whiten
 from ..algo.micro_batches import ForwardWork, measured
-from ..algo.objective import PPOBatch, mean_metrics, ppo_micro_batch_loss
+from ..algo.objective import MicroBatchLoss, PPOBatch, PPOLossSettings, mean_metrics, ppo_micro_batch_loss
 from ..models.forward_engine import ForwardEngine
 from ..models.packing import TokenBatch
 from ..parallel.collectives import micro_batch_context, whitening_all_reduce
-from ..parallel.fsdp import full_tensor
 from ..parallel.sequence import SequenceGroup
 from ..rollout.types import Rollout
-from .optimizers import NonFiniteTrainingError, reset_optimizer_state
+from .optimizer_steps import OptimizerSteps
 from .rank_exchange import EpochRowSource, OwnRows
-from .schedules import RoleLR
 from .settings import LearnerSettings
 
 logger = logging.get_logger(__name__)
@@ -64,6 +60,28 @@ def mini_batch_order(size: int, *, seed: int, update_index: int, epoch: int, pro
     state = numpy.random.SeedSequence([seed, update_index, epoch, process_index]).generate_state(2, dtype=numpy.uint32)
     generator = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
     return torch.randperm(size, generator=generator)
+
+
+@dataclasses.dataclass
+class UpdateRun:
+    """What the steps of one [`PPOLearner.update`] share: the loss's batch and options, and what they accumulate."""
+
+    batch: PPOBatch
+    loss_settings: PPOLossSettings  # with this update's value clip range
+    train_policy: bool
+    fill_old_logprobs: bool  # the on-policy shortcut: each micro-batch's forward writes `batch.old_logprobs`
+    update_index: int
+    has_critic: bool
+    stats: defaultdict = dataclasses.field(default_factory=lambda: defaultdict(list))
+    nonfinite_steps: int = 0
+    # The sampler-mismatch weights the policy loss used, over the update's rows, and over the current epoch's rows
+    importance_weights: torch.Tensor | None = None
+    epoch_weights: torch.Tensor | None = None
+
+    def new_weights(self, like: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        """Zeros to hold sampler-mismatch weights of `shape[0]` rows: `[B, 1]` per sequence, else `[B, T]`."""
+        per_sequence = self.loss_settings.importance_sampling_mode.startswith("sequence")
+        return like.new_zeros(shape[0], 1 if per_sequence else shape[1])
 
 
 class PPOLearner:
@@ -101,8 +119,15 @@ class PPOLearner:
         epoch_rows: Callable[[int], EpochRowSource] = OwnRows,
     ):
         self.model = model
-        self.optimizer = optimizer
-        self.lr_scheduler = lr_scheduler
+        # The optimizer and scheduler as each mini-batch ends: clipping, the non-finite skip, the roles' rates.
+        self.steps = OptimizerSteps(
+            model,
+            optimizer,
+            lr_scheduler=lr_scheduler,
+            accelerator=accelerator,
+            settings=settings,
+            is_deepspeed=is_deepspeed,
+        )
         self.accelerator = accelerator
         self.settings = settings
         # Sequence parallelism: every training forward split along the sequence across this group (the trainer's
@@ -111,7 +136,6 @@ class PPOLearner:
         self.epoch_rows = epoch_rows
         self.is_deepspeed = is_deepspeed
         self.local_mini_batch_size = local_mini_batch_size
-        self.nonfinite_steps_in_a_row = 0
 
     # ------------------------------------------------------------------ update
 
@@ -135,6 +159,10 @@ class PPOLearner:
         optimised and the policy's parameters get no gradient and no optimizer step (their learning rate is also held
         at exactly 0, so no weight decay touches them).
 
+        The steps, each a method: the batch of the loss ([`batch_of`]), then per epoch its rows and mini-batches
+        ([`train_epoch`]), per mini-batch its normalisers, backward passes and optimizer step ([`train_mini_batch`]),
+        per micro-batch the forward, loss and backward ([`micro_batch_backward`]).
+
         Args:
             rollout: The batch; `rollout.logprobs` are the old log-probabilities (`None` under the on-policy shortcut:
                 this update's own forward, detached, gives them, a ratio of exactly 1).
@@ -144,159 +172,201 @@ class PPOLearner:
             value_cliprange: Clip range of the value loss (`None`: no clipping).
             update_index: The update's number from 1, for messages.
         """
-        settings = self.settings
-        model = self.model
-        model.train()
-        mask = rollout.response_mask
-        value_mask = rollout.value_mask  # the response mask, less unfinished responses of a generation window
-        policy_mask = self.policy_mask(rollout)
-        adv = advantages
-        if train_policy and settings.whiten_advantages:  # GAE's; a group baseline's are used as they are (TRL)
-            adv = self.whiten(advantages, policy_mask, stats_mask=self.whitening_stats_mask(rollout))
-        loss_settings = dataclasses.replace(settings.loss, cliprange_value=value_cliprange)
-        # On-policy shortcut: the old log-probs are this update's own forward, detached (ratio exactly 1), written
-        # into the batch's tensor before each micro-batch's loss reads them.
-        fill_old_logprobs = train_policy and rollout.logprobs is None
-        old_logprobs = rollout.logprobs
-        if fill_old_logprobs:
-            old_logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-        # vLLM sampled the rollout: weight the policy loss by π_train/π_sampler of the sampled tokens (see
-        # `losses.sampler_importance_weights`). Under the on-policy shortcut the "old" log-probs are this forward's.
-        correct_sampler = settings.correct_sampler_mismatch
-        batch = PPOBatch(
-            value_mask,
-            rollout.values,
-            returns,
-            advantages=adv,
-            old_logprobs=old_logprobs,
-            sampler_logprobs=rollout.sampler_logprobs if correct_sampler else None,
-            policy_mask=None if policy_mask is value_mask else policy_mask,
-            positive_mask=self.positive_mask(rollout, policy_mask),
-            sampler_mask=None if rollout.window_mask is None and rollout.action_mask is None else policy_mask,
-            ref_logprobs=rollout.ref_logprobs if settings.loss.kl_loss_coef else None,
+        self.model.train()
+        run = UpdateRun(
+            batch=self.batch_of(rollout, advantages, returns=returns, train_policy=train_policy),
+            loss_settings=dataclasses.replace(self.settings.loss, cliprange_value=value_cliprange),
+            train_policy=train_policy,
+            # On-policy shortcut: the old log-probs are this update's own forward, detached (ratio exactly 1), written
+            # into the batch's tensor before each micro-batch's loss reads them.
+            fill_old_logprobs=train_policy and rollout.logprobs is None,
+            update_index=update_index,
+            has_critic=rollout.values is not None,
         )
-        stats = defaultdict(list)
-        importance_weights = None  # filled per micro-batch from the loss's own (old log-probs may come from it)
-        sequence_weights = loss_settings.importance_sampling_mode.startswith("sequence")
-        nonfinite_steps = 0
-        world = self.accelerator.num_processes
         tokens = TokenBatch.of(rollout)
         self.check_packing()
         # Each epoch's rows: this process's own, its global mini-batches handed out by tokens (`balance_ranks`), or a
         # sequence-parallel group's rows shared by its processes.
         balancer = self.epoch_rows(self.local_mini_batch_size)
-        # The loss statistics: a process's share of the mini-batch loss times `share` averages over processes to the
-        # global loss (every process of a sequence-parallel group reports the same share: the group's).
-        share = world // self.forwards.row_holders
         with measured(ForwardWork(), self.accelerator.device) as work:
-            for epoch in range(settings.num_ppo_epochs):
-                order = mini_batch_order(
-                    mask.shape[0],
-                    seed=settings.shuffle_seed,
-                    update_index=update_index,
-                    epoch=epoch,
-                    process_index=self.accelerator.process_index,
-                ).to(mask.device)
-                rows = balancer.epoch(order, batch=batch, tokens=tokens)
-                mini_batches, epoch_batch, epoch_tokens = rows.mini_batches, rows.batch, rows.tokens
-                # Balanced or shared rows are the epoch's own tensors: what it computes per row goes back to the owners.
-                moved = rows.moved
-                epoch_weights = None if moved else importance_weights
-                plans = self.forwards.plan(epoch_tokens, mini_batches, epoch_batch.mask.shape[1])
-                for mb_idx, micro_batches in zip(mini_batches, plans):
-                    self.forwards.warn_over_budget(micro_batches)
-                    policy_normalizer, value_normalizer, policy_tokens, positive_tokens = self.loss_normalizers(
-                        epoch_batch.select(mb_idx)
-                    )
-                    # Before the backward passes (DeepSpeed steps inside the last one); the scheduler's next step
-                    # restores the rates. A mini-batch with no finished response (generation windows) has no
-                    # critic target: the critic takes no step (lr 0 leaves AdamW's parameters exactly unchanged).
-                    # Likewise the policy with no token of its own (`mask_truncated_completions` with every response
-                    # truncated): a zero gradient would still move it by AdamW's momentum and weight decay.
-                    if not train_policy or policy_normalizer == 0:
-                        self.set_lr_to_zero("policy")
-                    if value_normalizer == 0:
-                        self.set_lr_to_zero("value")
-                    # DDP and DeepSpeed average gradients over processes (× world undoes it: the normaliser is global);
-                    # DeepSpeed also divides by its own gradient_accumulation_steps, whatever our micro-batch count.
-                    scale = world * (self.deepspeed_accumulation_steps(len(micro_batches)) if self.is_deepspeed else 1)
-                    vf_total = pg_total = lm_total = 0.0
-                    micro_inputs = self.forwards.micro_batches(epoch_tokens, micro_batches, work)
-                    for i, (micro, inputs) in enumerate(micro_inputs):
-                        idx, width = micro.indices, micro.response_width
-                        # Gradient accumulation over the micro-batches of one minibatch; DDP syncs on the last one only.
-                        is_last = i == len(micro_batches) - 1
-                        with (
-                            self.forwards.attention(),
-                            micro_batch_context(self.accelerator, self.is_deepspeed, model, is_last=is_last),
-                        ):
-                            logprobs, entropy, vpred = model(
-                                temperature=settings.temperature,
-                                knobs=settings.knobs,
-                                compute_policy=train_policy,
-                                **inputs,
-                            )
-                            if fill_old_logprobs:
-                                epoch_batch.old_logprobs[idx, :width] = logprobs.detach().float()
-                            out = ppo_micro_batch_loss(
-                                loss_settings,
-                                epoch_batch.select(idx, width),
-                                logprobs,
-                                entropy=entropy,
-                                vpred=vpred,
-                                policy_normalizer=policy_normalizer,
-                                value_normalizer=value_normalizer,
-                                policy_tokens=policy_tokens,
-                                positive_tokens=positive_tokens,
-                            )
-                            self.accelerator.backward(out.loss * scale)
-                        if out.importance_weights is not None:
-                            if epoch_weights is None:
-                                shape = epoch_batch.mask.shape
-                                epoch_weights = out.importance_weights.new_zeros(
-                                    shape[0], 1 if sequence_weights else shape[1]
-                                )
-                            epoch_weights[idx, : out.importance_weights.shape[1]] = out.importance_weights
-                        for name, value in out.metrics().items():
-                            stats[name].append(value)
-                        if out.value is not None:
-                            vf_total = vf_total + out.value.loss.detach() * share
-                        if train_policy:
-                            pg_total = pg_total + out.policy.loss.detach() * share
-                        if out.positive_example_lm is not None:
-                            lm_total = lm_total + out.positive_example_lm * share
-                    # This process's share of the mini-batch loss, × share: its mean over processes is the global loss.
-                    if rollout.values is not None:
-                        stats["loss/value"].append(vf_total)
-                    if train_policy:
-                        stats["loss/policy"].append(pg_total)
-                    if train_policy and batch.positive_mask is not None:
-                        stats["loss/positive_example_lm"].append(lm_total)
-                    grad_norms = self.optimizer_step(update_index)
-                    if grad_norms is None:
-                        nonfinite_steps += 1
-                    else:
-                        for name, value in grad_norms.items():
-                            stats[name].append(value)
-                if not moved:
-                    importance_weights = epoch_weights
-                    continue
-                if fill_old_logprobs:
-                    balancer.restore(rows, epoch_batch.old_logprobs, old_logprobs)
-                if epoch_weights is not None:  # on every process alike: the policy's step with sampler log-probs
-                    if importance_weights is None:
-                        importance_weights = epoch_weights.new_zeros(
-                            mask.shape[0], 1 if sequence_weights else mask.shape[1]
-                        )
-                    balancer.restore(rows, epoch_weights, importance_weights)
-        metrics = mean_metrics(stats) | {"diagnostics/nonfinite_steps": float(nonfinite_steps)}
+            for epoch in range(self.settings.num_ppo_epochs):
+                self.train_epoch(run, balancer, tokens=tokens, epoch=epoch, work=work)
+        metrics = mean_metrics(run.stats) | {"diagnostics/nonfinite_steps": float(run.nonfinite_steps)}
         return UpdateResult(
             metrics,
-            old_logprobs if fill_old_logprobs else None,
-            importance_weights,
+            run.batch.old_logprobs if run.fill_old_logprobs else None,
+            run.importance_weights,
             work=work,
             balance=balancer.metrics(),
         )
+
+    def batch_of(
+        self, rollout: Rollout, advantages: torch.Tensor, *, returns: torch.Tensor | None, train_policy: bool
+    ) -> PPOBatch:
+        """The loss's view of the rollout: its masks (the critic's tokens, the policy's, the positive examples'), the
+        advantages (whitened for policy updates when the estimator's are: GAE's; a group baseline's are used as they
+        are, as in TRL), the critic's targets, and the old, sampler and reference log-probs the loss reads."""
+        settings = self.settings
+        value_mask = rollout.value_mask  # the response mask, less unfinished responses of a generation window
+        policy_mask = self.policy_mask(rollout)
+        adv = advantages
+        if train_policy and settings.whiten_advantages:
+            adv = self.whiten(advantages, policy_mask, stats_mask=self.whitening_stats_mask(rollout))
+        old_logprobs = rollout.logprobs
+        if train_policy and old_logprobs is None:  # the on-policy shortcut fills it (see `update`)
+            old_logprobs = torch.zeros(rollout.response_mask.shape, dtype=torch.float32, device=value_mask.device)
+        # vLLM sampled the rollout: weight the policy loss by π_train/π_sampler of the sampled tokens (see
+        # `losses.sampler_importance_weights`). Under the on-policy shortcut the "old" log-probs are this forward's.
+        return PPOBatch(
+            value_mask,
+            rollout.values,
+            returns,
+            advantages=adv,
+            old_logprobs=old_logprobs,
+            sampler_logprobs=rollout.sampler_logprobs if settings.correct_sampler_mismatch else None,
+            policy_mask=None if policy_mask is value_mask else policy_mask,
+            positive_mask=self.positive_mask(rollout, policy_mask),
+            sampler_mask=None if rollout.window_mask is None and rollout.action_mask is None else policy_mask,
+            ref_logprobs=rollout.ref_logprobs if settings.loss.kl_loss_coef else None,
+        )
+
+    def train_epoch(
+        self, run: UpdateRun, balancer: EpochRowSource, *, tokens: TokenBatch, epoch: int, work: ForwardWork
+    ) -> None:
+        """One PPO epoch: its rows in this epoch's order (this process's own, or handed out and brought back by the
+        balancer), one optimizer step per mini-batch; what the epoch computed per row (the on-policy shortcut's old
+        log-probs, the sampler-mismatch weights) goes back to the rows' owners."""
+        order = mini_batch_order(
+            run.batch.mask.shape[0],
+            seed=self.settings.shuffle_seed,
+            update_index=run.update_index,
+            epoch=epoch,
+            process_index=self.accelerator.process_index,
+        ).to(run.batch.mask.device)
+        rows = balancer.epoch(order, batch=run.batch, tokens=tokens)
+        # Balanced or shared rows are the epoch's own tensors: what it computes per row goes back to the owners.
+        run.epoch_weights = None if rows.moved else run.importance_weights
+        plans = self.forwards.plan(rows.tokens, rows.mini_batches, rows.batch.mask.shape[1])
+        for mb_idx, micro_batches in zip(rows.mini_batches, plans):
+            self.train_mini_batch(
+                run, rows.batch, tokens=rows.tokens, mb_idx=mb_idx, micro_batches=micro_batches, work=work
+            )
+        if not rows.moved:
+            run.importance_weights = run.epoch_weights
+            return
+        if run.fill_old_logprobs:
+            balancer.restore(rows, rows.batch.old_logprobs, run.batch.old_logprobs)
+        if run.epoch_weights is not None:  # on every process alike: the policy's step with sampler log-probs
+            if run.importance_weights is None:
+                run.importance_weights = run.new_weights(run.epoch_weights, run.batch.mask.shape)
+            balancer.restore(rows, run.epoch_weights, run.importance_weights)
+
+    def train_mini_batch(
+        self,
+        run: UpdateRun,
+        batch: PPOBatch,
+        *,
+        tokens: TokenBatch,
+        mb_idx: torch.Tensor,
+        micro_batches: list,
+        work: ForwardWork,
+    ) -> None:
+        """One mini-batch of the epoch's rows `batch`: its loss normalisers (all processes), a backward pass per
+        micro-batch, its loss statistics and one optimizer step."""
+        steps, train_policy = self.steps, run.train_policy
+        self.forwards.warn_over_budget(micro_batches)
+        normalizers = self.loss_normalizers(batch.select(mb_idx))
+        policy_normalizer, value_normalizer = normalizers[0], normalizers[1]
+        # Before the backward passes (DeepSpeed steps inside the last one); the scheduler's next step restores the
+        # rates. A mini-batch with no finished response (generation windows) has no critic target: the critic takes no
+        # step (lr 0 leaves AdamW's parameters exactly unchanged). Likewise the policy with no token of its own
+        # (`mask_truncated_completions` with every response truncated): a zero gradient would still move it by AdamW's
+        # momentum and weight decay.
+        if not train_policy or policy_normalizer == 0:
+            steps.set_lr_to_zero("policy")
+        if value_normalizer == 0:
+            steps.set_lr_to_zero("value")
+        # DDP and DeepSpeed average gradients over processes (× world undoes it: the normaliser is global); DeepSpeed
+        # also divides by its own gradient_accumulation_steps, whatever our micro-batch count.
+        world = self.accelerator.num_processes
+        scale = world * (steps.deepspeed_accumulation_steps(len(micro_batches)) if self.is_deepspeed else 1)
+        # The loss statistics: a process's share of the mini-batch loss times `share` averages over processes to the
+        # global loss (every process of a sequence-parallel group reports the same share: the group's).
+        share = world // self.forwards.row_holders
+        vf_total = pg_total = lm_total = 0.0
+        for i, (micro, inputs) in enumerate(self.forwards.micro_batches(tokens, micro_batches, work)):
+            # Gradient accumulation over the micro-batches of one minibatch; DDP syncs on the last one only.
+            is_last = i == len(micro_batches) - 1
+            out = self.micro_batch_backward(
+                run, batch, micro=micro, inputs=inputs, normalizers=normalizers, scale=scale, is_last=is_last
+            )
+            for name, value in out.metrics().items():
+                run.stats[name].append(value)
+            if out.value is not None:
+                vf_total = vf_total + out.value.loss.detach() * share
+            if train_policy:
+                pg_total = pg_total + out.policy.loss.detach() * share
+            if out.positive_example_lm is not None:
+                lm_total = lm_total + out.positive_example_lm * share
+        # This process's share of the mini-batch loss, × share: its mean over processes is the global loss.
+        if run.has_critic:
+            run.stats["loss/value"].append(vf_total)
+        if train_policy:
+            run.stats["loss/policy"].append(pg_total)
+        if train_policy and batch.positive_mask is not None:
+            run.stats["loss/positive_example_lm"].append(lm_total)
+        grad_norms = steps.step(run.update_index)
+        if grad_norms is None:
+            run.nonfinite_steps += 1
+        else:
+            for name, value in grad_norms.items():
+                run.stats[name].append(value)
+
+    def micro_batch_backward(
+        self,
+        run: UpdateRun,
+        batch: PPOBatch,
+        *,
+        micro,
+        inputs: dict,
+        normalizers: torch.Tensor,
+        scale: float,
+        is_last: bool,
+    ) -> MicroBatchLoss:
+        """One micro-batch: the forward (policy log-probs and entropy, the critic's values), the on-policy shortcut's
+        old log-probs, the loss ([`~algo.objective.ppo_micro_batch_loss`]) and its backward pass; the sampler-mismatch
+        weights the loss used are kept in the epoch's tensor."""
+        idx, width = micro.indices, micro.response_width
+        policy_normalizer, value_normalizer, policy_tokens, positive_tokens = normalizers
+        with (
+            self.forwards.attention(),
+            micro_batch_context(self.accelerator, self.is_deepspeed, self.model, is_last=is_last),
+        ):
+            logprobs, entropy, vpred = self.model(
+                temperature=self.settings.temperature,
+                knobs=self.settings.knobs,
+                compute_policy=run.train_policy,
+                **inputs,
+            )
+            if run.fill_old_logprobs:
+                batch.old_logprobs[idx, :width] = logprobs.detach().float()
+            out = ppo_micro_batch_loss(
+                run.loss_settings,
+                batch.select(idx, width),
+                logprobs,
+                entropy=entropy,
+                vpred=vpred,
+                policy_normalizer=policy_normalizer,
+                value_normalizer=value_normalizer,
+                policy_tokens=policy_tokens,
+                positive_tokens=positive_tokens,
+            )
+            self.accelerator.backward(out.loss * scale)
+        if out.importance_weights is not None:
+            if run.epoch_weights is None:
+                run.epoch_weights = run.new_weights(out.importance_weights, batch.mask.shape)
+            run.epoch_weights[idx, : out.importance_weights.shape[1]] = out.importance_weights
+        return out
 
     def whiten(
         self, values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, stats_mask: torch.Tensor | None = None
@@ -324,42 +394,6 @@ class PPOLearner:
         wrapper = self.accelerator.unwrap_model(self.model)
         vocab = wrapper.config.get_text_config().vocab_size
         self.forwards.check_packing(wrapper.models(), vocab)
-
-    def deepspeed_accumulation_steps(self, micro_batches: int) -> int:
-        """The DeepSpeed engine's `gradient_accumulation_steps` (it divides every backward's loss by it). Without a
-        token budget it equals the micro-batch count (checked at setup); with one the count varies per mini-batch."""
-        steps = getattr(self.model, "gradient_accumulation_steps", None)
-        return int(steps()) if callable(steps) else micro_batches
-
-    # --------------------------------------------------------- learning rates
-
-    def set_lr_to_zero(self, role: str) -> None:
-        """Hold the `"policy"` or `"value"` parameter groups for the next optimizer step."""
-        for group in self.optimizer.param_groups:
-            if group.get("role") == role:
-                group["lr"] = 0.0
-
-    def learning_rate(self, role: str) -> float:
-        """Current learning rate of the policy's or the critic's parameter groups (nan when the role has none)."""
-        for group in self.optimizer.param_groups:
-            if group.get("role") == role:
-                return float(group["lr"])
-        return float("nan")
-
-    def start_policy_schedule(self) -> None:
-        """At the first PPO update: start the PPO phase's clocks, the policy's and the critic's (whose value-pretraining
-        schedule, if any, ends here however far it got)."""
-        scheduler = self.lr_scheduler
-        if not isinstance(scheduler, RoleLR) or scheduler.started("policy"):
-            return
-        if scheduler.phases:  # (an older run resumed in pretraining keeps its critic's one clock)
-            scheduler.start("value")
-        scheduler.start("policy")
-
-    def reset_policy_optimizer_state(self) -> None:
-        """Forget the policy's optimizer state (see [`~learner.optimizers.reset_optimizer_state`]); done when value
-        pretraining ends, so that the first PPO step is the same with and without DeepSpeed."""
-        reset_optimizer_state(self.optimizer, "policy")
 
     # -------------------------------------------------------------------- step
 
@@ -408,78 +442,3 @@ class PPOLearner:
         # Every process of a sequence-parallel group holds the group's rows: counted once.
         counts = counts / self.forwards.row_holders
         return counts
-
-    def optimizer_step(self, update_index: int = 0) -> dict[str, torch.Tensor] | None:
-        """
-        The end of a mini-batch: clip the gradients, step the optimizer unless they are non-finite, step the scheduler
-        (after a skipped step too) and clear the gradients.
-
-        Returns:
-            The gradient norms before clipping (`grad_norm`, `grad_norm/policy`, `grad_norm/value`), or `None` when
-            the step was skipped: the weights and optimizer state stay as they were.
-        """
-        norms = self.clip_gradients()
-        grad_norms = None
-        if norms["total"] is None or self.step_is_finite(norms["total"], update_index):
-            names = (("total", "grad_norm"), ("policy", "grad_norm/policy"), ("value", "grad_norm/value"))
-            grad_norms = {
-                name: torch.as_tensor(norms[key]).detach().float() for key, name in names if norms.get(key) is not None
-            }
-            self.optimizer.step()  # a no-op under DeepSpeed, whose engine stepped in the last backward
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return grad_norms
-
-    def clip_gradients(self) -> dict[str, torch.Tensor | None]:
-        """
-        Clip the policy's and the critic's gradients each to `max_grad_norm` (a large critic gradient does not shrink
-        the policy's step); returns their norms before clipping and the joint norm (`"total"`).
-
-        Under DeepSpeed the engine has already clipped the joint norm of both models (its `gradient_clipping`) inside
-        the last backward: only the joint norm is returned.
-        """
-        settings = self.settings
-        # The norms are computed even without clipping (max_norm=inf): they tell a non-finite step.
-        max_norm = settings.max_grad_norm if settings.max_grad_norm and settings.max_grad_norm > 0 else math.inf
-        if self.is_deepspeed:
-            return {"total": self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)}
-        self.accelerator.unscale_gradients()
-        wrapper = self.accelerator.unwrap_model(self.model)
-        norms: dict[str, torch.Tensor | None] = {}
-        for role, module in (("policy", wrapper.policy), ("value", wrapper.critic)):
-            params = [] if module is None else [p for p in module.parameters() if p.grad is not None]
-            norms[role] = full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else None
-        present = [n.float() for n in norms.values() if n is not None]
-        norms["total"] = torch.linalg.vector_norm(torch.stack(present)) if present else None
-        return norms
-
-    def step_is_finite(self, grad_norm: torch.Tensor, update_index: int = 0) -> bool:
-        """
-        Whether an optimizer step's gradient is finite; counts non-finite steps in a row and stops past the limit.
-
-        One host sync per optimizer step. Under DDP the gradient is already all-reduced, so all ranks agree.
-        """
-        if bool(torch.isfinite(torch.as_tensor(grad_norm))):
-            self.nonfinite_steps_in_a_row = 0
-            return True
-        self.nonfinite_steps_in_a_row += 1
-        limit = self.settings.max_consecutive_nonfinite_steps
-        what = "DeepSpeed has already applied it" if self.is_deepspeed else "optimizer step skipped"
-        logger.warning(
-            f"Non-finite loss or gradient at update {update_index}: {what} "
-            f"({self.nonfinite_steps_in_a_row} in a row, limit {limit})."
-        )
-        if self.nonfinite_steps_in_a_row > limit:
-            last = get_last_checkpoint(self.settings.output_dir) if os.path.isdir(self.settings.output_dir) else None
-            raise NonFiniteTrainingError(
-                f"{self.nonfinite_steps_in_a_row} optimizer steps in a row had a non-finite loss or gradient (limit "
-                f"max_consecutive_nonfinite_steps={limit}); stopping. "
-                + (
-                    f"The last checkpoint, {last}, was saved before this and is intact: resume from it with a lower "
-                    "learning rate, or check the rewards and the data."
-                    if last
-                    else "No checkpoint was saved yet (set save_steps to keep one)."
-                )
-            )
-        return False

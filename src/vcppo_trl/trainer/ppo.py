@@ -301,7 +301,7 @@ class PPOTrainer(_BaseTrainer):
         self._update_start = time.time()
         train_policy = self.trains_policy()
         if train_policy:
-            self.learner.start_policy_schedule()
+            self.learner.steps.start_policy_schedule()
         rollout, made = self.rollouts.next(train_policy, self.state)
         advantages, returns = self.compute_advantages(rollout)
         metric_settings = MetricSettings.from_args(self.args)
@@ -350,7 +350,7 @@ class PPOTrainer(_BaseTrainer):
 
     def _learning_rate(self, role: str) -> float:
         """Current learning rate of the policy or the critic (0 for the policy while it is frozen)."""
-        return 0.0 if role == "policy" and not self.trains_policy() else self.learner.learning_rate(role)
+        return 0.0 if role == "policy" and not self.trains_policy() else self.learner.steps.learning_rate(role)
 
     # ------------------------------------------------ setup, optimizer, resume
 

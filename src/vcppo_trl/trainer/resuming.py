@@ -217,7 +217,7 @@ def restore_training_state(trainer, resume: ResumePoint) -> int:
         trainer._load_optimizer_and_scheduler(resume.path)  # under DeepSpeed: the scheduler only
     saved, state, accelerator = resume.saved, trainer.state, trainer.accelerator
     restore_state(state, trainer.callback_handler.callbacks, resume.path, saved=saved)
-    trainer.learner.nonfinite_steps_in_a_row = saved["nonfinite_steps_in_a_row"]
+    trainer.learner.steps.nonfinite_steps_in_a_row = saved["nonfinite_steps_in_a_row"]
     trainer.restore_phase_state(saved)
     pool_batches = load_rollout_pool(
         trainer.rollouts,

@@ -363,7 +363,7 @@ def save_trainer_checkpoint(trainer, run_dir: str) -> str:
         args=trainer.args,
         train_rows=len(trainer.train_dataset),
         phase_state=trainer.phase_state(),
-        nonfinite_steps_in_a_row=trainer.learner.nonfinite_steps_in_a_row,
+        nonfinite_steps_in_a_row=trainer.learner.steps.nonfinite_steps_in_a_row,
         callbacks=trainer.callback_handler.callbacks,
         batches_consumed=trainer.batches_consumed,
     )

@@ -125,7 +125,7 @@ class VCPPOTrainer(PPOTrainer):
         updates = self.value_pretraining.end(reason)
         self.state.max_steps = self.num_training_updates()
         if self.learner is not None:
-            self.learner.reset_policy_optimizer_state()
+            self.learner.steps.reset_policy_optimizer_state()
         self.log({"value_pretrain/steps": float(updates)})
 
     def phase_state(self) -> dict:

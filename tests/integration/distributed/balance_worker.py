@@ -78,7 +78,7 @@ def main(out_dir: str, forwards: str) -> None:
 
     # No step moves the weights: learning rates 0 (AdamW with lr 0 changes no parameter, weight decay included) and
     # no scheduler to restore them; under DDP the step records the gradient and does nothing else.
-    learner.lr_scheduler = None
+    learner.steps.lr_scheduler = None
     for group in trainer.optimizer.param_groups:
         group["lr"] = 0.0
     steps: list[dict[str, torch.Tensor]] = []
