@@ -70,7 +70,7 @@ def prompts(num: int, length: int, vocab: int, seed: int = 0) -> tuple[torch.Ten
 def full_length_samplers():
     """The two samplers, each forced to generate `response_length` tokens (the stop token masked until then)."""
     from vcppo_trl.sampling.hf import HFSampler
-    from vcppo_trl.sampling.vllm_samplers import VLLMColocateSampler
+    from vcppo_trl.sampling.vllm_colocate import VLLMColocateSampler
 
     class FullLengthHF(HFSampler):
         def generation_config(self, greedy, temperature, max_new_tokens=None):

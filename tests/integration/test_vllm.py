@@ -516,7 +516,7 @@ def test_context_too_short_is_refused_before_training(vllm_trainer):
 
 def test_a_model_vllm_cannot_load_is_a_clear_error(tokenizer):
     from vcppo_trl.sampling.seam import SamplerError
-    from vcppo_trl.sampling.vllm_samplers import start_engine
+    from vcppo_trl.sampling.vllm_colocate import start_engine
 
     config = _wide_policy(tokenizer).config
     config.architectures = ["NoSuchModelForCausalLM"]
@@ -528,7 +528,7 @@ def test_a_model_vllm_cannot_load_is_a_clear_error(tokenizer):
 
 
 def test_multi_process_colocate_on_cpu_is_refused(tokenizer):
-    from vcppo_trl.sampling.vllm_samplers import VLLMColocateSampler
+    from vcppo_trl.sampling.vllm_colocate import VLLMColocateSampler
 
     class TwoCpuProcesses:
         num_processes, process_index, local_process_index = 2, 0, 0
@@ -654,7 +654,7 @@ def _kill_server(proc) -> None:
 
 
 def _server_sampler(trainer, url, timeout=30.0):
-    from vcppo_trl.sampling.vllm_samplers import VLLMServerSampler
+    from vcppo_trl.sampling.vllm_server import VLLMServerSampler
 
     sampler = VLLMServerSampler(
         lambda: trainer.model.policy,
@@ -690,7 +690,7 @@ def test_server_mode_generation_matches_hf(vllm_server, make_trainer, tokenizer,
 
 
 def test_server_context_too_short_is_refused(vllm_server, make_trainer, tokenizer, tiny_config):
-    from vcppo_trl.sampling.vllm_samplers import VLLMServerSampler
+    from vcppo_trl.sampling.vllm_server import VLLMServerSampler
 
     trainer = make_trainer(model=_wide_policy(tokenizer), args=tiny_config())
     assert _server_sampler(trainer, vllm_server["url"]).server_max_model_length() == 256  # its --max-model-len

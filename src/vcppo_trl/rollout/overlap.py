@@ -26,7 +26,7 @@ from ..parallel.collectives import gathered_state_dict
 from ..parallel.fsdp import unsharded_class
 from ..sampling.seam import SamplerError, Samples
 from ..sampling.vllm_checks import named_policy_weights
-from ..sampling.vllm_samplers import VLLMColocateSampler
+from ..sampling.vllm_colocate import VLLMColocateSampler
 from ..sampling.worker import Generated, RolloutWorker, VLLMEngineSpec
 from .maker import GenerationStats, RolloutMaker, RolloutStats
 from .types import OverlapStats, Rollout

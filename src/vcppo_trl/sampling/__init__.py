@@ -13,7 +13,8 @@ from .vllm_checks import (
     vllm_dtype,
     vllm_platform_is_cpu,
 )
-from .vllm_samplers import VLLMColocateSampler, VLLMServerSampler
+from .vllm_colocate import VLLMColocateSampler
+from .vllm_server import VLLMServerSampler
 from .worker import Generated, RolloutWorker, VLLMEngineSpec
 
 __all__ = [

@@ -10,8 +10,9 @@ most `response_length` tokens, or `max_new_tokens` when the caller gives it (a g
 then prompts with the response so far, as token ids, and the samples are the window's new tokens).
 
 - [`~sampling.hf.HFSampler`]: `model.generate` on the training model (ZeRO-3 parameters gathered for generation).
-- [`~sampling.vllm_samplers.VLLMColocateSampler`] and [`~sampling.vllm_samplers.VLLMServerSampler`]: vLLM in each training process, or
-  a `vllm serve` process; they also return the sampler's own log-probabilities of the sampled tokens.
+- [`~sampling.vllm_colocate.VLLMColocateSampler`] and [`~sampling.vllm_server.VLLMServerSampler`]: vLLM in each
+  training process, or a `vllm serve` process (their shared skeleton in [`~sampling.vllm_common`]); they also return
+  the sampler's own log-probabilities of the sampled tokens.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 - Before any engine starts: that vLLM is installed ([`require_vllm`]), the dtype to run it in, that the backend takes
   the model's shape and the context fits the rollouts ([`check_vllm_model`]), and the server's URL.
-- [`named_policy_weights`]: the policy's weights under their checkpoint names, which both samplers of
-  [`~sampling.vllm_samplers`] send to their engine after every policy update; a LoRA policy's merged, under FSDP2 from
-  gathered full tensors ([`fsdp2_merged_lora_weights`]).
+- [`named_policy_weights`]: the policy's weights under their checkpoint names, which both samplers
+  ([`~sampling.vllm_colocate`], [`~sampling.vllm_server`]) send to their engine after every policy update; a LoRA
+  policy's merged, under FSDP2 from gathered full tensors ([`fsdp2_merged_lora_weights`]).
 
 Nothing here imports vLLM at module level: the package works without it.
 """

@@ -102,7 +102,7 @@ class VLLMEngine:
     trainer's device."""
 
     def __init__(self, spec: VLLMEngineSpec, device: str, stop_token_ids: list[int]):
-        from .vllm_samplers import start_engine
+        from .vllm_colocate import start_engine
 
         index = torch.device(device).index
         # The trainer's launch variables describe the trainer's world, not this process's.
@@ -120,7 +120,7 @@ class VLLMEngine:
     def generate(self, payload: dict[str, Any]) -> Samples:
         from vllm import SamplingParams
 
-        from .vllm_samplers import sampled_logprobs
+        from .vllm_common import completions_and_logprobs
 
         prompts = [{"prompt_token_ids": ids} for ids in unpadded_prompts(payload["query_ids"], payload["query_mask"])]
         params = [
@@ -128,9 +128,10 @@ class VLLMEngine:
             for row in range(len(prompts))
         ]
         outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
+        completions, logprobs = completions_and_logprobs(outputs)
         return samples_from_token_lists(
-            [list(o.outputs[0].token_ids) for o in outputs],
-            [sampled_logprobs(o.outputs[0]) for o in outputs],
+            completions,
+            logprobs,
             self.stop_token_ids,
             pad_token_id=self.pad_token_id,
             device=torch.device("cpu"),

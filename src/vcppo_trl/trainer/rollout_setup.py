@@ -24,7 +24,8 @@ from ..rollout.settings import RolloutSettings
 from ..sampling.hf import HFSampler, neutralised_generation_fields
 from ..sampling.settings import SamplerSettings
 from ..sampling.vllm_checks import check_vllm_model, require_vllm, vllm_dtype, vllm_platform_is_cpu
-from ..sampling.vllm_samplers import VLLMColocateSampler, VLLMServerSampler
+from ..sampling.vllm_colocate import VLLMColocateSampler
+from ..sampling.vllm_server import VLLMServerSampler
 from .prompts import prompt_token_lengths
 
 logger = logging.get_logger(__name__)
