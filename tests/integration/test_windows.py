@@ -148,7 +148,7 @@ def test_the_bootstrap_is_the_critics_value_after_the_last_token(fresh_trainer, 
 
 def test_t_ppo_rule_bootstraps_from_the_last_value_before_the_cut(fresh_trainer, toy_splits):
     from vcppo_trl.algo.gae import last_valid_values
-    from vcppo_trl.rollout.windowed import gae_bootstrap, make_window
+    from vcppo_trl.rollout import gae_bootstrap, make_window
     from vcppo_trl.trainer.prompts import PromptStream
 
     trainer = fresh_trainer(generation_window=3, window_bootstrap="last_value")
@@ -191,7 +191,7 @@ def test_what_windows_do_not_support_yet_is_refused_with_the_reason(tiny_config,
 def test_an_update_that_finished_no_response_moves_the_policy_and_not_the_critic(fresh_trainer, toy_splits):
     from accelerate import Accelerator
 
-    from vcppo_trl.rollout.windowed import gae_bootstrap, make_window
+    from vcppo_trl.rollout import gae_bootstrap, make_window
     from vcppo_trl.trainer.metrics import UpdateRecord, critic_fit
     from vcppo_trl.trainer.prompts import PromptStream
 

@@ -345,3 +345,50 @@ def test_the_keyword_check_finds_positions_and_splats():
         "line 1: plan(...) with 4 positional arguments",
         "line 2: plan(...) with 2 positional arguments",
     ]
+
+
+def rollout_source_types() -> tuple[set[str], set[str]]:
+    """The classes of `rollout/` that are a rollout source (they define `next`) or a source's
+    own report (they define `metrics(self, accelerator)`), protocols left out; and the modules that define a source."""
+    classes, modules = set(), set()
+    folder = os.path.join(PACKAGE, "rollout")
+    for name in os.listdir(folder):
+        if not name.endswith(".py"):
+            continue
+        for node in ast.parse(open(os.path.join(folder, name)).read()).body:
+            if not isinstance(node, ast.ClassDef) or any(getattr(b, "id", None) == "Protocol" for b in node.bases):
+                continue
+            methods = {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+            if "next" in methods:
+                classes.add(node.name)
+                modules.add(f"vcppo_trl.rollout.{name[:-3]}")
+            elif "metrics" in methods:
+                classes.add(node.name)
+    return classes, modules
+
+
+def test_the_trainer_and_checkpoints_import_no_rollout_source_type():
+    """The trainer asks a `RolloutSource` for rollouts and logs what a source reports (`SourceReport`) without
+    knowing which source it is: `trainer/` and `checkpoint/` import neither a source's class, nor its report's, nor a
+    module that defines a source (the package's public face re-exports the protocol and the factory)."""
+    classes, modules = rollout_source_types()
+    # The finder sees every kind: whole responses, windows, overlap, stored rollouts, and the reports.
+    assert {"WholeResponses", "WindowedRollouts", "OverlappedRollouts", "StoredRolloutSource"} <= classes
+    assert {"WindowStep", "OverlapStats"} <= classes and "RolloutSource" not in classes
+    graph = package_import_graph()
+    found = []
+    for module, targets in graph.items():
+        if not module.startswith(("vcppo_trl.trainer", "vcppo_trl.checkpoint")):
+            continue
+        path = os.path.join(os.path.dirname(PACKAGE), *module.split(".")) + ".py"
+        if not os.path.exists(path):
+            path = path[: -len(".py")] + "/__init__.py"
+        names = {
+            alias.name
+            for node in ast.walk(ast.parse(open(path).read()))
+            if isinstance(node, ast.ImportFrom)
+            for alias in node.names
+        }
+        found += [f"{module} imports {name}" for name in sorted(names & classes)]
+        found += [f"{module} imports {target}" for target in sorted(targets & modules)]
+    assert not found, "\n".join(found)

@@ -42,8 +42,8 @@ from .stored_source import (
     scored_from_records,
 )
 from .tool_loop import ToolEpisodes, ToolLoop, ToolSettings, episode_metrics
-from .types import OverlapStats, Rollout, is_correct
-from .windowed import WindowedRollouts, gae_bootstrap, make_window
+from .types import HeldOutRollouts, OverlapStats, Rollout, gae_bootstrap, is_correct
+from .windowed import WindowedRollouts, make_window
 
 __all__ = [
     "Environments",
@@ -87,6 +87,7 @@ __all__ = [
     "ResponsePool",
     "WindowStep",
     "gae_bootstrap",
+    "HeldOutRollouts",
     "make_window",
     "Rollout",
     "RolloutMaker",

@@ -1,6 +1,7 @@
 """The [`Rollout`] of one update (tokens, masks, log-probabilities, values and scores), the type its maker produces
-and the learner and metrics consume, the correctness of a score, a generation window's marks ([`WindowMarks`]), and what
-a source reports of itself ([`SourceReport`], e.g. [`OverlapStats`])."""
+and the learner and metrics consume, the correctness of a score, the value GAE bootstraps from ([`gae_bootstrap`]), a generation window's marks ([`WindowMarks`]), and what
+a source reports of itself ([`SourceReport`], e.g. [`OverlapStats`]) and the held-out rollouts a source may keep
+([`HeldOutRollouts`])."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any, Protocol
 
 import torch
 from accelerate import Accelerator
+
+from ..algo.gae import last_valid_values
 
 
 @dataclass
@@ -95,6 +98,20 @@ def is_correct(raw_scores: torch.Tensor, accuracy_threshold: float) -> torch.Ten
     return raw_scores > accuracy_threshold  # nan compares False
 
 
+def gae_bootstrap(rollout: Rollout, rule: str) -> torch.Tensor | None:
+    """
+    The value after each response's last token that GAE bootstraps from (`None`: no window, every response is
+    terminal): the critic's value of the state after a window's cut (`rule="value"`, exact: the rollout's forward
+    computed it), or the last value computed before the cut (`"last_value"`, T-PPO's rule V(s_l) := V(s_{l−1}));
+    0 for the responses that finished.
+    """
+    if rollout.bootstrap_values is None:
+        return None
+    if rule == "last_value":
+        return torch.where(rollout.finished, 0.0, last_valid_values(rollout.values, rollout.response_mask))
+    return rollout.bootstrap_values
+
+
 @dataclasses.dataclass(frozen=True)
 class WindowMarks:
     """
@@ -148,3 +165,14 @@ class SourceReport(Protocol):
     order, so that the collectives inside `metrics` pair up."""
 
     def metrics(self, accelerator: Accelerator) -> dict[str, float]: ...
+
+
+class HeldOutRollouts(Protocol):
+    """Rollouts a source keeps out of training, on which a stop rule scores the critic (value pretraining's held-out
+    stored batches: [`~rollout.stored_source.StoredRolloutSource`]), so that the trainer reads them without knowing the
+    source's type."""
+
+    path: str  # where they are read from, for messages
+    heldout_batches: list[int]  # the batches kept out (empty: none; the stop rule then scores the update's rollout)
+
+    def heldout(self) -> list[Rollout]: ...

@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-from ..algo.gae import last_valid_values
 from ..parallel.collectives import max_across_processes
 from ..sampling.seam import Samples, unpadded_prompts
 from .maker import GenerationStats, RolloutMaker, RolloutStats
@@ -164,17 +163,3 @@ def prompt_ids(maker: RolloutMaker, rows: list[dict[str, Any]]) -> list[list[int
     """Prompt ids of rows as the rollout tokenises them (chat template, `max_prompt_length`), unpadded."""
     query_ids, query_mask = maker.tokenize_prompts(maker.prompt_texts(rows))
     return unpadded_prompts(query_ids, query_mask)
-
-
-def gae_bootstrap(rollout: Rollout, rule: str) -> torch.Tensor | None:
-    """
-    The value after each response's last token that GAE bootstraps from (`None`: no window, every response is
-    terminal): the critic's value of the state after a window's cut (`rule="value"`, exact: the rollout's forward
-    computed it), or the last value computed before the cut (`"last_value"`, T-PPO's rule V(s_l) := V(s_{l−1}));
-    0 for the responses that finished.
-    """
-    if rollout.bootstrap_values is None:
-        return None
-    if rule == "last_value":
-        return torch.where(rollout.finished, 0.0, last_valid_values(rollout.values, rollout.response_mask))
-    return rollout.bootstrap_values

@@ -36,7 +36,7 @@ from ..checkpoint.universal import convert_to_universal, is_converted, load_univ
 from ..config.batch_plan import BatchPlan
 from ..config.ppo import PPOConfig
 from ..parallel import FSDP2_STATES_DIRNAME, load_fsdp2_states, requested_fsdp_version
-from ..rollout.sources import RolloutSource
+from ..rollout import RolloutSource
 from .saving import rollout_pool_file
 
 logger = logging.get_logger(__name__)

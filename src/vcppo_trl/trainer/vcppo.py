@@ -15,7 +15,7 @@ import torch
 from transformers.utils import logging
 
 from ..config.vcppo import VCPPOConfig
-from ..rollout import StoredRolloutSource, StoredSourceSettings, with_stored_pretraining
+from ..rollout import HeldOutRollouts, StoredSourceSettings, with_stored_pretraining
 from . import saving as trainer_saving
 from .metrics import critic_fit, heldout_fit
 from .ppo import PPOTrainer
@@ -53,7 +53,7 @@ class VCPPOTrainer(PPOTrainer):
         self.value_pretrain_callback = self._bind_value_pretrain_callback()
         # The phase belongs to the trainer; the callback configures it (without one: a phase that never runs).
         self.value_pretraining = ValuePretrainingPhase()
-        self.stored_rollouts: StoredRolloutSource | None = None  # the phase's stored rollouts, when it reads some
+        self.stored_rollouts: HeldOutRollouts | None = None  # the phase's stored rollouts, when it reads some
         if self.value_pretrain_callback is not None:
             self.value_pretraining = self.value_pretrain_callback.phase
             ddp = self.accelerator.num_processes > 1 and not self.is_deepspeed_enabled
