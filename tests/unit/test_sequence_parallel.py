@@ -223,7 +223,7 @@ def test_the_rollout_forwards_of_a_group_of_one_equal_the_padded_ones(one_proces
 def test_group_loads_sum_each_groups_mini_batches():
     """4 processes in groups of 2, 4 rows each, mini-batches of 2: group g's k-th load sums its two processes' k-th
     mini-batch rows (picked through each process's own order)."""
-    from vcppo_trl.learner.epoch_group_rows import group_loads
+    from vcppo_trl.learner.sequence_group_rows import group_loads
 
     counts = torch.tensor([[1, 2, 3, 4], [10, 20, 30, 40], [100, 200, 300, 400], [5, 6, 7, 8]])
     orders = torch.tensor([[3, 2, 1, 0], [0, 1, 2, 3], [1, 3, 0, 2], [2, 0, 3, 1]])
@@ -237,19 +237,19 @@ def test_the_group_shares_its_rows_once_per_update_and_indexes_each_epochs_order
     from types import SimpleNamespace
 
     from vcppo_trl.algo.objective import PPOBatch
-    from vcppo_trl.learner import epoch_group_rows
+    from vcppo_trl.learner import sequence_group_rows
 
     exchanges = []
-    exchange = epoch_group_rows.exchange_epoch_rows
+    exchange = sequence_group_rows.exchange_epoch_rows
     monkeypatch.setattr(
-        epoch_group_rows, "exchange_epoch_rows", lambda *a, **k: exchanges.append(1) or exchange(*a, **k)
+        sequence_group_rows, "exchange_epoch_rows", lambda *a, **k: exchanges.append(1) or exchange(*a, **k)
     )
     mask = torch.arange(4)[None, :] < RESPONSES[:, None]
     tokens = TokenBatch(query_ids=QUERY, query_mask=(QUERY != 0).long(), response_ids=RESPONSE, response_mask=mask)
     values = torch.arange(12, dtype=torch.float32).view(3, 4)
     batch = PPOBatch(mask=mask, old_values=values, returns=values + 1, advantages=values + 2)
     accelerator = SimpleNamespace(num_processes=1, device=torch.device("cpu"), gather=lambda t: t)
-    rows = epoch_group_rows.SequenceGroupRows(accelerator, mini_batch_size=1, group=one_process_world)
+    rows = sequence_group_rows.SequenceGroupRows(accelerator, mini_batch_size=1, group=one_process_world)
     for order in (torch.tensor([2, 0, 1]), torch.tensor([1, 2, 0])):
         epoch = rows.epoch(order, batch=batch, tokens=tokens)
         for k, mini_batch in enumerate(epoch.mini_batches):

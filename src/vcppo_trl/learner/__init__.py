@@ -3,7 +3,7 @@ role, one learning-rate schedule per role, and what hands each PPO epoch its row
 sequence-parallel group's shared rows).
 """
 
-from .epoch_group_rows import SequenceGroupRows
+from .epoch_rows import EpochRowSource, OwnRows, RankBalancer
 from .optimizers import (
     NonFiniteTrainingError,
     optimizer_state_summary,
@@ -14,8 +14,8 @@ from .optimizers import (
     split_by_role,
 )
 from .ppo_learner import PPOLearner, UpdateResult
-from .rank_exchange import EpochRowSource, OwnRows, RankBalancer
 from .schedules import RoleLR, ScheduleSettings, schedule_multiplier
+from .sequence_group_rows import SequenceGroupRows
 from .settings import LearnerSettings
 
 __all__ = [

@@ -28,8 +28,8 @@ from ..models.packing import TokenBatch
 from ..parallel.collectives import micro_batch_context, whitening_all_reduce
 from ..parallel.sequence import SequenceGroup
 from ..rollout.types import Rollout
+from .epoch_rows import EpochRowSource, OwnRows
 from .optimizer_steps import OptimizerSteps
-from .rank_exchange import EpochRowSource, OwnRows
 from .settings import LearnerSettings
 
 logger = logging.get_logger(__name__)
@@ -99,9 +99,9 @@ class PPOLearner:
         sequence_group: The sequence-parallel group that splits every training forward (`None`: whole sequences);
             its [`~models.forward_engine.ForwardEngine`] shares and splits the rows.
         epoch_rows: Builds, for each update, what hands each PPO epoch its rows from the mini-batch size: this
-            process's own ([`~learner.rank_exchange.OwnRows`], the default), mini-batches handed out to processes by
-            tokens or measured ([`~learner.rank_exchange.RankBalancer`]), or a sequence-parallel group's shared rows
-            ([`~learner.epoch_group_rows.SequenceGroupRows`]); the trainer's setup chooses
+            process's own ([`~learner.epoch_rows.OwnRows`], the default), mini-batches handed out to processes by
+            tokens or measured ([`~learner.epoch_rows.RankBalancer`]), or a sequence-parallel group's shared rows
+            ([`~learner.sequence_group_rows.SequenceGroupRows`]); the trainer's setup chooses
             ([`~trainer.setup.epoch_rows`]).
     """
 
@@ -154,7 +154,7 @@ class PPOLearner:
         Each micro-batch's loss is its token (or sequence) sum divided by the count of the whole mini-batch across all
         micro-batches and processes (`loss_type`, `value_loss_type`), so the gradient of a mini-batch does not depend
         on how it is split, nor on which process runs which of its sequences: with `balance_ranks` each epoch's global
-        mini-batches are handed out to processes by token count ([`~learner.rank_exchange.RankBalancer`]), and what the
+        mini-batches are handed out to processes by token count ([`~learner.epoch_rows.RankBalancer`]), and what the
         epoch computes per row comes back to the row's process. With `train_policy=False` only the value loss is
         optimised and the policy's parameters get no gradient and no optimizer step (their learning rate is also held
         at exactly 0, so no weight decay touches them).

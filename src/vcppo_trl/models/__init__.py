@@ -3,8 +3,8 @@ load, check, save; LoRA), padding-free packing, the float32 LM head, eval mode o
 trainer is built from.
 """
 
-# A sequence-parallel group's rows live in parallel/group_rows.py; their names stay importable from here too.
-from ..parallel.group_rows import TOKEN_FIELDS, group_row_shapes, padded_token_rows, share_group_rows
+# A sequence-parallel group's rows live in parallel/row_sharing.py; their names stay importable from here too.
+from ..parallel.row_sharing import TOKEN_FIELDS, group_row_shapes, padded_token_rows, share_group_rows
 from .critic_peft import load_value_adapter, wrap_value_model
 from .forward_engine import ForwardEngine, ForwardPlan, ForwardSettings
 from .fp32_head import FP32LMHead, KeepOutputDtype, cast_lm_head_to_fp32, is_fp32_head

@@ -20,7 +20,7 @@ from transformers.utils import logging
 
 from ..algo.micro_batches import ForwardWork, MicroBatch, plan_forwards, warn_once_over_budget
 from ..parallel.collectives import max_across_processes
-from ..parallel.group_rows import share_group_rows
+from ..parallel.row_sharing import share_group_rows
 from ..parallel.sequence import SequenceGroup, ulysses_attention
 from .packing import TokenBatch, check_packing
 
@@ -44,7 +44,7 @@ class ForwardSettings:
 class ForwardPlan:
     """
     The micro-batches of forwards over every row of a batch (the rollout's no-grad forwards), and the rows they run:
-    this process's, or with sequence parallelism its group's ([`~parallel.group_rows.share_group_rows`]), this process's
+    this process's, or with sequence parallelism its group's ([`~parallel.row_sharing.share_group_rows`]), this process's
     own at `own`, its outputs `width` wide.
     """
 

@@ -25,7 +25,7 @@ from .fsdp import (
     shard_with_fsdp2,
     unsharded_class,
 )
-from .group_rows import TOKEN_FIELDS, group_row_shapes, padded_token_rows, share_group_rows
+from .row_sharing import TOKEN_FIELDS, group_row_shapes, padded_token_rows, share_group_rows
 from .sequence import (
     SequenceGroup,
     SequenceParallelError,

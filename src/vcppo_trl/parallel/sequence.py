@@ -7,7 +7,7 @@ the heads, and trades back. Everything else in a decoder (embeddings, MLPs, norm
 
 This module holds the collectives and the attention switch; the layout of a split micro-batch is
 [`~models.packing.SplitRows`], the forwards over it are in [`~models.split_forwards`], and the sharing of rows within
-a group in [`~parallel.group_rows`] (the rollout's forwards) and [`~learner.epoch_group_rows`] (the PPO epochs).
+a group in [`~parallel.row_sharing`] (the rollout's forwards) and [`~learner.sequence_group_rows`] (the PPO epochs).
 
 Ulysses' attention is installed in place of the models' own implementation (transformers' `ALL_ATTENTION_FUNCTIONS`)
 behind a switch: it runs only inside [`ulysses_attention`] (the split forwards: the learner's and their backward, where

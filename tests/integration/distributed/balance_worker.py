@@ -40,8 +40,8 @@ def main(out_dir: str, forwards: str) -> None:
 
     from vcppo_trl import PPOConfig, PPOTrainer
     from vcppo_trl.algo.objective import PPOBatch
+    from vcppo_trl.learner.epoch_rows import RankBalancer
     from vcppo_trl.learner.ppo_learner import mini_batch_order
-    from vcppo_trl.learner.rank_exchange import RankBalancer
     from vcppo_trl.models.packing import TokenBatch
     from vcppo_trl.rollout.shaping import token_rewards
     from vcppo_trl.trainer.prompts import prompt_batches

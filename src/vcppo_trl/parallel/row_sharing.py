@@ -2,8 +2,8 @@
 send each other their rows, so that every process of the group holds them all and plans the same micro-batches.
 
 Used by the rollout maker's no-grad forwards ([`share_group_rows`]: all rows of the group, in process order) and by the
-PPO epochs (`learner.epoch_group_rows`, which also moves each row's training tensors: the row counts and widths of
-[`group_row_shapes`], the padded token tensors of [`padded_token_rows`], and `learner.rank_exchange.exchange_epoch_rows`).
+PPO epochs (`learner.sequence_group_rows`, which also moves each row's training tensors: the row counts and widths of
+[`group_row_shapes`], the padded token tensors of [`padded_token_rows`], and `learner.epoch_rows.exchange_epoch_rows`).
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ from accelerate import Accelerator
 from ..algo.objective import PPOBatch
 from ..algo.rank_assignment import rank_token_imbalance
 from ..models.packing import TokenBatch
-from ..parallel.group_rows import group_row_shapes
+from ..parallel.row_sharing import group_row_shapes
 from ..parallel.sequence import SequenceGroup
-from .rank_exchange import EpochRows, exchange_epoch_rows
+from .epoch_rows import EpochRows, exchange_epoch_rows
 
 
 class SequenceGroupRows:

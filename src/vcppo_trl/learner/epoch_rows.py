@@ -29,7 +29,7 @@ from ..algo.rank_assignment import (
 )
 from ..models.packing import TokenBatch
 from ..parallel.collectives import exchange_rows
-from ..parallel.group_rows import TOKEN_FIELDS, padded_token_rows
+from ..parallel.row_sharing import TOKEN_FIELDS, padded_token_rows
 
 
 @dataclasses.dataclass
@@ -52,7 +52,7 @@ class EpochRows:
 
 class EpochRowSource(Protocol):
     """What hands each PPO epoch of one update its rows ([`OwnRows`], [`RankBalancer`],
-    [`~learner.epoch_group_rows.SequenceGroupRows`]); one instance per update, [`epoch`] called by every process alike."""
+    [`~learner.sequence_group_rows.SequenceGroupRows`]); one instance per update, [`epoch`] called by every process alike."""
 
     def epoch(self, order: torch.Tensor, *, batch: PPOBatch, tokens: TokenBatch) -> EpochRows:
         """The rows of the epoch whose mini-batch order (of this process's own rows) is `order`."""
