@@ -12,7 +12,7 @@ import torch
 from vcppo_trl import PPOConfig, PPOTrainer
 from vcppo_trl.algo import objective as ppo_loss
 from vcppo_trl.rollout.shaping import token_rewards
-from vcppo_trl.trainer import rollout_setup
+from vcppo_trl.trainer import sampler_setup
 
 
 def _rows(trainer, n=None):
@@ -143,7 +143,7 @@ def test_sampler_logprobs_equal_training_logprobs_despite_model_generation_confi
 ):
     fields = _leaky_generation_config(tiny_policy, tokenizer)
     warnings = []
-    monkeypatch.setattr(rollout_setup.logger, "warning", lambda msg, *a, **k: warnings.append(str(msg)))
+    monkeypatch.setattr(sampler_setup.logger, "warning", lambda msg, *a, **k: warnings.append(str(msg)))
     trainer = make_trainer(args=tiny_config(temperature=0.7, response_length=24))
     warning = next(w for w in warnings if "generation_config" in w)
     for name in fields | {"min_new_tokens", "suppress_tokens"}:

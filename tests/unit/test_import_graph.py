@@ -148,7 +148,7 @@ def test_the_graph_sees_local_and_type_checking_imports():
             assert {folder_of(t) for t in targets} <= {"algo"}, module
     # The value-pretraining phase is plain state and rules; the trainer's parts do not import the trainer classes.
     assert graph["vcppo_trl.trainer.value_pretraining"] == set()
-    parts = ("rollout.maker", "learner.ppo_learner", "trainer.saving", "trainer.resuming", "trainer.setup")
+    parts = ("rollout.maker", "learner.ppo_learner", "trainer.saving", "trainer.resuming", "trainer.model_setup")
     for part in (*parts, "trainer.evaluation"):
         assert not graph[f"vcppo_trl.{part}"] & {"vcppo_trl.trainer.ppo", "vcppo_trl.trainer.vcppo"}, part
 

@@ -30,7 +30,7 @@ ROLLOUT_MODE_FIELDS = {
     "generation_window": {"config/ppo.py", "config/vcppo.py", "rollout/sources.py"},
     "max_staleness": {"config/ppo.py", "config/vcppo.py", "rollout/sources.py", "rollout/overlap.py"},
     "value_pretrain_dataset": {"config/vcppo.py", "rollout/sources.py"},
-    "sequence_parallel_size": {"config/ppo.py", "trainer/setup.py"},
+    "sequence_parallel_size": {"config/ppo.py", "trainer/model_setup.py"},
 }
 # The trainer's loop and the checkpoint code never ask which source or split a run has.
 NEVER_READ_THERE = ("trainer/ppo.py", "trainer/vcppo.py", "trainer/saving.py", "trainer/resuming.py")

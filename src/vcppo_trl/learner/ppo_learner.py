@@ -102,7 +102,7 @@ class PPOLearner:
             process's own ([`~learner.epoch_rows.OwnRows`], the default), mini-batches handed out to processes by
             tokens or measured ([`~learner.epoch_rows.RankBalancer`]), or a sequence-parallel group's shared rows
             ([`~learner.sequence_group_rows.SequenceGroupRows`]); the trainer's setup chooses
-            ([`~trainer.setup.epoch_rows`]).
+            ([`~trainer.model_setup.epoch_rows`]).
     """
 
     def __init__(

@@ -2,7 +2,7 @@
 over the rollout maker `rollout/maker.py`), `compute_advantages` (by the estimator the config names), the learner
 (`learner/ppo_learner.py`) and the metrics (`trainer/metrics.py`). A subclass adds a phase through the seams
 `trains_policy`, `critic_only_updates`, `num_training_updates`, `phase_state` and the `before_training`/`after_update`
-hooks (VC-PPO's value pretraining: `trainer/vcppo.py`). Construction: `trainer/setup.py`; loop and cadence:
+hooks (VC-PPO's value pretraining: `trainer/vcppo.py`). Construction: `trainer/model_setup.py`; loop and cadence:
 `trainer/loop.py`; saving and resuming: `trainer/saving.py`, `trainer/resuming.py` (thin overrides at the end)."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ..models.loading import resolve_stop_token_ids
 from ..models.policy_and_value import PolicyAndValueModel
 from ..rewards.reward_models import reward_func_name
 from ..rollout import Rollout, RolloutSource, SourceSettings, build_rollout_source
-from . import advantages, loop, rollout_setup, setup
+from . import advantages, loop, model_setup, sampler_setup
 from . import saving as trainer_saving
 from .console import CompactPrinterCallback, RolloutProgressCallback
 from .evaluation import EvaluationSettings, evaluation_metrics
@@ -113,15 +113,15 @@ class PPOTrainer(_BaseTrainer):
         optimizers: tuple[torch.optim.Optimizer | None, torch.optim.lr_scheduler.LambdaLR | None] = (None, None),
         peft_config: PeftConfig | None = None,
         value_peft_config: PeftConfig | dict | None = None,
-        rollout_func: rollout_setup.RolloutFunc | None = None,
+        rollout_func: sampler_setup.RolloutFunc | None = None,
         tools: list[Callable] | None = None,
         environment_factory: Callable | dict[str, Callable] | None = None,
     ):
-        args = setup.checked_args(args, model, config_class=self._config_class, trainer_name=self._name)
-        setup.prepare_process(args)
-        setup.check_datasets(train_dataset, eval_dataset)
-        rollout_setup.check_rollout_func(args, rollout_func, tools=tools, environment_factory=environment_factory)
-        built = setup.build_models(
+        args = model_setup.checked_args(args, model, config_class=self._config_class, trainer_name=self._name)
+        model_setup.prepare_process(args)
+        model_setup.check_datasets(train_dataset, eval_dataset)
+        sampler_setup.check_rollout_func(args, rollout_func, tools=tools, environment_factory=environment_factory)
+        built = model_setup.build_models(
             model,
             args,
             value_model=value_model,
@@ -134,11 +134,11 @@ class PPOTrainer(_BaseTrainer):
         self.initial_policy = built.initial_policy  # who the critic was built beside, in a critic job (no policy)
         self.stop_token_ids = resolve_stop_token_ids(tokenizer, stop_token_id=args.stop_token_id)
         self.end_of_thinking_ids = marker_token_ids(tokenizer, args.end_of_thinking_marker)
-        reward_funcs, reward_processing_classes, environments = rollout_setup.rewards_and_environments(
+        reward_funcs, reward_processing_classes, environments = sampler_setup.rewards_and_environments(
             reward_funcs, reward_processing_classes, args, tools=tools, environment_factory=environment_factory
         )
         self.reward_func_names = [reward_func_name(f) for f in reward_funcs]
-        train_dataset, eval_dataset, self.data_reports = setup.prepare_datasets(
+        train_dataset, eval_dataset, self.data_reports = model_setup.prepare_datasets(
             train_dataset,
             eval_dataset,
             tokenizer,
@@ -158,18 +158,18 @@ class PPOTrainer(_BaseTrainer):
             callbacks=callbacks,
             optimizers=optimizers,
         )
-        self.is_fsdp2 = setup.check_launch(self.accelerator, args, is_deepspeed=self.is_deepspeed_enabled)
+        self.is_fsdp2 = model_setup.check_launch(self.accelerator, args, is_deepspeed=self.is_deepspeed_enabled)
         for old in (ProgressCallback, PrinterCallback):  # one console line per update instead
             self.remove_callback(old)
         self.add_callback(CompactPrinterCallback if args.disable_tqdm else RolloutProgressCallback)
 
-        for_inference = functools.partial(setup.prepare_for_inference, accelerator=self.accelerator)
+        for_inference = functools.partial(model_setup.prepare_for_inference, accelerator=self.accelerator)
         self.ref_model = None if reference is None else for_inference(reference, shard=self.is_fsdp2)
         self.reward_funcs = [for_inference(f) if isinstance(f, PreTrainedModel) else f for f in reward_funcs]
         main = self.is_world_process_zero()
         self.batches = plan_batches(args, self.accelerator.num_processes, len(self.train_dataset), warn=main)
         if main and policy is not None:
-            rollout_setup.warn_about_generation_config(policy, args)
+            sampler_setup.warn_about_generation_config(policy, args)
         self.latest_metrics: dict[str, float] = {}
         self.learner: PPOLearner | None = None  # built by `_setup_training`, on the prepared model and optimizer
         self.last_update: UpdateRecord | None = None  # for the sample printout and the value-pretraining rule
@@ -177,9 +177,9 @@ class PPOTrainer(_BaseTrainer):
         self.rollouts: RolloutSource | None = None  # where each update's rollout comes from, from `train`
 
         # One sequence-parallel group (None without one), shared by the rollout's forwards and the learner's.
-        self.sequence_group = setup.build_sequence_group(args, self.model, ref_model=self.ref_model)
+        self.sequence_group = model_setup.build_sequence_group(args, self.model, ref_model=self.ref_model)
         # The maker forwards the prepared model; it skips the KL (exactly 0) of a frozen policy to the initial one.
-        self.rollout_maker = rollout_setup.build_rollout_maker(
+        self.rollout_maker = sampler_setup.build_rollout_maker(
             args,
             self.accelerator,
             tokenizer=tokenizer,
@@ -376,7 +376,7 @@ class PPOTrainer(_BaseTrainer):
         """The optimizer, scheduler and prepared model that `train` starts from, the learner on them, a fresh state."""
         args = self.args
         steps = self.num_training_updates() * self.optimizer_steps_per_update()
-        self.model_wrapped, self.optimizer = setup.prepare_for_training(
+        self.model_wrapped, self.optimizer = model_setup.prepare_for_training(
             self.accelerator,
             self.model,
             fsdp2=self.is_fsdp2,
@@ -393,10 +393,10 @@ class PPOTrainer(_BaseTrainer):
             is_deepspeed=self.is_deepspeed_enabled,
             local_mini_batch_size=self.batches.local_mini_batch_size,
             sequence_group=self.sequence_group,
-            epoch_rows=setup.epoch_rows(args, self.accelerator, self.sequence_group),
+            epoch_rows=model_setup.epoch_rows(args, self.accelerator, self.sequence_group),
         )
         stateful = [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]
-        self.state = setup.new_trainer_state(
+        self.state = model_setup.new_trainer_state(
             args, stateful, self.num_training_updates(), batch_size=self.batches.batch_size
         )
         self.state.is_local_process_zero = self.is_local_process_zero()

@@ -42,7 +42,7 @@ def main(out_dir: str, model_dir: str) -> None:
     from transformers import AutoModelForCausalLM
     from worker_exit import exit_worker  # beside this script
 
-    import vcppo_trl.trainer.setup as setup
+    import vcppo_trl.trainer.model_setup as setup
     from vcppo_trl import PPOConfig, PPOTrainer
 
     built_on = {}  # the devices each model's parameters were built on, before sharding

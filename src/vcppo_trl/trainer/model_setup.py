@@ -1,6 +1,6 @@
 """Building a [`PPOTrainer`]'s parts: the models as the config asks (LoRA, dropout, activation checkpointing, the
 reference policy), dataset checks, the sequence-parallel group, the learner's rows, and models placed for inference
-(what makes rollouts: [`~trainer.rollout_setup`]).
+(what makes rollouts: [`~trainer.sampler_setup`]).
 
 Plain functions of their inputs; the trainer calls them in its constructor and keeps what they return.
 """

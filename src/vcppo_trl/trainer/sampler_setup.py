@@ -247,7 +247,7 @@ def build_rollout_maker(
     environments: Environments | None = None,
 ) -> RolloutMaker:
     """The [`~rollout.maker.RolloutMaker`] with its sampler ([`build_sampler`]; none without a policy, in a critic
-    job), the reward weights, the sequence-parallel group of its forwards ([`~trainer.setup.build_sequence_group`]) and
+    job), the reward weights, the sequence-parallel group of its forwards ([`~trainer.model_setup.build_sequence_group`]) and
     the `rollout_func` bound to the trainer (`rollout_function`), which samples in the sampler's place."""
     tool_loop = None
     if tools or environments is not None:
