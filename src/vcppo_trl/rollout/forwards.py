@@ -88,7 +88,7 @@ class RolloutForwards:
                 if window:
                     rollout.bootstrap_values = torch.zeros_like(rollout.scores)
             else:
-                plan = None  # the bootstrap forward planned its own, one token wider
+                plan = None  # the bootstrap forward is one token wider: the reference plans its own
                 rollout.logprobs, rollout.values, rollout.bootstrap_values = self.forward_with_bootstrap(
                     rollout, compute_policy, work=work
                 )
