@@ -2,8 +2,8 @@
 
 With several samples per prompt (`num_generations`), a group whose samples all got the same correctness (all right or
 all wrong) has a group-normalised advantage of zero in GRPO/DAPO: it adds no gradient and dilutes the batch. DAPO drops
-such groups and samples more prompts until the batch is full. The rollout maker runs the rounds
-([`~rollout.maker.RolloutMaker.sample_informative_groups`]); the choice of groups is here, as pure functions.
+such groups and samples more prompts until the batch is full. The rollout runs the rounds
+([`~rollout.dynamic_sampling.DynamicSamplingRounds`]); the choice of groups is here, as pure functions.
 """
 
 from __future__ import annotations

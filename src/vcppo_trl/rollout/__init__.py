@@ -12,7 +12,7 @@ from .response_pool import InFlight, ResponsePool, WindowStep
 from .sandbox import python_tool, run_python
 from .scoring import ScoredSamples, concat_scored, decode_completions, padded_to_multiple, prompt_text
 from .settings import RolloutSettings, old_logprobs_from_training_forward
-from .shaping import overlong_penalty, token_rewards
+from .shaping import overlong_penalty, penalised_scores, token_rewards
 from .sources import (
     CriticFirst,
     RolloutSource,
@@ -101,5 +101,6 @@ __all__ = [
     "RolloutSettings",
     "old_logprobs_from_training_forward",
     "overlong_penalty",
+    "penalised_scores",
     "token_rewards",
 ]

@@ -2,8 +2,9 @@
 value), and the reference's log-probabilities, micro-batch by micro-batch through a
 [`~models.forward_engine.ForwardEngine`], in eval mode like generation.
 
-Kept apart from the maker ([`~rollout.maker.RolloutMaker`], which calls them in `complete`) because they act on
-models, not on prompts and rewards: they own the sequence-parallel group that splits them and the packing checks.
+Kept apart from the maker ([`~rollout.maker.RolloutMaker`], which calls [`RolloutForwards.fill`] in `complete`) because
+they act on models, not on prompts and rewards: they own the sequence-parallel group that splits them and the packing
+checks.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from accelerate import Accelerator
 from transformers import PreTrainedModel
 
-from ..algo.micro_batches import ForwardWork
+from ..algo.micro_batches import ForwardWork, measured
 from ..models.forward_engine import ForwardEngine, ForwardPlan
 from ..models.modes import eval_mode
 from ..models.packing import TokenBatch
@@ -72,6 +73,28 @@ class RolloutForwards:
         of this process's group, shared first, each micro-batch split along the sequence across the group.
         """
         return self.forwards.plan_all(TokenBatch.of(rollout))
+
+    def fill(self, rollout: Rollout, *, compute_policy: bool, compute_reference: bool) -> ForwardWork:
+        """
+        Fill in the rollout's no-grad forwards: its values and old log-probabilities (`None` unless
+        `compute_policy`), a window's bootstrap values, and the reference's log-probabilities when
+        `compute_reference`. Returns what they took.
+        """
+        window = rollout.finished is not None
+        with measured(ForwardWork(), self.accelerator.device) as work:
+            if not window or bool(rollout.finished.all()):  # every response finished: nothing to bootstrap
+                plan = self.forward_plan(rollout)
+                rollout.logprobs, rollout.values = self.forward(rollout, compute_policy, plan=plan, work=work)
+                if window:
+                    rollout.bootstrap_values = torch.zeros_like(rollout.scores)
+            else:
+                plan = None  # the bootstrap forward is one token wider: the reference plans its own
+                rollout.logprobs, rollout.values, rollout.bootstrap_values = self.forward_with_bootstrap(
+                    rollout, compute_policy, work=work
+                )
+            if compute_reference:
+                rollout.ref_logprobs = self.reference_logprobs(rollout, plan, work)
+        return work
 
     @torch.no_grad()
     def forward(

@@ -4,7 +4,10 @@ prompts → chat template and tokenisation → the sampler (HF `generate` or vLL
 no-grad forwards (old log-probabilities, values, reference log-probabilities; [`~rollout.forwards.RolloutForwards`])
 → KL penalty → per-token rewards. Training uses all of it ([`RolloutMaker.make`]); evaluation the part up to the
 rewards ([`RolloutMaker.sample_and_score`]), so a reward function sees both kinds of completions alike. The maker owns
-the sampler and the forwards, and reports what generation took ([`GenerationStats`]) with the rollout.
+the sampler and composes the parts that do the work: the scoring ([`~rollout.reward_scorer.RewardScorer`]),
+dynamic sampling's rounds ([`~rollout.dynamic_sampling.DynamicSamplingRounds`]), the no-grad forwards, and the
+penalties and per-token rewards (`rollout/shaping.py`); it reports what generation took ([`GenerationStats`]) with the
+rollout.
 """
 
 from __future__ import annotations
@@ -16,25 +19,21 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
-from transformers.utils import logging
 
-from ..algo.dynamic_sampling import DynamicSamplingStats, choose_groups, informative_groups
+from ..algo.dynamic_sampling import DynamicSamplingStats
 from ..algo.losses import kl_penalty
-from ..algo.micro_batches import ForwardWork, measured
-from ..parallel.collectives import max_across_processes, whitening_all_reduce
+from ..algo.micro_batches import ForwardWork
+from ..parallel.collectives import whitening_all_reduce
 from ..parallel.sequence import SequenceGroup
-from ..rewards.calls import call_reward_function
-from ..rewards.reward_logs import RewardLogs, scattered_columns
-from ..rewards.reward_models import reward_model_scores
 from ..sampling.seam import Samples
+from .dynamic_sampling import DynamicSamplingRounds
 from .episodes import sample_episodes
 from .forwards import RolloutForwards
-from .scoring import ScoredSamples, concat_scored, decode_completions, padded_to_multiple, prompt_text
+from .reward_scorer import RewardScorer
+from .scoring import ScoredSamples, padded_to_multiple, prompt_text
 from .settings import RolloutSettings
-from .shaping import overlong_penalty, token_rewards
-from .types import Rollout, SourceReport, WindowMarks, is_correct
-
-logger = logging.get_logger(__name__)
+from .shaping import penalised_scores, token_rewards
+from .types import Rollout, SourceReport, WindowMarks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +77,9 @@ class RolloutMaker:
         tool_loop: TRL's `tools=`: episodes of turns and tool calls sampled by `sampler` ([`~rollout.tool_loop`]).
 
     The no-grad forwards (and the sequence-parallel group that splits them) are `forwarder`'s
-    ([`~rollout.forwards.RolloutForwards`]), built here from `settings`, `current_model` and `ref_model`.
+    ([`~rollout.forwards.RolloutForwards`]), built here from `settings`, `current_model` and `ref_model`; the reward
+    calls are `scorer`'s ([`~rollout.reward_scorer.RewardScorer`]), and dynamic sampling's rounds `dynamic_rounds`'s
+    ([`~rollout.dynamic_sampling.DynamicSamplingRounds`]).
     """
 
     def __init__(
@@ -113,12 +114,18 @@ class RolloutMaker:
             pad_token_id=tokenizer.pad_token_id,
             sequence_group=sequence_group,
         )
-        self.reward_funcs = reward_funcs
-        self.reward_processing_classes = reward_processing_classes
-        self.reward_weights = reward_weights
+        self.scorer = RewardScorer(
+            settings,
+            accelerator,
+            tokenizer=tokenizer,
+            stop_token_ids=stop_token_ids,
+            reward_funcs=reward_funcs,
+            reward_processing_classes=reward_processing_classes,
+            reward_weights=reward_weights,
+        )
+        self.dynamic_rounds = DynamicSamplingRounds(settings, accelerator, pad_token_id=tokenizer.pad_token_id)
         self.stop_token_ids = stop_token_ids
         self.reference_is_initial_policy = reference_is_initial_policy
-        self.warned: set[str] = set()
 
     # --------------------------------------------------------- prompts to scores
 
@@ -160,62 +167,6 @@ class RolloutMaker:
             query_ids, query_mask, greedy, temperature=temperature or self.settings.temperature
         )
 
-    def score(
-        self,
-        rows: list[dict[str, Any]],
-        prompt_texts: list[str],
-        completions: list[Any],
-        completion_texts: list[str],
-        completion_ids: list[list[int]],
-        trainer_state=None,
-    ) -> tuple[torch.Tensor, torch.Tensor, RewardLogs]:
-        """
-        Rewards of every function for every completion, and what the functions logged (TRL's `log_extra`,
-        `log_metric`).
-
-        A function's failures on single samples (raised, timed out, NaN) give those samples `reward_failure_value`
-        (see [`~rewards.calls.call_reward_function`]); a function that fails on the whole batch stops the run.
-
-        Returns:
-            `(rewards, failed)`: `[B, F]` float32 rewards on device (`nan` where a function returned `None`), and
-            `[B]` bool, true where at least one function failed on the sample; the [`~rewards.RewardLogs`].
-        """
-        prompts = [row["prompt"] for row in rows]
-        extra = {key: [row[key] for row in rows] for key in rows[0] if key not in ("prompt", "completion")}
-        columns, logs = [], RewardLogs()
-        failed = [False] * len(rows)
-        for func, proc in zip(self.reward_funcs, self.reward_processing_classes):
-            if isinstance(func, torch.nn.Module):
-                texts = [p + c for p, c in zip(prompt_texts, completion_texts)]
-                values = reward_model_scores(
-                    func,
-                    proc,
-                    texts,
-                    batch_size=self.settings.reward_model_batch_size,
-                    max_tokens=self.settings.forwards.max_tokens,
-                    max_across=max_across_processes(self.accelerator),
-                )
-            else:
-                result = call_reward_function(
-                    func,
-                    prompts,
-                    completions,
-                    completion_ids=completion_ids,
-                    extra_columns=extra,
-                    timeout=self.settings.reward_timeout,
-                    failure_value=self.settings.reward_failure_value,
-                    max_concurrency=self.settings.reward_max_concurrency,
-                    trainer_state=trainer_state,
-                    **logs.kwargs(),
-                )
-                values = result.values
-                if result.failures:
-                    failed = [f or value_failed for f, value_failed in zip(failed, result.failed)]
-            columns.append([float("nan") if v is None else float(v) for v in values])
-        device = self.accelerator.device
-        rewards = torch.tensor(columns, dtype=torch.float32, device=device).T
-        return rewards, torch.tensor(failed, dtype=torch.bool, device=device), logs
-
     def sample_and_score(
         self,
         rows: list[dict[str, Any]],
@@ -234,83 +185,17 @@ class RolloutMaker:
         rows, query_ids, query_mask, samples, prompt_texts, episodes = sample_episodes(
             self, rows, greedy=greedy, temperature=temperature, num_generations=num_generations
         )
-        completions, texts, completion_ids = decode_completions(
-            rows,
-            samples.response_ids,
-            samples.response_mask,
-            stop_token_ids=self.stop_token_ids,
-            tokenizer=self.tokenizer,
-        )
-        completions = completions if episodes is None else episodes  # a tool episode's messages, as TRL gives them
-        rewards_per_func, reward_failed, logs = self.score(
+        return self.scorer.score_all(
             rows,
             prompt_texts,
-            completions,
-            completion_texts=texts,
-            completion_ids=completion_ids,
+            query_ids=query_ids,
+            query_mask=query_mask,
+            samples=samples,
+            episodes=episodes,
             trainer_state=trainer_state,
-        )
-        return ScoredSamples(
-            query_ids,
-            query_mask,
-            samples,
-            completions=completions,
-            rewards_per_func=rewards_per_func,
-            reward_failed=reward_failed,
-            raw_scores=self.weighted_scores(rewards_per_func),
-            logged_columns=logs.columns_for(len(rows)),
-            logged_metrics=logs.metrics,
         )
 
     # ----------------------------------------------------------- the rollout
-
-    def sample_informative_groups(
-        self,
-        rows: list[dict[str, Any]],
-        more_rows: Callable[[], list[dict[str, Any]]],
-        trainer_state=None,
-    ) -> tuple[list[dict[str, Any]], ScoredSamples, DynamicSamplingStats]:
-        """
-        Dynamic sampling (`dynamic_sampling`): sample and score `rows`, then, while some process has fewer groups with
-        both correct and wrong samples than its batch holds, draw the next prompts (`more_rows`) and sample again, up
-        to `dynamic_sampling_max_rounds` rounds. Every process runs the same rounds (one all-reduce per round), so
-        sharded generation never waits on a process that stopped. Each process keeps its first informative groups
-        in drawing order; at the round limit the batch is completed with uninformative ones (counted, warned once).
-
-        Returns:
-            The rows and scored samples of the batch (as many as `rows`), and what the rounds did.
-        """
-        settings, k = self.settings, self.settings.num_generations
-        needed = len(rows) // k
-        drawn_rows, parts, informative = [], [], []
-        for round_index in range(settings.dynamic_sampling_max_rounds):
-            if round_index:
-                rows = more_rows()
-            scored = self.sample_and_score(rows, trainer_state=trainer_state)
-            drawn_rows += rows
-            parts.append(scored)
-            informative += informative_groups(is_correct(scored.raw_scores, settings.accuracy_threshold), k).tolist()
-            short = int(sum(informative) < needed)
-            if self.accelerator.num_processes > 1:
-                short = max_across_processes(self.accelerator)([short])[0]
-            if not short:
-                break
-        groups, filled = choose_groups(informative, needed)
-        if filled and "dynamic_sampling_limit" not in self.warned:
-            self.warned.add("dynamic_sampling_limit")
-            logger.warning(
-                f"Dynamic sampling: {settings.dynamic_sampling_max_rounds} generation rounds gave {sum(informative)} of the "
-                f"{needed} groups with both correct and wrong responses; the batch is completed with groups that are "
-                "all right or all wrong (sampling/dynamic_filled_groups counts them). Raise "
-                "dynamic_sampling_max_rounds, or use prompts nearer the policy's level. (Warned once.)"
-            )
-        idx = [g * k + j for g in groups for j in range(k)]
-        scored = concat_scored(parts, self.tokenizer.pad_token_id).select(idx)
-        tokens = sum(part.samples.num_tokens for part in parts)
-        stats = DynamicSamplingStats(
-            len(parts), len(informative), sum(informative), filled_groups=filled, generated_tokens=tokens
-        )
-        return [drawn_rows[i] for i in idx], scored, stats
 
     def make(
         self,
@@ -339,7 +224,9 @@ class RolloutMaker:
         settings = self.settings
         dynamic = None
         if settings.dynamic_sampling and train_policy and more_rows is not None:
-            rows, scored, dynamic = self.sample_informative_groups(rows, more_rows, trainer_state)
+            rows, scored, dynamic = self.dynamic_rounds.sample_informative_groups(
+                rows, more_rows, lambda batch: self.sample_and_score(batch, trainer_state=trainer_state)
+            )
         else:
             scored = self.sample_and_score(rows, trainer_state=trainer_state)
         samples = scored.samples
@@ -361,68 +248,23 @@ class RolloutMaker:
         window ([`~rollout.types.WindowMarks`]); penalties and rewards then act on finished responses only, and the
         unfinished ones get the critic's bootstrap value.
         """
-        settings, forwarder = self.settings, self.forwarder
+        settings = self.settings
         scored = padded_to_multiple(scored, settings.pad_to_multiple_of, self.tokenizer.pad_token_id)
-        samples, raw_scores, has_stop = scored.samples, scored.raw_scores, scored.samples.has_stop
-        done = torch.ones_like(has_stop) if window is None else window.finished  # the responses with a score
-        scores = raw_scores.nan_to_num(0.0).clone()
-        if settings.missing_eos_penalty is not None:
-            scores = scores - settings.missing_eos_penalty * (~has_stop & done).float()
-        overlong_penalties = None
-        if settings.overlong_buffer_length is not None:  # a reward term of its own: raw_scores stay the correctness
-            lengths = samples.response_mask.sum(1)
-            overlong_penalties = overlong_penalty(
-                lengths,
-                has_stop,
-                settings.response_length,
-                buffer_length=settings.overlong_buffer_length,
-                factor=settings.overlong_penalty_factor,
-            )
-            if window is not None:
-                overlong_penalties = torch.where(window.finished, overlong_penalties, 0.0)
-            scores = scores + torch.where(torch.isnan(raw_scores), 0.0, overlong_penalties)
-        # A finished sample that no reward function could score is dropped from the losses.
-        response_mask = samples.response_mask & ~(torch.isnan(raw_scores) & done).unsqueeze(1)
-
-        rollout = Rollout(
-            prompts=[row["prompt"] for row in rows],
-            completions=scored.completions,
-            extra_columns={k: [row[k] for row in rows] for k in rows[0] if k != "prompt"},
-            query_ids=scored.query_ids,
-            query_mask=scored.query_mask,
-            response_ids=samples.response_ids,
-            response_mask=response_mask,
-            has_stop=has_stop,
-            scores=scores,
-            raw_scores=raw_scores,
-            rewards_per_func=scored.rewards_per_func,
-            reward_failed=scored.reward_failed,
-            sampler_logprobs=samples.logprobs,
-            overlong_penalties=overlong_penalties,
-            window_mask=None if window is None else window.window_mask & response_mask,
-            finished=None if window is None else window.finished,
-            action_mask=None if samples.action_mask is None else samples.action_mask & response_mask,
-            episode_counts=samples.episode_counts,
-            reward_columns=scored.logged_columns,
-            reward_metrics=scored.logged_metrics,
-        )
-        with_kl = settings.kl_coef > 0 and (train_policy or not self.reference_is_initial_policy)
+        rollout = penalised_rollout(rows, scored, settings, window=window)
+        with_kl = self.with_kl(train_policy)
         needs_old_logprobs = train_policy and not settings.old_logprobs_from_training_forward
-        with measured(ForwardWork(), self.accelerator.device) as work:
-            if window is None or bool(window.finished.all()):  # every response finished: nothing to bootstrap
-                plan = forwarder.forward_plan(rollout)
-                rollout.logprobs, rollout.values = forwarder.forward(
-                    rollout, needs_old_logprobs or with_kl, plan=plan, work=work
-                )
-                if window is not None:
-                    rollout.bootstrap_values = torch.zeros_like(rollout.scores)
-            else:
-                plan = None
-                rollout.logprobs, rollout.values, rollout.bootstrap_values = forwarder.forward_with_bootstrap(
-                    rollout, needs_old_logprobs or with_kl, work=work
-                )
-            if with_kl:
-                rollout.ref_logprobs = forwarder.reference_logprobs(rollout, plan, work)
+        work = self.forwarder.fill(rollout, compute_policy=needs_old_logprobs or with_kl, compute_reference=with_kl)
+        self.add_token_rewards(rollout, with_kl)
+        return rollout, work
+
+    def with_kl(self, train_policy: bool) -> bool:
+        """Whether the rollout takes the KL penalty: always when it has a coefficient, except in value-only updates
+        against a reference that is a copy of the initial (frozen) policy, where it is exactly 0."""
+        return self.settings.kl_coef > 0 and (train_policy or not self.reference_is_initial_policy)
+
+    def add_token_rewards(self, rollout: Rollout, with_kl: bool) -> None:
+        """The rollout's per-token KL (zeros without it) and its per-token rewards, from its forwards and scores."""
+        settings = self.settings
         if with_kl:
             # On the policy's own tokens only: a tool's output is not the policy's to be charged for.
             rollout.kl = (
@@ -439,58 +281,47 @@ class RolloutMaker:
             whiten=settings.whiten_rewards,
             all_reduce=all_reduce,
         )
-        return rollout, work
 
-    def score_samples(
-        self,
-        rows: list[dict[str, Any]],
-        query_ids: torch.Tensor,
-        query_mask: torch.Tensor,
-        samples: Samples,
-        which: torch.Tensor,
-        trainer_state=None,
-    ) -> ScoredSamples:
-        """Decode every sample and score those in `which` (`[B]` bool); the others get nan rewards and scores."""
-        completions, texts, completion_ids = decode_completions(
-            rows,
-            samples.response_ids,
-            samples.response_mask,
-            stop_token_ids=self.stop_token_ids,
-            tokenizer=self.tokenizer,
-        )
-        device = self.accelerator.device
-        rewards_per_func = torch.full((len(rows), len(self.reward_funcs)), float("nan"), device=device)
-        reward_failed = torch.zeros(len(rows), dtype=torch.bool, device=device)
-        chosen = which.nonzero().flatten().tolist()
-        logged_columns, logged_metrics = {}, {}
-        if chosen:
-            prompt_texts = self.prompt_texts([rows[i] for i in chosen])
-            rewards, failed, logs = self.score(
-                [rows[i] for i in chosen],
-                prompt_texts,
-                [completions[i] for i in chosen],
-                completion_texts=[texts[i] for i in chosen],
-                completion_ids=[completion_ids[i] for i in chosen],
-                trainer_state=trainer_state,
-            )
-            rewards_per_func[chosen], reward_failed[chosen] = rewards, failed
-            logged_columns = scattered_columns(logs.columns_for(len(chosen)), chosen, len(rows))
-            logged_metrics = logs.metrics
-        return ScoredSamples(
-            query_ids,
-            query_mask,
-            samples,
-            completions=completions,
-            rewards_per_func=rewards_per_func,
-            reward_failed=reward_failed,
-            raw_scores=self.weighted_scores(rewards_per_func),
-            logged_columns=logged_columns,
-            logged_metrics=logged_metrics,
-        )
 
-    def weighted_scores(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
-        """`[B]` weighted sum of the functions' rewards, nan where none applied."""
-        weights = self.reward_weights.to(rewards_per_func.device)
-        raw_scores = (rewards_per_func.nan_to_num(0.0) * weights).sum(dim=1)
-        all_none = torch.isnan(rewards_per_func).all(dim=1)
-        return torch.where(all_none, torch.full_like(raw_scores, float("nan")), raw_scores)
+def penalised_rollout(
+    rows: list[dict[str, Any]], scored: ScoredSamples, settings: RolloutSettings, *, window: WindowMarks | None
+) -> Rollout:
+    """The rollout of scored samples before its forwards: the training scores with their penalties
+    ([`~rollout.shaping.penalised_scores`]), the loss mask, and a window's marks."""
+    samples, raw_scores, has_stop = scored.samples, scored.raw_scores, scored.samples.has_stop
+    finished = None if window is None else window.finished
+    scores, overlong_penalties = penalised_scores(
+        raw_scores,
+        has_stop,
+        lengths=samples.response_mask.sum(1),
+        finished=finished,
+        missing_eos_penalty=settings.missing_eos_penalty,
+        response_length=settings.response_length,
+        overlong_buffer_length=settings.overlong_buffer_length,
+        overlong_penalty_factor=settings.overlong_penalty_factor,
+    )
+    done = torch.ones_like(has_stop) if finished is None else finished  # the responses with a score
+    # A finished sample that no reward function could score is dropped from the losses.
+    response_mask = samples.response_mask & ~(torch.isnan(raw_scores) & done).unsqueeze(1)
+    return Rollout(
+        prompts=[row["prompt"] for row in rows],
+        completions=scored.completions,
+        extra_columns={k: [row[k] for row in rows] for k in rows[0] if k != "prompt"},
+        query_ids=scored.query_ids,
+        query_mask=scored.query_mask,
+        response_ids=samples.response_ids,
+        response_mask=response_mask,
+        has_stop=has_stop,
+        scores=scores,
+        raw_scores=raw_scores,
+        rewards_per_func=scored.rewards_per_func,
+        reward_failed=scored.reward_failed,
+        sampler_logprobs=samples.logprobs,
+        overlong_penalties=overlong_penalties,
+        window_mask=None if window is None else window.window_mask & response_mask,
+        finished=finished,
+        action_mask=None if samples.action_mask is None else samples.action_mask & response_mask,
+        episode_counts=samples.episode_counts,
+        reward_columns=scored.logged_columns,
+        reward_metrics=scored.logged_metrics,
+    )

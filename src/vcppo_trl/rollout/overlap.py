@@ -244,7 +244,7 @@ class OverlappedRollouts(AheadOfTraining):
         generated, wait = self.take(batch.request, batch.generated)
         samples = generated.samples
         which = torch.ones(len(batch.rows), dtype=torch.bool, device=samples.response_ids.device)
-        scored = self.maker.score_samples(
+        scored = self.maker.scorer.score_where(
             batch.rows, batch.query_ids, batch.query_mask, samples=samples, which=which, trainer_state=trainer_state
         )
         rollout, work = self.maker.complete(batch.rows, scored, train_policy)

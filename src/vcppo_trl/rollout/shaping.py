@@ -1,4 +1,5 @@
-"""Per-token rewards of a rollout: the score on the last response token, the KL penalty, DAPO's overlong term."""
+"""A rollout's rewards: the training score of each response (the raw score less the missing-EOS penalty, plus DAPO's
+overlong term), and the per-token rewards (the score on the last response token, the KL penalty)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,50 @@ def overlong_penalty(
     excess = (lengths.float() - (response_length - buffer_length)) / buffer_length
     penalty = -factor * excess.clamp(min=0.0, max=1.0)
     return torch.where(has_stop, penalty, torch.full_like(penalty, -factor))
+
+
+def penalised_scores(
+    raw_scores: torch.Tensor,
+    has_stop: torch.Tensor,
+    *,
+    lengths: torch.Tensor,
+    finished: torch.Tensor | None,
+    missing_eos_penalty: float | None,
+    response_length: int,
+    overlong_buffer_length: int | None,
+    overlong_penalty_factor: float,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """
+    The scores training uses: raw scores (0 where unscored) less `missing_eos_penalty` on each finished response
+    without a stop token, plus the [`overlong_penalty`] when `overlong_buffer_length` is set (on scored responses).
+
+    Args:
+        raw_scores, has_stop (`torch.Tensor` of shape `[B]`): The weighted reward sums (nan where unscored) and
+            whether each response ended with a stop token.
+        lengths (`torch.Tensor` of shape `[B]`): Response lengths, the stop token counted.
+        finished (`torch.Tensor` of shape `[B]`, or `None`): A generation window's finished responses, the only ones
+            penalised; `None`: every response is whole.
+
+    Returns:
+        `(scores, overlong_penalties)`: `[B]` scores, and the `[B]` overlong term they include (0 where unfinished),
+        `None` when shaping is off. The term is kept apart: raw scores stay the correctness.
+    """
+    done = torch.ones_like(has_stop) if finished is None else finished
+    scores = raw_scores.nan_to_num(0.0).clone()
+    if missing_eos_penalty is not None:
+        scores = scores - missing_eos_penalty * (~has_stop & done).float()
+    if overlong_buffer_length is None:
+        return scores, None
+    penalties = overlong_penalty(
+        lengths,
+        has_stop,
+        response_length,
+        buffer_length=overlong_buffer_length,
+        factor=overlong_penalty_factor,
+    )
+    if finished is not None:
+        penalties = torch.where(finished, penalties, 0.0)
+    return scores + torch.where(torch.isnan(raw_scores), 0.0, penalties), penalties
 
 
 def token_rewards(

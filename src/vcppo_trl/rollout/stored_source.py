@@ -18,6 +18,7 @@ import torch
 
 from ..sampling.seam import Samples
 from .maker import GenerationStats, RolloutMaker, RolloutStats
+from .reward_scorer import weighted_scores
 from .scoring import ScoredSamples
 from .stored_format import (
     DATA_DIRNAME,
@@ -129,7 +130,7 @@ def scored_from_records(records: list[dict[str, Any]], maker: RolloutMaker, devi
         completions=[r["completion"] for r in records],
         rewards_per_func=rewards,
         reward_failed=torch.tensor([r["reward_failed"] for r in records], dtype=torch.bool, device=device),
-        raw_scores=maker.weighted_scores(rewards),
+        raw_scores=weighted_scores(rewards, maker.scorer.reward_weights),
     )
 
 

@@ -131,7 +131,7 @@ def make_window(
     whole = Samples(responses, response_mask, has_stop, logprobs=sampler_logprobs)
     finished = torch.tensor(step.finished, device=device)
     rows = [slot.row for slot in slots]
-    scored = maker.score_samples(
+    scored = maker.scorer.score_where(
         rows, query_ids, query_mask, samples=whole, which=finished, trainer_state=trainer_state
     )
     window_mask = response_mask & (positions >= torch.tensor(step.starts, device=device).unsqueeze(1))

@@ -79,7 +79,7 @@ def run_info(trainer) -> StoredRolloutsInfo:
             "num_generations": args.num_generations,
             "seed": args.seed,
         },
-        rewards={"functions": list(trainer.reward_func_names), "weights": maker.reward_weights.tolist()},
+        rewards={"functions": list(trainer.reward_func_names), "weights": maker.scorer.reward_weights.tolist()},
         layout={
             "num_processes": trainer.accelerator.num_processes,
             "prompts_per_process": trainer.batches.local_batch_size,
