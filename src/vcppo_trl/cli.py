@@ -19,7 +19,6 @@ from trl.trainer.utils import get_peft_config, get_quantization_config
 from .config.trl_names import ALIASES
 from .config.vapo import VAPOConfig
 from .config.vcppo import VCPPOConfig
-from .models.loading import resolve_stop_token_ids
 from .models.value_model import check_value_model_source
 from .parallel.checks import check_launch_environment
 from .rewards.registry import resolve_reward_funcs
@@ -125,10 +124,11 @@ class VCPPOScriptArguments(ScriptArguments):
 
 
 def resolve_tools(script_args: VCPPOScriptArguments, toy: bool) -> list:
-    """`--tools` as functions, then `python_tool()` with `--python_tool`; the tool toy's `add`. Stops here if wrong."""
+    """`--tools` as functions, then `python_tool()` with `--python_tool`; on the toy, its tools ([`~toy.toy_tools`]).
+    Stops here if wrong."""
     from .rewards.registry import _import_dotted
     from .rollout import python_tool
-    from .toy.tool_use import add
+    from .toy import toy_tools
 
     tools = []
     for spec in script_args.tools:
@@ -143,63 +143,7 @@ def resolve_tools(script_args: VCPPOScriptArguments, toy: bool) -> list:
     if script_args.python_tool:
         memory_mb = script_args.python_tool_memory_mb or None
         tools.append(python_tool(timeout=script_args.python_tool_timeout, memory_mb=memory_mb))
-    if toy and tools and (tools != [add] or script_args.toy_task != "tool_use"):
-        raise ValueError(
-            "Tools need chat prompts, and the embedded toy takes one tool: `add`, with --toy_task tool_use (its cold "
-            "start learned it; the arithmetic toy's prompts are text). Leave --tools and --python_tool unset."
-        )
-    return [add] if toy and script_args.toy_task == "tool_use" else tools
-
-
-def build_toy(script_args: VCPPOScriptArguments, training_args: VCPPOConfig):
-    """The embedded default: toy task, tiny policy and tokenizer built in-process, and a cold-start SFT."""
-    from .toy import defaults as toy_defaults
-    from .toy.cold_start import cold_start_sft
-    from .toy.model import build_tiny_model
-    from .toy.task import make_splits
-    from .toy.tokenizer import build_tokenizer
-
-    chase_options = (script_args.toy_hops, script_args.toy_filler, script_args.toy_tables)
-    if script_args.toy_task != "arithmetic" or chase_options != (None, None, None):
-        from .toy.pointer_chase_cold_start import build_command_line_toy  # the same options, None for its defaults
-
-        return build_command_line_toy(script_args, training_args)
-
-    def pick(value, default):
-        return default if value is None else value
-
-    splits = make_splits(
-        pick(script_args.toy_num_train, toy_defaults.TOY_NUM_TRAIN),
-        pick(script_args.toy_num_eval, toy_defaults.TOY_NUM_EVAL),
-        seed=training_args.seed,
-        min_digits=pick(script_args.toy_min_digits, toy_defaults.TOY_MIN_DIGITS),
-        max_digits=pick(script_args.toy_max_digits, toy_defaults.TOY_MAX_DIGITS),
-    )
-    tokenizer = build_tokenizer()
-    # A bad stop_token_id stops here, not after the cold start.
-    resolve_stop_token_ids(tokenizer, stop_token_id=training_args.stop_token_id)
-    model = build_tiny_model(
-        tokenizer, num_heads=pick(script_args.toy_num_heads, toy_defaults.TOY_NUM_HEADS), seed=training_args.seed
-    )
-    steps = pick(script_args.toy_cold_start_steps, toy_defaults.TOY_SFT_STEPS)
-    lr = pick(script_args.toy_cold_start_learning_rate, toy_defaults.TOY_SFT_LEARNING_RATE)
-    logger.warning(
-        f"Embedded toy run: cold-start SFT on {len(splits['train'])} worked solutions, until a held-out check reaches "
-        f"{toy_defaults.TOY_SFT_TARGET_ACCURACY:.0%} exact match (at most {steps} steps)."
-    )
-    model = cold_start_sft(
-        model,
-        tokenizer,
-        splits["train"],
-        output_dir=os.path.join(training_args.output_dir, "cold_start"),
-        max_steps=steps,
-        learning_rate=lr,
-        seed=training_args.seed,
-    )
-    columns = ["prompt", "solution", "difficulty"]
-    train = splits["train"].select_columns(columns)
-    test = splits["test"].select_columns(columns)
-    return model, tokenizer, train, test
+    return toy_tools(tools, script_args.toy_task) if toy else tools
 
 
 def load_model_and_tokenizer(model_args: ModelConfig, trust_remote_code: bool = False):
@@ -357,7 +301,14 @@ def main(argv: list[str] | None = None) -> VCPPOTrainer:
     if toy:
         if script_args.dataset_name is not None:
             raise ValueError("--dataset_name needs --model_name_or_path (the embedded toy builds its own data).")
-        model, tokenizer, train_dataset, eval_dataset = build_toy(script_args, training_args)
+        from .toy import build_toy
+
+        model, tokenizer, train_dataset, eval_dataset = build_toy(
+            script_args,
+            output_dir=training_args.output_dir,
+            seed=training_args.seed,
+            stop_token_id=training_args.stop_token_id,
+        )
     else:
         if script_args.dataset_name is None:
             raise ValueError("Set --dataset_name (a dataset with a prompt and a solution column).")
