@@ -20,7 +20,7 @@ from ..trainer import VCPPOTrainer
 from .arguments import TRAINERS, VCPPOScriptArguments, chosen_trainer
 from .datasets import load_datasets
 from .inputs import load_model_and_tokenizer, resolve_tools
-from .jobs import critic_job, format_results_table, store_rollouts_job, training_job
+from .jobs import critic_job, store_rollouts_job, training_job
 from .parser import build_parser
 from .process_exit import exit_process, leave_process_group, left_process_group
 
@@ -30,7 +30,6 @@ __all__ = [
     "build_parser",
     "chosen_trainer",
     "exit_process",
-    "format_results_table",
     "leave_process_group",
     "left_process_group",
     "load_model_and_tokenizer",
