@@ -6,7 +6,8 @@ import os
 import pytest
 import torch
 
-from vcppo_trl.cli import build_parser, build_toy, main
+from vcppo_trl.cli import build_parser, main
+from vcppo_trl.toy import build_toy
 from vcppo_trl.toy.pointer_chase import hop_error_rate, make_pointer_chase_splits, pointer_chase_reward
 from vcppo_trl.toy.pointer_chase_credit import PointerChaseOracleForTokenClassification
 
@@ -38,10 +39,11 @@ def test_train_py_runs_the_pointer_chase(tmp_path, capsys, caplog):
 def test_the_command_line_builds_the_toy_once_and_refuses_knobs_of_other_toys(tmp_path, caplog):
     out = str(tmp_path / "run")
     args, config, _ = build_parser().parse_args_and_config(["--config", RECIPE, "--output_dir", out, *TINY])
-    policy, tokenizer, train, test = build_toy(args, config)
+    run = {"output_dir": config.output_dir, "seed": config.seed, "stop_token_id": config.stop_token_id}
+    policy, tokenizer, train, test = build_toy(args, **run)
     assert train.column_names == test.column_names == ["prompt", "solution", "difficulty"]
     assert (len(train), len(test), set(test["difficulty"])) == (32, 8, {2})
-    again, _, _, _ = build_toy(args, config)
+    again, _, _, _ = build_toy(args, **run)
     assert "Cold start read from the cache" in caplog.text
     assert all(torch.equal(a, b) for a, b in zip(policy.state_dict().values(), again.state_dict().values()))
     for task, knob in (
@@ -53,7 +55,7 @@ def test_the_command_line_builds_the_toy_once_and_refuses_knobs_of_other_toys(tm
         options = ["--config", RECIPE, "--output_dir", out, "--toy_task", task, knob, "3"]
         args, config, _ = build_parser().parse_args_and_config(options)
         with pytest.raises(ValueError, match=f"{knob}: not an option of --toy_task {task}"):
-            build_toy(args, config)
+            build_toy(args, output_dir=config.output_dir, seed=config.seed, stop_token_id=config.stop_token_id)
 
 
 def test_the_oracle_critic_trains_in_place_of_the_learned_one(tmp_path):

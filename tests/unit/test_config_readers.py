@@ -16,8 +16,8 @@ PACKAGE = os.path.join(REPO, "src", "vcppo_trl")
 WHOLE_TYPES = {"PPOConfig", "VCPPOConfig", "VAPOConfig", "Trainer", "PPOTrainer", "VCPPOTrainer", "VAPOTrainer"}
 WHOLE_NAMES = {"args", "trainer"}
 # Where the whole config is read: the configs, the trainer that builds the parts from them, and the command line's
-# body (`cli.py`), which parses it and builds the trainer.
-READERS = ("config/", "trainer/", "cli.py")
+# body (`cli/`), which parses it, builds the trainer and runs its job.
+READERS = ("config/", "trainer/", "cli/")
 
 
 def whole_config_parameters(source: str) -> list[str]:

@@ -81,8 +81,9 @@ def test_the_check_finds_a_circle():
 
 
 # The package's folders from the top ring to the bottom one: a folder imports only folders below it (and itself).
-# The top level (`vcppo_trl/__init__.py`, `cli.py` and the one-line import paths kept for users) sits above them all.
+# The top level (`vcppo_trl/__init__.py` and the one-line import paths kept for users) sits above them all.
 LAYERS = (
+    "cli",  # the body of `python train.py`: options, --help, datasets, model and tools, its three jobs, process exit
     "toy",  # the embedded default task, tiny model and cold start: built from rewards, models and diagnostics
     "trainer",  # the loop, presets, setup, metrics, evaluation, value pretraining, prompts, console, saving, resuming
     "checkpoint",  # checkpoint files, universal checkpoints, Hub pushes, model cards
@@ -134,7 +135,8 @@ def test_no_folder_imports_a_folder_above_it():
 def test_the_layer_check_finds_an_upward_import():
     assert folder_of("vcppo_trl.algo.gae") == "algo"
     assert folder_of("vcppo_trl.algo") == "algo"
-    assert folder_of("vcppo_trl.cli") is None and folder_of("vcppo_trl") is None
+    assert folder_of("vcppo_trl.cli") == "cli" and folder_of("vcppo_trl.cli.jobs") == "cli"
+    assert folder_of("vcppo_trl.gae") is None and folder_of("vcppo_trl") is None
     assert LAYERS.index("trainer") < LAYERS.index("algo")  # trainer imports algo, never the reverse
 
 

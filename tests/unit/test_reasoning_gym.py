@@ -76,7 +76,7 @@ def test_task_settings_and_a_system_message_of_ones_own():
 
 
 def test_train_py_reads_task_settings_as_json():
-    from vcppo_trl.script_datasets import reasoning_gym_settings
+    from vcppo_trl.cli.datasets import reasoning_gym_settings
 
     assert reasoning_gym_settings(None) == {} and reasoning_gym_settings("") == {}
     assert reasoning_gym_settings('{"max_terms": 2}') == {"max_terms": 2}

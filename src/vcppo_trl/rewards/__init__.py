@@ -16,7 +16,8 @@ from .math_verify import (
     split_think,
     verify_answer,
 )
-from .registry import BUILTIN_REWARDS, resolve_reward_funcs, think_format_reward
+from .reasoning_gym import reasoning_gym_dataset
+from .registry import BUILTIN_REWARDS, import_dotted, resolve_reward_funcs, think_format_reward
 from .reward_logs import RewardLogs, merged_columns, merged_metrics, reward_log_metrics, scattered_columns
 from .reward_models import reward_func_name, reward_model_scores
 
@@ -35,10 +36,12 @@ __all__ = [
     "scattered_columns",
     "completion_to_text",
     "gold_candidates",
+    "import_dotted",
     "make_math_verify_reward",
     "math_verify_reward",
     "merged_columns",
     "merged_metrics",
+    "reasoning_gym_dataset",
     "resolve_reward_funcs",
     "reward_func_name",
     "reward_log_metrics",

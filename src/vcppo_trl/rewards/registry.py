@@ -25,7 +25,7 @@ BUILTIN_REWARDS: dict[str, Callable[..., list[float | None]]] = {
 }
 
 
-def _import_dotted(spec: str) -> Any:
+def import_dotted(spec: str) -> Any:
     """Imports `pkg.module:attr` or `pkg.module.attr` (attributes may be nested: `pkg.module.Class.method`)."""
     if ":" in spec:
         module_name, _, attr_path = spec.partition(":")
@@ -97,7 +97,7 @@ def resolve_reward_funcs(specs: str | Callable | Sequence[str | Callable]) -> li
             guess = f" Did you mean {close[0]!r}?" if close else ""
             raise ValueError(f"Unknown reward {spec!r}.{guess} {hint}")
         try:
-            func = _import_dotted(spec)
+            func = import_dotted(spec)
         except (ImportError, AttributeError) as error:
             raise ValueError(f"Cannot import reward {spec!r} ({error}). {hint}") from error
         if not callable(func):

@@ -2,6 +2,7 @@
 model, all built in-process so that the default run needs no download and fits on a laptop CPU."""
 
 from .cold_start import TargetAccuracyCallback, cold_start_sft
+from .command_line import build_toy, toy_tools
 from .defaults import (
     TOY_HIDDEN_SIZE,
     TOY_MAX_DIGITS,
@@ -50,6 +51,7 @@ __all__ = [
     "TOY_SFT_TARGET_ACCURACY",
     "TOY_SFT_WARMUP_STEPS",
     "build_tiny_model",
+    "build_toy",
     "build_chat_tokenizer",
     "build_tokenizer",
     "cold_start_sft",
@@ -64,4 +66,5 @@ __all__ = [
     "response_mode",
     "sampled_accuracy",
     "teacher_forced_exact_match",
+    "toy_tools",
 ]

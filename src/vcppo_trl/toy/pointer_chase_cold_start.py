@@ -278,27 +278,3 @@ def build_pointer_chase_toy(
         logger.warning(f"Cold start read from the cache (weights sha256 {manifest['weights_sha256']}).")
     columns = ["prompt", "solution", "difficulty"]
     return policy, tokenizer, splits["train"].select_columns(columns), splits["test"].select_columns(columns)
-
-
-def build_command_line_toy(script_args, training_args):
-    """`train.py`'s toys other than the arithmetic default, from the script's `toy_*` options (`None`: the toy's
-    default) and the run's `output_dir`, `seed` and `stop_token_id`: `--toy_task tool_use`
-    ([`~toy.tool_use.build_tool_toy`]) or `--toy_task pointer_chase` ([`build_pointer_chase_toy`]). Refuses, before
-    any model is built, an option the chosen toy does not take: `--toy_hops` and `--toy_filler` off the pointer chase
-    (the arithmetic default included), the digit counts on it. Returns `(policy, tokenizer, train, test)`."""
-    task = script_args.toy_task
-    unused = ("min_digits", "max_digits") if task == "pointer_chase" else ("hops", "filler", "tables")
-    if given := [f"--toy_{name}" for name in unused if getattr(script_args, f"toy_{name}") is not None]:
-        raise ValueError(f"{' and '.join(given)}: not an option of --toy_task {task}.")
-    shared = ("num_train", "num_eval", "num_heads", "cold_start_steps", "cold_start_learning_rate")
-    if task == "tool_use":
-        from .tool_use import build_tool_toy
-
-        options = {name: getattr(script_args, f"toy_{name}") for name in (*shared, "min_digits", "max_digits")}
-        return build_tool_toy(output_dir=training_args.output_dir, seed=training_args.seed, **options)
-    from ..models import resolve_stop_token_ids
-    from .tokenizer import build_tokenizer
-
-    resolve_stop_token_ids(build_tokenizer(), stop_token_id=training_args.stop_token_id)  # a bad one stops here
-    options = {name: getattr(script_args, f"toy_{name}") for name in (*shared, "hops", "filler", "tables")}
-    return build_pointer_chase_toy(output_dir=training_args.output_dir, seed=training_args.seed, **options)

@@ -11,7 +11,7 @@ from trl import ModelConfig, TrlParser
 
 from vcppo_trl import VAPOConfig
 from vcppo_trl.cli import TRAINERS, VCPPOScriptArguments, chosen_trainer
-from vcppo_trl.script_datasets import prepare_dataset
+from vcppo_trl.cli.datasets import prepare_dataset
 
 from ...paths import REPO as ROOT
 

@@ -82,15 +82,15 @@ def test_text_prompts_with_tools_need_the_chat_conversion(tmp_path, monkeypatch)
         ValueError, match="Tools need chat prompts and the dataset's are text: set --conversational true"
     ):
         main(argv)
-    from vcppo_trl import script_datasets
+    from vcppo_trl.cli import datasets as cli_datasets
 
-    prepared, prepare = [], script_datasets.prepare_dataset
+    prepared, prepare = [], cli_datasets.prepare_dataset
 
     def record(*args, **kwargs):
         prepared.append(prepare(*args, **kwargs))
         return prepared[-1]
 
-    monkeypatch.setattr(script_datasets, "prepare_dataset", record)
+    monkeypatch.setattr(cli_datasets, "prepare_dataset", record)
     with pytest.raises(ModelLoaded):  # past the check: the prompts are chat messages
         main([*argv, "--conversational", "true", "--system_prompt", "Use the tool."])
     assert prepared[0][0]["prompt"] == [

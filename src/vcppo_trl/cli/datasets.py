@@ -9,9 +9,7 @@ from typing import Any
 
 from datasets import Dataset, DatasetDict, load_dataset
 
-# `script_args` below: train.py's script arguments (`cli.VCPPOScriptArguments`, defined beside `main`, which imports
-# this module; not imported here, so that the two modules form no circle).
-VCPPOScriptArguments = Any
+from .arguments import VCPPOScriptArguments
 
 REASONING_GYM_PREFIX = "reasoning_gym:"
 REASONING_GYM_SIZES = (1000, 100)  # train and eval problems when --max_train_samples / --max_eval_samples are unset
@@ -68,7 +66,7 @@ def reasoning_gym_splits(script_args: VCPPOScriptArguments) -> tuple[Dataset, Da
     `--max_eval_samples` (default 1000 and 100), with the task's settings from `--dataset_config` (a JSON object, e.g.
     '{"max_terms": 2}') and `--system_prompt` instead of reasoning-gym's own when set; score them with
     `--reward_funcs reasoning_gym` (or `math_verify` against the `solution` column, on numeric tasks)."""
-    from .rewards.reasoning_gym import reasoning_gym_dataset
+    from ..rewards import reasoning_gym_dataset
 
     task = script_args.dataset_name[len(REASONING_GYM_PREFIX) :]
     settings = reasoning_gym_settings(script_args.dataset_config)
