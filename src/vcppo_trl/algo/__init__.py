@@ -1,5 +1,5 @@
 """Pure tensor functions of the update: advantage estimators by name, GAE, losses and the micro-batch objective,
-masked reductions, diagnostics, micro-batch planning, dynamic sampling, the assignment of balanced ranks, and the sampled distribution (the logits
+masked reductions, diagnostics, micro-batch planning, dynamic sampling, V-trace targets for the critic, the assignment of balanced ranks, and the sampled distribution (the logits
 processing of top-k, top-p, min-p and the repetition penalty). Nothing here imports the rest of the
 package (only torch).
 """
@@ -77,8 +77,10 @@ from .rank_assignment import (
     process_loads,
     rank_token_imbalance,
 )
+from .vtrace import vtrace_returns
 
 __all__ = [
+    "vtrace_returns",
     "AdvantageEstimator",
     "AdvantageInputs",
     "Advantages",

@@ -169,7 +169,7 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
       `kl_estimator`, `cliprange`, `cliprange_high`, `dual_clip_c`, `entropy_coef`, `positive_example_lm_coef`,
       `mask_truncated_completions`, `loss_type`, `on_policy_shortcut`, `max_consecutive_nonfinite_steps`.
     - Critic, the value model [`_check_critic`]: `value_learning_rate`, `vf_coef`, `cliprange_value`,
-      `value_loss_type`.
+      `value_loss_type`, `critic_target_correction`, `vtrace_rho_bar`, `vtrace_c_bar`.
     - Evaluation [`_check_evaluation`]: `eval_num_generations`, `eval_temperature`.
     - Logging and diagnostics [`_check_logging`]: `exp_name`, `num_sample_generations`, `log_completions`,
       `num_completions_to_print`, `accuracy_threshold`, `position_buckets`, `end_of_thinking_marker`.
@@ -871,6 +871,24 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
         default=None,
         metadata={"help": "How the value loss reduces over tokens (same choices as loss_type). Default: loss_type."},
     )
+    critic_target_correction: str | None = field(
+        default=None,
+        metadata={
+            "help": "Correct the critic's targets for tokens an older policy sampled: None (GAE's returns, as verl, "
+            "NeMo-RL and OpenRLHF train the critic), or 'vtrace' (IMPALA's V-trace, arXiv 1802.01561: targets built "
+            "with truncated importance weights from the current and the sampling policy's log-probs, over the "
+            "policy's own tokens; see docs/rollout_windows.md). With nothing stale (log-probs equal) V-trace's "
+            "targets are GAE's λ = 1 returns."
+        },
+    )
+    vtrace_rho_bar: float = field(
+        default=1.0,
+        metadata={"help": "V-trace's ρ̄ (> 0): the truncation of the importance weight on each TD error."},
+    )
+    vtrace_c_bar: float = field(
+        default=1.0,
+        metadata={"help": "V-trace's c̄ (> 0): the truncation of the trace that carries a correction back."},
+    )
 
     # Evaluation
     eval_num_generations: int = field(
@@ -1378,6 +1396,26 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
         _require_nonnegative("vf_coef", self.vf_coef)
         _require_positive("cliprange_value", self.cliprange_value)
         _require_choice("value_loss_type", self.value_loss_type, LOSS_TYPES)
+        _require_choice("critic_target_correction", self.critic_target_correction, ("vtrace",), optional=True)
+        _require_positive("vtrace_rho_bar", self.vtrace_rho_bar)
+        _require_positive("vtrace_c_bar", self.vtrace_c_bar)
+        if self.critic_target_correction is not None and not self.uses_critic:
+            raise ValueError(
+                f"`critic_target_correction={self.critic_target_correction!r}` corrects the critic's targets, and "
+                f"advantage_estimator={self.advantage_estimator!r} has no critic: drop it, or use "
+                "advantage_estimator='gae'."
+            )
+        if (
+            self.critic_target_correction == "vtrace"
+            and self.generation_window is not None
+            and self.max_staleness == 0
+            and not self.use_vllm
+        ):
+            raise ValueError(
+                "`critic_target_correction='vtrace'` needs the log-probs of the policy that sampled each token, and "
+                "generate in the trainer's process keeps none for a generation window's earlier tokens: sample with "
+                "vLLM (use_vllm) or the rollout worker (max_staleness=1), or drop critic_target_correction."
+            )
 
     def _check_evaluation(self) -> None:
         _require_at_least("eval_num_generations", self.eval_num_generations, 1)

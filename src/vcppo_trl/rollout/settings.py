@@ -15,8 +15,9 @@ def old_logprobs_from_training_forward(args: PPOConfig) -> bool:
     shortcut, `on_policy_shortcut`), instead of a policy forward in the rollout.
 
     Exact only when the single optimizer step of the update sees the weights that sampled the rollout (one epoch,
-    one mini-batch: its micro-batches all run before the step), no KL term needs the log-probabilities before the
-    update, and dropout does not make the training forward differ from the rollout's eval-mode forward.
+    one mini-batch: its micro-batches all run before the step), no KL term nor V-trace (`critic_target_correction`)
+    needs the log-probabilities before the update, and dropout does not make the training forward differ from the
+    rollout's eval-mode forward.
     """
     return (
         args.on_policy_shortcut
@@ -24,6 +25,7 @@ def old_logprobs_from_training_forward(args: PPOConfig) -> bool:
         and args.num_mini_batches == 1
         and args.kl_coef == 0
         and args.disable_dropout
+        and args.critic_target_correction is None  # V-trace reads the current policy's log-probs before the update
     )
 
 

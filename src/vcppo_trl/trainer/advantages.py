@@ -3,10 +3,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from accelerate import Accelerator
 
-from ..algo import AdvantageEstimator, AdvantageInputs, Advantages, LambdaLike, get_advantage_estimator
+from ..algo import (
+    AdvantageEstimator,
+    AdvantageInputs,
+    Advantages,
+    LambdaLike,
+    get_advantage_estimator,
+    vtrace_returns,
+)
 from ..config.ppo import PPOConfig
 from ..rollout import Rollout, gae_bootstrap
 
@@ -36,8 +45,34 @@ def compute_advantages(
         lam_actor, lam_critic: GAE's λs of this update (the trainer's: `lam` in PPO, decoupled in VC-PPO).
     """
     estimator = get_advantage_estimator(args.advantage_estimator)
-    return estimator.function(
+    made = estimator.function(
         advantage_inputs(rollout, args, accelerator, estimator=estimator, lam_actor=lam_actor, lam_critic=lam_critic)
+    )
+    if args.critic_target_correction == "vtrace" and made.returns is not None:
+        made = dataclasses.replace(made, returns=vtrace_critic_targets(rollout, args))
+    return made
+
+
+def vtrace_critic_targets(rollout: Rollout, args: PPOConfig) -> torch.Tensor:
+    """The critic's V-trace targets ([`~algo.vtrace.vtrace_returns`]) over the policy's own tokens, with the log-ratio
+    of the current policy (the old log-probs recomputed at consumption) to the one that sampled each token (the
+    sampler's log-probs: vLLM's, or the rollout worker's under `max_staleness`), bootstrapped from a window's cut.
+    Without the sampler's log-probs the sampler was the current policy itself (generate in this process, or stored
+    rollouts of the frozen policy in value pretraining): the log-ratio is 0, and so it is without the current
+    policy's (a value-only update, whose policy is the one that sampled)."""
+    if rollout.sampler_logprobs is None or rollout.logprobs is None:
+        log_ratio = torch.zeros_like(rollout.values, dtype=torch.float32)
+    else:
+        log_ratio = rollout.logprobs.float() - rollout.sampler_logprobs.float()
+    return vtrace_returns(
+        rewards=rollout.rewards,
+        values=rollout.values,
+        mask=rollout.action_tokens,
+        log_ratio=log_ratio,
+        gamma=args.gamma,
+        rho_bar=args.vtrace_rho_bar,
+        c_bar=args.vtrace_c_bar,
+        bootstrap_values=gae_bootstrap(rollout, args.window_bootstrap),
     )
 
 
