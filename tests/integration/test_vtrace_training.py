@@ -85,3 +85,32 @@ def test_vtrace_without_a_critic_is_refused(tiny_config):
         tiny_config(
             PPOConfig, advantage_estimator="grpo", num_generations=2, critic_target_correction="vtrace", lam=0.95
         )
+
+
+def test_the_behaviour_ratio_takes_ppos_ratio_against_the_samplers_log_probs(fresh_trainer, monkeypatch):
+    """`off_policy_ratio="behaviour"`: the loss's old log-probs are the rollout worker's, with no separate weight;
+    the default ("decoupled") keeps the trainer's recomputed ones and weights by π_old / π_sampler."""
+    from vcppo_trl.learner.ppo_learner import PPOLearner
+
+    batch_of = PPOLearner.batch_of
+    for mode in ("behaviour", "decoupled"):
+        seen = []
+
+        def spy(self, rollout, advantages, seen=seen, **kwargs):
+            batch = batch_of(self, rollout, advantages, **kwargs)
+            seen.append((rollout, batch, kwargs["train_policy"]))
+            return batch
+
+        monkeypatch.setattr(PPOLearner, "batch_of", spy)
+        trainer = fresh_trainer(max_staleness=1, value_pretrain_steps=0, total_episodes=48, off_policy_ratio=mode)
+        trainer.train()
+        assert [train for _, _, train in seen] == [True] * 3
+        for rollout, batch, _ in seen:
+            if mode == "behaviour":
+                assert torch.equal(batch.old_logprobs, rollout.sampler_logprobs.float())
+                assert batch.sampler_logprobs is None
+            else:
+                assert torch.equal(batch.old_logprobs, rollout.logprobs)
+                assert torch.equal(batch.sampler_logprobs, rollout.sampler_logprobs)
+        losses = [entry["loss/policy_avg"] for entry in trainer.state.log_history if "loss/policy_avg" in entry]
+        assert len(losses) == 3 and bool(torch.isfinite(torch.tensor(losses)).all())

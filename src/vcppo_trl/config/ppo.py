@@ -158,7 +158,7 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
       `window_whitening`, `window_bootstrap`, `max_staleness`, `rollout_worker_threads`.
     - Generation with vLLM [`_check_vllm`]: `use_vllm`, `vllm_mode`, `vllm_model_impl`, `vllm_max_model_length`,
       `vllm_importance_sampling_correction`, `vllm_importance_sampling_mode`, `vllm_importance_sampling_clip_max`,
-      `vllm_importance_sampling_clip_min`, `vllm_server_base_url`, `vllm_server_host`, `vllm_server_port`,
+      `vllm_importance_sampling_clip_min`, `off_policy_ratio`, `vllm_server_base_url`, `vllm_server_host`, `vllm_server_port`,
       `vllm_server_timeout`, `vllm_group_port`, `vllm_gpu_memory_utilization`, `vllm_tensor_parallel_size`,
       `vllm_enable_sleep_mode`.
     - Rewards [`_check_rewards`]: `reward_weights`, `missing_eos_penalty`, `overlong_buffer_length`,
@@ -614,6 +614,17 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
         default=None,
         metadata={
             "help": "Lower bound C_min of the importance ratio (clipped in *_truncate modes, masked in *_mask)."
+        },
+    )
+    off_policy_ratio: str = field(
+        default="decoupled",
+        metadata={
+            "help": "What PPO's ratio is taken against when another policy sampled the tokens (vLLM, a rollout "
+            "worker): 'decoupled' (AReaL's decoupled PPO) against the old log-probs the trainer computes when it "
+            "consumes the batch, with the sampler's log-probs as the separate importance weight of "
+            "vllm_importance_sampling_*; or 'behaviour', against the sampler's log-probs themselves (PPO's clip "
+            "bounds the step from the policy that sampled), with no separate weight. Where the sampler reports no "
+            "log-probs (generate in the trainer's process) both are the same. See docs/rollout_windows.md."
         },
     )
     # The vLLM server (only used when `vllm_mode` is "server")
@@ -1275,6 +1286,7 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
     def _check_vllm(self) -> None:
         _require_choice("vllm_mode", self.vllm_mode, VLLM_MODES)
         _require_choice("vllm_importance_sampling_mode", self.vllm_importance_sampling_mode, IMPORTANCE_SAMPLING_MODES)
+        _require_choice("off_policy_ratio", self.off_policy_ratio, ("decoupled", "behaviour"))
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ValueError(
                 f"`vllm_gpu_memory_utilization` must be in (0, 1], got {self.vllm_gpu_memory_utilization}."

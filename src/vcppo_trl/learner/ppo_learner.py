@@ -212,9 +212,11 @@ class PPOLearner:
         adv = advantages
         if train_policy and settings.whiten_advantages:
             adv = self.whiten(advantages, policy_mask, stats_mask=self.whitening_stats_mask(rollout))
-        old_logprobs = rollout.logprobs
+        old_logprobs, sampler_logprobs = rollout.logprobs, rollout.sampler_logprobs
         if train_policy and old_logprobs is None:  # the on-policy shortcut fills it (see `update`)
             old_logprobs = torch.zeros(rollout.response_mask.shape, dtype=torch.float32, device=value_mask.device)
+        if settings.ratio_against_sampler and sampler_logprobs is not None:  # `off_policy_ratio="behaviour"`
+            old_logprobs, sampler_logprobs = sampler_logprobs.float(), None
         # vLLM sampled the rollout: weight the policy loss by π_train/π_sampler of the sampled tokens (see
         # `losses.sampler_importance_weights`). Under the on-policy shortcut the "old" log-probs are this forward's.
         return PPOBatch(
@@ -223,7 +225,7 @@ class PPOLearner:
             returns,
             advantages=adv,
             old_logprobs=old_logprobs,
-            sampler_logprobs=rollout.sampler_logprobs if settings.correct_sampler_mismatch else None,
+            sampler_logprobs=sampler_logprobs if settings.correct_sampler_mismatch else None,
             policy_mask=None if policy_mask is value_mask else policy_mask,
             positive_mask=self.positive_mask(rollout, policy_mask),
             sampler_mask=None if rollout.window_mask is None and rollout.action_mask is None else policy_mask,

@@ -27,6 +27,7 @@ class LearnerSettings:
     accuracy_threshold: float
     mask_truncated_completions: bool
     correct_sampler_mismatch: bool  # `vllm_importance_sampling_correction`
+    ratio_against_sampler: bool  # `off_policy_ratio="behaviour"`: PPO's ratio against the sampler's log-probs
     max_grad_norm: float | None
     max_consecutive_nonfinite_steps: int | None
     output_dir: str  # where the error of too many non-finite steps looks for the latest checkpoint
@@ -49,6 +50,7 @@ class LearnerSettings:
             accuracy_threshold=args.accuracy_threshold,
             mask_truncated_completions=args.mask_truncated_completions,
             correct_sampler_mismatch=args.vllm_importance_sampling_correction,
+            ratio_against_sampler=args.off_policy_ratio == "behaviour",
             max_grad_norm=args.max_grad_norm,
             max_consecutive_nonfinite_steps=args.max_consecutive_nonfinite_steps,
             output_dir=args.output_dir,

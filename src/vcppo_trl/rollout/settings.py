@@ -16,7 +16,7 @@ def old_logprobs_from_training_forward(args: PPOConfig) -> bool:
 
     Exact only when the single optimizer step of the update sees the weights that sampled the rollout (one epoch,
     one mini-batch: its micro-batches all run before the step), no KL term nor V-trace (`critic_target_correction`)
-    needs the log-probabilities before the update, and dropout does not make the training forward differ from the
+    needs the log-probabilities before the update, the ratio is the old policy's (`off_policy_ratio="decoupled"`), and dropout does not make the training forward differ from the
     rollout's eval-mode forward.
     """
     return (
@@ -26,6 +26,7 @@ def old_logprobs_from_training_forward(args: PPOConfig) -> bool:
         and args.kl_coef == 0
         and args.disable_dropout
         and args.critic_target_correction is None  # V-trace reads the current policy's log-probs before the update
+        and args.off_policy_ratio == "decoupled"  # the ratio against the sampler's: the old ones only measure the gap
     )
 
 
