@@ -162,7 +162,17 @@ def response_length(hops: int, budget: CreditBudget) -> int:
 # ------------------------------------------------------------------------------------------------------ one run
 
 
-def train_ours(arm: str, hops: int, seed: int, budget: CreditBudget, policy_dir: str, out_dir: str, train, callbacks):
+def train_ours(
+    arm: str,
+    hops: int,
+    seed: int,
+    budget: CreditBudget,
+    policy_dir: str,
+    out_dir: str,
+    train,
+    callbacks,
+    overrides: dict[str, Any] | None = None,
+):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from vcppo_trl import VCPPOConfig, VCPPOTrainer
@@ -200,6 +210,7 @@ def train_ours(arm: str, hops: int, seed: int, budget: CreditBudget, policy_dir:
             "value_pretrain_patience": None,
             "value_pretrain_stop_explained_variance": None,
         }
+    fields |= overrides or {}  # another experiment's one change (experiments/staleness.py)
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
     value_model = None
     if arm == "oracle":
