@@ -19,7 +19,7 @@ from vcppo_trl.algo.diagnostics import (
     stop_positions,
 )
 from vcppo_trl.rollout.types import Rollout
-from vcppo_trl.trainer.metrics import MetricSettings, rollout_metrics, trained_tokens
+from vcppo_trl.trainer.metrics import MetricSettings, rollout_metrics
 
 T = 12
 LENGTHS = [12, 9, 7, 12, 10, 5]
@@ -118,12 +118,12 @@ def same(a: float, b: float) -> bool:
 
 def test_trained_tokens_are_the_windows_policy_tokens():
     rollout = whole_rollout()
-    assert torch.equal(trained_tokens(rollout), rollout.response_mask)
+    assert torch.equal(rollout.trained_tokens, rollout.response_mask)
     window = windowed(rollout)
-    assert torch.equal(trained_tokens(window), window.window_mask)
+    assert torch.equal(window.trained_tokens, window.window_mask)
     tools = torch.rand(len(LENGTHS), T, generator=torch.Generator().manual_seed(3)) > 0.3
     with_tools = dataclasses.replace(window, action_mask=tools)
-    assert torch.equal(trained_tokens(with_tools), window.window_mask & tools & rollout.response_mask)
+    assert torch.equal(with_tools.trained_tokens, window.window_mask & tools & rollout.response_mask)
 
 
 def test_advantage_diagnostics_read_only_this_windows_tokens():

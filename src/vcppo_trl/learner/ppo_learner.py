@@ -228,7 +228,7 @@ class PPOLearner:
             sampler_logprobs=sampler_logprobs if settings.correct_sampler_mismatch else None,
             policy_mask=None if policy_mask is value_mask else policy_mask,
             positive_mask=self.positive_mask(rollout, policy_mask),
-            sampler_mask=None if rollout.window_mask is None and rollout.action_mask is None else policy_mask,
+            sampler_mask=None if rollout.trains_every_response_token else policy_mask,
             ref_logprobs=rollout.ref_logprobs if settings.loss.kl_loss_coef else None,
         )
 
@@ -379,14 +379,15 @@ class PPOLearner:
         return masked_whiten(values, mask, shift_mean=shift_mean, all_reduce=all_reduce, stats_mask=stats_mask)
 
     def whitening_stats_mask(self, rollout: Rollout) -> torch.Tensor | None:
-        """`window_whitening="finished"`: the finished responses' rows (None otherwise, or when no process finished
-        one in this update: then every window token gives the statistics)."""
-        if self.settings.window_whitening != "finished" or rollout.finished is None:
+        """`window_whitening="finished"`: the rows of the responses that finished in this update (all of them without
+        generation windows); None otherwise, or when no process finished one in this update (then every trained token
+        gives the statistics)."""
+        if self.settings.window_whitening != "finished":
             return None
-        finished = rollout.finished.sum().reshape(1)
+        finished = rollout.finished_rows.sum().reshape(1)
         if self.settings.advantage_whitening != "local":  # the statistics are over every process's tokens
             finished = self.accelerator.reduce(finished, "sum")
-        return rollout.finished.unsqueeze(1) if int(finished) else None
+        return rollout.finished_rows.unsqueeze(1) if int(finished) else None
 
     def check_packing(self) -> None:
         """Before the first padding-free forward: refuse a policy or critic that lets packed sequences attend to each
@@ -400,17 +401,12 @@ class PPOLearner:
     # -------------------------------------------------------------------- step
 
     def policy_mask(self, rollout: Rollout) -> torch.Tensor:
-        """The policy loss's tokens: the policy's own response tokens (no tool or environment token; a generation
-        window's tokens only), less the responses cut at `response_length` without a stop token under
+        """The policy loss's tokens: those it trains on in this update (`trained_tokens`: its own, a generation
+        window's only), less the responses cut at `response_length` without a stop token under
         `mask_truncated_completions` (the critic still learns from them; see docs/vapo.md)."""
-        if rollout.window_mask is None:
-            if not self.settings.mask_truncated_completions:
-                return rollout.action_tokens
-            return rollout.action_tokens & rollout.has_stop.unsqueeze(1)
-        mask = rollout.window_mask if rollout.action_mask is None else rollout.window_mask & rollout.action_mask
-        if self.settings.mask_truncated_completions:  # only a finished response is truncated; a cut one goes on
-            mask = mask & ~(rollout.finished & ~rollout.has_stop).unsqueeze(1)
-        return mask
+        if not self.settings.mask_truncated_completions:
+            return rollout.trained_tokens
+        return rollout.trained_tokens & ~rollout.truncated_rows.unsqueeze(1)
 
     def positive_mask(self, rollout: Rollout, policy_mask: torch.Tensor) -> torch.Tensor | None:
         """The tokens of the positive-example LM loss: the policy's tokens of responses judged correct by the accuracy

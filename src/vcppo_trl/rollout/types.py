@@ -80,6 +80,24 @@ class Rollout:
         return self.response_mask if self.action_mask is None else self.response_mask & self.action_mask
 
     @property
+    def trained_tokens(self) -> torch.Tensor:
+        """`[B, T]` bool: the tokens the policy trains on in this update: its own tokens (`action_tokens`) sampled in
+        this update (a generation window's earlier tokens were trained when they were sampled, and are only context
+        now). `mask_truncated_completions` is not applied here (the learner's `policy_mask` does)."""
+        return self.action_tokens if self.window_mask is None else self.action_tokens & self.window_mask
+
+    @property
+    def trains_every_response_token(self) -> bool:
+        """Whether every valid response token is one the policy trains on (no tool token, no earlier window's)."""
+        return self.window_mask is None and self.action_mask is None
+
+    @property
+    def truncated_rows(self) -> torch.Tensor:
+        """`[B]` bool: the responses that ended at `response_length` without a stop token in this update (a window's
+        cut is not an end)."""
+        return self.finished_rows & ~self.has_stop
+
+    @property
     def value_mask(self) -> torch.Tensor:
         """`[B, T]` bool: the critic's tokens, the policy's own tokens of finished responses (its targets need their
         score)."""

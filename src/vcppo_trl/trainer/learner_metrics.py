@@ -43,7 +43,7 @@ def sampling_metrics(
     if rollout.sampler_logprobs is None or rollout.logprobs is None:
         return metrics
     # A generation window's tokens: earlier windows were sampled by earlier weights (and corrected when trained).
-    mask = rollout.action_tokens if rollout.window_mask is None else rollout.window_mask
+    mask = rollout.trained_tokens
     delta = (rollout.logprobs - rollout.sampler_logprobs).abs()[mask]
     mean, _, high = reduce_stats(accelerator, delta)
     if not math.isnan(mean):

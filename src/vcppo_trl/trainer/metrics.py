@@ -154,16 +154,6 @@ def reduce_stats(accelerator: Accelerator, values: torch.Tensor) -> tuple[float,
     return float(total[0] / total[1]), float(low), float(high)
 
 
-def trained_tokens(rollout: Rollout) -> torch.Tensor:
-    """
-    `[B, T]` bool: the tokens the policy trains on in this update, as the advantage diagnostics read them: the policy's
-    own tokens (`action_tokens`), and under generation windows only this window's (`window_mask`: earlier windows were
-    trained when they were sampled, and are only re-scored now). `mask_truncated_completions` is not applied.
-    """
-    mask = rollout.action_tokens
-    return mask if rollout.window_mask is None else mask & rollout.window_mask
-
-
 def _mean_or_nan(x: torch.Tensor) -> float:
     return float(x.mean()) if x.numel() else float("nan")
 
@@ -183,7 +173,7 @@ def rollout_metrics(
     Batch-level metrics of a rollout, computed over all processes; with `prefix`, the `value/...` ones are renamed
     `<prefix>...` (value pretraining). `returns_are_monte_carlo`: the returns were computed with λ = 1 (then the
     per-position explained variance against Monte-Carlo returns uses them instead of computing them again).
-    The advantage diagnostics read the raw `advantages` of the tokens the policy trains on ([`trained_tokens`]); the
+    The advantage diagnostics read the raw `advantages` of the tokens the policy trains on (`Rollout.trained_tokens`); the
     value error and Monte-Carlo explained variance by position the critic's tokens (finished responses, `value_mask`).
     Without a critic (`rollout.values` and `returns` are `None`: a group advantage estimator) the critic's metrics
     are left out.
@@ -198,10 +188,7 @@ def rollout_metrics(
     )
     mask_g, value_mask_g = mask_g.bool(), value_mask_g.bool()  # value_mask: finished responses (windows)
     # The advantage diagnostics read the tokens the policy trains on: under windows this window's only.
-    if rollout.window_mask is None:
-        trained_g = mask_g
-    else:
-        trained_g = gather_masked(accelerator, trained_tokens(rollout).long())[0].bool()
+    trained_g = gather_masked(accelerator, rollout.trained_tokens.long())[0].bool()
     # Per-sample metrics count scored samples only: a skipped sample (no reward function applied) has no score,
     # and its response mask is empty. Under generation windows an unfinished response has no score either, and is
     # not skipped.
