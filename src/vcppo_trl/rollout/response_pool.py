@@ -19,6 +19,7 @@ import torch
 from accelerate import Accelerator
 
 from ..sampling.seam import Samples
+from .tool_episodes import ToolEpisode
 
 
 @dataclasses.dataclass
@@ -30,6 +31,20 @@ class InFlight:
     response_ids: list[int] = dataclasses.field(default_factory=list)
     sampler_logprobs: list[float] = dataclasses.field(default_factory=list)  # empty when the sampler gives none
     windows: int = 0  # updates that sampled part of it
+    # With `tools`: the episode's state (its response is the episode's completion); `None` without tools, and then
+    # left out of the checkpoint's state, whose format is the one saved before tools could take a window.
+    episode: ToolEpisode | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        state = dataclasses.asdict(self)  # the episode's too, as plain lists, dicts and ints
+        if self.episode is None:
+            del state["episode"]
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> InFlight:
+        episode = state.get("episode")
+        return cls(**{**state, "episode": None if episode is None else ToolEpisode.from_state(episode)})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +171,7 @@ class ResponsePool:
     def state_dict(self) -> dict[str, Any]:
         return {
             "window": self.window,
-            "slots": [dataclasses.asdict(slot) for slot in self.slots],
+            "slots": [slot.state_dict() for slot in self.slots],
             "pending": list(self.pending),
         }
 
@@ -171,7 +186,7 @@ class ResponsePool:
                 f"This checkpoint holds {len(state['slots'])} responses in flight per process, more than this run's "
                 f"pool of {self.size}: resume it with its rollout_pool_size (or larger)."
             )
-        self.slots = [InFlight(**slot) for slot in state["slots"]]
+        self.slots = [InFlight.from_state(slot) for slot in state["slots"]]
         self.pending = list(state["pending"])
 
     def ages(self) -> list[int]:
