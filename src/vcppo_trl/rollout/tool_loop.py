@@ -15,6 +15,11 @@ every completion token, tool results included (as TRL's `max_completion_length`)
 room for a next turn is dropped and the episode ends (counted, `tools/overflow_frequency`). A turn whose text holds a
 tool-call marker that does not parse is text, as in TRL, and counted (`tools/malformed_frequency`).
 
+The loop's logic is one step ([`ToolLoop.advance`]): it advances a batch of episodes ([`~rollout.tool_episodes.
+ToolEpisode`], their state between generation calls) by a budget of policy tokens. Whole episodes are the step with
+a budget of `response_length` ([`ToolLoop.sample`]); a generation window's pool advances its episodes by the window
+once per update (`rollout/windowed.py`).
+
 The result is what a `rollout_func` returns ([`~rollout.rollout_function`]): prompt and completion ids, the sampler's
 log-probs (0 on tool tokens), an `env_mask` (0 on tool tokens), plus the episodes as messages for the reward
 functions and per-episode counts for the metrics.
