@@ -2,11 +2,10 @@
 update, its turns and tool calls within that budget, a turn cut by the window resumed at the next update. A window as
 long as the response is the whole-episode run; a short one trains on the policy's tokens of its window only, logs the
 tool metrics over finished episodes and resumes exactly from a checkpoint. The policy's turns are scripted (a tiny
-random model does not call tools) and continue where a window cut them; the rest of the trainer is the real one."""
+random model does not call tools: row i calls the tool i % 3 times) and continue where a window cut them; the rest of
+the trainer is the real one."""
 
 from __future__ import annotations
-
-import re
 
 import pytest
 import torch
@@ -14,49 +13,9 @@ from datasets import Dataset
 
 from tests import builders
 from tests.builders import step_logs
-from tests.tool_fixtures import ANSWER, CALL, add, chat_tokenizer
+from tests.tool_fixtures import ResumingScriptedSampler, add, chat_tokenizer
 
-ASSISTANT = "<|im_start|>assistant\n"
 RESPONSE_LENGTH = 512
-
-
-class ResumingScriptedSampler:
-    """Stands in for the trainer's sampler: row i (its prompt says "(i)") calls `add` i % 3 times, then answers; a
-    turn a window cut is continued from its text so far (the context after its last assistant header)."""
-
-    name = "scripted"
-    start_seconds = 0.0
-
-    def __init__(self, tokenizer):
-        self.tokenizer, self.calls = tokenizer, 0
-
-    def turn(self, context: str) -> str:
-        wanted = int(re.search(r"\((\d+)\)", context).group(1)) % 3
-        full = CALL if context.count("<tool_response>") < wanted else ANSWER
-        so_far = context.rsplit(ASSISTANT, 1)[-1]
-        assert full.startswith(so_far), (so_far, full)
-        return full[len(so_far) :]
-
-    def generate(self, query_ids, query_mask, greedy, temperature, max_new_tokens=None):
-        from vcppo_trl.sampling.seam import Samples, pad_responses
-
-        self.calls += 1
-        turns = []
-        for ids, mask in zip(query_ids, query_mask):
-            context = self.tokenizer.decode(ids[mask.bool()].tolist())
-            turn = self.tokenizer(self.turn(context), add_special_tokens=False)["input_ids"]
-            turns.append(turn[: max_new_tokens or None])
-        responses = pad_responses(turns, self.tokenizer.pad_token_id, query_ids.device)
-        lengths = torch.tensor([len(t) for t in turns], device=query_ids.device)
-        mask = torch.arange(responses.shape[1], device=query_ids.device).unsqueeze(0) < lengths.unsqueeze(1)
-        has_stop = torch.tensor([bool(t) and t[-1] == self.tokenizer.eos_token_id for t in turns])
-        return Samples(responses, mask, has_stop)
-
-    def mark_stale(self):
-        pass
-
-    def close(self):
-        pass
 
 
 def reward(completions, **kwargs):
