@@ -124,26 +124,74 @@ def test_a_run_with_tools_under_windows_resumed_from_a_checkpoint_equals_the_uni
         assert resumed_logs[step] == full_logs[step], step
 
 
-def test_an_environment_factory_under_a_window_is_refused_with_the_reason(tiny_config):
-    class Counter:
-        def reset(self, **row):
-            return None
+def _environment_trainer(tiny_config, environment_factory, reward_funcs, **overrides):
+    tokenizer = chat_tokenizer()
+    rows = [[{"role": "user", "content": f"Count ({i})."}] for i in range(96)]
+    trainer = builders.tiny_trainer(
+        model=builders.tiny_policy(tokenizer),
+        processing_class=tokenizer,
+        reward_funcs=reward_funcs,
+        train_dataset=Dataset.from_dict({"prompt": rows, "start": [10 * i for i in range(96)]}),
+        environment_factory=environment_factory,
+        args=tiny_config(
+            **{
+                "response_length": RESPONSE_LENGTH,
+                "kl_coef": 0.0,
+                "generation_window": 24,
+                "max_steps": 6,
+                **overrides,
+            }
+        ),
+    )
+    trainer.rollout_maker.sampler = ResumingScriptedSampler(tokenizer)
+    return trainer
 
-        def add(self, a: int, b: int) -> int:
-            """Add.
 
-            Args:
-                a: A number.
-                b: Another.
-            """
-            return a + b
+def test_environments_under_a_window_keep_their_episode_across_updates_and_resume_exactly(tiny_config, tmp_path):
+    from tests.integration.test_tools import Counter
 
-    with pytest.raises(ValueError, match="`environment_factory` cannot be combined with `generation_window`"):
-        builders.tiny_trainer(
-            model=builders.tiny_policy(chat_tokenizer()),
-            processing_class=chat_tokenizer(),
-            reward_funcs=reward,
-            train_dataset=Dataset.from_dict({"prompt": [[{"role": "user", "content": "x"}]] * 32}),
-            environment_factory=Counter,
-            args=tiny_config(response_length=RESPONSE_LENGTH, max_steps=1, generation_window=24),
+    checked = []
+
+    def reward(completions, environments, start, **kwargs):
+        # Each finished episode's own environment: reset with its row, then `add` ran once per tool message.
+        for completion, environment, first in zip(completions, environments, start):
+            calls = sum(message["role"] == "tool" for message in completion)
+            checked.append(environment.total == first + 5 * calls)
+        return [0.1 * len(c) for c in completions]
+
+    def make(name):
+        return _environment_trainer(
+            tiny_config, Counter, reward, output_dir=str(tmp_path / name), save_strategy="steps", save_steps=3
         )
+
+    full = make("full")
+    full.train()
+    assert checked and all(checked)
+    assert any(c > 0 for e in step_logs(full).values() for c in [e.get("tools/call_frequency", 0)])
+    pool = torch.load(tmp_path / "full" / "checkpoint-3" / "rollout_pool_0.pt", weights_only=False)
+    assert all("environment" in slot for slot in pool["slots"])  # each in-flight episode's instance, pickled
+    resumed = make("resumed")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-3"))
+    assert all(checked)
+    for (name, a), (_, b) in zip(full.model.named_parameters(), resumed.model.named_parameters()):
+        assert torch.equal(a, b), name
+    full_logs, resumed_logs = step_logs(full), step_logs(resumed)
+    for step in (4, 5, 6):
+        assert resumed_logs[step] == full_logs[step], step
+
+
+def test_an_environment_that_cannot_be_pickled_is_refused_at_save_time_naming_its_class(tiny_config):
+    import threading
+
+    from tests.integration.test_tools import Counter
+
+    class Locked(Counter):
+        def reset(self, prompt, start=0, **row):
+            self.lock = threading.Lock()
+            return super().reset(prompt, start=start, **row)
+
+    trainer = _environment_trainer(tiny_config, Locked, None, max_steps=2, save_strategy="steps", save_steps=1)
+    with pytest.raises(
+        ValueError, match=r"The environment Locked of an episode in flight cannot be pickled.*__getstate__"
+    ):
+        trainer.train()

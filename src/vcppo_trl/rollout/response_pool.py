@@ -12,6 +12,7 @@ tokens this update sampled (the policy's) and whose `finished` rows carry a scor
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from collections.abc import Callable
 from typing import Any
 
@@ -34,17 +35,41 @@ class InFlight:
     # With `tools`: the episode's state (its response is the episode's completion); `None` without tools, and then
     # left out of the checkpoint's state, whose format is the one saved before tools could take a window.
     episode: ToolEpisode | None = None
+    environment: Any = None  # with `environment_factory`: the episode's environment instance
 
     def state_dict(self) -> dict[str, Any]:
-        state = dataclasses.asdict(self)  # the episode's too, as plain lists, dicts and ints
+        state = dataclasses.asdict(dataclasses.replace(self, environment=None))  # the episode's as plain data
         if self.episode is None:
             del state["episode"]
+        del state["environment"]
+        if self.environment is not None:
+            state["environment"] = pickled_environment(self.environment)
         return state
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> InFlight:
-        episode = state.get("episode")
-        return cls(**{**state, "episode": None if episode is None else ToolEpisode.from_state(episode)})
+        episode, environment = state.get("episode"), state.get("environment")
+        return cls(
+            **{
+                **state,
+                "episode": None if episode is None else ToolEpisode.from_state(episode),
+                "environment": None if environment is None else pickle.loads(environment),
+            }
+        )
+
+
+def pickled_environment(instance: Any) -> bytes:
+    """An in-flight episode's environment as a checkpoint keeps it, or an error that names its class and the fix."""
+    try:
+        return pickle.dumps(instance)
+    except Exception as err:
+        name = type(instance).__name__
+        raise ValueError(
+            f"The environment {name} of an episode in flight cannot be pickled ({type(err).__name__}: {err}), and a "
+            f"checkpoint under generation_window keeps each in-flight episode's environment to resume it. Make "
+            f"{name} picklable (define __getstate__ and __setstate__ that leave out and rebuild what cannot be "
+            "pickled: a connection, a process, a lock), or unset generation_window, or save no checkpoint."
+        ) from err
 
 
 @dataclasses.dataclass(frozen=True)

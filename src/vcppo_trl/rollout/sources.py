@@ -158,15 +158,14 @@ class SourceSettings:
 
 def check_custom_sampling(settings: SourceSettings, what: str) -> None:
     """Refuse a source that resumes or runs ahead of the trainer's own sampler when `what` samples instead (a
-    `rollout_func`, `tools` or an `environment_factory`): generation windows (which `tools` alone may take: the tool
-    loop advances its episodes by a window per update) and the rollout worker, each named with the reason."""
-    window_why = {
-        "rollout_func": "a window resumes the trainer's own sampler",
-        "environment_factory": "an episode's environment is a Python object held in flight between updates, which a "
-        "checkpoint of the pool does not keep yet",
-    }
+    `rollout_func`): generation windows and the rollout worker, each named with the reason. `tools` (with an
+    `environment_factory` or not) take a window (the tool loop advances its episodes by a window per update), not the
+    rollout worker."""
     refused = {
-        "generation_window": (settings.generation_window is not None and what in window_why, window_why.get(what)),
+        "generation_window": (
+            settings.generation_window is not None and what == "rollout_func",
+            "a window resumes the trainer's own sampler",
+        ),
         "max_staleness": (settings.max_staleness > 0, "the rollout worker samples with the trainer's own sampler"),
     }
     for name, (is_set, why) in refused.items():

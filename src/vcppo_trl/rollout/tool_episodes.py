@@ -23,6 +23,7 @@ class ToolEpisode:
     """One episode: its prompt ids, its completion so far, its messages and counts, and where it stands."""
 
     prompt_ids: list[int]
+    prompt_text: str = ""  # the prompt as rendered for the policy, with its tools' schemas
     completion_ids: list[int] = dataclasses.field(default_factory=list)
     env_mask: list[int] = dataclasses.field(default_factory=list)  # 1: the policy's token, 0: a tool's
     logprobs: list[float] | None = dataclasses.field(default_factory=list)  # None once the sampler gave none

@@ -249,20 +249,26 @@ class ToolLoop:
     # ------------------------------------------------------------------ episodes
 
     def start(
-        self, rows: list[dict[str, Any]], tokenize: Callable[[list[str]], tuple[torch.Tensor, torch.Tensor]]
+        self,
+        rows: list[dict[str, Any]],
+        tokenize: Callable[[list[str]], tuple[torch.Tensor, torch.Tensor]],
+        environments_in_use: list[Any] = (),
     ) -> tuple[list[ToolEpisode], list[list[Callable]], list[str], tuple[torch.Tensor, torch.Tensor], list | None]:
         """New episodes of `rows`: `(episodes, row_tools, prompt_texts, (query_ids, query_mask), environments)`, each
-        row's tools (with `environment_factory`, its environment's methods: the environment is reset with the row),
-        its prompt rendered with their schemas and tokenized by `tokenize` (left-padded)."""
+        row's tools (with `environment_factory`, its environment's methods: the environment, not one of
+        `environments_in_use`, is reset with the row), its prompt rendered with their schemas and tokenized by
+        `tokenize` (left-padded)."""
         instances = None
         if self.environments is not None:  # each episode's environment, reset with its row; its methods are tools
-            instances, prompts = self.environments.start(rows)
+            instances, prompts = self.environments.start(rows, in_use=environments_in_use)
             row_tools = [self.environments.tools_of(instance) for instance in instances]
         else:
             prompts, row_tools = [row["prompt"] for row in rows], [self.tools] * len(rows)
         texts = self.render(prompts, row_tools)
         query_ids, query_mask = tokenize(texts)
-        episodes = [ToolEpisode(ids) for ids in unpadded_prompts(query_ids, query_mask)]
+        episodes = [
+            ToolEpisode(ids, prompt_text=text) for ids, text in zip(unpadded_prompts(query_ids, query_mask), texts)
+        ]
         return episodes, row_tools, texts, (query_ids, query_mask), instances
 
     def sample(

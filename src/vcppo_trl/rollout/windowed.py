@@ -16,7 +16,7 @@ from ..sampling.seam import Samples, unpadded_prompts
 from .maker import GenerationStats, RolloutMaker, RolloutStats
 from .overlap import WindowAhead
 from .response_pool import ResponsePool, WindowStep, left_pad, right_pad
-from .tool_episodes import ToolEpisode, episode_counts
+from .tool_episodes import episode_counts
 from .tool_loop import flag_on_any_process, sampler_turns
 from .types import Rollout, WindowMarks
 
@@ -145,8 +145,10 @@ def make_window(
         whole.episode_counts = {
             k: torch.tensor(v, dtype=torch.float32, device=device) for k, v in episode_counts(episodes).items()
         }
-        prompt_texts = maker.tool_loop.render([row["prompt"] for row in rows])
+        prompt_texts = [e.prompt_text for e in episodes]
         episodes = [e.messages for e in episodes]
+        if maker.tool_loop.environments is not None:  # to the reward functions (TRL's `environments`), per episode
+            rows = [{**row, "environments": slot.environment} for row, slot in zip(rows, slots)]
     scored = maker.scorer.score_where(
         rows,
         query_ids,
@@ -181,15 +183,25 @@ def tool_window(
     sampler gave log-probs.
     """
     loop = maker.tool_loop
-    pool.refill(draw, lambda rows: prompt_ids(maker, rows))
     for slot in pool.slots:
         if slot.episode is None:
-            if slot.response_ids:
-                raise ValueError(
-                    "This checkpoint's pool holds responses without their tool episodes (saved by a run without "
-                    "`tools`): resume it with its own settings."
-                )
-            slot.episode = ToolEpisode(list(slot.prompt_ids))
+            raise ValueError(
+                "This checkpoint's pool holds responses without their tool episodes (saved by a run without "
+                "`tools`): resume it with its own settings."
+            )
+        if slot.environment is not None:  # a checkpoint's, unpickled: reused by the pool once its episode is over
+            loop.environments.adopt(slot.environment, slot.row)
+    started = []
+
+    def start(rows: list[dict[str, Any]]) -> list[list[int]]:
+        in_use = [slot.environment for slot in pool.slots if slot.environment is not None]
+        episodes, _, _, _, instances = loop.start(rows, maker.tokenize_prompts, environments_in_use=in_use)
+        started.extend(zip(episodes, instances or [None] * len(episodes)))
+        return [episode.prompt_ids for episode in episodes]
+
+    filled = pool.refill(draw, start)
+    for slot, (episode, instance) in zip(pool.slots[len(pool.slots) - filled :], started):
+        slot.episode, slot.environment = episode, instance
     episodes = [slot.episode for slot in pool.slots]
     starts = [len(episode.completion_ids) for episode in episodes]
     generate, seconds = sampler_turns(maker.sampler, greedy=False, temperature=maker.settings.temperature)
@@ -198,7 +210,10 @@ def tool_window(
         budget=pool.window,
         generate=generate,
         any_process=flag_on_any_process(maker.accelerator),
-        row_tools=[loop.tools] * len(episodes),
+        row_tools=[
+            loop.tools if slot.environment is None else loop.environments.tools_of(slot.environment)
+            for slot in pool.slots
+        ],
         device=maker.accelerator.device,
     )
     for slot, episode in zip(pool.slots, episodes):
@@ -235,11 +250,6 @@ def next_window(
 
 
 def prompt_ids(maker: RolloutMaker, rows: list[dict[str, Any]]) -> list[list[int]]:
-    """Prompt ids of rows as the rollout tokenises them (chat template, with `tools` the tools' schemas as the tool
-    loop renders them, `max_prompt_length`), unpadded."""
-    if maker.tool_loop is None:
-        texts = maker.prompt_texts(rows)
-    else:
-        texts = maker.tool_loop.render([row["prompt"] for row in rows])
-    query_ids, query_mask = maker.tokenize_prompts(texts)
+    """Prompt ids of rows as the rollout tokenises them (chat template, `max_prompt_length`), unpadded."""
+    query_ids, query_mask = maker.tokenize_prompts(maker.prompt_texts(rows))
     return unpadded_prompts(query_ids, query_mask)

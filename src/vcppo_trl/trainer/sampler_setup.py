@@ -47,15 +47,8 @@ def check_rollout_func(
         raise TypeError(
             f"`rollout_func` must be callable (prompts, trainer) -> dict, got {type(rollout_func).__name__}."
         )
-    what = (
-        "rollout_func"
-        if rollout_func is not None
-        else "environment_factory"
-        if environment_factory is not None
-        else "tools"
-        if tools
-        else None
-    )
+    tools = tools or environment_factory is not None
+    what = "rollout_func" if rollout_func is not None else "tools" if tools else None
     if what is None:
         return
     check_custom_sampling(SourceSettings.from_args(args), what)
