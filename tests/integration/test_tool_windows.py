@@ -195,3 +195,15 @@ def test_an_environment_that_cannot_be_pickled_is_refused_at_save_time_naming_it
         ValueError, match=r"The environment Locked of an episode in flight cannot be pickled.*__getstate__"
     ):
         trainer.train()
+
+
+def test_tools_under_a_window_still_refuse_the_vllm_server_and_the_rollout_worker(tiny_config):
+    overrides = dict(response_length=RESPONSE_LENGTH, kl_coef=0.0, generation_window=24)
+    for more, message in (
+        (dict(use_vllm=True, vllm_mode="server"), r"`tools` cannot be combined with `vllm_mode='server'`.*as many"),
+        (dict(max_staleness=1), r"`tools` cannot be combined with `max_staleness`.*rollout worker"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            builders.tiny_trainer(
+                processing_class=chat_tokenizer(), args=tiny_config(**overrides, **more), tools=[add]
+            )
