@@ -1,7 +1,7 @@
 """Generation windows as a rollout source ([`WindowedRollouts`]): each update's rollout is the pool
 ([`~rollout.response_pool.ResponsePool`]) extended by one window, by the rollout maker's sampler or a rollout worker one
-update ahead, scored where responses finished, and completed by the maker like any rollout. With `tools`, each slot is a tool
-episode advanced by one window of policy tokens ([`tool_window`])."""
+update ahead, scored where responses finished, and completed by the maker like any rollout. With `tools`, each slot
+is a tool episode advanced by one window of policy tokens ([`tool_window`])."""
 
 from __future__ import annotations
 
