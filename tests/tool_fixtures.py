@@ -3,6 +3,9 @@ calls it, for the tool-loop tests (no download: the template ships with TRL)."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
 import torch
 
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>'
@@ -65,3 +68,39 @@ class ScriptedSampler:
 
     def close(self):
         pass
+
+
+ASSISTANT = "<|im_start|>assistant\n"
+
+
+def calls_by_row(context: str) -> int:
+    """Row i (its prompt says "(i)") calls `add` i % 3 times before answering."""
+    return int(re.search(r"\((\d+)\)", context).group(1)) % 3
+
+
+class ResumingScriptedSampler(ScriptedSampler):
+    """A scripted policy for generation windows: each context calls `add` `calls_wanted(context)` times, then answers;
+    a turn a window cut is continued from its text so far (the context after its last assistant header)."""
+
+    def __init__(self, tokenizer, calls_wanted: Callable[[str], int] = calls_by_row):
+        super().__init__(tokenizer)
+        self.calls_wanted = calls_wanted
+
+    def generate(self, query_ids, query_mask, greedy, temperature, max_new_tokens=None):
+        from vcppo_trl.sampling.seam import Samples, pad_responses
+
+        self.calls += 1
+        turns = []
+        for ids, mask in zip(query_ids, query_mask):
+            context = self.tokenizer.decode(ids[mask.bool()].tolist())
+            self.contexts.append(context)
+            full = CALL if context.count("<tool_response>") < self.calls_wanted(context) else ANSWER
+            so_far = context.rsplit(ASSISTANT, 1)[-1]
+            assert full.startswith(so_far), (so_far, full)
+            turn = self.tokenizer(full[len(so_far) :], add_special_tokens=False)["input_ids"]
+            turns.append(turn[: max_new_tokens or None])
+        responses = pad_responses(turns, self.tokenizer.pad_token_id, query_ids.device)
+        lengths = torch.tensor([len(t) for t in turns], device=query_ids.device)
+        mask = torch.arange(responses.shape[1], device=query_ids.device).unsqueeze(0) < lengths.unsqueeze(1)
+        has_stop = torch.tensor([bool(t) and t[-1] == self.tokenizer.eos_token_id for t in turns])
+        return Samples(responses, mask, has_stop)

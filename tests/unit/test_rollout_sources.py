@@ -163,6 +163,33 @@ def test_a_windowed_source_saves_and_restores_its_pool():
         restored.load_state_dict({"batches": []})  # an overlap's queue is not a pool
 
 
+def test_a_pool_saves_tool_episodes_only_with_tools_and_loads_what_was_saved_before_them():
+    import threading
+
+    from vcppo_trl.rollout import InFlight
+    from vcppo_trl.rollout.tool_episodes import ToolEpisode
+
+    saved_before = {
+        "row": {"prompt": "a"},
+        "prompt_ids": [1],
+        "response_ids": [3],
+        "sampler_logprobs": [],
+        "windows": 1,
+    }
+    pool = ResponsePool(2, window=4, response_length=8)
+    pool.load_state_dict({"window": 4, "slots": [saved_before], "pending": []})  # a pool saved before tools
+    assert pool.state_dict()["slots"] == [saved_before]  # and saved the same without tools
+    episode = ToolEpisode([1], prompt_text="p", completion_ids=[3, 4], env_mask=[1, 0], turn_start=2, iterations=1)
+    episode.messages = [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "add"}}]}]
+    pool.slots = [InFlight({"prompt": "a"}, [1], response_ids=[3, 4], episode=episode, environment={"total": 7})]
+    restored = ResponsePool(2, window=4, response_length=8)
+    restored.load_state_dict(pool.state_dict())
+    assert restored.slots == pool.slots  # the episode's state and its environment (pickled), as they were
+    pool.slots[0].environment = threading.Lock()
+    with pytest.raises(ValueError, match=r"The environment lock of an episode in flight cannot be pickled"):
+        pool.state_dict()
+
+
 def test_a_prompt_stream_moved_to_a_count_draws_what_a_stream_started_there_draws(toy_splits):
     from vcppo_trl.trainer.prompts import PromptStream
 

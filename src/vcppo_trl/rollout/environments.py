@@ -79,22 +79,39 @@ class Environments:
             functions.append(reward)
         return functions
 
-    def start(self, rows: list[dict[str, Any]]) -> tuple[list[Any], list[Any]]:
-        """An environment for each row (from the pool), reset with the row: `(instances, prompts)`, each prompt with
-        the text `reset` returned appended to its last message (the row itself untouched)."""
+    def name_of(self, row: dict[str, Any]) -> Any:
+        """The key of `row`'s factory (its `environment` column with a dict of factories, else `None`)."""
+        return row.get("environment") if self.multi else None
+
+    def adopt(self, instance: Any, row: dict[str, Any]) -> None:
+        """Put an instance made elsewhere (a checkpoint's episode in flight, unpickled) in the pool of `row`'s
+        factory, to be reused once its episode is over."""
+        pool = self.pool.setdefault(self.name_of(row), [])
+        if not any(held is instance for held in pool):
+            pool.append(instance)
+
+    def start(self, rows: list[dict[str, Any]], in_use: list[Any] = ()) -> tuple[list[Any], list[Any]]:
+        """An environment for each row (from the pool, less the instances `in_use`: those of episodes still in flight
+        under a generation window), reset with the row: `(instances, prompts)`, each prompt with the text `reset`
+        returned appended to its last message (the row itself untouched)."""
+        held = {id(instance) for instance in in_use}
+        free: dict[Any, list[Any]] = {}
         taken: dict[Any, int] = {}
         instances, prompts = [], []
         for index, row in enumerate(rows):
-            name = row.get("environment") if self.multi else None
+            name = self.name_of(row)
             if name not in self.factories:
                 raise ValueError(
                     f"Row {index} has environment={name!r}, which is not a key of `environment_factory` "
                     f"({sorted(map(str, self.factories))}); a dict of factories picks each row's by its `environment`."
                 )
-            pool = self.pool[name]
-            if taken.get(name, 0) == len(pool):
-                pool.append(self.factories[name]())
-            instance = pool[taken.get(name, 0)]
+            if name not in free:
+                free[name] = [instance for instance in self.pool[name] if id(instance) not in held]
+            available = free[name]
+            if taken.get(name, 0) == len(available):
+                available.append(self.factories[name]())
+                self.pool[name].append(available[-1])
+            instance = available[taken.get(name, 0)]
             taken[name] = taken.get(name, 0) + 1
             kwargs = {k: v for k, v in row.items() if not (self.multi and k == "environment")}
             try:

@@ -7,10 +7,9 @@ from typing import Any
 
 import torch
 
-from ..parallel.collectives import max_across_processes
 from ..sampling.seam import Samples
 from .rollout_function import sample_with_rollout_function
-from .tool_loop import sample_tool_episodes
+from .tool_loop import flag_on_any_process, sample_tool_episodes
 
 
 def sample_episodes(
@@ -30,7 +29,6 @@ def sample_episodes(
         device=maker.accelerator.device,
     )
     if maker.tool_loop is not None:
-        max_across = max_across_processes(maker.accelerator) or (lambda flags: flags)
         rows, query_ids, query_mask, samples, prompt_texts, episodes = sample_tool_episodes(
             maker.tool_loop,
             maker.sampler,
@@ -38,7 +36,7 @@ def sample_episodes(
             greedy=greedy,
             temperature=temperature or settings.temperature,
             tokenize=maker.tokenize_prompts,
-            any_process=lambda flag: bool(max_across([int(flag)])[0]),
+            any_process=flag_on_any_process(maker.accelerator),
             **tensors,
         )
         return rows, query_ids, query_mask, samples, prompt_texts, episodes

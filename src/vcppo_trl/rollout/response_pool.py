@@ -12,6 +12,7 @@ tokens this update sampled (the policy's) and whose `finished` rows carry a scor
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ import torch
 from accelerate import Accelerator
 
 from ..sampling.seam import Samples
+from .tool_episodes import ToolEpisode
 
 
 @dataclasses.dataclass
@@ -30,6 +32,44 @@ class InFlight:
     response_ids: list[int] = dataclasses.field(default_factory=list)
     sampler_logprobs: list[float] = dataclasses.field(default_factory=list)  # empty when the sampler gives none
     windows: int = 0  # updates that sampled part of it
+    # With `tools`: the episode's state (its response is the episode's completion); `None` without tools, and then
+    # left out of the checkpoint's state, whose format is the one saved before tools could take a window.
+    episode: ToolEpisode | None = None
+    environment: Any = None  # with `environment_factory`: the episode's environment instance
+
+    def state_dict(self) -> dict[str, Any]:
+        state = dataclasses.asdict(dataclasses.replace(self, environment=None))  # the episode's as plain data
+        if self.episode is None:
+            del state["episode"]
+        del state["environment"]
+        if self.environment is not None:
+            state["environment"] = pickled_environment(self.environment)
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> InFlight:
+        episode, environment = state.get("episode"), state.get("environment")
+        return cls(
+            **{
+                **state,
+                "episode": None if episode is None else ToolEpisode.from_state(episode),
+                "environment": None if environment is None else pickle.loads(environment),
+            }
+        )
+
+
+def pickled_environment(instance: Any) -> bytes:
+    """An in-flight episode's environment as a checkpoint keeps it, or an error that names its class and the fix."""
+    try:
+        return pickle.dumps(instance)
+    except Exception as err:
+        name = type(instance).__name__
+        raise ValueError(
+            f"The environment {name} of an episode in flight cannot be pickled ({type(err).__name__}: {err}), and a "
+            f"checkpoint under generation_window keeps each in-flight episode's environment to resume it. Make "
+            f"{name} picklable (define __getstate__ and __setstate__ that leave out and rebuild what cannot be "
+            "pickled: a connection, a process, a lock), or unset generation_window, or save no checkpoint."
+        ) from err
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +196,7 @@ class ResponsePool:
     def state_dict(self) -> dict[str, Any]:
         return {
             "window": self.window,
-            "slots": [dataclasses.asdict(slot) for slot in self.slots],
+            "slots": [slot.state_dict() for slot in self.slots],
             "pending": list(self.pending),
         }
 
@@ -171,7 +211,7 @@ class ResponsePool:
                 f"This checkpoint holds {len(state['slots'])} responses in flight per process, more than this run's "
                 f"pool of {self.size}: resume it with its rollout_pool_size (or larger)."
             )
-        self.slots = [InFlight(**slot) for slot in state["slots"]]
+        self.slots = [InFlight.from_state(slot) for slot in state["slots"]]
         self.pending = list(state["pending"])
 
     def ages(self) -> list[int]:

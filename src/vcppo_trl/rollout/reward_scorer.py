@@ -169,9 +169,14 @@ class RewardScorer:
         samples: Samples,
         which: torch.Tensor,
         trainer_state=None,
+        episodes: list[list[dict]] | None = None,
+        prompt_texts: list[str] | None = None,
     ) -> ScoredSamples:
-        """Decode every sample and score those in `which` (`[B]` bool); the others get nan rewards and scores."""
+        """Decode every sample and score those in `which` (`[B]` bool); the others get nan rewards and scores.
+        `episodes` (tool episodes' messages so far) stand in for the decoded completions when given, and
+        `prompt_texts` for the prompts as the chat template renders them (with the tools' schemas)."""
         completions, texts, completion_ids = self.decode(rows, samples)
+        completions = completions if episodes is None else episodes
         device = self.accelerator.device
         rewards_per_func = torch.full((len(rows), len(self.reward_funcs)), float("nan"), device=device)
         reward_failed = torch.zeros(len(rows), dtype=torch.bool, device=device)
@@ -179,12 +184,15 @@ class RewardScorer:
         logged_columns, logged_metrics = {}, {}
         if chosen:
             # Rendered here, for the chosen rows only: a reward model scores the prompt as the policy read it.
-            prompt_texts = [
-                prompt_text(rows[i]["prompt"], self.tokenizer, self.settings.chat_template_kwargs) for i in chosen
+            chosen_prompts = [
+                prompt_text(rows[i]["prompt"], self.tokenizer, self.settings.chat_template_kwargs)
+                if prompt_texts is None
+                else prompt_texts[i]
+                for i in chosen
             ]
             rewards, failed, logs = self.rewards(
                 [rows[i] for i in chosen],
-                prompt_texts,
+                chosen_prompts,
                 [completions[i] for i in chosen],
                 completion_texts=[texts[i] for i in chosen],
                 completion_ids=[completion_ids[i] for i in chosen],

@@ -14,7 +14,8 @@ asks which source it holds. The sources:
 | [`~rollout.stored_source.StoredRolloutSource`] | a stored batch of the frozen initial policy's rollouts (value pretraining from `value_pretrain_dataset`) | nothing |
 | [`CriticFirst`] | one source's rollouts for critic-only updates, another's for the rest | the other's |
 
-A new kind of rollout (tools, environments) is one more source: build it in [`build_rollout_source`].
+A new kind of rollout is one more source: build it in [`build_rollout_source`]. TRL's `tools=` are not a source of
+their own: the maker samples tool episodes whole, and the windowed source advances them by a window per update.
 """
 
 from __future__ import annotations
@@ -157,9 +158,14 @@ class SourceSettings:
 
 def check_custom_sampling(settings: SourceSettings, what: str) -> None:
     """Refuse a source that resumes or runs ahead of the trainer's own sampler when `what` samples instead (a
-    `rollout_func`): generation windows and the rollout worker, each named with the reason."""
+    `rollout_func`): generation windows and the rollout worker, each named with the reason. `tools` (with an
+    `environment_factory` or not) take a window (the tool loop advances its episodes by a window per update), not the
+    rollout worker."""
     refused = {
-        "generation_window": (settings.generation_window is not None, "a window resumes the trainer's own sampler"),
+        "generation_window": (
+            settings.generation_window is not None and what == "rollout_func",
+            "a window resumes the trainer's own sampler",
+        ),
         "max_staleness": (settings.max_staleness > 0, "the rollout worker samples with the trainer's own sampler"),
     }
     for name, (is_set, why) in refused.items():

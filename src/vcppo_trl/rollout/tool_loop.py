@@ -15,6 +15,11 @@ every completion token, tool results included (as TRL's `max_completion_length`)
 room for a next turn is dropped and the episode ends (counted, `tools/overflow_frequency`). A turn whose text holds a
 tool-call marker that does not parse is text, as in TRL, and counted (`tools/malformed_frequency`).
 
+The loop's logic is one step ([`ToolLoop.advance`]): it advances a batch of episodes ([`~rollout.tool_episodes.
+ToolEpisode`], their state between generation calls) by a budget of policy tokens. Whole episodes are the step with
+a budget of `response_length` ([`ToolLoop.sample`]); a generation window's pool advances its episodes by the window
+once per update (`rollout/windowed.py`).
+
 The result is what a `rollout_func` returns ([`~rollout.rollout_function`]): prompt and completion ids, the sampler's
 log-probs (0 on tool tokens), an `env_mask` (0 on tool tokens), plus the episodes as messages for the reward
 functions and per-episode counts for the metrics.
@@ -30,14 +35,11 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from ..parallel.collectives import max_across_processes
 from ..rewards import is_async_callable, run_awaitables, run_in_threads
 from ..sampling import unpadded_prompts
 from .response_pool import left_pad
-
-# How the tool-call turns of the common templates open (Qwen/Hermes, Llama 3.x python tag, Mistral): a turn that holds
-# one of these but parses to no tool call is a malformed call.
-TOOL_CALL_MARKERS = ("<tool_call>", "<|python_tag|>", "[TOOL_CALLS]")
-COUNTS = ("calls", "failures", "malformed", "overflows", "turns")
+from .tool_episodes import ToolEpisode, episode_counts, episodes_output, tool_messages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +70,7 @@ class ToolEpisodes:
     output: dict[str, list]  # prompt_ids, completion_ids, logprobs (or None), env_mask
     prompt_texts: list[str]
     completions: list[list[dict[str, Any]]]  # per episode: its assistant and tool messages
-    counts: dict[str, list[int]]  # COUNTS, per episode
+    counts: dict[str, list[int]]  # `tool_episodes.COUNTS`, per episode
     environments: list[Any] | None = None  # per episode: its environment (`environment_factory`)
 
 
@@ -246,6 +248,29 @@ class ToolLoop:
 
     # ------------------------------------------------------------------ episodes
 
+    def start(
+        self,
+        rows: list[dict[str, Any]],
+        tokenize: Callable[[list[str]], tuple[torch.Tensor, torch.Tensor]],
+        environments_in_use: list[Any] = (),
+    ) -> tuple[list[ToolEpisode], list[list[Callable]], list[str], tuple[torch.Tensor, torch.Tensor], list | None]:
+        """New episodes of `rows`: `(episodes, row_tools, prompt_texts, (query_ids, query_mask), environments)`, each
+        row's tools (with `environment_factory`, its environment's methods: the environment, not one of
+        `environments_in_use`, is reset with the row), its prompt rendered with their schemas and tokenized by
+        `tokenize` (left-padded)."""
+        instances = None
+        if self.environments is not None:  # each episode's environment, reset with its row; its methods are tools
+            instances, prompts = self.environments.start(rows, in_use=environments_in_use)
+            row_tools = [self.environments.tools_of(instance) for instance in instances]
+        else:
+            prompts, row_tools = [row["prompt"] for row in rows], [self.tools] * len(rows)
+        texts = self.render(prompts, row_tools)
+        query_ids, query_mask = tokenize(texts)
+        episodes = [
+            ToolEpisode(ids, prompt_text=text) for ids, text in zip(unpadded_prompts(query_ids, query_mask), texts)
+        ]
+        return episodes, row_tools, texts, (query_ids, query_mask), instances
+
     def sample(
         self,
         generate: Callable[[torch.Tensor, torch.Tensor, int], tuple[list[list[int]], list[list[float]] | None]],
@@ -254,84 +279,91 @@ class ToolLoop:
         any_process: Callable[[bool], bool] = bool,
     ) -> ToolEpisodes:
         """
-        Sample one episode per row. `generate(ids, mask, max_new_tokens)` samples one turn per left-padded context and
-        returns its ids (cut after the stop token) and sampler log-probs; `tokenize` turns rendered prompts into
-        left-padded ids (the trainer's truncation rules). `any_process(flag)`: whether any process still has an
-        episode to continue (under ZeRO-3 or FSDP2 every process must take the same number of generation calls; an
-        idle one generates for a dummy context and drops it).
+        Sample one whole episode per row: new episodes ([`start`]) advanced with a budget of `response_length`, which
+        finishes them all ([`advance`]). `generate(ids, mask, max_new_tokens)` samples one turn per left-padded context
+        and returns its ids (cut after the stop token) and sampler log-probs; `tokenize` turns rendered prompts into
+        left-padded ids (the trainer's truncation rules). `any_process(flag)`: whether `flag` holds on any process.
         """
-        settings = self.settings
-        instances = None
-        if self.environments is not None:  # each episode's environment, reset with its row; its methods are tools
-            instances, prompts = self.environments.start(rows)
-            row_tools = [self.environments.tools_of(instance) for instance in instances]
-        else:
-            prompts, row_tools = [row["prompt"] for row in rows], [self.tools] * len(rows)
-        by_name = [{tool_name(t): t for t in tools} for tools in row_tools]
-        texts = self.render(prompts, row_tools)
-        query_ids, query_mask = tokenize(texts)
-        prompt_ids = unpadded_prompts(query_ids, query_mask)
-        first_ids, first_logprobs = generate(query_ids, query_mask, settings.response_length)
-        completion = [list(ids) for ids in first_ids]
-        logprobs = None if first_logprobs is None else [list(lp) for lp in first_logprobs]
-        env_mask = [[1] * len(ids) for ids in completion]
-        messages = [[self.parse(ids, prompt_ids[i], row_tools[i])] for i, ids in enumerate(completion)]
-        counts = {name: [0] * len(rows) for name in COUNTS}
-        for i in range(len(rows)):
-            counts["turns"][i] = 1
-            self._count_malformed(messages[i][-1], counts, i)
-        active = [i for i in range(len(rows)) if messages[i][-1].get("tool_calls")]
-        iteration = 0
-        while any_process(bool(active)) and (settings.max_iterations is None or iteration < settings.max_iterations):
-            iteration += 1
-            calls = [(i, call) for i in active for call in messages[i][-1]["tool_calls"]]
-            results = self.run_calls([(call, by_name[i]) for i, call in calls])
-            continuing = []
-            for i in active:
-                mine = [result for (j, _), result in zip(calls, results) if j == i]
-                counts["calls"][i] += len(mine)
-                counts["failures"][i] += sum(failed for _, _, failed in mine)
-                tool_messages = [{"role": "tool", "name": name, "content": text} for name, text, _ in mine]
-                suffix = self.suffix_ids(tool_messages)
-                if len(completion[i]) + len(suffix) >= settings.response_length:  # no room for a next turn
-                    counts["overflows"][i] += 1
-                    continue
-                messages[i] += tool_messages
-                completion[i] += suffix
-                env_mask[i] += [0] * len(suffix)
-                if logprobs is not None:
-                    logprobs[i] += [0.0] * len(suffix)
-                continuing.append(i)
-            if not any_process(bool(continuing)):  # every result overflowed, on every process
-                break
-            contexts = [prompt_ids[i] + completion[i] for i in continuing]
-            budget = max([settings.response_length - len(completion[i]) for i in continuing] + [1])
-            if not contexts:  # another process still generates: join its call on a dummy context
-                contexts = [prompt_ids[0]]
-            ids, mask = left_pad(contexts, self.tokenizer.pad_token_id, query_ids.device)
-            new_ids, new_logprobs = generate(ids, mask, budget)
-            for k, i in enumerate(continuing):
-                room = settings.response_length - len(completion[i])
-                turn = list(new_ids[k])[:room]
-                completion[i] += turn
-                env_mask[i] += [1] * len(turn)
-                if logprobs is not None:
-                    logprobs[i] += list(new_logprobs[k])[: len(turn)]
-                message = self.parse(
-                    turn, prompt_ids[i] + completion[i][: len(completion[i]) - len(turn)], row_tools[i]
-                )
-                messages[i].append(message)
-                counts["turns"][i] += 1
-                self._count_malformed(message, counts, i)
-            active = [i for i in continuing if messages[i][-1].get("tool_calls")]
-        output = {"prompt_ids": prompt_ids, "completion_ids": completion, "logprobs": logprobs, "env_mask": env_mask}
-        return ToolEpisodes(output, prompt_texts=texts, completions=messages, counts=counts, environments=instances)
+        episodes, row_tools, texts, queries, instances = self.start(rows, tokenize)
+        self.advance(
+            episodes,
+            budget=self.settings.response_length,
+            generate=generate,
+            any_process=any_process,
+            row_tools=row_tools,
+            device=queries[0].device,
+            first_contexts=queries,
+        )
+        return ToolEpisodes(
+            episodes_output(episodes),
+            prompt_texts=texts,
+            completions=[e.messages for e in episodes],
+            counts=episode_counts(episodes),
+            environments=instances,
+        )
 
-    @staticmethod
-    def _count_malformed(message: dict[str, Any], counts: dict[str, list[int]], i: int) -> None:
-        content = message.get("content") or ""
-        if not message.get("tool_calls") and any(marker in content for marker in TOOL_CALL_MARKERS):
-            counts["malformed"][i] += 1
+    def advance(
+        self,
+        episodes: list[ToolEpisode],
+        *,
+        budget: int,
+        generate: Callable[[torch.Tensor, torch.Tensor, int], tuple[list[list[int]], list[list[float]] | None]],
+        any_process: Callable[[bool], bool],
+        row_tools: list[list[Callable]],
+        device: torch.device,
+        first_contexts: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
+        """
+        Advance unfinished episodes by at most `budget` policy tokens each (tool tokens are not counted), in place.
+
+        Each generation call continues every episode with a turn open and budget left, from its prompt and completion
+        so far (`first_contexts`, when given, are the first call's left-padded contexts: the tokenized prompts of new
+        episodes), for as many new tokens as the most room any of them has (its budget left, and `response_length`);
+        each takes its own room. A turn ends at a stop token, at `response_length`, or when the sampler stopped short
+        of its room; it is then parsed, and its tool calls, if any (and `max_iterations` allows), run before the next
+        call, their results appended as tool tokens and a new turn opened (which may start with no budget left: it is
+        then the first thing the next [`advance`] samples). A turn cut by the budget stays open, its ids kept. So an
+        episode left unfinished has a turn open, never a call pending. The calls stop when no process has a turn to
+        continue (`any_process`): under ZeRO-3 or FSDP2 every process takes the same number of generation calls; an
+        idle one generates for a dummy context and drops it.
+        """
+        length, stops = self.settings.response_length, self.stop_token_ids
+        by_name = [{tool_name(t): t for t in tools} for tools in row_tools]
+        left = [budget] * len(episodes)
+        contexts = first_contexts
+        while True:
+            calling = [i for i, episode in enumerate(episodes) if episode.calls_pending]
+            if calling:
+                self.run_pending_calls([episodes[i] for i in calling], [by_name[i] for i in calling])
+            open_turns = [i for i, episode in enumerate(episodes) if not episode.done and left[i] > 0]
+            if not any_process(bool(open_turns)):
+                break
+            rooms = [min(left[i], length - len(episodes[i].completion_ids)) for i in open_turns]
+            if contexts is None:
+                sequences = [episodes[i].prompt_ids + episodes[i].completion_ids for i in open_turns]
+                # another process still generates: join its call on a dummy context
+                contexts = left_pad(sequences or [episodes[0].prompt_ids], self.tokenizer.pad_token_id, device)
+            new_ids, new_logprobs = generate(*contexts, max(rooms + [1]))
+            contexts = None
+            for k, i in enumerate(open_turns):
+                episode = episodes[i]
+                taken = list(new_ids[k])[: rooms[k]]
+                episode.add_policy_tokens(taken, None if new_logprobs is None else list(new_logprobs[k])[: len(taken)])
+                left[i] -= len(taken)
+                stopped = bool(taken) and taken[-1] in stops
+                if stopped or len(taken) < rooms[k] or len(episode.completion_ids) >= length:
+                    prefix = episode.prompt_ids + episode.completion_ids[: episode.turn_start]
+                    episode.end_turn(self.parse(episode.turn_ids, prefix, row_tools[i]), self.settings.max_iterations)
+
+    def run_pending_calls(self, episodes: list[ToolEpisode], by_name: list[dict[str, Callable]]) -> None:
+        """Run the pending tool calls of `episodes` (all at once, each with its episode's tools by name) and append
+        their results ([`~rollout.tool_episodes.ToolEpisode.add_tool_results`])."""
+        calls = [(k, call) for k, episode in enumerate(episodes) for call in episode.messages[-1]["tool_calls"]]
+        results = self.run_calls([(call, by_name[k]) for k, call in calls])
+        for k, episode in enumerate(episodes):
+            mine = [result for (j, _), result in zip(calls, results) if j == k]
+            suffix = self.suffix_ids(tool_messages(mine))
+            episode.add_tool_results(mine, suffix, self.settings.response_length)
 
 
 def sample_tool_episodes(
@@ -351,16 +383,7 @@ def sample_tool_episodes(
     [`function_rollouts`]'s keywords but `num_completions`."""
     from .rollout_function import function_rollouts
 
-    seconds = [0.0]  # the episodes' generation time: every call's (the tools' time is not generation)
-
-    def generate(ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int):
-        samples = sampler.generate(ids, mask, greedy, temperature=temperature, max_new_tokens=max_new_tokens)
-        seconds[0] += samples.seconds
-        turns = [row[m].tolist() for row, m in zip(samples.response_ids, samples.response_mask)]
-        if samples.logprobs is None:
-            return turns, None
-        return turns, [row[m].tolist() for row, m in zip(samples.logprobs, samples.response_mask)]
-
+    generate, seconds = sampler_turns(sampler, greedy=greedy, temperature=temperature)
     episodes = loop.sample(generate, tokenize, rows, any_process=any_process)
     if episodes.environments is not None:  # to the reward functions (TRL's `environments`), per episode
         rows = [{**row, "environments": env} for row, env in zip(rows, episodes.environments)]
@@ -371,6 +394,29 @@ def sample_tool_episodes(
         k: torch.tensor(v, dtype=torch.float32, device=device) for k, v in episodes.counts.items()
     }
     return rows, made.query_ids, made.query_mask, made.samples, episodes.prompt_texts, episodes.completions
+
+
+def flag_on_any_process(accelerator) -> Callable[[bool], bool]:
+    """`any_process(flag)`: whether `flag` holds on any process (a collective: every process calls it)."""
+    max_across = max_across_processes(accelerator) or (lambda flags: flags)
+    return lambda flag: bool(max_across([int(flag)])[0])
+
+
+def sampler_turns(sampler, *, greedy: bool, temperature: float):
+    """`(generate, seconds)`: the tool loop's `generate(ids, mask, max_new_tokens)` on `sampler` (each context's turn
+    ids and sampler log-probs, `None` when it gives none), and a one-item list that sums its calls' wall time (the
+    tools' time is not generation)."""
+    seconds = [0.0]
+
+    def generate(ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int):
+        samples = sampler.generate(ids, mask, greedy, temperature=temperature, max_new_tokens=max_new_tokens)
+        seconds[0] += samples.seconds
+        turns = [row[m].tolist() for row, m in zip(samples.response_ids, samples.response_mask)]
+        if samples.logprobs is None:
+            return turns, None
+        return turns, [row[m].tolist() for row, m in zip(samples.logprobs, samples.response_mask)]
+
+    return generate, seconds
 
 
 def episode_metrics(counts: dict[str, torch.Tensor], response_mask: torch.Tensor, action_mask: torch.Tensor) -> dict:

@@ -1,6 +1,7 @@
 """Generation windows as a rollout source ([`WindowedRollouts`]): each update's rollout is the pool
 ([`~rollout.response_pool.ResponsePool`]) extended by one window, by the rollout maker's sampler or a rollout worker one
-update ahead, scored where responses finished, and completed by the maker like any rollout."""
+update ahead, scored where responses finished, and completed by the maker like any rollout. With `tools`, each slot
+is a tool episode advanced by one window of policy tokens ([`tool_window`])."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from ..parallel.collectives import max_across_processes
 from ..sampling.seam import Samples, unpadded_prompts
 from .maker import GenerationStats, RolloutMaker, RolloutStats
 from .overlap import WindowAhead
-from .response_pool import ResponsePool, left_pad, right_pad
+from .response_pool import ResponsePool, WindowStep, left_pad, right_pad
+from .tool_episodes import episode_counts
+from .tool_loop import flag_on_any_process, sampler_turns
 from .types import Rollout, WindowMarks
 
 
@@ -109,12 +112,15 @@ def make_window(
             ahead.submit_window(context_ids, context_mask, budget=budget)
         generated, wait = ahead.take_window()
         samples = generated.samples
+        step, seconds, with_logprobs = pool.advance(samples), samples.seconds, samples.logprobs is not None
+    elif maker.tool_loop is not None:  # tool episodes: turns and tool calls within the window's policy tokens
+        step, seconds, with_logprobs = tool_window(maker, pool, draw=draw)
     else:
         context_ids, context_mask, budget = next_window(maker, pool, draw=draw)
         samples = maker.sampler.generate(
             context_ids, context_mask, False, temperature=maker.settings.temperature, max_new_tokens=budget
         )
-    step = pool.advance(samples)
+        step, seconds, with_logprobs = pool.advance(samples), samples.seconds, samples.logprobs is not None
     slots = pool.slots
     query_ids, query_mask = left_pad([slot.prompt_ids for slot in slots], pad, device)
     responses = right_pad([slot.response_ids for slot in slots], pad_value=pad, dtype=torch.long, device=device)
@@ -122,7 +128,7 @@ def make_window(
     positions = torch.arange(responses.shape[1], device=device).unsqueeze(0)
     response_mask = positions < lengths.unsqueeze(1)
     sampler_logprobs = None
-    if samples.logprobs is not None:
+    if with_logprobs:
         sampler_logprobs = right_pad(
             [slot.sampler_logprobs for slot in slots], pad_value=0.0, dtype=torch.float32, device=device
         )
@@ -131,8 +137,27 @@ def make_window(
     whole = Samples(responses, response_mask, has_stop, logprobs=sampler_logprobs)
     finished = torch.tensor(step.finished, device=device)
     rows = [slot.row for slot in slots]
+    episodes = prompt_texts = None
+    if maker.tool_loop is not None:  # what the tool loop's samples carry besides: actions, counts, messages
+        episodes = [slot.episode for slot in slots]
+        env_mask = right_pad([e.env_mask for e in episodes], pad_value=0, dtype=torch.long, device=device)
+        whole.action_mask = env_mask.bool() & response_mask
+        whole.episode_counts = {
+            k: torch.tensor(v, dtype=torch.float32, device=device) for k, v in episode_counts(episodes).items()
+        }
+        prompt_texts = [e.prompt_text for e in episodes]
+        episodes = [e.messages for e in episodes]
+        if maker.tool_loop.environments is not None:  # to the reward functions (TRL's `environments`), per episode
+            rows = [{**row, "environments": slot.environment} for row, slot in zip(rows, slots)]
     scored = maker.scorer.score_where(
-        rows, query_ids, query_mask, samples=whole, which=finished, trainer_state=trainer_state
+        rows,
+        query_ids,
+        query_mask,
+        samples=whole,
+        which=finished,
+        trainer_state=trainer_state,
+        episodes=episodes,
+        prompt_texts=prompt_texts,
     )
     window_mask = response_mask & (positions >= torch.tensor(step.starts, device=device).unsqueeze(1))
     rollout, work = maker.complete(rows, scored, train_policy, window=WindowMarks(window_mask, finished))
@@ -141,8 +166,73 @@ def make_window(
         context_ids, context_mask, budget = next_window(maker, pool, draw=draw)
         ahead.submit_window(context_ids, context_mask, budget=budget)
         overlap = ahead.stats(generated, wait, in_flight=1)
-    generation = GenerationStats(samples.seconds, step.new_tokens, getattr(maker.sampler, "sync_seconds", None))
+    generation = GenerationStats(seconds, step.new_tokens, getattr(maker.sampler, "sync_seconds", None))
     return rollout, RolloutStats(generation, work, reports=(step,) if overlap is None else (step, overlap))
+
+
+def tool_window(
+    maker: RolloutMaker, pool: ResponsePool, draw: Callable[[], list[dict[str, Any]]]
+) -> tuple[WindowStep, float, bool]:
+    """
+    One window of tool episodes (`tools` with `generation_window`): refill the pool's free slots with new episodes and
+    advance every episode by at most the window's policy tokens ([`~rollout.tool_loop.ToolLoop.advance`]: its turns,
+    and the tool calls of the turns that end, whose results are tool tokens, not counted against the window). Each
+    slot's response is its episode's completion. Returns `(step, seconds, with_logprobs)`: the window's
+    [`~rollout.response_pool.WindowStep`] (an episode finished when it is done: a turn without tool calls,
+    `max_tool_calling_iterations`, an overflow, `response_length`), the generation calls' wall time, and whether the
+    sampler gave log-probs.
+    """
+    loop = maker.tool_loop
+    for slot in pool.slots:
+        if slot.episode is None:
+            raise ValueError(
+                "This checkpoint's pool holds responses without their tool episodes (saved by a run without "
+                "`tools`): resume it with its own settings."
+            )
+        if slot.environment is not None:  # a checkpoint's, unpickled: reused by the pool once its episode is over
+            loop.environments.adopt(slot.environment, slot.row)
+    started = []
+
+    def start(rows: list[dict[str, Any]]) -> list[list[int]]:
+        in_use = [slot.environment for slot in pool.slots if slot.environment is not None]
+        episodes, _, _, _, instances = loop.start(rows, maker.tokenize_prompts, environments_in_use=in_use)
+        started.extend(zip(episodes, instances or [None] * len(episodes)))
+        return [episode.prompt_ids for episode in episodes]
+
+    filled = pool.refill(draw, start)
+    for slot, (episode, instance) in zip(pool.slots[len(pool.slots) - filled :], started):
+        slot.episode, slot.environment = episode, instance
+    episodes = [slot.episode for slot in pool.slots]
+    starts = [len(episode.completion_ids) for episode in episodes]
+    generate, seconds = sampler_turns(maker.sampler, greedy=False, temperature=maker.settings.temperature)
+    loop.advance(
+        episodes,
+        budget=pool.window,
+        generate=generate,
+        any_process=flag_on_any_process(maker.accelerator),
+        row_tools=[
+            loop.tools if slot.environment is None else loop.environments.tools_of(slot.environment)
+            for slot in pool.slots
+        ],
+        device=maker.accelerator.device,
+    )
+    for slot, episode in zip(pool.slots, episodes):
+        slot.response_ids = list(episode.completion_ids)
+        slot.sampler_logprobs = list(episode.logprobs or [])
+        slot.windows += 1
+    stops = maker.stop_token_ids
+    step = WindowStep(
+        starts,
+        finished=[episode.done for episode in episodes],
+        has_stop=[
+            episode.done and bool(episode.completion_ids) and episode.completion_ids[-1] in stops
+            for episode in episodes
+        ],
+        windows=[slot.windows for slot in pool.slots],
+        new_tokens=sum(episode.policy_tokens_since(start) for episode, start in zip(episodes, starts)),
+        prefilled_tokens=sum(starts),
+    )
+    return step, seconds[0], all(episode.logprobs is not None for episode in episodes)
 
 
 def next_window(

@@ -288,10 +288,11 @@ def rollout_metrics(
         metrics["reward/overlong_fraction"] = mean_across(
             accelerator, torch.where(scored, (penalties < 0).float(), nan)
         )
-    if rollout.episode_counts is not None:  # tool episodes
-        counts = {k: accelerator.gather(v) for k, v in rollout.episode_counts.items()}
+    if rollout.episode_counts is not None:  # tool episodes: the finished ones (under windows; else all)
+        counts = {k: accelerator.gather(v)[finished_g] for k, v in rollout.episode_counts.items()}
         response_g, action_g = (
-            m.bool() for m in gather_masked(accelerator, rollout.response_mask.long(), rollout.action_mask.long())
+            m.bool()[finished_g]
+            for m in gather_masked(accelerator, rollout.response_mask.long(), rollout.action_mask.long())
         )
         metrics.update(episode_metrics(counts, response_g, action_g))
     if rollout.finished is not None and not bool(finished_g.any()):
@@ -313,4 +314,5 @@ PER_FINISHED_RESPONSE_METRICS = (
     "diagnostics/mc_explained_variance_bucket",
     "rewards/",
     "reward/overlong",
+    "tools/",
 )

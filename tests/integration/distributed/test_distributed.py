@@ -933,6 +933,26 @@ def test_tool_episodes_keep_the_ranks_in_step(tmp_path, launcher):
     assert [m["tools/call_frequency"] for m in r0["tools"]] == [1.0, 1.0]  # 2 calls on half the episodes
 
 
+def test_tool_episodes_under_windows_keep_the_ranks_in_step(tmp_path):
+    """`tools=` with `generation_window=48` on two ZeRO-3 processes (generation sharded, so collective): rank 0's
+    episodes call a tool twice in turns that span windows, rank 1's model writes its own turns; in every window both
+    ranks take the same generation calls, the tool metrics are logged (over both ranks' finished episodes) once
+    episodes finish, and the ranks end with the same weights."""
+    _run_worker(TOOLS_WORKER, "zero3", [str(tmp_path), "48"])
+    r0, r1 = (json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1))
+    assert r0["deepspeed"] and r1["deepspeed"]
+    assert r0["global_step"] == r1["global_step"] == 4
+    # Rank 0's windows: 48 of the first call's 72 tokens; its last 24, the call, 24 of the second; its last 48, the
+    # call (the budget ends with the turn: the result is appended in the same window); the answer. Rank 1 joins each.
+    assert r0["generation_calls"] == r1["generation_calls"] == 1 + 2 + 1 + 1
+    assert r0["policy_hash"] == r1["policy_hash"]
+    assert r0["finished"] == r1["finished"] and sum(r0["finished"]) >= 4  # rank 0's 4 episodes at least
+    assert r0["tools"] == r1["tools"] and r0["tools"]
+    # Over the finished episodes: rank 1's (no call) from the first update, rank 0's (2 calls each) in the last.
+    *earlier, last = [m["tools/call_frequency"] for m in r0["tools"]]
+    assert last > 0 and not any(earlier)
+
+
 @pytest.mark.parametrize("launcher", ["ddp", "zero3", "fsdp2"])
 def test_rollout_func_on_two_ranks(tmp_path, launcher):
     """TRL's `rollout_func` on two processes (rollout_func_worker.py: a seeded sampler of its own, a 5-token tool block

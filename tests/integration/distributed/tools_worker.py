@@ -7,7 +7,9 @@ configs/accelerate/fsdp2_cpu.yaml for FSDP2, `use_cpu=True` as every FSDP2 run o
 Each rank's generations run through the trainer's real sampler (collective under ZeRO-3 and FSDP2: every rank must take
 the same number of calls); then rank 0's turns are replaced by a script that calls the `add` tool twice before
 answering, while rank 1 keeps its model's own turns (no tool call). The tool loop must keep the ranks in step: rank 1
-joins rank 0's extra rounds. Each rank writes `OUT/rank<r>.json`: its generation calls, the weights' hash (ZeRO-3 and
+joins rank 0's extra rounds. With a second argument W, the run has `generation_window=W` (4 updates): rank 0's turns
+continue where a window cut them (`ResumingScriptedSampler`), and the ranks must still take the same generation
+calls in every window. Each rank writes `OUT/rank<r>.json`: its generation calls, the weights' hash (ZeRO-3 and
 FSDP2: gathered), the backend the models ran under, the updates run and the logged tool metrics.
 """
 
@@ -28,17 +30,21 @@ torch.set_num_threads(1)
 class RankScripted:
     """The trainer's sampler, with rank 0's turns scripted (two tool calls, then the answer)."""
 
-    def __init__(self, real, tokenizer, rank: int):
-        self.real, self.tokenizer, self.rank, self.calls = real, tokenizer, rank, 0
+    def __init__(self, real, tokenizer, rank: int, windows: bool = False):
+        self.real, self.tokenizer, self.rank, self.calls, self.windows = real, tokenizer, rank, 0, windows
         self.name, self.start_seconds = real.name, real.start_seconds
 
     def generate(self, query_ids, query_mask, greedy, temperature, max_new_tokens=None):
-        from tests.tool_fixtures import CALL, ScriptedSampler
+        from tests.tool_fixtures import CALL, ResumingScriptedSampler, ScriptedSampler
 
         samples = self.real.generate(query_ids, query_mask, greedy, temperature, max_new_tokens=max_new_tokens)
         self.calls += 1
         if self.rank != 0:
             return samples
+        if self.windows:
+            return ResumingScriptedSampler(self.tokenizer, calls_wanted=lambda context: 2).generate(
+                query_ids, query_mask, greedy, temperature, max_new_tokens
+            )
         script = {0: CALL, 1: CALL}
         return ScriptedSampler(self.tokenizer, script).generate(
             query_ids, query_mask, greedy, temperature, max_new_tokens
@@ -51,7 +57,7 @@ class RankScripted:
         self.real.close()
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, window: int | None = None) -> None:
     from common import REPO, worker_config  # noqa: F401  (puts the repository on the path)
     from datasets import Dataset
     from worker import gathered_hash
@@ -73,8 +79,9 @@ def main(out_dir: str) -> None:
         gradient_accumulation_steps=1,
         num_mini_batches=1,
         num_ppo_epochs=1,
-        max_steps=2,
+        max_steps=2 if window is None else 4,
         value_pretrain_steps=0,
+        **({} if window is None else dict(generation_window=window, kl_coef=0.0)),
         response_length=300,
         learning_rate=1e-3,
         logging_steps=1,
@@ -94,7 +101,7 @@ def main(out_dir: str) -> None:
         tools=[add],
     )
     rank = trainer.accelerator.process_index
-    sampler = RankScripted(trainer.rollout_maker.sampler, tokenizer, rank)
+    sampler = RankScripted(trainer.rollout_maker.sampler, tokenizer, rank, windows=window is not None)
     trainer.rollout_maker.sampler = sampler
     trainer.train()
     policy, _ = trainer.unwrapped_policy_and_critic()
@@ -110,6 +117,7 @@ def main(out_dir: str) -> None:
             for e in trainer.state.log_history
             if "tools/call_frequency" in e
         ],
+        "finished": [e.get("rollout/finished_responses") for e in trainer.state.log_history if "episode" in e],
     }
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
@@ -117,4 +125,4 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None)
