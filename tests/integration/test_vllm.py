@@ -929,6 +929,50 @@ def test_tool_episodes_alternate_vllm_generation_and_the_tool(tiny_config):
         assert row["time/generation_s"] > 0
 
 
+def test_tool_episodes_under_a_generation_window_on_vllm(tiny_config):
+    """`tools=[add]` with `generation_window` on vLLM colocate (one process): the first turn scripted to call `add`,
+    the rest vLLM's own samples, continued window after window from the episode's context; every window's policy
+    tokens carry vLLM's log-probs (those of the training forward), and the finished episodes' tool metrics are
+    logged."""
+    from datasets import Dataset
+
+    from tests import builders
+    from tests.tool_fixtures import CALL
+    from vcppo_trl.toy.tool_use import add, build_tool_tokenizer
+
+    tokenizer = build_tool_tokenizer()
+    window = 32
+    assert len(tokenizer(CALL, add_special_tokens=False)["input_ids"]) <= window  # the scripted call fits one window
+    prompts = [[{"role": "user", "content": f"Add 2 and 3 ({i})."}] for i in range(16)]
+    trainer = builders.tiny_trainer(
+        model=_wide_policy(tokenizer),
+        processing_class=tokenizer,
+        reward_funcs=lambda completions, **kw: [1.0 if c[0].get("tool_calls") else -1.0 for c in completions],
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        tools=[add],
+        args=tiny_config(
+            use_vllm=True,
+            vllm_mode="colocate",
+            temperature=1.0,
+            response_length=4 * window,
+            generation_window=window,
+            total_episodes=96,  # 6 updates of a 16-episode pool
+        ),
+    )
+    sampler = _ScriptedAfterVLLM(trainer.sampler, tokenizer, {0: CALL})
+    trainer.rollout_maker.sampler = sampler
+    trainer.train()
+
+    assert trainer.state.global_step == 6
+    assert all(budget <= window for budget in sampler.budgets)
+    logs = [row for row in trainer.state.log_history if "rollout/window_tokens" in row]
+    assert len(logs) == 6
+    for row in logs:
+        assert row["sampling/sampling_logp_difference/max"] < LOGPROB_TOLERANCE
+    finished = [row for row in trainer.state.log_history if "tools/call_frequency" in row]
+    assert finished and all(row["tools/call_frequency"] == 1.0 for row in finished)
+
+
 def test_vllms_context_check_measures_the_prompts_with_the_tools_schemas(tiny_config):
     """Before any engine starts: with `tools` the prompt holds the tools' schemas (~800 tokens on the character-level
     chat tokenizer, ~110 without), more than the tiny model's 512 positions."""
