@@ -135,7 +135,10 @@ def test_critic_fit_is_built_from_the_update_not_from_metric_names():
     accelerator = Accelerator(cpu=True)
     mask = torch.tensor([[True, True, False], [True, True, False]])
     rollout = SimpleNamespace(
-        values=torch.tensor([[0.0, 1.0, 5.0], [2.0, 2.0, 0.0]]), response_mask=mask, value_mask=mask, finished=None
+        values=torch.tensor([[0.0, 1.0, 5.0], [2.0, 2.0, 0.0]]),
+        response_mask=mask,
+        value_mask=mask,
+        finished_rows=torch.tensor([True, True]),
     )
     returns = torch.tensor([[0.0, 1.0, -9.0], [2.0, 3.0, 7.0]])  # masked positions must not count
     fit = critic_fit(

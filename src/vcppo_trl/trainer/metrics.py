@@ -95,7 +95,7 @@ def critic_fit(accelerator: Accelerator, update: UpdateRecord) -> CriticFit:
     rollout, result = update.rollout, update.result
     values, returns_g, mask_g = gather_masked(accelerator, rollout.values, update.returns, rollout.value_mask.long())
     loss = math.nan
-    if rollout.finished is not None and not int(accelerator.reduce(rollout.finished.sum().reshape(1), "sum")):
+    if not int(accelerator.reduce(rollout.finished_rows.sum().reshape(1), "sum")):  # (a window that finished none)
         return CriticFit(loss=loss, explained_variance=math.nan)
     if result is not None and "loss/value" in result.stats:
         loss = mean_across(accelerator, torch.tensor([result.stats["loss/value"]], device=accelerator.device))
@@ -295,7 +295,7 @@ def rollout_metrics(
             for m in gather_masked(accelerator, rollout.response_mask.long(), rollout.action_mask.long())
         )
         metrics.update(episode_metrics(counts, response_g, action_g))
-    if rollout.finished is not None and not bool(finished_g.any()):
+    if not bool(finished_g.any()):
         # No response finished in this window: no score, length or critic fit to report (left out, not nan).
         metrics = {k: v for k, v in metrics.items() if not k.startswith(PER_FINISHED_RESPONSE_METRICS)}
     if prefix:
