@@ -273,13 +273,29 @@ class ArmAtK:
 
 def run_one(which: ArmAtK, seed: int, budget: CreditBudget, cache_dir: str, path: str) -> None:
     """Train one arm at one K with one seed in this process (one torch thread), evaluate it, write its JSON."""
+    train_and_record(which.arm, hops=which.hops, seed=seed, budget=budget, cache_dir=cache_dir, path=path)
+
+
+def train_and_record(
+    arm: str,
+    *,
+    hops: int,
+    seed: int,
+    budget: CreditBudget,
+    cache_dir: str,
+    path: str,
+    overrides: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """One run in this process (one torch thread): the (seed, K) cold start, `arm` trained on it (with `overrides` of
+    its config: another experiment's one change), held-out evaluations along the run and at its end, and the run's JSON
+    at `path` (with `extra` keys besides the record's own)."""
     import torch
 
     torch.set_num_threads(1)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from transformers import AutoTokenizer
 
-    arm, hops = which.arm, which.hops
     t0 = time.time()
     assets = cold_start_assets(seed, hops, budget, cache_dir)
     data = splits(seed, hops, budget)
@@ -293,12 +309,17 @@ def run_one(which: ArmAtK, seed: int, budget: CreditBudget, cache_dir: str, path
     )
     scratch = os.path.join(os.path.dirname(path), f".scratch-seed{seed}")
     start = time.time()
-    train_arm = train_grpo if arm == "grpo_trl" else train_ours
-    history, policy = train_arm(arm, hops, seed, budget, assets["policy"], scratch, train, (along,))
+    if arm == "grpo_trl":
+        history, policy = train_grpo(arm, hops, seed, budget, assets["policy"], scratch, train, (along,))
+    else:
+        history, policy = train_ours(
+            arm, hops, seed, budget, assets["policy"], scratch, train, (along,), overrides=overrides
+        )
     train_seconds = time.time() - start
     end = held_out(policy, tokenizer, data["test"], budget, hops, seed=seed)
     record = {
         "arm": arm,
+        **(extra or {}),
         "hops": hops,
         "seed": seed,
         "commit": git_commit(),

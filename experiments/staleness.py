@@ -26,7 +26,7 @@ from typing import Any
 import credit
 import runner
 from report_stats import fmt, t95, welch_interval
-from run_files import DEFAULT_CACHE, DEFAULT_RESULTS, git_commit, read_json, write_json
+from run_files import DEFAULT_CACHE, DEFAULT_RESULTS, read_json
 
 HOPS = 32  # the plan's K; `--hops` only for tests
 MAIN_SEEDS = (700, 701, 702, 703, 704, 705)
@@ -74,52 +74,19 @@ SMOKE_BUDGET = dataclasses.replace(credit.SMOKE_BUDGET, ppo_updates=2)
 
 
 def run_one(task: tuple, budget: credit.CreditBudget, cache_dir: str, path: str) -> None:
-    """One cell with one seed at K hops (`task`) in this process (one torch thread): train, evaluate, write its JSON."""
-    import torch
-
-    torch.set_num_threads(1)
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    from transformers import AutoTokenizer
-
+    """One cell with one seed at K hops (`task`) in this process: the credit table's `vcppo` run with the cell's
+    overrides ([`credit.train_and_record`]), its record with the cell and the overrides."""
     cell, seed, hops = task
-    t0 = time.time()
-    assets = credit.cold_start_assets(seed, hops, budget, cache_dir)
-    data = credit.splits(seed, hops, budget)
-    train = data["train"].select_columns(["prompt", "solution", "difficulty"])
-    tokenizer = AutoTokenizer.from_pretrained(assets["policy"])
-    along = runner.held_out_callback(
-        budget.eval_every,
-        lambda policy: credit.held_out(policy, tokenizer, data["test"], budget, hops, seed=seed),
-        steps_per_update=1,
-        last_update=budget.ppo_updates,
-    )
-    scratch = os.path.join(os.path.dirname(path), f".scratch-seed{seed}")
     overrides = cell.overrides(budget, credit.response_length(hops, budget))
-    start = time.time()
-    history, policy = credit.train_ours(
-        "vcppo", hops, seed, budget, assets["policy"], scratch, train, (along,), overrides=overrides
-    )
-    train_seconds = time.time() - start
-    end = credit.held_out(policy, tokenizer, data["test"], budget, hops, seed=seed)
-    write_json(
-        path,
-        {
-            "cell": dataclasses.asdict(cell),
-            "hops": hops,
-            "seed": seed,
-            "commit": git_commit(),
-            "budget": budget.run_key(),
-            "overrides": overrides,
-            "cold_start": assets["manifest"],
-            "cold_start_eval_sampled": assets["eval_sampled"],
-            "cold_start_eval_greedy": assets["eval_greedy"],
-            "final_eval_sampled": end["eval_sampled"],
-            "final_eval_greedy": end["eval_greedy"],
-            "held_out_along_run": along.entries,
-            "train_seconds": train_seconds,
-            "wall_seconds": time.time() - t0,
-            "log_history": history,
-        },
+    credit.train_and_record(
+        "vcppo",
+        hops=hops,
+        seed=seed,
+        budget=budget,
+        cache_dir=cache_dir,
+        path=path,
+        overrides=overrides,
+        extra={"cell": dataclasses.asdict(cell), "overrides": overrides},
     )
 
 
