@@ -170,3 +170,25 @@ def tool_calling_policy(tokenizer, seed: int = 0) -> ToolCallingPolicy:
     policy = builders.tiny_policy(tokenizer, seed=seed)
     policy.__class__ = ToolCallingPolicy
     return policy
+
+
+class AddingEnvironment:
+    """An environment whose `add` method is the episode's tool (the scripted call reaches it) and whose reward is the
+    number of its calls: state that lives in the instance, for the reward to read once the episode is over."""
+
+    def reset(self, prompt=None, **row):
+        self.calls = 0
+        return None
+
+    def add(self, a: int, b: int) -> int:
+        """Add two numbers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        self.calls += 1
+        return a + b
+
+    def get_reward(self) -> float:
+        return float(self.calls)

@@ -4,6 +4,7 @@ first turn on even rows is a scripted call of `add`, an importable class, so the
 
 from __future__ import annotations
 
+import threading
 import time
 import types
 
@@ -13,7 +14,7 @@ from datasets import Dataset
 
 from tests import builders
 from tests.builders import step_logs, weights
-from tests.tool_fixtures import add, chat_tokenizer, tool_calling_policy
+from tests.tool_fixtures import AddingEnvironment, add, chat_tokenizer, tool_calling_policy
 
 RESPONSE_LENGTH = 160  # the call (72 tokens), the tool's suffix and room for an answer
 
@@ -27,15 +28,16 @@ def reward(completions, **kwargs):
     return [float(any(m["role"] == "tool" for m in c)) - len(c[-1]["content"] or "") / 100 for c in completions]
 
 
-def _trainer(tiny_config, tools=(add,), **overrides):
+def _trainer(tiny_config, tools=(add,), environment_factory=None, **overrides):
     tokenizer = chat_tokenizer()
     args = {"response_length": RESPONSE_LENGTH, "max_staleness": 1, "total_episodes": 48, "kl_coef": 0.1, **overrides}
     return builders.tiny_trainer(
         model=tool_calling_policy(tokenizer),
         processing_class=tokenizer,
-        reward_funcs=reward,
+        reward_funcs=reward if environment_factory is None else None,
         train_dataset=_dataset(),
-        tools=list(tools),
+        tools=list(tools) or None,
+        environment_factory=environment_factory,
         args=tiny_config(**args),
     )
 
@@ -63,14 +65,42 @@ def test_tool_episodes_run_in_the_rollout_worker_one_update_stale_and_reproducib
     assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
 
 
-def test_a_resumed_run_with_tool_episodes_in_the_worker_equals_the_uninterrupted_one(tiny_config, tmp_path):
+def test_environments_travel_to_the_worker_and_back_with_their_episodes(tiny_config):
+    trainer = _trainer(tiny_config, tools=(), environment_factory=AddingEnvironment, total_episodes=32)
+    trainer.train()
+    for entry in step_logs(trainer).values():  # each reward: the calls its own instance counted in the worker
+        assert 0 < entry["tools/call_frequency"] < 1
+        assert entry["rewards/AddingEnvironment/mean"] == pytest.approx(entry["tools/call_frequency"])
+    assert [entry["sampling/staleness_max"] for entry in step_logs(trainer).values()] == [0.0, 1.0]
+
+
+class Locked(AddingEnvironment):
+    def reset(self, prompt=None, **row):
+        self.lock = threading.Lock()
+        return super().reset(prompt, **row)
+
+
+def test_an_environment_that_cannot_be_pickled_is_refused_naming_its_class(tiny_config):
+    trainer = _trainer(tiny_config, tools=(), environment_factory=Locked, total_episodes=16)
+    with pytest.raises(ValueError, match=r"The environment Locked cannot be sent to the rollout worker.*__getstate__"):
+        trainer.train()
+
+
+@pytest.mark.parametrize("environment", [False, True])
+def test_a_resumed_run_with_tool_episodes_in_the_worker_equals_the_uninterrupted_one(
+    tiny_config, tmp_path, environment
+):
     overrides = dict(total_episodes=64, output_dir=str(tmp_path / "run"))
+    if environment:
+        overrides.update(tools=(), environment_factory=AddingEnvironment)
     whole = _trainer(tiny_config, save_strategy="steps", save_steps=2, **overrides)
     whole.train()
     checkpoint = tmp_path / "run" / "checkpoint-2"
     saved = torch.load(checkpoint / "rollout_pool_0.pt", weights_only=False)
-    (batch,) = saved["batches"]  # the batch of episodes run ahead, as plain data
-    assert len(batch["episodes"]) == 16 and sum(e["counts"]["calls"] for e in batch["episodes"]) > 0
+    (batch,) = saved["batches"]  # the batch of episodes run ahead, as plain data (and their environments)
+    episodes = batch["episodes"]["episodes"]
+    assert len(episodes) == 16 and sum(e["counts"]["calls"] for e in episodes) > 0
+    assert (batch["episodes"]["environments"] is not None) == environment
     resumed = _trainer(tiny_config, **overrides)
     resumed.train(resume_from_checkpoint=str(checkpoint))
     after = {s: e for s, e in step_logs(resumed).items() if s > 2}
@@ -129,12 +159,18 @@ def test_what_tools_under_overlap_do_not_take_yet_is_refused_with_the_reason(tin
     with pytest.raises(ValueError, match=r"'in_main'.*defined in the script being run"):
         check_tools_travel([in_main])
     check_tools_travel([add, local_tool])  # importable by name: they travel
+    with pytest.raises(ValueError, match=r"the environment factory 'in_main' cannot be sent.*script being run"):
+        check_tools_under_overlap(
+            types.SimpleNamespace(max_staleness=1, generation_window=None),
+            tools=[add],
+            environment_factory={"a": AddingEnvironment, "b": in_main},
+            use_vllm=False,
+        )
     for name, settings, more in (
-        ("environment_factory", dict(), dict(environments=True)),
         ("generation_window", dict(generation_window=24), dict()),
         ("use_vllm", dict(), dict(use_vllm=True)),
     ):
         config = types.SimpleNamespace(**{"max_staleness": 1, "generation_window": None, **settings})
-        keywords = {"environments": False, "use_vllm": False, **more}
+        keywords = {"use_vllm": False, **more}
         with pytest.raises(ValueError, match=rf"do not support `{name}` yet \(.+\): drop `{name}`"):
             check_tools_under_overlap(config, tools=[add], **keywords)

@@ -283,7 +283,7 @@ class OverlappedRollouts(AheadOfTraining):
             if batch.generated.samples is not None:
                 saved = self.saved_generation(batch.request, batch.generated)
             saved.update(rows=batch.rows, query_ids=batch.query_ids.cpu(), query_mask=batch.query_mask.cpu())
-            if batch.generated.episodes is not None:  # tool episodes: plain lists, dicts, strings and ints
+            if batch.generated.episodes is not None:  # tool episodes (plain data) and their environments (pickled)
                 saved["episodes"] = batch.generated.episodes
             batches.append(saved)
         return {"batches": batches, **self.worker.state()}

@@ -180,19 +180,14 @@ def check_custom_sampling(settings: SourceSettings, what: str) -> None:
 
 
 def check_tools_under_overlap(
-    settings: SourceSettings, *, tools: list[Callable], environments: bool, use_vllm: bool
+    settings: SourceSettings, *, tools: list[Callable], environment_factory=None, use_vllm: bool
 ) -> None:
-    """With `max_staleness` > 0, refuse what tool episodes in the rollout worker do not take yet (`environments`: an
-    `environment_factory` is given), each with the reason, and a tool that cannot travel to the worker process
+    """With `max_staleness` > 0, refuse what tool episodes in the rollout worker do not take yet, each with the reason,
+    and a tool or an environment factory that cannot travel to the worker process
     ([`~rollout.tool_overlap.check_tools_travel`])."""
     if settings.max_staleness == 0:
         return
     refused = {
-        "environment_factory": (
-            environments,
-            "an environment holds per-episode state the reward functions read; in the rollout worker its instances "
-            "would have to travel there and back with every batch, which is not built yet",
-        ),
         "generation_window": (
             settings.generation_window is not None,
             "a window's tool episodes would continue in the worker across updates, which is not built yet; "
@@ -209,7 +204,8 @@ def check_tools_under_overlap(
                 f"`tools` with `max_staleness` > 0 do not support `{name}` yet ({why}): drop `{name}`, or set "
                 "max_staleness=0."
             )
-    check_tools_travel(tools)
+    factories = environment_factory if isinstance(environment_factory, dict) else {None: environment_factory}
+    check_tools_travel(tools, [f for f in factories.values() if f is not None])
 
 
 def build_rollout_source(

@@ -21,9 +21,10 @@ worker only generates each turn. Why:
 The cost: a tool runs in the worker process, so it must be picklable by reference (a function defined at module
 level in an importable module, not a lambda, closure, local function or one defined in the script being run);
 anything else is refused when the trainer is built ([`check_tools_travel`]). The trainer starts the episodes (renders
-and tokenizes the prompts with its truncation rules) and scores them when it consumes the batch; the worker returns
-each episode's state ([`~rollout.tool_episodes.ToolEpisode`]: plain lists, dicts, strings and ints), which a
-checkpoint saves as it saves queued generations.
+and tokenizes the prompts with its truncation rules; with `environment_factory`, resets each episode's environment
+and pickles it into the request at once) and scores them when it consumes the batch; the worker returns each
+episode's state ([`~rollout.tool_episodes.ToolEpisode`]: plain lists, dicts, strings and ints) and its environment
+as the episode left it (pickled), which a checkpoint saves as it saves queued generations.
 """
 
 from __future__ import annotations
@@ -40,24 +41,50 @@ from .tool_episodes import ToolEpisode, episode_counts, episodes_output
 from .tool_loop import ToolLoop, tool_name
 
 
-def check_tools_travel(tools: list[Callable]) -> None:
-    """Refuse a tool the rollout worker process cannot receive (`max_staleness` ≥ 1 runs the tools there), naming it
-    and what to do."""
-    for tool in tools:
-        problem = None
-        if getattr(tool, "__module__", None) == "__main__":
-            problem = "it is defined in the script being run (__main__), which the worker process does not run again"
-        else:
-            try:
-                pickle.loads(pickle.dumps(tool))
-            except Exception as err:  # noqa: BLE001 - any failure to travel is the same refusal
-                problem = f"it cannot be pickled ({type(err).__name__}: {err})"
-        if problem is not None:
-            raise ValueError(
-                f"`tools` with `max_staleness` > 0: the tool {tool_name(tool)!r} cannot be sent to the rollout worker "
-                f"process, which runs the episodes: {problem}. Define it at module level in an importable module "
-                "(not a lambda, closure or local function; `python_tool()` is a closure), or set max_staleness=0."
-            )
+def travel_problem(thing: Any) -> str | None:
+    """Why `thing` cannot be sent to the rollout worker process (pickled; a function or class by reference), or
+    `None`."""
+    if getattr(thing, "__module__", None) == "__main__":
+        return "it is defined in the script being run (__main__), which the worker process does not run again"
+    try:
+        pickle.loads(pickle.dumps(thing))
+    except Exception as err:  # noqa: BLE001 - any failure to travel is the same refusal
+        return f"it cannot be pickled ({type(err).__name__}: {err})"
+    return None
+
+
+def check_tools_travel(tools: list[Callable], factories: list[Callable] = ()) -> None:
+    """Refuse a tool or an environment factory the rollout worker process cannot receive (`max_staleness` ≥ 1 runs
+    the episodes there), naming it and what to do."""
+    for kind, things in (("tool", tools), ("environment factory", factories)):
+        for thing in things:
+            problem = travel_problem(thing)
+            if problem is not None:
+                raise ValueError(
+                    f"`tools` with `max_staleness` > 0: the {kind} {tool_name(thing)!r} cannot be sent to the rollout "
+                    f"worker process, which runs the episodes: {problem}. Define it at module level in an importable "
+                    "module (not a lambda, closure or local function; `python_tool()` is a closure), or set "
+                    "max_staleness=0."
+                )
+
+
+def pickled_environments(instances: list[Any]) -> bytes:
+    """The episodes' environments as sent to the worker: pickled now (their state after `reset`; the pool may reset
+    the same instances for the next batch before the queue's thread would pickle them), or an error naming the class
+    of one that cannot be pickled and what to do."""
+    try:
+        return pickle.dumps(instances)
+    except Exception:  # noqa: BLE001 - find which one, and say so
+        for instance in instances:
+            problem = travel_problem(instance)
+            if problem is not None:
+                raise ValueError(
+                    f"The environment {type(instance).__name__} cannot be sent to the rollout worker process "
+                    f"(max_staleness > 0), which runs its episode: {problem}. Give its class __getstate__/"
+                    "__setstate__ that leave out and rebuild what cannot be pickled (a connection, a process, a "
+                    "lock), or set max_staleness=0."
+                ) from None
+        raise
 
 
 class EpisodesInWorker:
@@ -70,18 +97,26 @@ class EpisodesInWorker:
     def __init__(self, loop: ToolLoop):
         self.loop = loop
 
-    def __call__(self, generate: Callable, payload: dict[str, Any]) -> list[dict[str, Any]]:
+    def __call__(self, generate: Callable, payload: dict[str, Any]) -> dict[str, Any]:
         episodes = [ToolEpisode.from_state(state) for state in payload["episodes"]]
+        environments = payload.get("environments")
+        row_tools = [self.loop.tools] * len(episodes)
+        if environments is not None:  # each episode's environment, reset by the trainer: its methods are tools
+            environments = pickle.loads(environments)
+            row_tools = [self.loop.environments.tools_of(instance) for instance in environments]
         self.loop.advance(
             episodes,
             budget=self.loop.settings.response_length,
             generate=generate,
             any_process=bool,  # each process's worker runs its own episodes: no collective
-            row_tools=[self.loop.tools] * len(episodes),
+            row_tools=row_tools,
             device=torch.device("cpu"),
             first_contexts=(payload["query_ids"], payload["query_mask"]),
         )
-        return [episode.state_dict() for episode in episodes]
+        return {
+            "episodes": [episode.state_dict() for episode in episodes],
+            "environments": None if environments is None else pickle.dumps(environments),
+        }
 
 
 class OverlappedToolEpisodes(OverlappedRollouts):
@@ -92,17 +127,24 @@ class OverlappedToolEpisodes(OverlappedRollouts):
     """
 
     def submit_rows(self, rows: list[dict[str, Any]]) -> Prefetched:
-        episodes, _, _, (query_ids, query_mask), _ = self.maker.tool_loop.start(rows, self.maker.tokenize_prompts)
+        episodes, _, _, (query_ids, query_mask), instances = self.maker.tool_loop.start(
+            rows, self.maker.tokenize_prompts
+        )
         payload = {
             "episodes": [episode.state_dict() for episode in episodes],
             "query_ids": query_ids.cpu(),
             "query_mask": query_mask.cpu(),
+            "environments": None if instances is None else pickled_environments(instances),
         }
         request = self.worker.submit_episodes(payload, self.request_config(), seed=self.next_seed())
         return Prefetched(rows, query_ids, query_mask=query_mask, request=request)
 
     def scored(self, batch: Prefetched, generated, trainer_state=None):
-        episodes = [ToolEpisode.from_state(state) for state in generated.episodes]
+        episodes = [ToolEpisode.from_state(state) for state in generated.episodes["episodes"]]
+        rows = batch.rows
+        if generated.episodes["environments"] is not None:  # to the reward functions (TRL's `environments`)
+            instances = pickle.loads(generated.episodes["environments"])  # as the worker's episodes left them
+            rows = [{**row, "environments": instance} for row, instance in zip(rows, instances)]
         maker = self.maker
         made = function_rollouts(
             episodes_output(episodes),
@@ -118,7 +160,7 @@ class OverlappedToolEpisodes(OverlappedRollouts):
             for k, v in episode_counts(episodes).items()
         }
         scored = maker.scorer.score_all(
-            batch.rows,
+            rows,
             [episode.prompt_text for episode in episodes],
             query_ids=made.query_ids,
             query_mask=made.query_mask,
@@ -126,4 +168,4 @@ class OverlappedToolEpisodes(OverlappedRollouts):
             episodes=[episode.messages for episode in episodes],
             trainer_state=trainer_state,
         )
-        return batch.rows, scored
+        return rows, scored

@@ -63,7 +63,7 @@ def check_rollout_func(
         check_tools_under_overlap(
             SourceSettings.from_args(args),
             tools=list(tools or []),
-            environments=environment_factory is not None,
+            environment_factory=environment_factory,
             use_vllm=args.use_vllm,
         )
     if args.use_vllm and what == "rollout_func":
