@@ -7,6 +7,7 @@ import re
 from collections.abc import Callable
 
 import torch
+from transformers import LlamaForCausalLM
 
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>'
 ANSWER = "5<|im_end|>"
@@ -104,3 +105,90 @@ class ResumingScriptedSampler(ScriptedSampler):
         mask = torch.arange(responses.shape[1], device=query_ids.device).unsqueeze(0) < lengths.unsqueeze(1)
         has_stop = torch.tensor([bool(t) and t[-1] == self.tokenizer.eos_token_id for t in turns])
         return Samples(responses, mask, has_stop)
+
+
+_TOKENIZERS: dict = {}
+
+
+def cached_chat_tokenizer():
+    if "chat" not in _TOKENIZERS:
+        _TOKENIZERS["chat"] = chat_tokenizer()
+    return _TOKENIZERS["chat"]
+
+
+def row_wants_call(context: str) -> bool:
+    """Row i (its prompt says "(i)") calls `add` first when i is even, until a tool answered."""
+    return "<tool_response>" not in context and int(re.search(r"\((\d+)\)", context).group(1)) % 2 == 0
+
+
+class ToolCallingPolicy(LlamaForCausalLM):
+    """The tiny random policy, but its first turn on an even row is the scripted call of `add` (its scores: the
+    policy's own logits over it, so its sampler log-probs are the policy's); every other turn is its own sampling. An
+    importable class, so a rollout worker process (`max_staleness`) samples it as the trainer's process would: the
+    tool calls happen in the worker."""
+
+    def generate(self, input_ids=None, attention_mask=None, generation_config=None, **kwargs):
+        out = super().generate(
+            input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config, **kwargs
+        )
+        tokenizer = cached_chat_tokenizer()
+        contexts = [tokenizer.decode(ids[m.bool()].tolist()) for ids, m in zip(input_ids, attention_mask)]
+        scripted = [i for i, context in enumerate(contexts) if row_wants_call(context)]
+        as_dict = not isinstance(out, torch.Tensor)
+        if not scripted:
+            return out
+        sequences = out.sequences if as_dict else out
+        width, pad = input_ids.shape[1], generation_config.pad_token_id
+        call = tokenizer(CALL, add_special_tokens=False)["input_ids"][: generation_config.max_new_tokens]
+        new = sequences[:, width:]
+        total = max(new.shape[1], len(call))
+        new = torch.nn.functional.pad(new, (0, total - new.shape[1]), value=pad)
+        scores = None
+        if as_dict:
+            scores = torch.stack(out.scores, dim=1)
+            scores = torch.nn.functional.pad(scores, (0, 0, 0, total - scores.shape[1]))
+        for i in scripted:
+            new[i] = pad
+            new[i, : len(call)] = torch.tensor(call)
+            if scores is not None:
+                ids = torch.cat([input_ids[i][attention_mask[i].bool()], new[i, : len(call)]]).unsqueeze(0)
+                with torch.no_grad():
+                    logits = self(input_ids=ids).logits[0, -len(call) - 1 : -1].float()
+                scores[i] = 0.0
+                scores[i, : len(call)] = logits / (generation_config.temperature or 1.0)
+        sequences = torch.cat([input_ids, new], dim=1)
+        if not as_dict:
+            return sequences
+        out.sequences, out.scores = sequences, tuple(scores.unbind(1))
+        return out
+
+
+def tool_calling_policy(tokenizer, seed: int = 0) -> ToolCallingPolicy:
+    """The tests' tiny policy as a [`ToolCallingPolicy`]."""
+    from tests import builders
+
+    policy = builders.tiny_policy(tokenizer, seed=seed)
+    policy.__class__ = ToolCallingPolicy
+    return policy
+
+
+class AddingEnvironment:
+    """An environment whose `add` method is the episode's tool (the scripted call reaches it) and whose reward is the
+    number of its calls: state that lives in the instance, for the reward to read once the episode is over."""
+
+    def reset(self, prompt=None, **row):
+        self.calls = 0
+        return None
+
+    def add(self, a: int, b: int) -> int:
+        """Add two numbers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        self.calls += 1
+        return a + b
+
+    def get_reward(self) -> float:
+        return float(self.calls)

@@ -201,7 +201,7 @@ def test_tools_under_a_window_still_refuse_the_vllm_server_and_the_rollout_worke
     overrides = dict(response_length=RESPONSE_LENGTH, kl_coef=0.0, generation_window=24)
     for more, message in (
         (dict(use_vllm=True, vllm_mode="server"), r"`tools` cannot be combined with `vllm_mode='server'`.*as many"),
-        (dict(max_staleness=1), r"`tools` cannot be combined with `max_staleness`.*rollout worker"),
+        (dict(max_staleness=1), r"`tools` with `max_staleness` > 0 do not support `generation_window`.*worker"),
     ):
         with pytest.raises(ValueError, match=message):
             builders.tiny_trainer(

@@ -82,8 +82,10 @@ def test_value_pretraining_learns_on_tool_episodes_with_the_policy_frozen(tiny_c
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (dict(max_staleness=1), "`tools` cannot be combined with `max_staleness`"),
-        (dict(max_staleness=1, generation_window=64, kl_coef=0.0), "`tools` cannot be combined with `max_staleness`"),
+        (
+            dict(max_staleness=1, generation_window=64, kl_coef=0.0),
+            "`tools` with `max_staleness` > 0 do not support `generation_window`",
+        ),
     ],
 )
 def test_what_tools_cannot_be_combined_with_is_refused(tiny_config, overrides, message):

@@ -1,7 +1,7 @@
 """The rollout stage: dataset rows in, a typed [`Rollout`] out (the maker), with its stats types, the scored
 samples and the shaping of per-token rewards; and the sources the trainer asks for rollouts ([`RolloutSource`],
 built by [`build_rollout_source`]): whole responses, generation windows (the pool of in-flight responses), the queue
-of generations a rollout worker runs ahead of training (`max_staleness`), and rollouts stored as a dataset; and a
+of generations (or tool episodes) a rollout worker runs ahead of training (`max_staleness`), and rollouts stored as a dataset; and a
 code-interpreter tool that runs model-written code in a child process with limits ([`python_tool`]).
 """
 
@@ -21,6 +21,7 @@ from .sources import (
     WholeResponses,
     build_rollout_source,
     check_custom_sampling,
+    check_tools_under_overlap,
     with_stored_pretraining,
 )
 from .stored_format import (
@@ -42,11 +43,15 @@ from .stored_source import (
     scored_from_records,
 )
 from .tool_loop import ToolEpisodes, ToolLoop, ToolSettings, episode_metrics
+from .tool_overlap import EpisodesInWorker, OverlappedToolEpisodes, check_tools_travel
 from .types import HeldOutRollouts, OverlapStats, Rollout, gae_bootstrap, is_correct
 from .windowed import WindowedRollouts, make_window
 
 __all__ = [
     "Environments",
+    "EpisodesInWorker",
+    "OverlappedToolEpisodes",
+    "check_tools_travel",
     "ToolEpisodes",
     "ToolLoop",
     "ToolSettings",
@@ -56,6 +61,7 @@ __all__ = [
     "RolloutSource",
     "build_rollout_source",
     "check_custom_sampling",
+    "check_tools_under_overlap",
     "SourceSettings",
     "WholeResponses",
     "WindowedRollouts",

@@ -52,15 +52,18 @@ def request_seed(seed: int, request: int, rank: int = 0) -> int:
 
 
 def rollout_worker(
-    maker: RolloutMaker, policy: torch.nn.Module, num_threads: int
+    maker: RolloutMaker, policy: torch.nn.Module, num_threads: int, program=None
 ) -> tuple[RolloutWorker, Callable[..., Any]]:
     """A rollout worker process for this training process (each samples its own prompts) with the trainer's sampler's
     engine: HF `generate` on a copy of the whole policy (under ZeRO-3 the copy and every push gather the shards), or a
     vLLM engine of its own beside the colocate sampler's (`use_vllm`; the config refuses server mode). Returns it and
     its sampling settings of a training rollout, given at most how many new tokens (`max_new_tokens=None`:
-    `response_length`). Every process must call it (the gathering is a collective)."""
+    `response_length`). `program`: what runs a request of episodes in the worker (tool episodes:
+    `rollout/tool_overlap.py`). Every process must call it (the gathering is a collective)."""
     accelerator, sampler, temperature = maker.accelerator, maker.sampler, maker.settings.temperature
-    common = dict(stop_token_ids=maker.stop_token_ids, device=accelerator.device, num_threads=num_threads)
+    common = dict(
+        stop_token_ids=maker.stop_token_ids, device=accelerator.device, num_threads=num_threads, program=program
+    )
     if isinstance(sampler, VLLMColocateSampler):
         spec = VLLMEngineSpec(
             sampler.config, sampler.engine_args, seed=sampler.seed, pad_token_id=maker.tokenizer.pad_token_id
@@ -139,8 +142,11 @@ class AheadOfTraining:
 
     def submit(self, query_ids: torch.Tensor, query_mask: torch.Tensor, config) -> int:
         """Queue one generation with its request's seed; returns the request."""
-        request = self.worker.submitted
-        return self.worker.submit(query_ids, query_mask, config, seed=request_seed(self.seed, request, self.rank))
+        return self.worker.submit(query_ids, query_mask, config, seed=self.next_seed())
+
+    def next_seed(self) -> int:
+        """The seed of the next request submitted."""
+        return request_seed(self.seed, self.worker.submitted, self.rank)
 
     def take(self, request: int, generated: Generated | None) -> tuple[Generated, float]:
         """A request's samples (already received, or waited for now) and the seconds the trainer waited."""
@@ -194,6 +200,8 @@ class AheadOfTraining:
         }
 
     def loaded_generation(self, saved: dict[str, Any]) -> Generated:
+        if "samples" not in saved:  # a request of episodes
+            return Generated(None, saved["version"], seconds=saved["seconds"], episodes=saved["episodes"])
         ids, mask, has_stop, logprobs = (t.to(self.maker.accelerator.device) for t in saved["samples"])
         samples = Samples(ids, mask, has_stop, logprobs=logprobs, seconds=saved["seconds"])
         return Generated(samples, saved["version"], seconds=saved["seconds"])
@@ -231,10 +239,22 @@ class OverlappedRollouts(AheadOfTraining):
     def fill(self) -> None:
         """Submit generations until this update's and `max_staleness` more are queued."""
         while len(self.queue) < self.max_staleness + 1:
-            rows = self.draw()
-            query_ids, query_mask = self.maker.tokenize_prompts(self.maker.prompt_texts(rows))
-            request = self.submit(query_ids, query_mask, self.request_config())
-            self.queue.append(Prefetched(rows, query_ids, query_mask=query_mask, request=request))
+            self.queue.append(self.submit_rows(self.draw()))
+
+    def submit_rows(self, rows: list[dict[str, Any]]) -> Prefetched:
+        """Queue the generation of `rows`' responses."""
+        query_ids, query_mask = self.maker.tokenize_prompts(self.maker.prompt_texts(rows))
+        request = self.submit(query_ids, query_mask, self.request_config())
+        return Prefetched(rows, query_ids, query_mask=query_mask, request=request)
+
+    def scored(self, batch: Prefetched, generated: Generated, trainer_state=None):
+        """A received batch's samples and their scores."""
+        samples = generated.samples
+        which = torch.ones(len(batch.rows), dtype=torch.bool, device=samples.response_ids.device)
+        scored = self.maker.scorer.score_where(
+            batch.rows, batch.query_ids, batch.query_mask, samples=samples, which=which, trainer_state=trainer_state
+        )
+        return batch.rows, scored
 
     def next(self, train_policy: bool, trainer_state=None) -> tuple[Rollout, RolloutStats]:
         """This update's rollout: submit the generations ahead, take this one's samples, score them and complete the
@@ -242,13 +262,9 @@ class OverlappedRollouts(AheadOfTraining):
         self.fill()
         batch = self.queue.popleft()
         generated, wait = self.take(batch.request, batch.generated)
-        samples = generated.samples
-        which = torch.ones(len(batch.rows), dtype=torch.bool, device=samples.response_ids.device)
-        scored = self.maker.scorer.score_where(
-            batch.rows, batch.query_ids, batch.query_mask, samples=samples, which=which, trainer_state=trainer_state
-        )
-        rollout, work = self.maker.complete(batch.rows, scored, train_policy)
-        generation = GenerationStats(generated.seconds, samples.num_tokens, None)
+        rows, scored = self.scored(batch, generated, trainer_state)
+        rollout, work = self.maker.complete(rows, scored, train_policy)
+        generation = GenerationStats(generated.seconds, scored.samples.num_tokens, None)
         return rollout, RolloutStats(
             generation, work, reports=(self.stats(generated, wait, in_flight=len(self.queue)),)
         )
@@ -263,8 +279,12 @@ class OverlappedRollouts(AheadOfTraining):
             batch.generated = self.received(batch.request, batch.generated)  # kept: this run trains it later
             if batch.generated is None:  # a resumed run skips the prompts of what the failed worker did not return
                 break
-            saved = self.saved_generation(batch.request, batch.generated)
+            saved = {"request": batch.request, "version": batch.generated.version, "seconds": batch.generated.seconds}
+            if batch.generated.samples is not None:
+                saved = self.saved_generation(batch.request, batch.generated)
             saved.update(rows=batch.rows, query_ids=batch.query_ids.cpu(), query_mask=batch.query_mask.cpu())
+            if batch.generated.episodes is not None:  # tool episodes (plain data) and their environments (pickled)
+                saved["episodes"] = batch.generated.episodes
             batches.append(saved)
         return {"batches": batches, **self.worker.state()}
 

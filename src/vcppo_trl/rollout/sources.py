@@ -11,6 +11,7 @@ asks which source it holds. The sources:
 | [`WholeResponses`] | the next prompts, sampled, scored and completed in this process | nothing |
 | [`~rollout.windowed.WindowedRollouts`] | the pool of in-flight responses extended by one window (`generation_window`), sampled here or, composed with a [`~rollout.overlap.WindowAhead`], by a worker one update ahead | the pool, and the window sampled ahead |
 | [`~rollout.overlap.OverlappedRollouts`] | the generation a rollout worker sampled ahead (`max_staleness`), with the next ones queued | the queued generations |
+| [`~rollout.tool_overlap.OverlappedToolEpisodes`] | the same with `tools`: a batch of tool episodes the worker ran whole | the queued episodes |
 | [`~rollout.stored_source.StoredRolloutSource`] | a stored batch of the frozen initial policy's rollouts (value pretraining from `value_pretrain_dataset`) | nothing |
 | [`CriticFirst`] | one source's rollouts for critic-only updates, another's for the rest | the other's |
 
@@ -33,6 +34,7 @@ from .overlap import OverlappedRollouts, WindowAhead, rollout_worker
 from .response_pool import ResponsePool
 from .stored_format import StoredRolloutsInfo
 from .stored_source import StoredRolloutSource, open_stored_rollouts
+from .tool_overlap import EpisodesInWorker, OverlappedToolEpisodes, check_tools_travel
 from .types import Rollout
 from .windowed import WindowedRollouts
 
@@ -159,18 +161,51 @@ class SourceSettings:
 def check_custom_sampling(settings: SourceSettings, what: str) -> None:
     """Refuse a source that resumes or runs ahead of the trainer's own sampler when `what` samples instead (a
     `rollout_func`): generation windows and the rollout worker, each named with the reason. `tools` (with an
-    `environment_factory` or not) take a window (the tool loop advances its episodes by a window per update), not the
-    rollout worker."""
+    `environment_factory` or not) take a window (the tool loop advances its episodes by a window per update), and
+    `tools` the rollout worker (it runs whole episodes: `rollout/tool_overlap.py`; what they do not take yet is
+    refused by `trainer/sampler_setup.py`'s `check_rollout_func`)."""
     refused = {
         "generation_window": (
             settings.generation_window is not None and what == "rollout_func",
             "a window resumes the trainer's own sampler",
         ),
-        "max_staleness": (settings.max_staleness > 0, "the rollout worker samples with the trainer's own sampler"),
+        "max_staleness": (
+            settings.max_staleness > 0 and what == "rollout_func",
+            "the rollout worker samples with the trainer's own sampler",
+        ),
     }
     for name, (is_set, why) in refused.items():
         if is_set:
             raise ValueError(f"`{what}` cannot be combined with `{name}` yet ({why}): unset `{name}`.")
+
+
+def check_tools_under_overlap(
+    settings: SourceSettings, *, tools: list[Callable], environment_factory=None, use_vllm: bool
+) -> None:
+    """With `max_staleness` > 0, refuse what tool episodes in the rollout worker do not take yet, each with the reason,
+    and a tool or an environment factory that cannot travel to the worker process
+    ([`~rollout.tool_overlap.check_tools_travel`])."""
+    if settings.max_staleness == 0:
+        return
+    refused = {
+        "generation_window": (
+            settings.generation_window is not None,
+            "a window's tool episodes would continue in the worker across updates, which is not built yet; "
+            "windows with tools run without overlap, and overlap with tools runs whole episodes",
+        ),
+        "use_vllm": (
+            use_vllm,
+            "tool episodes on the worker's own vLLM engine are not tested yet; the worker runs them on HF generate",
+        ),
+    }
+    for name, (present, why) in refused.items():
+        if present:
+            raise ValueError(
+                f"`tools` with `max_staleness` > 0 do not support `{name}` yet ({why}): drop `{name}`, or set "
+                "max_staleness=0."
+            )
+    factories = environment_factory if isinstance(environment_factory, dict) else {None: environment_factory}
+    check_tools_travel(tools, [f for f in factories.values() if f is not None])
 
 
 def build_rollout_source(
@@ -189,7 +224,10 @@ def build_rollout_source(
     """
     worker = None
     if settings.max_staleness > 0:
-        worker, request_config = rollout_worker(maker, policy(), num_threads=settings.rollout_worker_threads)
+        program = None if maker.tool_loop is None else EpisodesInWorker(maker.tool_loop)
+        worker, request_config = rollout_worker(
+            maker, policy(), num_threads=settings.rollout_worker_threads, program=program
+        )
         common = dict(request_config=request_config, seed=settings.seed, rank=maker.accelerator.process_index)
     if settings.generation_window is not None:
         length = maker.settings.response_length
@@ -198,7 +236,8 @@ def build_rollout_source(
         ahead = None if worker is None else WindowAhead(maker, worker, policy, **common)
         return WindowedRollouts(maker, pool, draw=draw, ahead=ahead)
     if worker is not None:
-        return OverlappedRollouts(maker, worker, policy, draw=draw, max_staleness=settings.max_staleness, **common)
+        overlapped = OverlappedRollouts if maker.tool_loop is None else OverlappedToolEpisodes
+        return overlapped(maker, worker, policy, draw=draw, max_staleness=settings.max_staleness, **common)
     return WholeResponses(maker, draw)
 
 

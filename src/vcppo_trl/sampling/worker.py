@@ -49,10 +49,11 @@ class Generated:
     """What the worker returns for one request: the samples (on the CPU), the weights' version that sampled them, and
     the seconds the generation itself took in the worker."""
 
-    samples: Samples
+    samples: Samples | None  # None for a request of episodes
     version: int
     seconds: float
     idle_seconds: float = 0.0  # the worker idle (waiting for work) since its previous generation
+    episodes: Any = None  # what the worker's episode program returned (`submit_episodes`), else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +78,13 @@ class HFEngine:
 
     def load(self, weights: dict[str, torch.Tensor]) -> None:
         self.policy.load_state_dict(weights)
+
+    @staticmethod
+    def limited(config, max_new_tokens: int):
+        """The generation config `config` with at most `max_new_tokens` new tokens."""
+        config = copy.deepcopy(config)
+        config.max_new_tokens = max_new_tokens
+        return config
 
     def generate(self, payload: dict[str, Any]) -> Samples:
         torch.manual_seed(payload["seed"])
@@ -117,6 +125,11 @@ class VLLMEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
         self.llm.reset_prefix_cache()
 
+    @staticmethod
+    def limited(config: dict[str, Any], max_new_tokens: int) -> dict[str, Any]:
+        """The `SamplingParams` keywords `config` with at most `max_new_tokens` new tokens."""
+        return {**config, "max_tokens": max_new_tokens}
+
     def generate(self, payload: dict[str, Any]) -> Samples:
         from vllm import SamplingParams
 
@@ -144,9 +157,41 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker_main(source, requests, results, *, num_threads: int, device: str, stop_token_ids, chunk_size) -> None:
-    """The worker process: start the engine, load pushed weights, answer generation requests in order, stop on
-    `None`."""
+def turn_seed(request_seed: int, call: int) -> int:
+    """The seed of generation call `call` of a request of episodes (each of its turns is one call)."""
+    return (request_seed + call * 2_000_003) % (2**31 - 1)
+
+
+def engine_turns(engine, payload: dict[str, Any]):
+    """An episode program's `generate(ids, mask, max_new_tokens)` on `engine` for one request: each call's seed
+    derives from the request's and the call's number, each context's turn ids and sampler log-probs as lists."""
+    calls = [0]
+
+    def generate(ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int):
+        config = engine.limited(payload["config"], max_new_tokens)
+        call = {"query_ids": ids, "query_mask": mask, "config": config, "seed": turn_seed(payload["seed"], calls[0])}
+        calls[0] += 1
+        samples = engine.generate(call)
+        turns = [row[m].tolist() for row, m in zip(samples.response_ids, samples.response_mask)]
+        return turns, [row[m].tolist() for row, m in zip(samples.logprobs, samples.response_mask)]
+
+    return generate
+
+
+def _answer(engine, program, *, kind: str, payload: dict[str, Any]) -> tuple[Any, str]:
+    """One request's answer and its kind: samples' tensors, or what the episode program returned."""
+    if kind == "episodes":
+        return program(engine_turns(engine, payload), payload), "episodes"
+    samples = engine.generate(payload)
+    tensors = (samples.response_ids, samples.response_mask, samples.has_stop, samples.logprobs)
+    return tuple(t.cpu() for t in tensors), "samples"
+
+
+def _worker_main(
+    source, requests, results, *, num_threads: int, device: str, stop_token_ids, chunk_size, program=None
+) -> None:
+    """The worker process: start the engine, load pushed weights, answer generation requests (and requests of
+    episodes, run by `program`) in order, stop on `None`."""
     torch.set_num_threads(num_threads)
     try:
         if isinstance(source, VLLMEngineSpec):
@@ -170,24 +215,11 @@ def _worker_main(source, requests, results, *, num_threads: int, device: str, st
                 version = payload["version"]
                 continue
             start = time.perf_counter()
-            samples = engine.generate(payload)
-            seconds = time.perf_counter() - start
-            results.put(
-                (
-                    "samples",
-                    payload["request"],
-                    tuple(
-                        t.cpu()
-                        for t in (samples.response_ids, samples.response_mask, samples.has_stop, samples.logprobs)
-                    ),
-                    version,
-                    seconds,
-                    idle,
-                )
-            )
+            answer, answered = _answer(engine, program, kind=kind, payload=payload)
+            results.put((answered, payload["request"], answer, version, time.perf_counter() - start, idle))
             idle = 0.0
         except Exception:  # reported to the trainer, which stops with a SamplerError
-            results.put(("error", payload["request"] if kind == "generate" else kind, traceback.format_exc()))
+            results.put(("error", kind if kind == "weights" else payload["request"], traceback.format_exc()))
 
 
 @contextlib.contextmanager
@@ -236,6 +268,9 @@ class RolloutWorker:
             GPU yet) and the samples go there once received (they travel on the CPU).
         num_threads: Torch threads of the worker process (on a CPU host, the cores left to it).
         weights: The weights a vLLM engine starts from (version 0, under their checkpoint names).
+        program: What runs a request of episodes in the worker ([`submit_episodes`]; pickled to it): called with the
+            engine's `generate(ids, mask, max_new_tokens)` for that request and the request's payload, it returns
+            plain data (e.g. `rollout/tool_overlap.py`'s `EpisodesInWorker`: tool episodes). `None`: none.
     """
 
     def __init__(
@@ -246,6 +281,7 @@ class RolloutWorker:
         device: torch.device,
         num_threads: int = 1,
         weights: dict[str, torch.Tensor] | None = None,
+        program=None,
     ):
         is_vllm = isinstance(source, VLLMEngineSpec)
         if is_vllm and weights is None:
@@ -263,7 +299,11 @@ class RolloutWorker:
             target=_worker_main,
             args=(source if is_vllm else sampling_copy(source), self.requests, self.results),
             kwargs=dict(
-                num_threads=num_threads, device=str(device), stop_token_ids=stop_token_ids, chunk_size=chunk_size
+                num_threads=num_threads,
+                device=str(device),
+                stop_token_ids=stop_token_ids,
+                chunk_size=chunk_size,
+                program=program,
             ),
             daemon=True,
         )
@@ -278,16 +318,19 @@ class RolloutWorker:
     def submit(self, query_ids: torch.Tensor, query_mask: torch.Tensor, config: Any, seed: int) -> int:
         """Queue one generation (sampled from the weights pushed before it); returns its request number. `config`:
         the HF `GenerationConfig`, or the vLLM `SamplingParams` keywords, of the generation."""
+        tensors = {"query_ids": query_ids.cpu(), "query_mask": query_mask.cpu()}
+        return self._queue("generate", tensors, config=config, seed=seed)
+
+    def submit_episodes(self, payload: dict[str, Any], config: Any, seed: int) -> int:
+        """Queue one request of episodes: the worker's `program` runs them with its engine (every generation call
+        sampled from the weights pushed before this request: no push comes between the turns of one request);
+        returns its request number. `payload`: plain data (and CPU tensors) for the program."""
+        return self._queue("episodes", payload, config=config, seed=seed)
+
+    def _queue(self, kind: str, payload: dict[str, Any], *, config: Any, seed: int) -> int:
         request = self.submitted
         self.submitted += 1
-        payload = {
-            "request": request,
-            "query_ids": query_ids.cpu(),
-            "query_mask": query_mask.cpu(),
-            "config": config,
-            "seed": seed,
-        }
-        self.requests.put(("generate", payload))
+        self.requests.put((kind, {**payload, "request": request, "config": config, "seed": seed}))
         return request
 
     def push_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -326,7 +369,11 @@ class RolloutWorker:
                     message[1], f"on generation {message[1]}"
                 )
                 raise SamplerError(f"The rollout worker failed {what}:\n{message[2]}")
-            _, number, (ids, mask, has_stop, logprobs), version, seconds, idle = message
+            answered, number, answer, version, seconds, idle = message
+            if answered == "episodes":
+                self.ready[number] = Generated(None, version, seconds, idle_seconds=idle, episodes=answer)
+                continue
+            ids, mask, has_stop, logprobs = answer
             samples = Samples(
                 ids.to(self.device), mask.to(self.device), has_stop.to(self.device), logprobs=logprobs.to(self.device)
             )

@@ -18,7 +18,14 @@ from transformers.utils import logging
 from ..config.ppo import PPOConfig
 from ..models.loading import load_reward_funcs
 from ..parallel import SequenceGroup
-from ..rollout import Environments, SourceSettings, ToolLoop, ToolSettings, check_custom_sampling
+from ..rollout import (
+    Environments,
+    SourceSettings,
+    ToolLoop,
+    ToolSettings,
+    check_custom_sampling,
+    check_tools_under_overlap,
+)
 from ..rollout.maker import RolloutMaker
 from ..rollout.settings import RolloutSettings
 from ..sampling.hf import HFSampler, neutralised_generation_fields
@@ -47,11 +54,18 @@ def check_rollout_func(
         raise TypeError(
             f"`rollout_func` must be callable (prompts, trainer) -> dict, got {type(rollout_func).__name__}."
         )
-    tools = tools or environment_factory is not None
-    what = "rollout_func" if rollout_func is not None else "tools" if tools else None
+    has_tools = bool(tools) or environment_factory is not None
+    what = "rollout_func" if rollout_func is not None else "tools" if has_tools else None
     if what is None:
         return
     check_custom_sampling(SourceSettings.from_args(args), what)
+    if what == "tools":
+        check_tools_under_overlap(
+            SourceSettings.from_args(args),
+            tools=list(tools or []),
+            environment_factory=environment_factory,
+            use_vllm=args.use_vllm,
+        )
     if args.use_vllm and what == "rollout_func":
         raise ValueError(
             "`rollout_func` cannot be combined with `use_vllm` yet (the trainer's vLLM engine is not handed to a "
