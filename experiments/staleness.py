@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 import sys
@@ -111,6 +112,11 @@ def _run_task(task: tuple, result) -> None:
     result.close()
 
 
+def cell_record(cell: Cell) -> dict[str, Any]:
+    """The cell as its run file records it (JSON: the seeds a list), to compare a saved run's with."""
+    return json.loads(json.dumps(dataclasses.asdict(cell)))
+
+
 def run_path(results_dir: str, cell: str, seed: int) -> str:
     return os.path.join(results_dir, "runs", cell, f"seed{seed}.json")
 
@@ -123,11 +129,7 @@ def run_all(cells, seeds, budget, *, hops: int, results_dir: str, cache_dir: str
         for seed in seeds or cell.seeds:
             path = run_path(results_dir, cell.name, seed)
             saved = read_json(path)
-            if (
-                saved is not None
-                and saved.get("budget") == budget.run_key()
-                and saved["cell"] == dataclasses.asdict(cell)
-            ):
+            if saved is not None and saved.get("budget") == budget.run_key() and saved["cell"] == cell_record(cell):
                 continue
             tasks.append((CellSeed(cell, hops), seed, budget, cache_dir, path))
     tasks.sort(key=lambda task: task[1])

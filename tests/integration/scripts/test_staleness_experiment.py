@@ -7,7 +7,7 @@ import os
 import staleness
 
 
-def test_cells_run_and_write_the_contracts_files(tmp_path):
+def test_cells_run_and_write_the_contracts_files(tmp_path, capsys):
     results, cache = str(tmp_path / "results"), str(tmp_path / "cache")
     cells = ["s0_lr1", "s2_lr1_vtrace", "window4_s0_lr1"]
     argv = ["--smoke", "--hops", "2", "--seeds", "0", "--workers", "2", "--results-dir", results, "--cache-dir", cache]
@@ -28,6 +28,12 @@ def test_cells_run_and_write_the_contracts_files(tmp_path):
         text = f.read()
     assert "| s2_lr1_vtrace | 1 |" in text and "Minimum detectable effect: not yet" in text
     assert staleness.main([*argv, "--report"]) == 0  # rebuilt from the saved runs alone
+    # A saved run of the same budget and cell is skipped: nothing to do the second time.
+    budget = staleness.SMOKE_BUDGET
+    cells_again = [staleness.CELLS[name] for name in cells]
+    capsys.readouterr()
+    assert staleness.run_all(cells_again, [0], budget, hops=2, results_dir=results, cache_dir=cache, workers=1) == []
+    assert "0 runs to do." in capsys.readouterr().out
 
 
 def test_the_dose_slope_and_the_minimum_detectable_effect():
