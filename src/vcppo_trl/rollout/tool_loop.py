@@ -343,7 +343,8 @@ class ToolLoop:
                 sequences = [episodes[i].prompt_ids + episodes[i].completion_ids for i in open_turns]
                 # another process still generates: join its call on a dummy context
                 contexts = left_pad(sequences or [episodes[0].prompt_ids], self.tokenizer.pad_token_id, device)
-            new_ids, new_logprobs = generate(*contexts, max(rooms + [1]))
+            context_ids, context_mask = contexts
+            new_ids, new_logprobs = generate(context_ids, context_mask, max(rooms + [1]))
             contexts = None
             for k, i in enumerate(open_turns):
                 episode = episodes[i]
