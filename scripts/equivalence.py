@@ -58,7 +58,11 @@ def clean(value):
 
 def log_history(trainer) -> list[dict]:
     return [
-        {k: clean(v) for k, v in entry.items() if not k.startswith("time/") and k != "train_runtime"}
+        {
+            k: clean(v)
+            for k, v in entry.items()
+            if not k.startswith("time/") and k not in ("train_runtime", "perf/rollout_wait_s")
+        }
         for entry in trainer.state.log_history
     ]
 

@@ -124,7 +124,7 @@ def weights(trainer) -> list:
     return [p.detach().clone() for p in trainer.model.parameters()]
 
 
-TIMING_KEYS = ("train_runtime",)  # and every `time/...` key
+TIMING_KEYS = ("train_runtime", "perf/rollout_wait_s")  # and every `time/...` key
 
 
 def step_logs(trainer) -> dict[int, dict[str, float]]:

@@ -96,6 +96,8 @@ def test_one_step_off_training_trains_each_batch_one_update_after_the_weights_th
     # Update 1 (value pretraining: the policy does not move) and 2 were sampled by the initial weights; from update 3
     # on each batch was sampled by the weights before the previous update.
     assert [logs[s]["sampling/staleness_max"] for s in sorted(logs)] == [0.0, 0.0, 1.0, 1.0, 1.0]
+    assert [logs[s]["sample/staleness_mean"] for s in sorted(logs)] == [0.0, 0.0, 1.0, 1.0, 1.0]  # AsyncGRPO's names
+    assert all(logs[s]["sample/staleness_max"] == logs[s]["sampling/staleness_max"] for s in logs)
     assert logs[2]["sampling/sampling_logp_difference/max"] < 1e-5  # same weights: the sampler's log-probs are exact
     assert logs[3]["sampling/sampling_logp_difference/max"] > 1e-3  # one update apart: the weights moved
     assert all("sampling/importance_sampling_ratio/mean" in logs[s] for s in (2, 3, 4, 5))
@@ -118,13 +120,34 @@ def test_a_resumed_overlapped_run_equals_the_uninterrupted_one(fresh_trainer, tm
     assert all(torch.equal(a, b) for a, b in zip(weights(resumed), weights(whole)))
 
 
+def test_a_run_resumed_with_a_lower_max_staleness_drops_the_saved_generations_too_old_for_it(fresh_trainer, tmp_path):
+    """TRL AsyncGRPO's rule: a generation older than `max_staleness` is dropped, counted, and the next one taken. The
+    queue never holds more than `max_staleness` ahead, so only a run resumed with a lower bound than its checkpoint's
+    meets one: here the batch sampled two updates before the resumed run's first update (max_staleness 2 → 1)."""
+    overrides = dict(value_pretrain_steps=1, total_episodes=64, output_dir=str(tmp_path / "run"))
+    whole = fresh_trainer(max_staleness=2, save_strategy="steps", save_steps=3, **overrides)
+    whole.train()
+    logs = step_logs(whole)
+    assert [logs[s]["sample/staleness_max"] for s in sorted(logs)] == [0.0, 0.0, 1.0, 2.0, 2.0]
+    assert all(logs[s]["sample/dropped_stale_total"] == 0.0 for s in logs)
+    checkpoint = tmp_path / "run" / "checkpoint-3"
+    saved = torch.load(checkpoint / "rollout_pool_0.pt", weights_only=False)
+    assert [saved["version"] - batch["version"] for batch in saved["batches"]] == [2, 1]
+    resumed = fresh_trainer(max_staleness=1, **overrides)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    after = {s: e for s, e in step_logs(resumed).items() if s > 3}
+    assert sorted(after) == [4, 5]
+    dropped = float(len(saved["batches"][0]["rows"]))
+    assert [after[s]["sample/dropped_stale_total"] for s in (4, 5)] == [dropped, dropped]
+    assert [after[s]["sample/staleness_max"] for s in (4, 5)] == [1.0, 1.0]
+
+
 @pytest.mark.parametrize(
     "overrides,match",
     [
         (dict(max_staleness=-1), "must be 0"),
         (dict(max_staleness=2, generation_window=4), "generation_window with max_staleness > 1"),
         (dict(max_staleness=1, dynamic_sampling=True, num_generations=2), "dynamic_sampling"),
-        (dict(max_staleness=1, use_vllm=True, vllm_mode="server"), "vllm_mode='server'"),
     ],
 )
 def test_what_overlap_does_not_support_yet_is_refused_with_the_reason(tiny_config, overrides, match):

@@ -665,7 +665,7 @@ def _server_sampler(trainer, url, timeout=30.0):
         24,
         base_url=url,
         timeout=timeout,
-        init_communicator=False,  # NCCL weight sync needs CUDA; generation alone works against a CPU server
+        weight_transfer=None,  # generation alone: the server's own weights
     )
     sampler.stale = False  # the server serves the weights this policy was saved with
     return sampler
@@ -704,14 +704,138 @@ def test_server_context_too_short_is_refused(vllm_server, make_trainer, tokenize
             24,
             base_url=vllm_server["url"],
             timeout=30.0,
-            init_communicator=False,
+            weight_transfer=None,
             needed_length=300,
         )
 
 
-def test_server_mode_training_on_cpu_is_refused_with_the_reason(vllm_server, vllm_trainer):
-    with pytest.raises(ValueError, match="NCCL, which needs CUDA"):
-        vllm_trainer(vllm_mode="server", vllm_server_base_url=vllm_server["url"])
+def test_nccl_weight_transfer_on_cpu_is_refused_with_the_reason(vllm_server, vllm_trainer):
+    with pytest.raises(ValueError, match="NCCL, which needs CUDA.*vllm_weight_transfer='shared_folder'"):
+        vllm_trainer(vllm_mode="server", vllm_server_base_url=vllm_server["url"], vllm_weight_transfer="nccl")
+
+
+def _server_trainer(vllm_trainer, vllm_server, tmp_path, **overrides):
+    """A trainer sampling on the shared CPU server; its weights travel through a folder the server reloads from."""
+    kwargs = dict(
+        vllm_mode="server",
+        vllm_server_base_url=vllm_server["url"],
+        vllm_weight_transfer_dir=str(tmp_path / "pushed"),
+        value_pretrain_steps=1,
+        total_episodes=64,
+        output_dir=str(tmp_path / "run"),
+    )
+    return vllm_trainer(**{**kwargs, **overrides})
+
+
+def test_server_mode_trains_on_cpu_pushing_weights_through_a_shared_folder(vllm_server, vllm_trainer, tmp_path):
+    """`vllm_weight_transfer="auto"` on a CPU is the shared folder: before every generation that follows a policy
+    update the server reloads the pushed weights, so its log-probs equal the training forward's at every update."""
+    from ..builders import step_logs, weights
+
+    trainer = _server_trainer(vllm_trainer, vllm_server, tmp_path)
+    before = [w.clone() for w in weights(trainer)]
+    trainer.train()
+    assert trainer.sampler.transfer.name == "shared_folder"
+    logs = step_logs(trainer)
+    assert len(logs) == 5
+    for step in (2, 3, 4, 5):  # every PPO update sampled from the weights it trains
+        assert logs[step]["sampling/sampling_logp_difference/max"] < LOGPROB_TOLERANCE, step
+    assert (
+        trainer.sampler.num_syncs == 4
+    )  # the first generation, then after each of the 3 policy updates before a rollout
+    assert os.listdir(tmp_path / "pushed") == ["weights-3"]  # older pushes removed once the server had a newer one
+    assert not all(torch.equal(a, b) for a, b in zip(before, weights(trainer)))
+
+
+@pytest.mark.parametrize("max_staleness", [1, 2])
+def test_server_mode_with_max_staleness_samples_ahead_on_the_server(
+    vllm_server, vllm_trainer, toy_splits, tmp_path, max_staleness
+):
+    """The server samples the next `max_staleness` batches while the trainer updates: each batch trained exactly
+    that many policy updates after the weights that sampled it once the queue is full (pushes and generations on one
+    queue), with the server's log-probs as the behaviour policy; `evaluate()` goes through the same queue."""
+    from ..builders import step_logs
+
+    evaluation = dict(eval_strategy="steps", eval_steps=2, eval_dataset=toy_splits["test"])
+    trainer = _server_trainer(vllm_trainer, vllm_server, tmp_path, max_staleness=max_staleness, **evaluation)
+    trainer.train()
+    assert trainer.rollouts.worker.name == "vllm-server"
+    assert not trainer.rollouts.worker.thread.is_alive() and trainer.sampler.queue is None  # stopped with training
+    logs = step_logs(trainer)
+    expected = {1: [0.0, 0.0, 1.0, 1.0, 1.0], 2: [0.0, 0.0, 1.0, 2.0, 2.0]}[max_staleness]
+    assert [logs[s]["sampling/staleness_max"] for s in sorted(logs)] == expected
+    assert logs[2]["sampling/sampling_logp_difference/max"] < LOGPROB_TOLERANCE  # same weights: exact
+    assert logs[4]["sampling/sampling_logp_difference/max"] > 1e-3  # stale: the weights moved since
+    assert all(logs[s]["rollout/prefetched"] == max_staleness for s in logs)
+    evaluated = [h["step"] for h in trainer.state.log_history if "eval_accuracy" in h]
+    assert evaluated == [2, 4]  # greedy, on the server, behind the generations and pushes queued before it
+
+
+def test_windows_with_one_step_off_overlap_on_the_server(vllm_server, vllm_trainer, tmp_path):
+    """`generation_window` with `max_staleness=1` in server mode: the server continues the pool's responses from their
+    token ids, one window ahead of training."""
+    from ..builders import step_logs
+
+    trainer = _server_trainer(vllm_trainer, vllm_server, tmp_path, generation_window=4, max_staleness=1)
+    trainer.train()
+    logs = step_logs(trainer)
+    assert [logs[s]["sampling/staleness_max"] for s in sorted(logs)][2:] == [1.0, 1.0, 1.0]
+    assert any(logs[s]["rollout/in_flight"] > 0 for s in logs)
+    assert logs[2]["sampling/sampling_logp_difference/max"] < LOGPROB_TOLERANCE
+
+
+def test_server_mode_overlap_on_two_processes(vllm_server, tmp_path):
+    """Two DDP processes (torchrun, gloo) with `max_staleness=1` on one server: every process's prompts go in the main
+    process's request, each gets its own slice back, the weights are staged by both (the gathers pair up) and pushed
+    by the main process's queue."""
+    worker = os.path.join(REPO, "tests", "integration", "distributed", "worker.py")
+    overrides = {
+        "use_vllm": True,
+        "vllm_mode": "server",
+        "vllm_server_base_url": vllm_server["url"],
+        "vllm_weight_transfer_dir": str(tmp_path / "pushed"),
+        "max_staleness": 1,
+        "hidden_size": 64,
+        "temperature": 1.0,
+    }
+    launch = ("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(launch)}
+    env.update(
+        ACCELERATE_USE_CPU="1", PYTHONPATH=os.pathsep.join([os.path.join(REPO, "src"), env.get("PYTHONPATH", "")])
+    )
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", worker]
+    done = subprocess.run(
+        [*command, str(tmp_path), json.dumps(overrides)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    for rank in (r0, r1):
+        assert [m["sampling/staleness_max"] for m in rank["metrics"]] == [0.0, 0.0, 1.0]
+        assert rank["metrics"][1]["sampling/sampling_logp_difference/max"] < LOGPROB_TOLERANCE
+    assert r0["completions"] != r1["completions"]  # each process got its own prompts' responses
+    assert not set(r0["seen"][1]) & set(r1["seen"][1])
+
+
+def test_a_resumed_server_run_trains_the_saved_generations_first(vllm_server, vllm_trainer, tmp_path):
+    """The restart rule of server-mode overlap: a checkpoint keeps the generations queued ahead (waited for), and a
+    resumed run trains them exactly as the uninterrupted run did; what it samples after that is fresh (the server is
+    not seeded per request)."""
+    from ..builders import step_logs
+
+    whole = _server_trainer(vllm_trainer, vllm_server, tmp_path, max_staleness=1, save_strategy="steps", save_steps=3)
+    whole.train()
+    checkpoint = tmp_path / "run" / "checkpoint-3"
+    saved = torch.load(checkpoint / "rollout_pool_0.pt", weights_only=False)
+    assert len(saved["batches"]) == 1 and saved["version"] == 2
+    resumed = _server_trainer(vllm_trainer, vllm_server, tmp_path, max_staleness=1)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert step_logs(resumed)[4] == step_logs(whole)[4]  # the saved batch, trained from the saved weights
+    assert sorted(step_logs(resumed)) == [1, 2, 3, 4, 5]  # 1-3 from the checkpoint's history
 
 
 def test_unreachable_server_fails_after_the_timeout_naming_the_url(make_trainer, tokenizer, tiny_config):

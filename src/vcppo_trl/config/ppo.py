@@ -159,8 +159,8 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
     - Generation with vLLM [`_check_vllm`]: `use_vllm`, `vllm_mode`, `vllm_model_impl`, `vllm_max_model_length`,
       `vllm_importance_sampling_correction`, `vllm_importance_sampling_mode`, `vllm_importance_sampling_clip_max`,
       `vllm_importance_sampling_clip_min`, `off_policy_ratio`, `vllm_server_base_url`, `vllm_server_host`, `vllm_server_port`,
-      `vllm_server_timeout`, `vllm_group_port`, `vllm_gpu_memory_utilization`, `vllm_tensor_parallel_size`,
-      `vllm_enable_sleep_mode`.
+      `vllm_server_timeout`, `vllm_group_port`, `vllm_weight_transfer`, `vllm_weight_transfer_dir`,
+      `vllm_gpu_memory_utilization`, `vllm_tensor_parallel_size`, `vllm_enable_sleep_mode`.
     - Rewards [`_check_rewards`]: `reward_weights`, `missing_eos_penalty`, `overlong_buffer_length`,
       `overlong_penalty_factor`, `reward_timeout`, `reward_failure_value`, `reward_max_concurrency`.
     - Tools and environments [`_check_tools`]: `max_tool_calling_iterations`, `tool_timeout`, `action_mask_mode`.
@@ -637,6 +637,22 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
         default=240.0, metadata={"help": "Seconds to wait for the server to come up, and for each request."}
     )
     vllm_group_port: int = field(default=51216, metadata={"help": "Port of the NCCL weight-update group (server)."})
+    vllm_weight_transfer: str = field(
+        default="auto",
+        metadata={
+            "help": "How the policy's weights reach the vLLM server after each policy update: 'nccl' (TRL's "
+            "weight-update group, CUDA), 'shared_folder' (written to vllm_weight_transfer_dir as safetensors and "
+            "reloaded by the server, on any device: the server must read that folder and run with "
+            "VLLM_SERVER_DEV_MODE=1), or 'auto' (nccl on CUDA, shared_folder elsewhere). See docs/vllm.md."
+        },
+    )
+    vllm_weight_transfer_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "With vllm_weight_transfer='shared_folder': the folder the weights are written to (the "
+            "server reads it). None: <output_dir>/vllm_weights."
+        },
+    )
     # The colocated vLLM engine (only used when `vllm_mode` is "colocate")
     vllm_gpu_memory_utilization: float = field(
         default=0.3, metadata={"help": "Share of GPU memory the colocated vLLM engine may take."}
@@ -1264,11 +1280,6 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
         if self.max_staleness == 0:
             return
         refused = {  # what, and why
-            "vllm_mode='server'": (
-                self.use_vllm and self.vllm_mode == "server",
-                "the rollout worker runs an engine of its own (vllm_mode='colocate'); overlapping a vLLM server's "
-                "generation with training is not built yet",
-            ),
             "dynamic_sampling": (self.dynamic_sampling, "its extra rounds would sample with the trainer's weights"),
             "generation_window with max_staleness > 1": (
                 self.generation_window is not None and self.max_staleness > 1,
@@ -1287,6 +1298,7 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
         _require_choice("vllm_mode", self.vllm_mode, VLLM_MODES)
         _require_choice("vllm_importance_sampling_mode", self.vllm_importance_sampling_mode, IMPORTANCE_SAMPLING_MODES)
         _require_choice("off_policy_ratio", self.off_policy_ratio, ("decoupled", "behaviour"))
+        _require_choice("vllm_weight_transfer", self.vllm_weight_transfer, ("auto", "nccl", "shared_folder"))
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ValueError(
                 f"`vllm_gpu_memory_utilization` must be in (0, 1], got {self.vllm_gpu_memory_utilization}."

@@ -25,8 +25,10 @@ from transformers.utils import logging
 from ..parallel.collectives import gathered_state_dict
 from ..parallel.fsdp import unsharded_class
 from ..sampling.seam import SamplerError, Samples
+from ..sampling.server_worker import ServerWorker
 from ..sampling.vllm_checks import named_policy_weights
 from ..sampling.vllm_colocate import VLLMColocateSampler
+from ..sampling.vllm_server import VLLMServerSampler
 from ..sampling.worker import Generated, RolloutWorker, VLLMEngineSpec
 from .maker import GenerationStats, RolloutMaker, RolloutStats
 from .types import OverlapStats, Rollout
@@ -55,8 +57,9 @@ def rollout_worker(
     maker: RolloutMaker, policy: torch.nn.Module, num_threads: int, program=None
 ) -> tuple[RolloutWorker, Callable[..., Any]]:
     """A rollout worker process for this training process (each samples its own prompts) with the trainer's sampler's
-    engine: HF `generate` on a copy of the whole policy (under ZeRO-3 the copy and every push gather the shards), or a
-    vLLM engine of its own beside the colocate sampler's (`use_vllm`; the config refuses server mode). Returns it and
+    engine: HF `generate` on a copy of the whole policy (under ZeRO-3 the copy and every push gather the shards), a
+    vLLM engine of its own beside the colocate sampler's (`use_vllm`), or the vLLM server itself (`vllm_mode="server"`:
+    a thread of the main process queues its requests and pushes, [`~sampling.server_worker.ServerWorker`]). Returns it and
     its sampling settings of a training rollout, given at most how many new tokens (`max_new_tokens=None`:
     `response_length`). `program`: what runs a request of episodes in the worker (tool episodes:
     `rollout/tool_overlap.py`). Every process must call it (the gathering is a collective)."""
@@ -64,7 +67,10 @@ def rollout_worker(
     common = dict(
         stop_token_ids=maker.stop_token_ids, device=accelerator.device, num_threads=num_threads, program=program
     )
-    if isinstance(sampler, VLLMColocateSampler):
+    if isinstance(sampler, VLLMServerSampler):
+        worker = ServerWorker(sampler, sampler_weights(policy, sampler))
+        configure = sampler.sampling_kwargs
+    elif isinstance(sampler, VLLMColocateSampler):
         spec = VLLMEngineSpec(
             sampler.config, sampler.engine_args, seed=sampler.seed, pad_token_id=maker.tokenizer.pad_token_id
         )
@@ -80,10 +86,12 @@ def rollout_worker(
     return worker, request_config
 
 
-def sampler_weights(policy: torch.nn.Module, sampler) -> dict[str, torch.Tensor]:
+def sampler_weights(policy: torch.nn.Module, sampler):
     """The weights a worker loads: for a vLLM engine, under the policy's checkpoint names (LoRA merged, as the colocate
-    sampler loads them); for HF, the policy's full state dict (gathered under ZeRO-3 and FSDP2: a collective, every
-    process calls it)."""
+    sampler loads them; for the server, an iterator of copies the worker stages); for HF, the policy's full state dict
+    (gathered under ZeRO-3 and FSDP2: a collective, every process calls it)."""
+    if isinstance(sampler, VLLMServerSampler):
+        return named_policy_weights(policy, sampler.gather, copy=True)
     if isinstance(sampler, VLLMColocateSampler):
         return dict(named_policy_weights(policy, sampler.gather, copy=sampler.copy_weights))
     full = gathered_state_dict(policy, every_rank=True)
@@ -154,14 +162,19 @@ class AheadOfTraining:
         generated = generated if generated is not None else self.worker.result(request)
         return generated, time.perf_counter() - start
 
-    def stats(self, generated: Generated, wait: float, in_flight: int) -> OverlapStats:
+    def stats(self, generated: Generated, wait: float, in_flight: int, dropped: int = 0) -> OverlapStats:
         return OverlapStats(
-            staleness=self.worker.version - generated.version,
+            staleness=self.age(generated),
             wait_seconds=wait,
             sampler_idle_seconds=generated.idle_seconds,
             push_seconds=self.worker.push_seconds,
             in_flight=in_flight,
+            dropped=dropped,
         )
+
+    def age(self, generated: Generated) -> int:
+        """Policy updates between the weights that sampled a generation and the trainer's."""
+        return self.worker.version - generated.version
 
     def push_weights(self) -> None:
         """The policy changed: generations submitted from now on sample from its new weights."""
@@ -235,6 +248,7 @@ class OverlappedRollouts(AheadOfTraining):
         self.draw = draw
         self.max_staleness = max_staleness
         self.queue: collections.deque[Prefetched] = collections.deque()
+        self.dropped = 0  # samples dropped for their age, over the run (`sample/dropped_stale_total`)
 
     def fill(self) -> None:
         """Submit generations until this update's and `max_staleness` more are queued."""
@@ -259,15 +273,31 @@ class OverlappedRollouts(AheadOfTraining):
     def next(self, train_policy: bool, trainer_state=None) -> tuple[Rollout, RolloutStats]:
         """This update's rollout: submit the generations ahead, take this one's samples, score them and complete the
         rollout with the trainer's current weights."""
-        self.fill()
-        batch = self.queue.popleft()
-        generated, wait = self.take(batch.request, batch.generated)
+        batch, generated, wait = self.next_generation()
         rows, scored = self.scored(batch, generated, trainer_state)
         rollout, work = self.maker.complete(rows, scored, train_policy)
         generation = GenerationStats(generated.seconds, scored.samples.num_tokens, None)
-        return rollout, RolloutStats(
-            generation, work, reports=(self.stats(generated, wait, in_flight=len(self.queue)),)
-        )
+        report = self.stats(generated, wait, in_flight=len(self.queue), dropped=self.dropped)
+        return rollout, RolloutStats(generation, work, reports=(report,))
+
+    def next_generation(self) -> tuple[Prefetched, Generated, float]:
+        """The oldest queued generation no older than `max_staleness` (with the next ones submitted), and the seconds
+        the trainer waited. Older ones are dropped and counted (TRL AsyncGRPO's rule): the queue never holds more
+        than `max_staleness` generations ahead, so only a run resumed with a lower `max_staleness` than its
+        checkpoint's has any; their prompts are not drawn again."""
+        waited = 0.0
+        while True:
+            self.fill()
+            batch = self.queue.popleft()
+            generated, wait = self.take(batch.request, batch.generated)
+            waited += wait
+            if self.age(generated) <= self.max_staleness:
+                return batch, generated, waited
+            self.dropped += len(batch.rows)
+            logger.warning(
+                f"Dropped a generation of {len(batch.rows)} samples {self.age(generated)} policy updates old "
+                f"(max_staleness={self.max_staleness})."
+            )
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -286,7 +316,7 @@ class OverlappedRollouts(AheadOfTraining):
             if batch.generated.episodes is not None:  # tool episodes (plain data) and their environments (pickled)
                 saved["episodes"] = batch.generated.episodes
             batches.append(saved)
-        return {"batches": batches, **self.worker.state()}
+        return {"batches": batches, "dropped": self.dropped, **self.worker.state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the queue and the worker (see [`AheadOfTraining.restore_worker`])."""
@@ -296,6 +326,7 @@ class OverlappedRollouts(AheadOfTraining):
                 "generation_window or max_staleness): resume it with its own settings."
             )
         self.restore_worker(state)
+        self.dropped = state.get("dropped", 0)
         device = self.maker.accelerator.device
         self.queue.clear()
         for batch in state["batches"]:

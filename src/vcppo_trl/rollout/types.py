@@ -149,8 +149,9 @@ class OverlapStats:
     staleness: int  # policy updates between the weights that sampled the batch and those that train it
     wait_seconds: float  # the trainer idle, waiting for the samples
     sampler_idle_seconds: float  # the worker idle, waiting for work, before it sampled this batch
-    push_seconds: float  # the last weight push (copy into shared memory)
+    push_seconds: float  # the last weight push (staging it: a copy, or a file written)
     in_flight: int  # generations queued beyond this one
+    dropped: int = 0  # samples dropped for their age so far in the run (this process)
 
     def metrics(self, accelerator: Accelerator) -> dict[str, float]:
         """
@@ -158,22 +159,31 @@ class OverlapStats:
         updates between the weights that sampled the batch and those that train it, the most over processes),
         `time/sampler_wait_s` (the trainer idle, waiting for the samples), `time/sampler_idle_s` (the worker idle
         before it sampled them), `time/weight_push_s` (the last weight push) and `rollout/prefetched` (generations
-        queued beyond this one).
+        queued beyond this one); and under TRL AsyncGRPO's names `sample/staleness_mean` and `sample/staleness_max`
+        (over processes), `perf/rollout_wait_s` (the trainer's wait, the longest over processes) and
+        `sample/dropped_stale_total` (samples dropped for their age over the run, all processes).
         """
         values = torch.tensor(
             [self.staleness, self.wait_seconds, self.sampler_idle_seconds, self.push_seconds],
             dtype=torch.float64,
             device=accelerator.device,
         )
+        sums = torch.tensor([self.staleness, self.dropped], dtype=torch.float64, device=accelerator.device)
         if accelerator.num_processes > 1:
             values = accelerator.reduce(values, "max")
+            sums = accelerator.reduce(sums, "sum")
         staleness, wait, idle, push = values.tolist()
+        staleness_sum, dropped = sums.tolist()
         return {
             "sampling/staleness_max": staleness,
             "time/sampler_wait_s": wait,
             "time/sampler_idle_s": idle,
             "time/weight_push_s": push,
             "rollout/prefetched": float(self.in_flight),
+            "sample/staleness_mean": staleness_sum / accelerator.num_processes,
+            "sample/staleness_max": staleness,
+            "perf/rollout_wait_s": wait,
+            "sample/dropped_stale_total": dropped,
         }
 
 

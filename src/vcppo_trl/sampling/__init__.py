@@ -1,9 +1,11 @@
 """The sampling seam: one interface (`generate(...) -> Samples`) for HF `generate` and vLLM (colocate, server), and
-the checks a vLLM engine needs before it starts, and the rollout worker process that samples ahead of training.
+the checks a vLLM engine needs before it starts, and the rollout workers that sample ahead of training (a process of
+their own, or a vLLM server).
 """
 
 from .hf import HFSampler, neutralised_generation_fields, sample_with_policy
 from .seam import Sampler, SamplerError, Samples, pad_responses, truncate_at_stop, unpadded_prompts
+from .server_worker import ServerWorker
 from .settings import SamplerSettings
 from .vllm_checks import (
     check_vllm_model,
@@ -25,6 +27,7 @@ __all__ = [
     "Sampler",
     "SamplerError",
     "SamplerSettings",
+    "ServerWorker",
     "Samples",
     "VLLMColocateSampler",
     "VLLMEngineSpec",

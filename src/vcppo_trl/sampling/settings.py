@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from ..algo.logits_processing import NO_KNOBS, SamplingKnobs
 from ..config.ppo import PPOConfig
@@ -24,6 +25,8 @@ class SamplerSettings:
     server_base_url: str
     server_timeout: float
     group_port: int
+    weight_transfer: str  # `vllm_weight_transfer`
+    weight_transfer_dir: str  # `vllm_weight_transfer_dir`, or the output folder's `vllm_weights`
     # The colocated vLLM engine.
     max_model_length: int | None
     gpu_memory_utilization: float
@@ -52,6 +55,8 @@ class SamplerSettings:
             server_base_url=server_base_url(args.vllm_server_base_url, args.vllm_server_host, args.vllm_server_port),
             server_timeout=args.vllm_server_timeout,
             group_port=args.vllm_group_port,
+            weight_transfer=args.vllm_weight_transfer,
+            weight_transfer_dir=args.vllm_weight_transfer_dir or os.path.join(args.output_dir or ".", "vllm_weights"),
             max_model_length=args.vllm_max_model_length,
             gpu_memory_utilization=args.vllm_gpu_memory_utilization,
             tensor_parallel_size=args.vllm_tensor_parallel_size,

@@ -1,5 +1,6 @@
 """The vLLM server sampler behind the generation seam (see [`~sampling.seam`]): [`VLLMServerSampler`], a `vllm serve`
-process reached through TRL's `VLLMClient`; weights are pushed over NCCL, which needs GPUs.
+process reached through TRL's `VLLMClient`; weights are pushed through a [`~sampling.weight_transfer.WeightTransfer`]
+(NCCL on GPUs, or a folder the server reloads from, on any device).
 
 What it shares with the colocated sampler (sampling parameters, weight-sync bookkeeping, `generate`'s skeleton) is in
 [`~sampling.vllm_common`]. Nothing here imports vLLM at module level: the package works without it.
@@ -10,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from ..algo.logits_processing import NO_KNOBS, SamplingKnobs
 from .seam import SamplerError
 from .vllm_checks import named_policy_weights, require_vllm
 from .vllm_common import VLLMSamplerBase, short_message
+from .weight_transfer import NCCLTransfer, SharedFolderTransfer, WeightTransfer, choose_transfer
 
 __all__ = ["VLLMServerSampler"]
 
@@ -28,10 +30,12 @@ class VLLMServerSampler(VLLMSamplerBase):
     """
     Generation on a separate `vllm serve` process through TRL's `VLLMClient` (`vllm_mode="server"`).
 
-    The server is started by the user (see docs/vllm.md), with the same model; weights are pushed to it after every
-    policy update over the NCCL communicator TRL's client sets up, which needs a CUDA device: on a CPU the trainer
-    refuses server mode before training (generation alone works against a CPU server, as the tests show).
-    Only the main process talks to the server; every process gets its own prompts' responses back.
+    The server is started by the user (see docs/vllm.md), with the same model; weights are pushed to it before the
+    first generation and after every policy update, over the NCCL communicator TRL's client sets up (CUDA) or through
+    a shared folder the server reloads from (`weight_transfer`, [`~sampling.weight_transfer.choose_transfer`]).
+    Only the main process talks to the server; every process gets its own prompts' responses back. With a rollout
+    worker running ahead (`max_staleness`, [`~sampling.server_worker.ServerWorker`]) every request goes through the
+    worker's queue (`queue`), and the worker pushes the weights.
 
     Unlike TRL's `VLLMGeneration` in server mode, requests carry a read timeout (`vllm_server_timeout`), so a server
     that stops answering ends the run with an error naming its URL instead of hanging.
@@ -50,7 +54,8 @@ class VLLMServerSampler(VLLMSamplerBase):
         base_url: str,
         timeout: float,
         group_port: int = 51216,
-        init_communicator: bool = True,
+        weight_transfer: str | None = "auto",
+        transfer_dir: str | None = None,
         needed_length: int | None = None,
         knobs: SamplingKnobs = NO_KNOBS,
     ):
@@ -68,20 +73,20 @@ class VLLMServerSampler(VLLMSamplerBase):
         self.sync_description = f"Pushing the policy's weights to the vLLM server at {base_url}"
         self.timeout = timeout
         self.client = None
-        self._weight_metadata = None  # names, dtypes and shapes the server expects; constant after the first sync
-        if init_communicator and accelerator.device.type != "cuda":
-            raise ValueError(
-                "vllm_mode='server' pushes the policy's weights to the server over NCCL, which needs CUDA devices; "
-                f"this run is on {accelerator.device.type}. Use vllm_mode='colocate' (which works on CPU) or "
-                "use_vllm=False."
-            )
+        self.transfer: WeightTransfer | None = None  # None: generation alone (the server's own weights)
+        self.queue = None  # a rollout worker's queue every request goes through (`max_staleness` > 0), or None
+        if weight_transfer is not None:
+            weight_transfer = choose_transfer(weight_transfer, accelerator.device)
+            self.sync_description += f" ({weight_transfer})"
         problem = [None]  # decided by the main process, raised by every process (none waits at a barrier forever)
         if accelerator.is_main_process:
             start = time.perf_counter()
             problem[0] = self._connect(group_port, needed_length)
-            if problem[0] is None and init_communicator:
+            if problem[0] is None and weight_transfer is not None:
                 try:
-                    self.client.init_communicator(device=accelerator.device)
+                    self.transfer = self._transfer(weight_transfer, transfer_dir)
+                except ValueError as err:
+                    problem[0] = str(err)
                 except Exception as err:
                     problem[0] = (
                         f"No vLLM server weight-update group at {self.base_url} (group port {group_port}): "
@@ -89,6 +94,8 @@ class VLLMServerSampler(VLLMSamplerBase):
                         "(docs/vllm.md)."
                     )
             self.start_seconds = time.perf_counter() - start
+        elif weight_transfer is not None:  # takes part in the gathers
+            self.transfer = self._transfer(weight_transfer, transfer_dir)
         if accelerator.num_processes > 1:
             from accelerate.utils import broadcast_object_list
 
@@ -124,6 +131,16 @@ class VLLMServerSampler(VLLMSamplerBase):
             )
         return None
 
+    def _transfer(self, kind: str, folder: str | None) -> WeightTransfer:
+        """This process's weight transfer (only the main process's has the client)."""
+        if kind == "nccl":
+            return NCCLTransfer(self.client, self.accelerator.device)
+        if folder is None:
+            raise ValueError(
+                "vllm_weight_transfer='shared_folder' needs a folder the server can read: set vllm_weight_transfer_dir."
+            )
+        return SharedFolderTransfer(self.client, folder)
+
     def server_max_model_length(self) -> int | None:
         """The server's context length, from its `/server_info` (dev mode); `None` when it does not say."""
         try:
@@ -132,33 +149,37 @@ class VLLMServerSampler(VLLMSamplerBase):
         except Exception:
             return None
 
+    def named_weights(self, copy: bool) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy's weights under their checkpoint names (every process iterates: the ZeRO-3 gathers)."""
+        return named_policy_weights(self.policy_provider(), self.gather, copy=copy)
+
     def _push_weights(self) -> None:
-        """Stream the policy's weights to the server over NCCL (every process takes part in the ZeRO-3 gathers)."""
-        policy = self.policy_provider()
-        if self._weight_metadata is None:  # one extra pass (with its ZeRO-3 gathers) on the first sync only
-            self._weight_metadata = [
-                (n, str(p.dtype).removeprefix("torch."), list(p.shape))
-                for n, p in named_policy_weights(policy, self.gather)
-            ]
-        if self.client is not None:
-            self.client.update_named_params(self._weight_metadata, named_policy_weights(policy, self.gather))
-            self.client.reset_prefix_cache()
-        else:
-            for _ in named_policy_weights(policy, self.gather):  # take part in the ZeRO-3 gathers
-                pass
+        """Push the policy's weights to the server (every process takes part in the ZeRO-3 gathers). With a rollout
+        worker's queue, nothing: the worker pushes after every policy update, in order with its generations."""
+        if self.queue is not None or self.transfer is None:
+            return
+        self.transfer.push(lambda: self.named_weights(copy=self.transfer.copies))
+
+    def completions(self, prompts: list[list[int]], kwargs: dict[str, Any]) -> tuple[list, list]:
+        """The server's completions of `prompts` (main process: one request) and their sampled log-probs; raises what
+        the request raised."""
+        kwargs = dict(kwargs)
+        kwargs.pop("n")
+        generation_kwargs = {k: kwargs.pop(k) for k in ("stop_token_ids", "ignore_eos")}
+        out = self.client.generate(prompts=prompts, n=1, generation_kwargs=generation_kwargs, **kwargs)
+        return out["completion_ids"], [[lp[0] for lp in row] for row in out["logprobs"]]
 
     def _sample(self, prompts: list[list[int]], kwargs: dict[str, Any]) -> tuple[list[list[int]], list[list[float]]]:
         """The main process sends every process's prompts in one request and hands each its own slice back."""
         from accelerate.utils import broadcast_object_list, gather_object
 
+        if self.queue is not None:
+            return self.queue.sample_now(prompts, kwargs)
         all_prompts = gather_object(prompts) if self.accelerator.num_processes > 1 else prompts
         payload = [None]
         if self.client is not None:
-            kwargs.pop("n")
-            generation_kwargs = {k: kwargs.pop(k) for k in ("stop_token_ids", "ignore_eos")}
             try:
-                out = self.client.generate(prompts=all_prompts, n=1, generation_kwargs=generation_kwargs, **kwargs)
-                payload = [(out["completion_ids"], [[lp[0] for lp in row] for row in out["logprobs"]])]
+                payload = [self.completions(all_prompts, kwargs)]
             except Exception as err:
                 payload = [f"{type(err).__name__}: {err}"]
         if self.accelerator.num_processes > 1:
@@ -171,6 +192,6 @@ class VLLMServerSampler(VLLMSamplerBase):
         return completions[mine], logprobs[mine]
 
     def close(self) -> None:
-        if self.client is not None and self.client.communicator is not None:
+        if self.transfer is not None:
             with contextlib.suppress(Exception):
-                self.client.close_communicator()
+                self.transfer.close()

@@ -190,6 +190,8 @@ def build_sampler(
             base_url=settings.server_base_url,
             timeout=settings.server_timeout,
             group_port=settings.group_port,
+            weight_transfer=settings.weight_transfer,
+            transfer_dir=settings.weight_transfer_dir,
             needed_length=needed_length,
         )
         logger.warning(f"Rollouts are sampled by the vLLM server at {sampler.base_url}.")
