@@ -1154,3 +1154,18 @@ def test_an_environments_reset_text_that_overflows_vllms_context_is_a_clear_erro
     )
     with pytest.raises(ValueError, match=r"A prompt of 4\d\d tokens plus up to 128 new tokens .*=512.*reset\(\)"):
         trainer.train()
+
+
+def test_server_overlap_benchmark_smoke():
+    """benchmarks/server_overlap.py's code paths at T = 16 on its own CPU server: both sides train, the overlapped one
+    a batch ahead, and the printed shares and speed-up follow from the printed seconds. No timing is asserted."""
+    done = _run_script("benchmarks/server_overlap.py", "--smoke")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = {line.split()[0]: line.split() for line in done.stdout.splitlines() if line.startswith(("sync ", "s1 "))}
+    assert set(rows) == {"sync", "s1"}, done.stdout
+    assert rows["sync"][4] == "0" and rows["s1"][4] == "1"
+    for row in rows.values():
+        update, idle, share = (float(x) for x in row[1:4])
+        assert abs(100 * idle / update - share) < 0.1 + 100 * 0.0005 / update
+    speedup = float(done.stdout.split("s1 / sync): ")[1].split()[0])
+    assert abs(speedup - float(rows["sync"][1]) / float(rows["s1"][1])) < 0.02

@@ -118,11 +118,13 @@ def test_windows_benchmark_smoke_prints_every_side_and_stops_at_the_drawn_length
 
 
 def test_overlap_benchmark_smoke():
-    """benchmarks/overlap.py's code paths at T = 16: both sides run, the overlap's batches are one update stale, and the
-    printed speed-up and bounds are consistent with the printed seconds. No timing is asserted."""
+    """benchmarks/overlap.py's code paths at T = 16: the sync side and staleness 1 and 2 run, each side's batches are
+    at most its bound stale, and the printed speed-ups are consistent with the printed seconds. No timing is
+    asserted."""
     out = _run_benchmark("overlap.py", "--smoke")
-    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("sync ", "overlap "))}
-    assert set(rows) == {"sync", "overlap"}, out
-    assert rows["sync"][6] == "0" and rows["overlap"][6] == "1"
-    assert _printed_ratio_matches(out.split("overlap / sync): ")[1].split()[0], rows["sync"][1], rows["overlap"][1])
-    assert "bound (G + T) / max(G, T + S)" in out and "bound with G the worker's generation" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("sync ", "s1 ", "s2 "))}
+    assert set(rows) == {"sync", "s1", "s2"}, out
+    assert rows["sync"][6] == "0" and rows["s1"][6] == "1" and rows["s2"][6] == "2"
+    for side in ("s1", "s2"):
+        assert _printed_ratio_matches(rows[side][7], rows["sync"][1], rows[side][1])
+    assert "bound: (G + T) / max(G, T + S)" in out
