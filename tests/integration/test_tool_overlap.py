@@ -174,3 +174,30 @@ def test_what_tools_under_overlap_do_not_take_yet_is_refused_with_the_reason(tin
         keywords = {"use_vllm": False, **more}
         with pytest.raises(ValueError, match=rf"do not support `{name}` yet \(.+\): drop `{name}`"):
             check_tools_under_overlap(config, tools=[add], **keywords)
+
+
+@pytest.mark.parametrize("kill_after", [1, 2])
+def test_a_worker_killed_while_it_runs_episodes_stops_training_instead_of_hanging(tiny_config, tmp_path, kill_after):
+    """The worker killed at the end of an update, whether it is sampling the next episodes or writing them back (an
+    answer of episodes is larger than the pipe's buffer): training stops with a `SamplerError` and a checkpoint of the
+    last finished update, in seconds."""
+    import time
+
+    from transformers import TrainerCallback
+
+    from vcppo_trl.sampling.seam import SamplerError
+
+    class KillWorker(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == kill_after:
+                trainer.rollouts.worker.process.kill()
+
+    trainer = _trainer(tiny_config, total_episodes=64, output_dir=str(tmp_path / "run"))
+    trainer.add_callback(KillWorker())
+    start = time.perf_counter()
+    with pytest.raises(SamplerError, match="Sampling failed at update"):
+        trainer.train()
+    assert time.perf_counter() - start < 300
+    last = trainer.state.global_step
+    assert last in (kill_after, kill_after + 1)
+    assert (tmp_path / "run" / f"checkpoint-{last}" / "vcppo_state.json").is_file()

@@ -94,10 +94,10 @@ def test_a_failed_push_fails_every_later_generation_and_never_samples_stale():
     sampler = FakeSampler()
     worker = ServerWorker(sampler, iter([("w", torch.tensor(1.0))]))
     before = worker.submit(*_ids([5, 6]), config={}, seed=0)
+    assert worker.result(before).samples.response_ids.tolist() == [[5, 1]]
     sampler.transfer.fail = True
     worker.push_weights(iter([("w", torch.tensor(2.0))]))
     after = worker.submit(*_ids([5, 6]), config={}, seed=1)
-    assert worker.result(before).samples.response_ids.tolist() == [[5, 1]]
     with pytest.raises(SamplerError, match="fake server failed .*could not read the folder.*stale weights"):
         worker.result(after)
     worker.close()
@@ -172,3 +172,47 @@ def test_the_shared_folder_needs_the_servers_rpc_route_and_other_processes_write
     gathered = []
     other.push(lambda: (gathered.append(n) or (n, torch.ones(1)) for n in ("x", "y")))
     assert gathered == ["x", "y"] and not (tmp_path / "b").exists()
+
+
+class _Stalled:
+    """A results queue whose reader blocks for good after the messages given: the state a worker killed while it
+    writes an answer leaves behind (the rest of the message never comes, and the trainer holds the pipe's write end)."""
+
+    def __init__(self, *messages):
+        self.messages = list(messages)
+
+    def get(self, timeout=None):
+        if self.messages:
+            return self.messages.pop(0)
+        threading.Event().wait()
+
+
+def _dead_worker(results):
+    from vcppo_trl.sampling.worker import RolloutWorker
+
+    worker = object.__new__(RolloutWorker)
+    worker.name, worker.results, worker.device = "hf-worker", results, torch.device("cpu")
+    worker.process = types.SimpleNamespace(is_alive=lambda: False, exitcode=-9)
+    worker.submitted, worker.ready, worker.taken = 2, {}, set()
+    worker._start_reader()
+    return worker
+
+
+def test_a_process_worker_killed_mid_answer_is_a_sampler_error_not_a_hang():
+    import time
+
+    worker = _dead_worker(_Stalled())
+    start = time.perf_counter()
+    with pytest.raises(SamplerError, match=r"died \(exit code -9\) while the trainer waited for generation 0"):
+        worker.result(0)
+    assert time.perf_counter() - start < 10
+
+
+def test_an_answer_written_whole_before_the_worker_died_is_still_taken():
+    ids, mask = torch.tensor([[3, 4]]), torch.tensor([[True, True]])
+    answer = (ids, mask, torch.tensor([False]), torch.tensor([[-0.1, -0.2]]))
+    worker = _dead_worker(_Stalled(("samples", 0, answer, 1, 0.5, 0.0)))
+    generated = worker.result(0)
+    assert generated.version == 1 and generated.samples.response_ids.tolist() == [[3, 4]]
+    with pytest.raises(SamplerError, match="waited for generation 1"):
+        worker.result(1)

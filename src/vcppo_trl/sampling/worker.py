@@ -29,6 +29,7 @@ import os
 import queue
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -314,6 +315,24 @@ class RolloutWorker:
         self.start_seconds = time.perf_counter() - start
         self.ready: dict[int, Generated] = {}  # received, not taken yet
         self.taken: set[int] = set()
+        self._start_reader()
+
+    def _start_reader(self) -> None:
+        """Read the worker's answers in a thread of their own: reading one blocks until it is whole, and a worker
+        killed while it writes one (an answer of episodes is larger than the pipe's buffer) leaves the reader blocked
+        for good, which must not be the trainer's thread (it notices the dead worker and stops)."""
+        self.inbox: queue.Queue = queue.Queue()
+
+        def read() -> None:
+            while True:
+                try:
+                    message = self.results.get()
+                except (ConnectionError, EOFError, OSError) as err:  # the worker died while handing tensors over
+                    self.inbox.put(("died", err))
+                    return
+                self.inbox.put(message)
+
+        threading.Thread(target=read, name=f"{self.name}-answers", daemon=True).start()
 
     def submit(self, query_ids: torch.Tensor, query_mask: torch.Tensor, config: Any, seed: int) -> int:
         """Queue one generation (sampled from the weights pushed before it); returns its request number. `config`:
@@ -351,19 +370,22 @@ class RolloutWorker:
             raise RuntimeError(f"Generation {request} was already taken, or never submitted.")
         while request not in self.ready:
             try:
-                message = self.results.get(timeout=POLL_SECONDS)
-            except (ConnectionError, EOFError, OSError) as err:  # the worker died while handing tensors over
-                raise SamplerError(
-                    f"The rollout worker process died (exit code {self.process.exitcode}) while it returned "
-                    f"generation {request} ({type(err).__name__})."
-                ) from err
+                message = self.inbox.get(timeout=POLL_SECONDS)
             except queue.Empty:
-                if not self.process.is_alive():
+                if self.process.is_alive():
+                    continue
+                try:  # an answer written whole before the worker died may still be on its way in
+                    message = self.inbox.get(timeout=POLL_SECONDS)
+                except queue.Empty:
                     raise SamplerError(
                         f"The rollout worker process died (exit code {self.process.exitcode}) while the trainer "
                         f"waited for generation {request}."
                     ) from None
-                continue
+            if message[0] == "died":
+                raise SamplerError(
+                    f"The rollout worker process died (exit code {self.process.exitcode}) while it returned "
+                    f"generation {request} ({type(message[1]).__name__})."
+                ) from message[1]
             if message[0] == "error":
                 what = {"start": "to start", "weights": "to load pushed weights"}.get(
                     message[1], f"on generation {message[1]}"
@@ -393,6 +415,8 @@ class RolloutWorker:
         if self.process.is_alive():
             self.process.terminate()
             self.process.join(timeout=5)
+        # Weights queued for a worker that is gone would keep this process waiting at exit to flush them.
+        self.requests.cancel_join_thread()
 
     def state(self) -> dict[str, Any]:
         return {"submitted": self.submitted, "version": self.version}
