@@ -45,6 +45,12 @@ benchmarks/results/gpu_check_h200_ee33196.txt. Rows:
    t-interval over the seeds (smoke: the tiny model, 4 prompts x 8 tokens). On one H200 at ee33196: mean 8.07e-03
    without the cast, 8.11e-03 with it; CPU figures in benchmarks/results/fp32_head_cpu.txt.
 
+9. `server`: server-mode training with `max_staleness=1` against the synchronous server run
+   (benchmarks/server_overlap.py's tiny policy, T = 256, batch 8): a vLLM server on the same host, the weights pushed
+   over NCCL with two GPUs or more (the server on the second), through the shared folder with one; the synchronous
+   run's largest |Δ log p| (an exact push leaves only numerics), the trainer's idle share of an update on each side,
+   the speed-up (smoke: T = 16 on vLLM's CPU server). Never run on a GPU. Needs vLLM, as the rollout row.
+
 Sequence parallelism (`sequence_parallel_size`, docs/distributed.md#sequence-parallelism) splits sequences across a
 group of 2 or more processes, so it needs at least 2 GPUs: it has no row here (its CPU tests run 2 processes).
 
@@ -638,6 +644,44 @@ def check_rollout(device: torch.device, smoke: bool) -> dict:
     }
 
 
+def check_server(device: torch.device, smoke: bool) -> dict:
+    """Server-mode training with `max_staleness=1` against the synchronous server run (benchmarks/server_overlap.py's
+    setting): a vLLM server on `step_setup`'s tiny policy shape, the weights pushed after every policy update. With two
+    GPUs or more, over NCCL (the server on the second GPU); with one, through the shared folder (NCCL cannot join two
+    processes on one GPU), the server taking 30 % of its memory. The largest |Δ log p| of the synchronous run's updates
+    (every update sampled from the weights it trains: a push that failed or lagged shows here), the trainer's idle
+    share of an update on each side, and the speed-up."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return {"size": "-", "result": 'not run: vLLM is not installed (pip install -e ".[vllm]")'}
+    import server_overlap  # benchmarks/server_overlap.py
+    import step_setup
+
+    length, updates, warmup = (16, 2, 1) if smoke else (256, 6, 2)
+    transfer, server_args, server_env = "shared_folder", (), {}
+    if device.type == "cuda":
+        server_args = ("--gpu-memory-utilization", "0.3")
+        if torch.cuda.device_count() >= 2:
+            transfer, server_args = "nccl", ("--weight-transfer-config", '{"backend": "nccl"}')
+            server_env = {"CUDA_VISIBLE_DEVICES": "1"}
+    overrides = dict(use_cpu=device.type == "cpu", vllm_weight_transfer=transfer)
+    with tempfile.TemporaryDirectory() as model_dir:
+        server_overlap.vllm_ready_policy(length).save_pretrained(model_dir)
+        step_setup.build_tokenizer().save_pretrained(model_dir)
+        with server_overlap.vllm_server(
+            model_dir, server_overlap.PROMPT_TOKENS + length, server_args, server_env
+        ) as url:
+            sides = [server_overlap.run_side(url, length, bound, updates, warmup, **overrides) for bound in (0, 1)]
+    sync, ahead = sides
+    idle = [100 * side["idle_s"] / side["update_s"] for side in sides]
+    return {
+        "size": f"T={length}, batch {server_overlap.BATCH}, {transfer}",
+        "result": f"sync max |Δ log p| {sync['logp_gap_max']:.1e}; idle {idle[0]:.0f} % (sync) → {idle[1]:.0f} % "
+        f"(max_staleness 1, staleness {int(ahead['staleness'])}); speed-up {sync['update_s'] / ahead['update_s']:.2f}x",
+    }
+
+
 def check_fp32_head(device: torch.device, smoke: bool) -> dict:
     import fp32_head  # benchmarks/fp32_head.py
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -682,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
         "--skip",
         nargs="*",
         default=[],
-        help="row names to skip (gae, update, logprob, long, windows, zero3, fsdp2, rollout, fp32)",
+        help="row names to skip (gae, update, logprob, long, windows, zero3, fsdp2, rollout, fp32, server)",
     )
     parser.add_argument(
         "--windows-length",
@@ -716,6 +760,7 @@ def main(argv: list[str] | None = None) -> int:
         ("fsdp2-1proc", lambda: check_one_process(device, smoke, "fsdp2")),
         ("rollout", lambda: check_rollout(device, smoke)),
         ("fp32-head", lambda: check_fp32_head(device, smoke)),
+        ("server", lambda: check_server(device, smoke)),
     ]
     rows, failed = [], 0
     for name, check in checks:

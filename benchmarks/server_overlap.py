@@ -64,14 +64,16 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def vllm_server(model_dir: str, max_model_len: int):
-    """A CPU vLLM server on `model_dir` for the run; stopped with its engine process at the end."""
+def vllm_server(model_dir: str, max_model_len: int, extra_args: tuple[str, ...] = (), env: dict | None = None):
+    """A vLLM server on `model_dir` for the run (the CPU build's settings unless `extra_args`/`env` say otherwise);
+    stopped with its engine process at the end."""
     port = free_port()
-    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
+    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1", **(env or {}))
     log = open(os.path.join(model_dir, "server.log"), "w")
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--host", "127.0.0.1"]
     command += ["--port", str(port), "--dtype", "float32", "--max-model-len", str(max_model_len)]
     command += ["--generation-config", "vllm", "--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1"]
+    command += list(extra_args)
     proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -90,7 +92,11 @@ def vllm_server(model_dir: str, max_model_len: int):
         proc.wait(timeout=30)
 
 
-def run_side(url: str, response_length: int, max_staleness: int, updates: int, warmup: int, seed: int = 0) -> dict:
+def run_side(
+    url: str, response_length: int, max_staleness: int, updates: int, warmup: int, seed: int = 0, **overrides
+) -> dict:
+    """Train `warmup + updates` updates on the server at `url`; the timed updates' medians (`overrides`: config fields
+    on top, e.g. the device and the weight transfer of the GPU check's row)."""
     from datasets import Dataset
     from step_ours import first_letter_reward, vcppo_update_config
 
@@ -111,6 +117,7 @@ def run_side(url: str, response_length: int, max_staleness: int, updates: int, w
             vllm_mode="server",
             vllm_server_base_url=url,
             vllm_server_timeout=120.0,
+            **overrides,
         )
         collect = Collect()
         trainer = VCPPOTrainer(
@@ -128,13 +135,14 @@ def run_side(url: str, response_length: int, max_staleness: int, updates: int, w
     timed = collect.metrics[warmup:]
     update = statistics.median(seconds)
     length = statistics.mean(m["completions/mean_length"] for m in timed)
+    gap = max(m["sampling/sampling_logp_difference/max"] for m in timed)
     if max_staleness:
         idle = statistics.median(m["perf/rollout_wait_s"] + m["time/weight_push_s"] for m in timed)
         staleness = max(m["sampling/staleness_max"] for m in timed)
     else:
         idle = statistics.median(m["time/generation_s"] + m["time/weight_sync_s"] for m in timed)
         staleness = 0
-    return {"update_s": update, "idle_s": idle, "staleness": staleness, "length": length}
+    return {"update_s": update, "idle_s": idle, "staleness": staleness, "length": length, "logp_gap_max": gap}
 
 
 def main() -> None:

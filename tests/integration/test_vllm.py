@@ -917,6 +917,10 @@ def test_gpu_check_rollout_row_smoke():
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     row = next(line for line in done.stdout.splitlines() if line.startswith("rollout "))
     assert "64 tokens" in row and "ratio" in row and "FAILED" not in row
+    row = next(line for line in done.stdout.splitlines() if line.startswith("server "))
+    assert "shared_folder" in row and "staleness 1" in row and "FAILED" not in row
+    gap = float(row.split("sync max |Δ log p| ")[1].split(";")[0])
+    assert gap < LOGPROB_TOLERANCE  # every synchronous update sampled from the weights it trained
 
 
 def test_train_py_with_the_vllm_toy_recipe(tmp_path):

@@ -29,7 +29,8 @@ def test_cpu_smoke_runs_every_row():
     rows = {line.split()[0]: line for line in lines[start + 1 :] if line.strip()}
     expected = ["gae", "update", "logprob-chunked", "logprob-full", "logprob-chunked-bwd", "logprob-full-bwd"]
     long = ["long-padded", "long-budget", "long-packed-sdpa", "long-packed-flex"]
-    assert list(rows) == expected + long + ["windows", "zero3-1proc", "fsdp2-1proc", "rollout", "fp32-head"]
+    tail = ["windows", "zero3-1proc", "fsdp2-1proc", "rollout", "fp32-head", "server"]
+    assert list(rows) == expected + long + tail
     assert not any("FAILED" in row for row in rows.values())
     # The rollout row needs vLLM: here it says why it did not run (tests/integration/test_vllm.py runs it where vLLM
     # is installed).
@@ -37,6 +38,7 @@ def test_cpu_smoke_runs_every_row():
 
     if importlib.util.find_spec("vllm") is None:
         assert "not run: vLLM is not installed" in rows["rollout"]
+        assert "not run: vLLM is not installed" in rows["server"]
     # The fast GAE equals the per-token loop.
     diff = float(rows["gae"].split("max diff ")[1])
     assert diff < 1e-5
