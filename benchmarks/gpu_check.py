@@ -432,11 +432,9 @@ def run_windows_side(
     """
     import windows  # benchmarks/windows.py
     from datasets import Dataset
-    from step_ours import first_letter_reward, vcppo_update_config
+    from step_ours import vcppo_update_config
     from step_setup import EOS_ID, PROMPT_LENGTH, build_tokenizer, prompt_ids, prompt_texts
     from transformers import LogitsProcessorList, Qwen2Config, Qwen2ForCausalLM
-
-    from vcppo_trl import VCPPOTrainer
 
     batch, seed = windows.BATCH, 0  # `pool`: rollout_pool_size (responses in flight), None: the batch
     baseline = peak_reset(device)
@@ -476,24 +474,12 @@ def run_windows_side(
             activation_checkpointing=True,
             use_cpu=device.type == "cpu",
         )
-        collect = windows.Collect()
-        trainer = VCPPOTrainer(
-            model=policy,
-            reward_funcs=first_letter_reward,
-            args=args,
-            train_dataset=Dataset.from_dict({"prompt": prompt_texts(num_prompts, seed)}),
-            processing_class=build_tokenizer(),
-            callbacks=[collect],
-        )
-        trainer.log = lambda *a, **k: None
-        collect.marks = [time.perf_counter()]
-        trainer.train()
+        dataset = Dataset.from_dict({"prompt": prompt_texts(num_prompts, seed)})
+        seconds, timed = windows.timed_training(policy, build_tokenizer(), dataset, args, warmup)
         sync(device)
     peak = peak_gib(device, baseline)
-    seconds = [b - a for a, b in zip(collect.marks, collect.marks[1:])][warmup:]
-    timed = collect.metrics[warmup:]
     if len(timed) != updates:
-        raise RuntimeError(f"{len(collect.metrics)} updates ran, {warmup + updates} expected")
+        raise RuntimeError(f"{warmup + len(timed)} updates ran, {warmup + updates} expected")
     finished = [m.get("rollout/finished_responses", float(batch)) for m in timed]
     return {
         "finished_per_s": sum(finished) / sum(seconds),

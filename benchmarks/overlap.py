@@ -24,7 +24,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -33,16 +32,14 @@ sys.path.insert(0, HERE)
 
 import step_setup  # noqa: E402
 import torch  # noqa: E402
-from windows import Collect  # noqa: E402
+from windows import timed_training  # noqa: E402
 
 BATCH = 8
 
 
 def run_side(response_length: int, max_staleness: int, updates: int, warmup: int, seed: int = 0) -> dict:
     from datasets import Dataset
-    from step_ours import first_letter_reward, vcppo_update_config
-
-    from vcppo_trl import VCPPOTrainer
+    from step_ours import vcppo_update_config
 
     tokenizer = step_setup.build_tokenizer()
     policy, _, _ = step_setup.build_models(response_length, seed)  # no stop token in the vocabulary: full length
@@ -58,20 +55,7 @@ def run_side(response_length: int, max_staleness: int, updates: int, warmup: int
             max_staleness=max_staleness,
             rollout_worker_threads=1,
         )
-        collect = Collect()
-        trainer = VCPPOTrainer(
-            model=policy,
-            reward_funcs=first_letter_reward,
-            args=config,
-            train_dataset=dataset,
-            processing_class=tokenizer,
-            callbacks=[collect],
-        )
-        trainer.log = lambda *a, **k: None
-        collect.marks = [time.perf_counter()]
-        trainer.train()
-    seconds = [b - a for a, b in zip(collect.marks, collect.marks[1:])][warmup:]
-    timed = collect.metrics[warmup:]
+        seconds, timed = timed_training(policy, tokenizer, dataset, config, warmup)
     generation = statistics.median(m["time/generation_s"] for m in timed)
     update = statistics.median(seconds)
     result = {"update_s": update, "generation_s": generation, "rest_s": update - generation}

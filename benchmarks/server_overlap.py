@@ -40,7 +40,7 @@ sys.path.insert(0, HERE)
 
 import step_setup  # noqa: E402
 import torch  # noqa: E402
-from windows import Collect  # noqa: E402
+from windows import timed_training  # noqa: E402
 
 BATCH = 8
 PROMPT_TOKENS = 16  # step_setup's prompts are shorter
@@ -98,9 +98,7 @@ def run_side(
     """Train `warmup + updates` updates on the server at `url`; the timed updates' medians (`overrides`: config fields
     on top, e.g. the device and the weight transfer of the GPU check's row)."""
     from datasets import Dataset
-    from step_ours import first_letter_reward, vcppo_update_config
-
-    from vcppo_trl import VCPPOTrainer
+    from step_ours import vcppo_update_config
 
     tokenizer = step_setup.build_tokenizer()
     num_prompts = BATCH * (warmup + updates + max_staleness)
@@ -119,20 +117,8 @@ def run_side(
             vllm_server_timeout=120.0,
             **overrides,
         )
-        collect = Collect()
-        trainer = VCPPOTrainer(
-            model=vllm_ready_policy(response_length, seed),
-            reward_funcs=first_letter_reward,
-            args=config,
-            train_dataset=dataset,
-            processing_class=tokenizer,
-            callbacks=[collect],
-        )
-        trainer.log = lambda *a, **k: None
-        collect.marks = [time.perf_counter()]
-        trainer.train()
-    seconds = [b - a for a, b in zip(collect.marks, collect.marks[1:])][warmup:]
-    timed = collect.metrics[warmup:]
+        policy = vllm_ready_policy(response_length, seed)
+        seconds, timed = timed_training(policy, tokenizer, dataset, config, warmup)
     update = statistics.median(seconds)
     length = statistics.mean(m["completions/mean_length"] for m in timed)
     gap = max(m["sampling/sampling_logp_difference/max"] for m in timed)

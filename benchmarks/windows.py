@@ -88,6 +88,29 @@ class Collect(TrainerCallback):
         self.metrics.append(dict(metrics or {}))
 
 
+def timed_training(policy, tokenizer, dataset, config, warmup: int) -> tuple[list[float], list[dict]]:
+    """Train `step_ours`' update (`first_letter_reward`) with `config`, logging off; the seconds and the metrics of
+    each update after the first `warmup`."""
+    from step_ours import first_letter_reward
+
+    from vcppo_trl import VCPPOTrainer
+
+    collect = Collect()
+    trainer = VCPPOTrainer(
+        model=policy,
+        reward_funcs=first_letter_reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[collect],
+    )
+    trainer.log = lambda *a, **k: None
+    collect.marks = [time.perf_counter()]
+    trainer.train()
+    seconds = [b - a for a, b in zip(collect.marks, collect.marks[1:])]
+    return seconds[warmup:], collect.metrics[warmup:]
+
+
 def pool_size(response_length: int, window: int) -> int:
     """`rollout_pool_size` for a window: the batch × E⌈l/W⌉ (windows a response of the long-tailed mix takes), rounded
     up to whole batches (the micro-batch is the batch here)."""
@@ -106,9 +129,7 @@ def run_ours(
     pool: int | None = None,
 ) -> dict:
     from datasets import Dataset
-    from step_ours import first_letter_reward, vcppo_update_config
-
-    from vcppo_trl import VCPPOTrainer
+    from step_ours import vcppo_update_config
 
     tokenizer = step_setup.build_tokenizer()
     policy, _, _ = step_setup.build_models(response_length, seed, stop_token_in_vocab=True)
@@ -136,21 +157,7 @@ def run_ours(
             # Two full-length sequences per forward, the short ones grouped.
             max_tokens_per_micro_batch=budget_tokens if budget else None,
         )
-        collect = Collect()
-
-        trainer = VCPPOTrainer(
-            model=policy,
-            reward_funcs=first_letter_reward,
-            args=config,
-            train_dataset=dataset,
-            processing_class=tokenizer,
-            callbacks=[collect],
-        )
-        trainer.log = lambda *a, **k: None
-        collect.marks = [time.perf_counter()]
-        trainer.train()
-    seconds = [b - a for a, b in zip(collect.marks, collect.marks[1:])][warmup:]
-    timed = collect.metrics[warmup:]
+        seconds, timed = timed_training(policy, tokenizer, dataset, config, warmup)
     finished = [m.get("rollout/finished_responses", float(BATCH)) for m in timed]
     # The critic trains on finished responses' tokens; the policy on the window's (all tokens without a window).
     critic = [m.get("diagnostics/response_length_mean", 0.0) * n for m, n in zip(timed, finished)]
