@@ -1172,4 +1172,8 @@ def test_server_overlap_benchmark_smoke():
         update, idle, share = (float(x) for x in row[1:4])
         assert abs(100 * idle / update - share) < 0.1 + 100 * 0.0005 / update
     speedup = float(done.stdout.split("s1 / sync): ")[1].split()[0])
-    assert abs(speedup - float(rows["sync"][1]) / float(rows["s1"][1])) < 0.02
+    # The seconds are printed to 3 decimals: the ratio of the printed figures is only known within their rounding.
+    sync_s, s1_s = float(rows["sync"][1]), float(rows["s1"][1])
+    assert (
+        (sync_s - 0.0005) / (s1_s + 0.0005) - 0.005 <= speedup <= (sync_s + 0.0005) / max(s1_s - 0.0005, 1e-9) + 0.005
+    )
