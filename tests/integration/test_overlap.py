@@ -98,6 +98,9 @@ def test_one_step_off_training_trains_each_batch_one_update_after_the_weights_th
     assert [logs[s]["sampling/staleness_max"] for s in sorted(logs)] == [0.0, 0.0, 1.0, 1.0, 1.0]
     assert [logs[s]["sample/staleness_mean"] for s in sorted(logs)] == [0.0, 0.0, 1.0, 1.0, 1.0]  # AsyncGRPO's names
     assert all(logs[s]["sample/staleness_max"] == logs[s]["sampling/staleness_max"] for s in logs)
+    # Every token of a batch was sampled by the same weights: the token tags say the batch's age.
+    assert all(logs[s]["sample/token_staleness_mean"] == logs[s]["sampling/staleness_max"] for s in logs)
+    assert all(logs[s]["sample/oldest_token_staleness_max"] == logs[s]["sampling/staleness_max"] for s in logs)
     assert logs[2]["sampling/sampling_logp_difference/max"] < 1e-5  # same weights: the sampler's log-probs are exact
     assert logs[3]["sampling/sampling_logp_difference/max"] > 1e-3  # one update apart: the weights moved
     assert all("sampling/importance_sampling_ratio/mean" in logs[s] for s in (2, 3, 4, 5))
@@ -219,6 +222,9 @@ def test_windows_with_one_step_off_overlap_train_each_window_one_update_after_it
     whole.train()
     logs = step_logs(whole)
     assert [logs[s]["sampling/staleness_max"] for s in sorted(logs)] == [0.0, 0.0, 1.0, 1.0, 1.0]
+    assert [logs[s]["sample/token_staleness_mean"] for s in sorted(logs)] == [0.0, 0.0, 1.0, 1.0, 1.0]
+    # A response continued over windows is older than its window: its first tokens were sampled updates before.
+    assert any(logs[s]["sample/oldest_token_staleness_max"] > 1 for s in logs)
     assert all(logs[s]["rollout/window_tokens"] > 0 for s in logs)
     assert any(logs[s]["rollout/in_flight"] > 0 for s in logs)  # responses cut by the window carry over
     assert logs[2]["sampling/sampling_logp_difference/max"] < 1e-5  # sampled by the weights that train it

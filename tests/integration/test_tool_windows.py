@@ -40,7 +40,9 @@ def _trainer(tiny_config, **overrides):
 
 def _without_window_metrics(logs: dict) -> dict:
     return {
-        step: {k: v for k, v in entry.items() if not k.startswith("rollout/") and k != "frac_reward_zero_std"}
+        step: {
+            k: v for k, v in entry.items() if not k.startswith(("rollout/", "sample/")) and k != "frac_reward_zero_std"
+        }
         for step, entry in logs.items()
     }
 

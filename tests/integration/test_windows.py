@@ -44,10 +44,33 @@ def test_pool_continues_responses_and_finishes_them_only_at_a_stop_or_the_length
     assert step.finished == [True, True, False] and step.has_stop == [False, True, False]
     assert [s.response_ids for s in pool.slots] == [[5, 6, 7, 8, 1, 1], [5, 6, 7, 8, 1, STOP], [1, 1, 1, 1]]
     assert step.windows == [2, 2, 1] and step.prefilled_tokens == 8
+    pool.tag_new_tokens(0)
     state = pool.state_dict()
     restored = ResponsePool(3, window=4, response_length=6)
     restored.load_state_dict(state)
     assert restored.state_dict() == state
+
+
+def test_pool_tokens_age_with_each_policy_step_and_an_old_checkpoint_gets_an_age():
+    pool = ResponsePool(2, window=3, response_length=8)
+    pool.refill(lambda: [{"prompt": "a"}, {"prompt": "b"}], lambda rows: [[10]] * len(rows))
+    pool.advance(window_samples([[5, 6, 7], [5, 6, 7]]))
+    pool.tag_new_tokens(0)
+    pool.after_policy_step()
+    pool.advance(window_samples([[1, 1, 1], [1, STOP, 9]]))
+    pool.tag_new_tokens(1)  # sampled by a worker one update ahead
+    assert [s.token_staleness for s in pool.slots] == [[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1]]
+    pool.after_policy_step()
+    assert pool.slots[1].token_staleness == [2] * 5
+    mask = torch.tensor([[True] * 6 + [False], [True] * 5 + [False] * 2])
+    assert pool.token_staleness(mask).tolist() == [[2] * 6 + [0], [2] * 5 + [0, 0]]
+    # A pool saved before tokens carried their age: its tokens count as sampled one update before the resume.
+    state = pool.state_dict()
+    for slot in state["slots"]:
+        del slot["token_staleness"]
+    restored = ResponsePool(2, window=3, response_length=8)
+    restored.load_state_dict(state)
+    assert [s.token_staleness for s in restored.slots] == [[1] * 6, [1] * 5]
 
 
 def test_a_window_of_zero_tokens_is_refused(tiny_config):
@@ -67,7 +90,12 @@ def test_a_window_as_long_as_the_response_reproduces_the_whole_response_run(fres
         # The window's own metrics are the only additions; every other logged value is the same.
         added = {k for entry in logs.values() for k in entry} - {k for entry in plain_logs.values() for k in entry}
         assert added == {"rollout/finished_responses", "rollout/window_tokens", "rollout/prefilled_tokens",
-                         "rollout/in_flight", "rollout/windows_per_finished_mean"}  # fmt: skip
+                         "rollout/in_flight", "rollout/windows_per_finished_mean",
+                         "sample/token_staleness_mean", "sample/oldest_token_staleness_max"}  # fmt: skip
+        # Every response starts and finishes in its update: sampled by the weights that train it.
+        assert all(
+            e["sample/oldest_token_staleness_max"] == 0 == e["sample/token_staleness_mean"] for e in logs.values()
+        )
         # ... but TRL GRPO's frac_reward_zero_std, which reads whole groups and is left out under windows.
         plain = {s: {k: v for k, v in e.items() if k != "frac_reward_zero_std"} for s, e in plain_logs.items()}
         assert {s: {k: v for k, v in e.items() if k not in added} for s, e in logs.items()} == plain
@@ -108,6 +136,13 @@ def test_short_windows_train_on_window_tokens_and_the_critic_on_finished_respons
         assert bool((rollout.bootstrap_values[rollout.finished] == 0).all())
         assert bool(torch.isfinite(advantages).all())
         assert not bool(rollout.value_mask[unfinished].any())
+        # This window's tokens are the training weights'; an earlier window's are as old as the policy steps since.
+        assert not bool(rollout.token_staleness[rollout.window_mask].any())
+        assert entry["sample/token_staleness_mean"] == 0.0
+        assert entry["sample/oldest_token_staleness_max"] == float(rollout.sample_staleness.max())
+        earlier = rollout.response_mask & ~rollout.window_mask
+        assert bool((rollout.token_staleness[earlier] >= 1).all())
+    assert any(entry["sample/oldest_token_staleness_max"] >= 2 for entry in logs.values())
     assert any(entry["rollout/in_flight"] > 0 for entry in logs.values())
     assert any(entry.get("rollout/windows_per_finished_mean", 1) > 1 for entry in logs.values())
 

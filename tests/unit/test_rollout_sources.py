@@ -153,7 +153,9 @@ def test_a_windowed_source_saves_and_restores_its_pool():
     from vcppo_trl.rollout import InFlight
 
     pool = ResponsePool(2, window=4, response_length=8)
-    pool.slots = [InFlight({"prompt": "a"}, [1, 2], response_ids=[3], sampler_logprobs=[-0.5], windows=1)]
+    pool.slots = [
+        InFlight({"prompt": "a"}, [1, 2], response_ids=[3], sampler_logprobs=[-0.5], windows=1, token_staleness=[2])
+    ]
     pool.pending = [{"prompt": "b"}]
     state = WindowedRollouts(None, pool, draw=list).state_dict()
     restored = WindowedRollouts(None, ResponsePool(2, window=4, response_length=8), draw=list)
@@ -178,10 +180,12 @@ def test_a_pool_saves_tool_episodes_only_with_tools_and_loads_what_was_saved_bef
     }
     pool = ResponsePool(2, window=4, response_length=8)
     pool.load_state_dict({"window": 4, "slots": [saved_before], "pending": []})  # a pool saved before tools
-    assert pool.state_dict()["slots"] == [saved_before]  # and saved the same without tools
+    # Saved the same without tools, with the ages its tokens were given (one update before the resume).
+    assert pool.state_dict()["slots"] == [{**saved_before, "token_staleness": [1]}]
     episode = ToolEpisode([1], prompt_text="p", completion_ids=[3, 4], env_mask=[1, 0], turn_start=2, iterations=1)
     episode.messages = [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "add"}}]}]
     pool.slots = [InFlight({"prompt": "a"}, [1], response_ids=[3, 4], episode=episode, environment={"total": 7})]
+    pool.slots[0].token_staleness = [1, 0]
     restored = ResponsePool(2, window=4, response_length=8)
     restored.load_state_dict(pool.state_dict())
     assert restored.slots == pool.slots  # the episode's state and its environment (pickled), as they were

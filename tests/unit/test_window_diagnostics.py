@@ -255,3 +255,34 @@ def test_outcomes_per_step_is_finished_responses_per_mini_batch_over_all_process
     assert two["rollout/outcomes_per_step"] == 2 * 4 / 2
     none = dataclasses.replace(window, finished=torch.zeros(len(LENGTHS), dtype=torch.bool))
     assert metrics_of(none, advantages, returns)["rollout/outcomes_per_step"] == 0.0
+
+
+def test_token_staleness_gives_each_samples_age_and_the_staleness_metrics():
+    window = windowed(whole_rollout())
+    ages = torch.where(window.window_mask, 0, 2) * window.response_mask  # earlier windows: two updates old
+    ages[2] = window.response_mask[2].long()  # row 2 (all this window's tokens) sampled one update ago
+    tagged = dataclasses.replace(window, token_staleness=ages)
+    # A sample's age is its oldest policy token's: 2 where an earlier window sampled part of it, else 1 or 0.
+    assert tagged.sample_staleness.tolist() == [2, 2, 1, 2, 2, 0]
+    assert window.sample_staleness.tolist() == [0] * len(LENGTHS)  # untagged: the training weights sampled it all
+    advantages, returns = targets()
+    metrics = metrics_of(tagged, advantages, returns)
+    trained = window.window_mask
+    assert metrics["sample/token_staleness_mean"] == pytest.approx(float(ages[trained].double().mean()))
+    assert metrics["sample/token_staleness_mean"] == pytest.approx(LENGTHS[2] / int(trained.sum()))
+    assert metrics["sample/oldest_token_staleness_max"] == 2.0
+    # The tool loop's tokens are context: an old tool token does not age its sample.
+    tools_only_old = dataclasses.replace(tagged, action_mask=ages == 0)
+    assert tools_only_old.sample_staleness.tolist() == [0] * len(LENGTHS)
+    assert not any(k.startswith("sample/") for k in metrics_of(window, advantages, returns))
+
+
+def test_turn_index_counts_the_answers_before_each_policy_token():
+    from vcppo_trl.rollout.types import turn_index
+
+    # policy P, tool answer A, padding .: "PPAAPPAP.." -> turns 0 0 0 0 1 1 1 2
+    action = torch.tensor([[1, 1, 0, 0, 1, 1, 0, 1, 0, 0], [1, 1, 1, 1, 1, 0, 0, 0, 0, 0]]).bool()
+    mask = torch.tensor([[1] * 8 + [0] * 2, [1] * 5 + [0] * 5]).bool()
+    assert turn_index(action, mask).tolist() == [[0, 0, 0, 0, 1, 1, 1, 2, 0, 0], [0] * 10]
+    rollout = whole_rollout()
+    assert not bool(rollout.turn_index.any())  # without tools every token is in the first turn

@@ -31,7 +31,7 @@ from ..sampling.vllm_colocate import VLLMColocateSampler
 from ..sampling.vllm_server import VLLMServerSampler
 from ..sampling.worker import Generated, RolloutWorker, VLLMEngineSpec
 from .maker import GenerationStats, RolloutMaker, RolloutStats
-from .types import OverlapStats, Rollout
+from .types import OverlapStats, Rollout, uniform_staleness
 
 logger = logging.get_logger(__name__)
 
@@ -276,6 +276,7 @@ class OverlappedRollouts(AheadOfTraining):
         batch, generated, wait = self.next_generation()
         rows, scored = self.scored(batch, generated, trainer_state)
         rollout, work = self.maker.complete(rows, scored, train_policy)
+        rollout.token_staleness = uniform_staleness(rollout.response_mask, self.age(generated))
         generation = GenerationStats(generated.seconds, scored.samples.num_tokens, None)
         report = self.stats(generated, wait, in_flight=len(self.queue), dropped=self.dropped)
         return rollout, RolloutStats(generation, work, reports=(report,))

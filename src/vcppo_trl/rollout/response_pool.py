@@ -32,6 +32,8 @@ class InFlight:
     response_ids: list[int] = dataclasses.field(default_factory=list)
     sampler_logprobs: list[float] = dataclasses.field(default_factory=list)  # empty when the sampler gives none
     windows: int = 0  # updates that sampled part of it
+    # Per response token: policy updates since the weights that sampled it (`Rollout.token_staleness`).
+    token_staleness: list[int] = dataclasses.field(default_factory=list)
     # With `tools`: the episode's state (its response is the episode's completion); `None` without tools, and then
     # left out of the checkpoint's state, whose format is the one saved before tools could take a window.
     episode: ToolEpisode | None = None
@@ -185,6 +187,26 @@ class ResponsePool:
             prefilled_tokens=prefilled,
         )
 
+    def tag_new_tokens(self, age: int) -> None:
+        """Each slot's tokens appended since the last call were sampled `age` policy updates ago."""
+        for slot in self.slots:
+            slot.token_staleness.extend([age] * (len(slot.response_ids) - len(slot.token_staleness)))
+
+    def after_policy_step(self) -> None:
+        """The policy changed: every in-flight token is one update older."""
+        for slot in self.slots:
+            slot.token_staleness = [age + 1 for age in slot.token_staleness]
+
+    def token_staleness(self, like: torch.Tensor) -> torch.Tensor:
+        """`[B, T]` int64 as the response mask `like`: each slot's tokens' ages, 0 past its response."""
+        ages = right_pad(
+            [slot.token_staleness for slot in self.slots], pad_value=0, dtype=torch.long, device=like.device
+        )
+        out = torch.zeros(like.shape, dtype=torch.long, device=like.device)
+        width = min(ages.shape[1], out.shape[1])
+        out[:, :width] = ages[:, :width]
+        return out * like
+
     def release(self, finished: list[bool]) -> int:
         """Drop the responses that finished (they were trained on); their slots refill at the next update. Returns the
         responses left in flight."""
@@ -212,6 +234,11 @@ class ResponsePool:
                 f"pool of {self.size}: resume it with its rollout_pool_size (or larger)."
             )
         self.slots = [InFlight.from_state(slot) for slot in state["slots"]]
+        for slot in self.slots:
+            # A checkpoint saved before tokens carried their age: its tokens count as sampled one update before the
+            # resume (they are context now, never trained again; only `sample/oldest_token_staleness_max` reads it).
+            if len(slot.token_staleness) != len(slot.response_ids):
+                slot.token_staleness = [1] * len(slot.response_ids)
         self.pending = list(state["pending"])
 
     def ages(self) -> list[int]:

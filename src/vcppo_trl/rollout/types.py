@@ -1,5 +1,5 @@
 """The [`Rollout`] of one update (tokens, masks, log-probabilities, values and scores), the type its maker produces
-and the learner and metrics consume, the correctness of a score, the value GAE bootstraps from ([`gae_bootstrap`]), a generation window's marks ([`WindowMarks`]), and what
+and the learner and metrics consume, the correctness of a score, a token's turn ([`turn_index`]), the value GAE bootstraps from ([`gae_bootstrap`]), a generation window's marks ([`WindowMarks`]), and what
 a source reports of itself ([`SourceReport`], e.g. [`OverlapStats`]) and the held-out rollouts a source may keep
 ([`HeldOutRollouts`])."""
 
@@ -51,6 +51,9 @@ class Rollout:
     # environment tokens: context for the policy and the critic, never actions). None: every response token.
     action_mask: torch.Tensor | None = None
     episode_counts: dict[str, torch.Tensor] | None = None  # tool episodes: [B] counts each (`rollout/tool_loop.py`)
+    # [B, T] int64: policy updates between the weights that sampled each response token and those that train on this
+    # rollout (0 outside `response_mask`); None: every token was sampled by the training weights (synchronous).
+    token_staleness: torch.Tensor | None = None
     # What the reward functions logged while scoring it (TRL's `log_extra`: B values per column; `log_metric`).
     reward_columns: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
     reward_metrics: dict[str, list[float]] = dataclasses.field(default_factory=dict)
@@ -105,6 +108,19 @@ class Rollout:
             return self.action_tokens
         return self.action_tokens & self.finished.unsqueeze(1)
 
+    @property
+    def sample_staleness(self) -> torch.Tensor:
+        """`[B]` int64: each response's age, its oldest policy token's (`token_staleness`; 0 without the tag, or
+        for a response without a policy token)."""
+        if self.token_staleness is None:
+            return torch.zeros(self.has_stop.shape, dtype=torch.long, device=self.has_stop.device)
+        return (self.token_staleness * self.action_tokens).amax(dim=1)
+
+    @property
+    def turn_index(self) -> torch.Tensor:
+        """`[B, T]` int64: the turn each response token belongs to ([`turn_index`] of `action_tokens`)."""
+        return turn_index(self.action_tokens, self.response_mask)
+
     def is_correct(self, accuracy_threshold: float) -> torch.Tensor:
         """`[B]` bool: [`is_correct`] of the raw scores (the accuracy metric's rule)."""
         return is_correct(self.raw_scores, accuracy_threshold)
@@ -114,6 +130,24 @@ def is_correct(raw_scores: torch.Tensor, accuracy_threshold: float) -> torch.Ten
     """Whether each response counts as correct: its reward before penalties and shaping exceeds the threshold (False
     where it was not scored, nan). The rule of `diagnostics/accuracy`, `eval/accuracy` and the positive-example LM loss."""
     return raw_scores > accuracy_threshold  # nan compares False
+
+
+def turn_index(action_tokens: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """
+    `[B, T]` int64: the turn of each response token, 0 for the first: a turn is a run of the policy's tokens
+    (`action_tokens`) and the tool or environment tokens that answer it, so turn k starts at the policy token that
+    follows the k-th answer. Without tools every response token is in turn 0. 0 outside `response_mask`.
+    """
+    action = action_tokens & response_mask
+    after_other = torch.zeros_like(action)
+    after_other[:, 1:] = response_mask[:, :-1] & ~action[:, :-1]  # the token before is the tools' or environment's
+    starts = action & after_other
+    return torch.cumsum(starts.long(), dim=1) * response_mask
+
+
+def uniform_staleness(response_mask: torch.Tensor, age: int) -> torch.Tensor:
+    """`[B, T]` int64 `token_staleness` of a batch one set of weights sampled, `age` policy updates ago."""
+    return response_mask.long() * age
 
 
 def gae_bootstrap(rollout: Rollout, rule: str) -> torch.Tensor | None:

@@ -61,6 +61,7 @@ class WindowedRollouts:
 
     def after_policy_step(self) -> None:
         self.maker.sampler.mark_stale()  # the next window sampled here loads the updated weights first
+        self.pool.after_policy_step()
         if self.ahead is not None:
             self.ahead.push_weights()
 
@@ -121,6 +122,7 @@ def make_window(
             context_ids, context_mask, False, temperature=maker.settings.temperature, max_new_tokens=budget
         )
         step, seconds, with_logprobs = pool.advance(samples), samples.seconds, samples.logprobs is not None
+    pool.tag_new_tokens(0 if ahead is None else ahead.age(generated))
     slots = pool.slots
     query_ids, query_mask = left_pad([slot.prompt_ids for slot in slots], pad, device)
     responses = right_pad([slot.response_ids for slot in slots], pad_value=pad, dtype=torch.long, device=device)
@@ -161,6 +163,7 @@ def make_window(
     )
     window_mask = response_mask & (positions >= torch.tensor(step.starts, device=device).unsqueeze(1))
     rollout, work = maker.complete(rows, scored, train_policy, window=WindowMarks(window_mask, finished))
+    rollout.token_staleness = pool.token_staleness(rollout.response_mask)
     step = dataclasses.replace(step, in_flight=pool.release(step.finished))
     if ahead is not None:  # the next window's contexts are known now: the worker samples it while this update trains
         context_ids, context_mask, budget = next_window(maker, pool, draw=draw)

@@ -295,12 +295,34 @@ def rollout_metrics(
             for m in gather_masked(accelerator, rollout.response_mask.long(), rollout.action_mask.long())
         )
         metrics.update(episode_metrics(counts, response_g, action_g))
+    if rollout.token_staleness is not None:  # sampled by older weights (a rollout worker, a window's earlier tokens)
+        metrics.update(staleness_metrics(accelerator, rollout))
     if not bool(finished_g.any()):
         # No response finished in this window: no score, length or critic fit to report (left out, not nan).
         metrics = {k: v for k, v in metrics.items() if not k.startswith(PER_FINISHED_RESPONSE_METRICS)}
     if prefix:
         metrics = {f"{prefix}{k.split('/', 1)[-1]}" if k.startswith("value/") else k: v for k, v in metrics.items()}
     return metrics
+
+
+def staleness_metrics(accelerator: Accelerator, rollout: Rollout) -> dict[str, float]:
+    """From the rollout's `token_staleness` tags, over all processes: `sample/token_staleness_mean` (the trained
+    tokens' mean age in policy updates) and `sample/oldest_token_staleness_max` (the oldest policy token of any
+    response, context of earlier windows included: a sample's age is its oldest token's)."""
+    trained = rollout.trained_tokens
+    sums = torch.stack([(rollout.token_staleness * trained).sum().double(), trained.sum().double()]).to(
+        accelerator.device
+    )
+    oldest = rollout.sample_staleness.amax().reshape(1) if rollout.sample_staleness.numel() else torch.zeros(1)
+    oldest = oldest.to(device=accelerator.device, dtype=torch.long)
+    if accelerator.num_processes > 1:
+        sums = accelerator.reduce(sums, "sum")
+        oldest = accelerator.reduce(oldest, "max")
+    total, count = sums.tolist()
+    return {
+        "sample/token_staleness_mean": total / count if count else float("nan"),
+        "sample/oldest_token_staleness_max": float(oldest[0]),
+    }
 
 
 # Metrics of finished responses, which a generation window that finished none leaves out.
