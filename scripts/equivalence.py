@@ -261,8 +261,12 @@ def record(path: str, names: list[str], checkpoints: str | None) -> int:
 
 
 def window_only(key: str) -> bool:
-    """What only a window logs (`rollout/...`) or leaves out by design (`frac_reward_zero_std`: groups finish apart)."""
-    return key.startswith("rollout/") or key == "frac_reward_zero_std"
+    """What only a window logs (`rollout/...`, its tokens' ages) or leaves out by design (`frac_reward_zero_std`:
+    groups finish apart)."""
+    return key.startswith("rollout/") or key in TOKEN_AGE_METRICS or key == "frac_reward_zero_std"
+
+
+TOKEN_AGE_METRICS = ("sample/token_staleness_mean", "sample/oldest_token_staleness_max")
 
 
 def without_window_metrics(result: dict) -> dict:
