@@ -23,7 +23,7 @@ term and no reference model, one optimizer step per batch, float32 on the CPU, t
 Each side runs in its own process (`--repeats` processes per side, the order rotated between repeats): `--warmup`
 updates, then `--updates` timed ones. Per update: the wall time between consecutive `on_step_end` callbacks; the time
 in generation (the whole multi-turn sampling of the batch, tool calls included: GRPO's `_generate`, our
-`sample_episodes`); the time inside the tool itself (the `add` function wrapped with a timer that keeps its name,
+`ToolLoopEpisodes.sample`); the time inside the tool itself (the `add` function wrapped with a timer that keeps its name,
 signature and docstring, so both trainers show the policy the same schema and call the same function); generation
 net of tools; and learning = the rest (rewards, the forwards and backwards, the optimizer step). Printed: the median
 seconds per update, the ratio to GRPO, each side's shares (of the summed timed updates), and each side's measured
@@ -281,8 +281,8 @@ def run_side(side: str, args: argparse.Namespace) -> dict:
             trainer._generate = timed_generation(trainer._generate)
             trainer.log = lambda *a, **k: None  # no printing of metrics: same on every side
         else:
-            import vcppo_trl.rollout.maker as maker_module
             from vcppo_trl import PPOConfig, PPOTrainer, VCPPOConfig, VCPPOTrainer
+            from vcppo_trl.episodes import ToolLoopEpisodes
 
             ours = dict(
                 **common_settings(output_dir),
@@ -314,7 +314,7 @@ def run_side(side: str, args: argparse.Namespace) -> dict:
                 callbacks=[marks],
             )
             # The whole multi-turn sampling of a batch (tokenization, turns, tool calls), as GRPO's `_generate`.
-            maker_module.sample_episodes = timed_generation(maker_module.sample_episodes)
+            ToolLoopEpisodes.sample = timed_generation(ToolLoopEpisodes.sample)
             trainer.log = lambda logs, *a, **k: logged.append(dict(logs))  # kept, not printed
         marks.marks = []
         marks.mark()
@@ -322,7 +322,7 @@ def run_side(side: str, args: argparse.Namespace) -> dict:
             trainer.train()
         finally:
             if side != "grpo":  # unwrapped again, for the next side of an in-process run
-                maker_module.sample_episodes = maker_module.sample_episodes.__wrapped__
+                ToolLoopEpisodes.sample = ToolLoopEpisodes.sample.__wrapped__
     result = {"side": side, "threads": torch.get_num_threads(), **per_update(marks.marks, args.warmup)}
     if logged:  # our trainer's own generation timer, for reference
         result["logged_generation_s"] = [e["time/generation_s"] for e in logged if "time/generation_s" in e][

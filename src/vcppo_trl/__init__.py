@@ -9,10 +9,10 @@ from .checkpoint.files import CheckpointError, InsufficientDiskSpaceError
 from .config.ppo import PPOConfig
 from .config.vapo import VAPOConfig
 from .config.vcppo import VCPPOConfig
+from .episodes.sandbox import python_tool, run_python
 from .learner.optimizers import NonFiniteTrainingError
 from .rewards.calls import RewardFunctionError
 from .rewards.math_verify import math_verify_reward
-from .rollout.sandbox import python_tool, run_python
 from .trainer.console import RolloutProgressCallback, silence_unused_backend_notices
 from .trainer.ppo import PPOTrainer
 from .trainer.preemption import TrainingInterrupted

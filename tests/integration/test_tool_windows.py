@@ -61,8 +61,8 @@ def test_a_window_as_long_as_the_response_is_the_whole_episode_run(tiny_config):
 
 
 def test_a_short_window_trains_on_its_policy_tokens_and_logs_finished_episodes(tiny_config, monkeypatch):
+    from vcppo_trl.episodes.tool_loop import ToolLoop
     from vcppo_trl.learner.ppo_learner import PPOLearner
-    from vcppo_trl.rollout.tool_loop import ToolLoop
 
     window = 24
     seen, parsed = [], []

@@ -88,7 +88,8 @@ LAYERS = (
     "trainer",  # the loop, presets, setup, metrics, evaluation, value pretraining, prompts, console, saving, resuming
     "checkpoint",  # checkpoint files, universal checkpoints, Hub pushes, model cards
     "learner",  # PPO epochs over one rollout; optimizers and schedules
-    "rollout",  # the Rollout type and its maker, scoring, per-token reward shaping
+    "rollout",  # the Rollout type and its maker, scoring, per-token reward shaping, the rollout sources
+    "episodes",  # how a prompt becomes an episode: one turn, the tool loop, environments, a rollout_func; the sandbox
     "sampling",  # the sampler seam, HF and vLLM samplers
     "rewards",  # reward calls, math-verify, the verifier worker, reward models
     "models",  # policy-and-value module, log-probs, value model, PEFT, packing, loading

@@ -168,8 +168,8 @@ def test_a_windowed_source_saves_and_restores_its_pool():
 def test_a_pool_saves_tool_episodes_only_with_tools_and_loads_what_was_saved_before_them():
     import threading
 
+    from vcppo_trl.episodes.tool_episode import ToolEpisode
     from vcppo_trl.rollout import InFlight
-    from vcppo_trl.rollout.tool_episodes import ToolEpisode
 
     saved_before = {
         "row": {"prompt": "a"},

@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from vcppo_trl.rollout import sandbox
-from vcppo_trl.rollout.sandbox import python_tool, run_python
+from vcppo_trl.episodes import sandbox
+from vcppo_trl.episodes.sandbox import python_tool, run_python
 
 LINUX = sys.platform.startswith("linux")
 

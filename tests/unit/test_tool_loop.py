@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.tool_fixtures import ANSWER, CALL, ScriptedSampler, add, chat_tokenizer
-from vcppo_trl.rollout.tool_loop import ToolLoop, ToolSettings, episode_metrics, sample_tool_episodes
+from vcppo_trl.episodes.tool_loop import ToolLoop, ToolSettings, episode_metrics, sample_tool_episodes
 
 ROWS = [{"prompt": [{"role": "user", "content": "Add 2 and 3."}]}] * 2
 
@@ -165,7 +165,7 @@ def test_what_the_loop_cannot_use_is_refused():
 
 def test_a_chat_template_that_does_not_render_tools_is_refused():
     """SmolLM2's template (and any like it) ignores `tools`: the policy would never see one, so tools are refused."""
-    from vcppo_trl.rollout.tool_loop import ToolLoop, renders_tools
+    from vcppo_trl.episodes.tool_loop import ToolLoop, renders_tools
 
     tokenizer = chat_tokenizer()
     assert renders_tools(tokenizer)  # TRL's Qwen2.5 template does

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from vcppo_trl.rollout import ToolLoop, ToolSettings
+from vcppo_trl.episodes import ToolLoop, ToolSettings
 from vcppo_trl.toy.tool_use import (
     add,
     build_tool_tokenizer,

@@ -13,8 +13,8 @@ from .arguments import VCPPOScriptArguments
 def resolve_tools(script_args: VCPPOScriptArguments, toy: bool) -> list:
     """`--tools` as functions, then `python_tool()` with `--python_tool`; on the toy, its tools ([`~toy.toy_tools`]).
     Stops here if wrong."""
+    from ..episodes import python_tool
     from ..rewards import import_dotted
-    from ..rollout import python_tool
     from ..toy import toy_tools
 
     tools = []

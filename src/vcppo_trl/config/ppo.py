@@ -721,7 +721,7 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
         },
     )
 
-    # Tools and environments (multi-turn episodes: rollout/tool_loop.py)
+    # Tools and environments (multi-turn episodes: episodes/tool_loop.py)
     max_tool_calling_iterations: int | None = field(
         default=None,
         metadata={

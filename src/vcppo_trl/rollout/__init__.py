@@ -1,15 +1,13 @@
 """The rollout stage: dataset rows in, a typed [`Rollout`] out (the maker), with its stats types, the scored
 samples and the shaping of per-token rewards; and the sources the trainer asks for rollouts ([`RolloutSource`],
 built by [`build_rollout_source`]): whole responses, generation windows (the pool of in-flight responses), the queue
-of generations (or tool episodes) a rollout worker runs ahead of training (`max_staleness`), and rollouts stored as a dataset; and a
-code-interpreter tool that runs model-written code in a child process with limits ([`python_tool`]).
+of generations (or tool episodes) a rollout worker runs ahead of training (`max_staleness`), and rollouts stored as a dataset.
+How one prompt becomes an episode (one turn, tools, environments, a `rollout_func`) is `vcppo_trl.episodes`.
 """
 
-from .environments import Environments
 from .maker import GenerationStats, RolloutMaker, RolloutStats
 from .overlap import AheadOfTraining, OverlappedRollouts, WindowAhead, request_seed, rollout_worker
 from .response_pool import InFlight, ResponsePool, WindowStep
-from .sandbox import python_tool, run_python
 from .scoring import ScoredSamples, concat_scored, decode_completions, padded_to_multiple, prompt_text
 from .settings import RolloutSettings, old_logprobs_from_training_forward
 from .shaping import overlong_penalty, penalised_scores, token_rewards
@@ -42,22 +40,14 @@ from .stored_source import (
     resolve_stored_rollouts,
     scored_from_records,
 )
-from .tool_loop import ToolEpisodes, ToolLoop, ToolSettings, episode_metrics
 from .tool_overlap import EpisodesInWorker, OverlappedToolEpisodes, check_tools_travel
 from .types import HeldOutRollouts, OverlapStats, Rollout, gae_bootstrap, is_correct
 from .windowed import WindowedRollouts, make_window
 
 __all__ = [
-    "Environments",
     "EpisodesInWorker",
     "OverlappedToolEpisodes",
     "check_tools_travel",
-    "ToolEpisodes",
-    "ToolLoop",
-    "ToolSettings",
-    "episode_metrics",
-    "python_tool",
-    "run_python",
     "RolloutSource",
     "build_rollout_source",
     "check_custom_sampling",

@@ -23,11 +23,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ..algo.dynamic_sampling import DynamicSamplingStats
 from ..algo.losses import kl_penalty
 from ..algo.micro_batches import ForwardWork
+from ..episodes import episode_kind
 from ..parallel.collectives import whitening_all_reduce
 from ..parallel.sequence import SequenceGroup
 from ..sampling.seam import Samples
 from .dynamic_sampling import DynamicSamplingRounds
-from .episodes import sample_episodes
 from .forwards import RolloutForwards
 from .reward_scorer import RewardScorer
 from .scoring import ScoredSamples, padded_to_multiple, prompt_text
@@ -73,8 +73,8 @@ class RolloutMaker:
         reference_is_initial_policy: Whether KL(policy ‖ reference) is exactly 0 while the policy is frozen.
         sequence_group: The sequence-parallel group of its forwards (`None`: whole sequences).
         rollout_function: TRL's `rollout_func` bound to the trainer (`prompts -> dict`), which samples in place of
-            `sampler` ([`~rollout.rollout_function.function_rollouts`]); `None`: the sampler samples.
-        tool_loop: TRL's `tools=`: episodes of turns and tool calls sampled by `sampler` ([`~rollout.tool_loop`]).
+            `sampler` ([`~episodes.rollout_function.function_rollouts`]); `None`: the sampler samples.
+        tool_loop: TRL's `tools=`: episodes of turns and tool calls sampled by `sampler` ([`~episodes.tool_loop`]).
 
     The no-grad forwards (and the sequence-parallel group that splits them) are `forwarder`'s
     ([`~rollout.forwards.RolloutForwards`]), built here from `settings`, `current_model` and `ref_model`; the reward
@@ -182,16 +182,16 @@ class RolloutMaker:
         sample). No penalty is applied here. `trainer_state` is passed to reward functions that take it (TRL's
         protocol).
         """
-        rows, query_ids, query_mask, samples, prompt_texts, episodes = sample_episodes(
-            self, rows, greedy=greedy, temperature=temperature, num_generations=num_generations
+        batch = episode_kind(self).sample(
+            rows, greedy=greedy, temperature=temperature, num_generations=num_generations
         )
         return self.scorer.score_all(
-            rows,
-            prompt_texts,
-            query_ids=query_ids,
-            query_mask=query_mask,
-            samples=samples,
-            episodes=episodes,
+            batch.rows,
+            batch.prompt_texts,
+            query_ids=batch.query_ids,
+            query_mask=batch.query_mask,
+            samples=batch.samples,
+            episodes=batch.messages,
             trainer_state=trainer_state,
         )
 

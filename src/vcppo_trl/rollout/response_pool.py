@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
-from ..sampling.seam import Samples
-from .tool_episodes import ToolEpisode
+from ..episodes import ToolEpisode
+from ..sampling.seam import Samples, left_pad, right_pad
 
 
 @dataclasses.dataclass
@@ -244,27 +244,3 @@ class ResponsePool:
     def ages(self) -> list[int]:
         """Windows each in-flight response has been sampled over so far."""
         return [slot.windows for slot in self.slots]
-
-
-def left_pad(sequences: list[list[int]], pad_token_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token lists left-padded into `(ids, mask)` `[B, max(len)]` (at least one column)."""
-    width = max([len(s) for s in sequences] + [1])
-    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for i, seq in enumerate(sequences):
-        if seq:
-            ids[i, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
-            mask[i, width - len(seq) :] = 1
-    return ids.to(device), mask.to(device)
-
-
-def right_pad(
-    sequences: list[list[int]] | list[list[float]], pad_value: float, dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
-    """Lists right-padded into `[B, max(len)]` (at least one column)."""
-    width = max([len(s) for s in sequences] + [1])
-    out = torch.full((len(sequences), width), pad_value, dtype=dtype)
-    for i, seq in enumerate(sequences):
-        if seq:
-            out[i, : len(seq)] = torch.tensor(seq, dtype=dtype)
-    return out.to(device)

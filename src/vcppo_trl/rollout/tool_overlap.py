@@ -15,7 +15,7 @@ worker only generates each turn. Why:
   `generate(ids, mask, max_new_tokens)` the tool loop already takes; each call's seed derives from the request's, so
   a run is reproducible;
 - the faults the loop bounds (`tool_timeout`, errors answered `{"error": ...}`, overflows, malformed calls and
-  their counts) are bounded the same way there: it is the same [`~rollout.tool_loop.ToolLoop.advance`]; anything
+  their counts) are bounded the same way there: it is the same [`~episodes.tool_loop.ToolLoop.advance`]; anything
   that escapes stops the worker's request and training with a `SamplerError`.
 
 The cost: a tool runs in the worker process, so it must be picklable by reference (a function defined at module
@@ -23,7 +23,7 @@ level in an importable module, not a lambda, closure, local function or one defi
 anything else is refused when the trainer is built ([`check_tools_travel`]). The trainer starts the episodes (renders
 and tokenizes the prompts with its truncation rules; with `environment_factory`, resets each episode's environment
 and pickles it into the request at once) and scores them when it consumes the batch; the worker returns each
-episode's state ([`~rollout.tool_episodes.ToolEpisode`]: plain lists, dicts, strings and ints) and its environment
+episode's state ([`~episodes.tool_episode.ToolEpisode`]: plain lists, dicts, strings and ints) and its environment
 as the episode left it (pickled), which a checkpoint saves as it saves queued generations.
 """
 
@@ -35,10 +35,8 @@ from typing import Any
 
 import torch
 
+from ..episodes import ToolEpisode, ToolLoop, episode_counts, episodes_output, function_rollouts, tool_name
 from .overlap import OverlappedRollouts, Prefetched
-from .rollout_function import function_rollouts
-from .tool_episodes import ToolEpisode, episode_counts, episodes_output
-from .tool_loop import ToolLoop, tool_name
 
 
 def travel_problem(thing: Any) -> str | None:

@@ -50,7 +50,7 @@ class Rollout:
     # Tools and environments: [B, T] bool, the policy's own tokens within `response_mask` (the rest are tool and
     # environment tokens: context for the policy and the critic, never actions). None: every response token.
     action_mask: torch.Tensor | None = None
-    episode_counts: dict[str, torch.Tensor] | None = None  # tool episodes: [B] counts each (`rollout/tool_loop.py`)
+    episode_counts: dict[str, torch.Tensor] | None = None  # tool episodes: [B] counts each (`episodes/tool_loop.py`)
     # [B, T] int64: policy updates between the weights that sampled each response token and those that train on this
     # rollout (0 outside `response_mask`); None: every token was sampled by the training weights (synchronous).
     token_staleness: torch.Tensor | None = None

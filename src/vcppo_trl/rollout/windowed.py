@@ -11,13 +11,12 @@ from typing import Any
 
 import torch
 
+from ..episodes import episode_counts, flag_on_any_process, sampler_turns
 from ..parallel.collectives import max_across_processes
-from ..sampling.seam import Samples, unpadded_prompts
+from ..sampling.seam import Samples, left_pad, right_pad, unpadded_prompts
 from .maker import GenerationStats, RolloutMaker, RolloutStats
 from .overlap import WindowAhead
-from .response_pool import ResponsePool, WindowStep, left_pad, right_pad
-from .tool_episodes import episode_counts
-from .tool_loop import flag_on_any_process, sampler_turns
+from .response_pool import ResponsePool, WindowStep
 from .types import Rollout, WindowMarks
 
 
@@ -178,7 +177,7 @@ def tool_window(
 ) -> tuple[WindowStep, float, bool]:
     """
     One window of tool episodes (`tools` with `generation_window`): refill the pool's free slots with new episodes and
-    advance every episode by at most the window's policy tokens ([`~rollout.tool_loop.ToolLoop.advance`]: its turns,
+    advance every episode by at most the window's policy tokens ([`~episodes.tool_loop.ToolLoop.advance`]: its turns,
     and the tool calls of the turns that end, whose results are tool tokens, not counted against the window). Each
     slot's response is its episode's completion. Returns `(step, seconds, with_logprobs)`: the window's
     [`~rollout.response_pool.WindowStep`] (an episode finished when it is done: a turn without tool calls,

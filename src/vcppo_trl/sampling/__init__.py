@@ -4,7 +4,16 @@ their own, or a vLLM server).
 """
 
 from .hf import HFSampler, neutralised_generation_fields, sample_with_policy
-from .seam import Sampler, SamplerError, Samples, pad_responses, truncate_at_stop, unpadded_prompts
+from .seam import (
+    Sampler,
+    SamplerError,
+    Samples,
+    left_pad,
+    pad_responses,
+    right_pad,
+    truncate_at_stop,
+    unpadded_prompts,
+)
 from .server_worker import ServerWorker
 from .settings import SamplerSettings
 from .vllm_checks import (
@@ -39,6 +48,8 @@ __all__ = [
     "server_base_url",
     "truncate_at_stop",
     "pad_responses",
+    "left_pad",
+    "right_pad",
     "unpadded_prompts",
     "vllm_dtype",
     "vllm_platform_is_cpu",

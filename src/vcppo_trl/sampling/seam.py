@@ -140,3 +140,27 @@ def truncate_at_stop(
     response_mask = positions <= first_stop.unsqueeze(1)
     responses = torch.where(response_mask, responses, torch.full_like(responses, pad_token_id))
     return responses, response_mask, has_stop
+
+
+def left_pad(sequences: list[list[int]], pad_token_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists left-padded into `(ids, mask)` `[B, max(len)]` (at least one column)."""
+    width = max([len(s) for s in sequences] + [1])
+    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, seq in enumerate(sequences):
+        if seq:
+            ids[i, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+            mask[i, width - len(seq) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def right_pad(
+    sequences: list[list[int]] | list[list[float]], pad_value: float, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """Lists right-padded into `[B, max(len)]` (at least one column)."""
+    width = max([len(s) for s in sequences] + [1])
+    out = torch.full((len(sequences), width), pad_value, dtype=dtype)
+    for i, seq in enumerate(sequences):
+        if seq:
+            out[i, : len(seq)] = torch.tensor(seq, dtype=dtype)
+    return out.to(device)

@@ -161,7 +161,7 @@ def evaluate_with_tools(
     `completion_tokens_mean` (tool results included), `num_episodes`, `accuracy_by_difficulty`, and the accuracy of
     the episodes that called the tool and of those that did not (`accuracy_with_tool`, `accuracy_without_tool`; None
     when there are none)."""
-    from ..rollout import ToolLoop, ToolSettings
+    from ..episodes import ToolLoop, ToolSettings
 
     settings = ToolSettings(max_iterations=2, response_length=max_new_tokens, timeout=10.0, max_concurrency=8)
     loop = ToolLoop([add], tokenizer, settings, stop_token_ids=[tokenizer.eos_token_id])

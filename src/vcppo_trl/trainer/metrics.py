@@ -24,9 +24,9 @@ from ..algo.diagnostics import (
 from ..algo.gae import dual_lambda_gae
 from ..algo.masked import masked_mean
 from ..config.ppo import PPOConfig
+from ..episodes import episode_metrics
 from ..learner.ppo_learner import UpdateResult
 from ..rewards import reward_log_metrics
-from ..rollout import episode_metrics
 from ..rollout.types import Rollout, is_correct
 from .value_pretraining import CriticFit
 

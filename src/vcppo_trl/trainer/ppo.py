@@ -86,12 +86,12 @@ class PPOTrainer(_BaseTrainer):
         rollout_func (`Callable`, *optional*): TRL's `rollout_func(prompts, trainer) -> dict`, which samples in
             place of the trainer's sampler (`prompt_ids`, `completion_ids`, `logprobs`, an optional `env_mask` whose 0s
             mark tool or environment tokens, other keys to the reward functions; see
-            [`~rollout.rollout_function`]).
+            [`~episodes.rollout_function`]).
         tools (`list[Callable]`, *optional*): TRL's tools: functions (sync or `async def`) the policy calls between
             its turns, in episodes sampled by the trainer's sampler; their results are context, never actions
-            ([`~rollout.tool_loop`], docs/tools_and_environments.md). Conversational prompts only.
+            ([`~episodes.tool_loop`], docs/tools_and_environments.md). Conversational prompts only.
         environment_factory (`Callable` or `dict[str, Callable]`, *optional*): TRL's: an environment per episode, whose
-            methods are tools and `get_reward()` a reward source ([`~rollout.environments`]).
+            methods are tools and `get_reward()` a reward source ([`~episodes.environments`]).
     """
 
     _tag_names = ["trl", "ppo", "vcppo-trl"]

@@ -16,16 +16,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging
 
 from ..config.ppo import PPOConfig
+from ..episodes import Environments, ToolLoop, ToolSettings
 from ..models.loading import load_reward_funcs
 from ..parallel import SequenceGroup
-from ..rollout import (
-    Environments,
-    SourceSettings,
-    ToolLoop,
-    ToolSettings,
-    check_custom_sampling,
-    check_tools_under_overlap,
-)
+from ..rollout import SourceSettings, check_custom_sampling, check_tools_under_overlap
 from ..rollout.maker import RolloutMaker
 from ..rollout.settings import RolloutSettings
 from ..sampling.hf import HFSampler, neutralised_generation_fields
@@ -85,7 +79,7 @@ def rewards_and_environments(
     reward_funcs, reward_processing_classes, args: PPOConfig, *, tools: list | None, environment_factory
 ) -> tuple[list, list, Environments | None]:
     """The reward functions and models (loaded as the config says) with their tokenizers, and the run's
-    [`~rollout.environments.Environments`] (`None` without an `environment_factory`); an environment with
+    [`~episodes.environments.Environments`] (`None` without an `environment_factory`); an environment with
     `get_reward` adds its reward source after the given ones (TRL's: weight 1, named after its class), and then
     `reward_funcs` may be `None`."""
     environments = None
@@ -141,7 +135,7 @@ def build_sampler(
         current_model: Returns the current (prepared) [`~models.policy_and_value.PolicyAndValueModel`] at each generation.
         datasets: The prompt datasets, to size vLLM's context when `max_prompt_length` is not set.
         render: How the prompts are rendered when not by the chat template alone (the tool loop's
-            [`~rollout.tool_loop.ToolLoop.render`], with the tools' schemas), for that measure.
+            [`~episodes.tool_loop.ToolLoop.render`], with the tools' schemas), for that measure.
     """
     if not settings.use_vllm:
         return HFSampler(

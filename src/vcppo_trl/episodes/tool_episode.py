@@ -1,5 +1,5 @@
 """The state of one tool-calling episode between generation calls ([`ToolEpisode`]): what the tool loop
-([`~rollout.tool_loop.ToolLoop.advance`]) reads and writes as it advances a batch of episodes, and what a generation
+([`~episodes.tool_loop.ToolLoop.advance`]) reads and writes as it advances a batch of episodes, and what a generation
 window's pool keeps of an episode in flight between updates (and in a checkpoint: plain lists, dicts and ints).
 
 An episode's completion is every token after its prompt: the policy's turns (actions, `env_mask` 1) and the tools'
@@ -100,7 +100,7 @@ def tool_messages(results: list[tuple[str, str, bool]]) -> list[dict[str, Any]]:
 
 
 def episodes_output(episodes: list[ToolEpisode]) -> dict[str, list]:
-    """Episodes as a `rollout_func`'s output ([`~rollout.rollout_function.function_rollouts`]): prompt and
+    """Episodes as a `rollout_func`'s output ([`~episodes.rollout_function.function_rollouts`]): prompt and
     completion ids, the sampler's log-probs (`None` when it gave none) and the `env_mask`."""
     logprobs = [e.logprobs for e in episodes]
     return {

@@ -11,7 +11,7 @@ per-completion lists, one completion per prompt received, in their order:
 - `logprobs`: the sampler's log-probability of each completion token (the importance-sampling correction's
   denominator and the `sampling/...` metrics), or `None`;
 - `env_mask` (optional): 1 on the policy's own tokens, 0 on tokens the environment or a tool wrote; those are context,
-  never actions (see [`~rollout.types.Rollout.action_mask`]);
+  never actions (see [`~episodes.types.Rollout.action_mask`]);
 - any other key: forwarded to the reward functions as a keyword argument (a list: one value per completion; anything
   else: the same value for every completion).
 
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from ..sampling import Samples
-from .response_pool import left_pad, right_pad
+from ..sampling.seam import left_pad, right_pad
 
 REQUIRED_KEYS = ("prompt_ids", "completion_ids", "logprobs")
 

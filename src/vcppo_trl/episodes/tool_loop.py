@@ -15,12 +15,12 @@ every completion token, tool results included (as TRL's `max_completion_length`)
 room for a next turn is dropped and the episode ends (counted, `tools/overflow_frequency`). A turn whose text holds a
 tool-call marker that does not parse is text, as in TRL, and counted (`tools/malformed_frequency`).
 
-The loop's logic is one step ([`ToolLoop.advance`]): it advances a batch of episodes ([`~rollout.tool_episodes.
+The loop's logic is one step ([`ToolLoop.advance`]): it advances a batch of episodes ([`~episodes.tool_episodes.
 ToolEpisode`], their state between generation calls) by a budget of policy tokens. Whole episodes are the step with
 a budget of `response_length` ([`ToolLoop.sample`]); a generation window's pool advances its episodes by the window
 once per update (`rollout/windowed.py`).
 
-The result is what a `rollout_func` returns ([`~rollout.rollout_function`]): prompt and completion ids, the sampler's
+The result is what a `rollout_func` returns ([`~episodes.rollout_function`]): prompt and completion ids, the sampler's
 log-probs (0 on tool tokens), an `env_mask` (0 on tool tokens), plus the episodes as messages for the reward
 functions and per-episode counts for the metrics.
 """
@@ -38,8 +38,8 @@ from transformers import PreTrainedTokenizerBase
 from ..parallel.collectives import max_across_processes
 from ..rewards import is_async_callable, run_awaitables, run_in_threads
 from ..sampling import unpadded_prompts
-from .response_pool import left_pad
-from .tool_episodes import ToolEpisode, episode_counts, episodes_output, tool_messages
+from ..sampling.seam import left_pad
+from .tool_episode import ToolEpisode, episode_counts, episodes_output, tool_messages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +109,7 @@ class ToolLoop:
             tool calls (TRL's `add_response_schema` is applied when it has none).
         settings ([`ToolSettings`]).
         stop_token_ids: The ids that end a turn.
-        environments ([`~rollout.environments.Environments`], *optional*): TRL's `environment_factory`: each episode
+        environments ([`~episodes.environments.Environments`], *optional*): TRL's `environment_factory`: each episode
             gets an environment, reset with its row, whose methods are its tools besides `tools`.
     """
 
@@ -358,7 +358,7 @@ class ToolLoop:
 
     def run_pending_calls(self, episodes: list[ToolEpisode], by_name: list[dict[str, Callable]]) -> None:
         """Run the pending tool calls of `episodes` (all at once, each with its episode's tools by name) and append
-        their results ([`~rollout.tool_episodes.ToolEpisode.add_tool_results`])."""
+        their results ([`~episodes.tool_episodes.ToolEpisode.add_tool_results`])."""
         calls = [(k, call) for k, episode in enumerate(episodes) for call in episode.messages[-1]["tool_calls"]]
         results = self.run_calls([(call, by_name[k]) for k, call in calls])
         for k, episode in enumerate(episodes):
