@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -19,7 +21,44 @@ from .preemption import SignalWatcher, agreed_signal, interruption
 from .prompts import PromptStream
 
 
-def run(trainer, resume_from_checkpoint: str | bool | None):
+class LoopTrainer(Protocol):
+    """
+    What the run reads and calls of its trainer ([`PPOTrainer`] and its subclasses), and nothing else
+    (`tests/unit/test_training_loop_seam.py` checks every `trainer.<name>` here against this list).
+    """
+
+    # transformers' Trainer: the run's configuration, its state and callbacks, the model, the launch
+    args: Any
+    state: Any  # TrainerState: global_step, max_steps, epoch, total_flos
+    control: Any  # TrainerControl: should_log, should_training_stop
+    callback_handler: Any
+    model: Any
+    accelerator: Any
+    is_deepspeed_enabled: bool
+    train_dataset: Any
+    eval_dataset: Any
+    _setup_training: Callable[[], None]  # optimizer, scheduler, state and callbacks for a run
+    _save_checkpoint: Callable[..., None]
+    log: Callable[[dict[str, float]], None]
+    evaluate: Callable[..., Any]
+    # The PPO trainer: the prompt plan and stream, the rollout source and its sampler, one update and its hooks
+    batches: Any  # BatchPlan
+    prompts: Any  # PromptStream, set here
+    rollouts: Any  # RolloutSource, set here
+    sampler: Any  # the maker's sampler (start time logged)
+    data_reports: dict[str, Any]  # the datasets' reports, logged once at a fresh start
+    batches_consumed: int
+    latest_metrics: dict[str, float]
+    last_update: Any  # UpdateRecord, for the completions log
+    _update_start: float  # when the running update started (`time/update_s`)
+    build_rollout_source: Callable[..., Any]
+    training_update: Callable[[], dict[str, float]]
+    before_training: Callable[[], None]
+    after_update: Callable[[dict[str, float]], None]
+    _learning_rate: Callable[[str], float]
+
+
+def run(trainer: LoopTrainer, resume_from_checkpoint: str | bool | None):
     """`trainer.train()`: see [`PPOTrainer.train`]. Returns the trainer's state."""
     args = trainer.args
     resume = resuming.resolve_checkpoint(
@@ -108,7 +147,7 @@ def run(trainer, resume_from_checkpoint: str | bool | None):
     return trainer.state
 
 
-def sampler_failed(trainer, err: SamplerError) -> SamplerError:
+def sampler_failed(trainer: LoopTrainer, err: SamplerError) -> SamplerError:
     """The error to stop with when the sampler fails mid-run (see [`~trainer.saving.sampler_failure_note`])."""
     step, save = trainer.state.global_step, lambda: trainer._save_checkpoint(trainer.model, trial=None)
     note = trainer_saving.sampler_failure_note(
@@ -117,6 +156,6 @@ def sampler_failed(trainer, err: SamplerError) -> SamplerError:
     return SamplerError(f"Sampling failed at update {step + 1}: {err} {note}")
 
 
-def due(trainer, interval: float | int, strategy) -> bool:
+def due(trainer: LoopTrainer, interval: float | int, strategy) -> bool:
     """Whether a cadence (`logging_steps`, `eval_steps`, `save_steps` and their strategy) falls on this update."""
     return is_due(interval, strategy, trainer.state.global_step, max_steps=trainer.state.max_steps)
