@@ -139,7 +139,7 @@ class ToolCallingPolicy(LlamaForCausalLM):
             return out
         sequences = out.sequences if as_dict else out
         width, pad = input_ids.shape[1], generation_config.pad_token_id
-        call = tokenizer(CALL, add_special_tokens=False)["input_ids"][: generation_config.max_new_tokens]
+        call = tokenizer(CALL, add_special_tokens=False)["input_ids"]
         new = sequences[:, width:]
         total = max(new.shape[1], len(call))
         new = torch.nn.functional.pad(new, (0, total - new.shape[1]), value=pad)
@@ -148,14 +148,18 @@ class ToolCallingPolicy(LlamaForCausalLM):
             scores = torch.stack(out.scores, dim=1)
             scores = torch.nn.functional.pad(scores, (0, 0, 0, total - scores.shape[1]))
         for i in scripted:
+            # A generation window may have cut the call: the context then ends with its first tokens; go on from there.
+            context = input_ids[i][attention_mask[i].bool()].tolist()
+            done = max(k for k in range(len(call)) if k == 0 or context[-k:] == call[:k])
+            rest = call[done:][: generation_config.max_new_tokens]
             new[i] = pad
-            new[i, : len(call)] = torch.tensor(call)
+            new[i, : len(rest)] = torch.tensor(rest)
             if scores is not None:
-                ids = torch.cat([input_ids[i][attention_mask[i].bool()], new[i, : len(call)]]).unsqueeze(0)
+                ids = torch.cat([input_ids[i][attention_mask[i].bool()], new[i, : len(rest)]]).unsqueeze(0)
                 with torch.no_grad():
-                    logits = self(input_ids=ids).logits[0, -len(call) - 1 : -1].float()
+                    logits = self(input_ids=ids).logits[0, -len(rest) - 1 : -1].float()
                 scores[i] = 0.0
-                scores[i, : len(call)] = logits / (generation_config.temperature or 1.0)
+                scores[i, : len(rest)] = logits / (generation_config.temperature or 1.0)
         sequences = torch.cat([input_ids, new], dim=1)
         if not as_dict:
             return sequences

@@ -166,10 +166,7 @@ def test_what_tools_under_overlap_do_not_take_yet_is_refused_with_the_reason(tin
             environment_factory={"a": AddingEnvironment, "b": in_main},
             use_vllm=False,
         )
-    for name, settings, more in (
-        ("generation_window", dict(generation_window=24), dict()),
-        ("use_vllm", dict(), dict(use_vllm=True)),
-    ):
+    for name, settings, more in (("use_vllm", dict(), dict(use_vllm=True)),):
         config = types.SimpleNamespace(**{"max_staleness": 1, "generation_window": None, **settings})
         keywords = {"use_vllm": False, **more}
         with pytest.raises(ValueError, match=rf"do not support `{name}` yet \(.+\): drop `{name}`"):
@@ -201,3 +198,39 @@ def test_a_worker_killed_while_it_runs_episodes_stops_training_instead_of_hangin
     last = trainer.state.global_step
     assert last in (kill_after, kill_after + 1)
     assert (tmp_path / "run" / f"checkpoint-{last}" / "vcppo_state.json").is_file()
+
+
+@pytest.mark.parametrize("environment", [False, True])
+def test_tool_episodes_under_windows_advance_in_the_worker_one_window_ahead_and_resume_exactly(
+    tiny_config, tmp_path, environment
+):
+    """`tools` (or an `environment_factory`) with `generation_window` and `max_staleness=1`: the worker advances the
+    pool's episodes by a window (the scripted call, longer than a window, is cut and resumed there; the tool runs
+    there) while the update trains; a checkpoint holds the pool's episodes and the window sampled ahead (with their
+    environments), and the resumed run equals the uninterrupted one."""
+    overrides = dict(generation_window=24, kl_coef=0.0, max_steps=6, output_dir=str(tmp_path / "run"))
+    if environment:
+        overrides.update(tools=(), environment_factory=AddingEnvironment)
+    whole = _trainer(tiny_config, save_strategy="steps", save_steps=3, **overrides)
+    whole.train()
+    logs = step_logs(whole)
+    assert [logs[s]["sampling/staleness_max"] for s in sorted(logs)] == [0.0] + [1.0] * 5
+    assert [logs[s]["sample/token_staleness_mean"] for s in sorted(logs)] == [0.0] + [1.0] * 5
+    called = [e["tools/call_frequency"] for e in logs.values() if "tools/call_frequency" in e]
+    assert called and any(c > 0 for c in called)  # finished episodes that called `add` in the worker
+    assert any(e.get("rollout/windows_per_finished_mean", 1) > 1 for e in logs.values())  # across windows
+    if environment:  # each reward reads the instance that travelled with its episode: the calls it counted
+        assert all(
+            e["rewards/AddingEnvironment/mean"] == pytest.approx(e["tools/call_frequency"])
+            for e in logs.values()
+            if "tools/call_frequency" in e
+        )
+    rollout = whole.last_update.rollout
+    assert not (rollout.trained_tokens & ~rollout.action_tokens).any()  # tool tokens are never trained
+    saved = torch.load(tmp_path / "run" / "checkpoint-3" / "rollout_pool_0.pt", weights_only=False)
+    assert saved["ahead"]["episodes"] is not None and saved["slots"]  # the window ahead, as the worker returned it
+    resumed = _trainer(tiny_config, **overrides)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-3"))
+    after = {s: e for s, e in step_logs(resumed).items() if s > 3}
+    assert after == {s: e for s, e in logs.items() if s > 3} and len(after) == 3
+    assert all(torch.equal(a, b) for a, b in zip(weights(resumed), weights(whole)))

@@ -199,11 +199,10 @@ def test_an_environment_that_cannot_be_pickled_is_refused_at_save_time_naming_it
         trainer.train()
 
 
-def test_tools_under_a_window_still_refuse_the_vllm_server_and_the_rollout_worker(tiny_config):
+def test_tools_under_a_window_still_refuse_the_vllm_server(tiny_config):
     overrides = dict(response_length=RESPONSE_LENGTH, kl_coef=0.0, generation_window=24)
     for more, message in (
         (dict(use_vllm=True, vllm_mode="server"), r"`tools` cannot be combined with `vllm_mode='server'`.*as many"),
-        (dict(max_staleness=1), r"`tools` with `max_staleness` > 0 do not support `generation_window`.*worker"),
     ):
         with pytest.raises(ValueError, match=message):
             builders.tiny_trainer(

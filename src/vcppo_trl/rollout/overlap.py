@@ -203,6 +203,13 @@ class AheadOfTraining:
 
     @staticmethod
     def saved_generation(request: int, generated: Generated) -> dict[str, Any]:
+        if generated.samples is None:  # a request of episodes: their states, as the worker's program returned them
+            return {
+                "request": request,
+                "version": generated.version,
+                "seconds": generated.seconds,
+                "episodes": generated.episodes,
+            }
         samples = generated.samples
         tensors = (samples.response_ids, samples.response_mask, samples.has_stop, samples.logprobs)
         return {
@@ -359,6 +366,11 @@ class WindowAhead(AheadOfTraining):
     def submit_window(self, context_ids: torch.Tensor, context_mask: torch.Tensor, budget: int) -> None:
         """Queue the pool's next window (at most `budget` new tokens per response)."""
         self.pending = (self.submit(context_ids, context_mask, self.request_config(max_new_tokens=budget)), None)
+
+    def submit_episodes(self, payload: dict[str, Any]) -> None:
+        """Queue the pool's next window of tool episodes (the worker's episode program advances them by
+        `payload["budget"]` policy tokens each)."""
+        self.pending = (self.worker.submit_episodes(payload, self.request_config(), seed=self.next_seed()), None)
 
     def take_window(self) -> tuple[Generated, float]:
         request, generated = self.pending

@@ -188,11 +188,6 @@ def check_tools_under_overlap(
     if settings.max_staleness == 0:
         return
     refused = {
-        "generation_window": (
-            settings.generation_window is not None,
-            "a window's tool episodes would continue in the worker across updates, which is not built yet; "
-            "windows with tools run without overlap, and overlap with tools runs whole episodes",
-        ),
         "use_vllm": (
             use_vllm,
             "tool episodes on the worker's own vLLM engine are not tested yet; the worker runs them on HF generate",

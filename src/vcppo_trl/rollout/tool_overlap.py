@@ -97,6 +97,8 @@ class EpisodesInWorker:
 
     def __call__(self, generate: Callable, payload: dict[str, Any]) -> dict[str, Any]:
         episodes = [ToolEpisode.from_state(state) for state in payload["episodes"]]
+        # Whole episodes from their prompts' contexts, or (a generation window's) each resumed for `budget` tokens.
+        first = (payload["query_ids"], payload["query_mask"]) if "query_ids" in payload else None
         environments = payload.get("environments")
         row_tools = [self.loop.tools] * len(episodes)
         if environments is not None:  # each episode's environment, reset by the trainer: its methods are tools
@@ -104,12 +106,12 @@ class EpisodesInWorker:
             row_tools = [self.loop.environments.tools_of(instance) for instance in environments]
         self.loop.advance(
             episodes,
-            budget=self.loop.settings.response_length,
+            budget=payload.get("budget", self.loop.settings.response_length),
             generate=generate,
             any_process=bool,  # each process's worker runs its own episodes: no collective
             row_tools=row_tools,
             device=torch.device("cpu"),
-            first_contexts=(payload["query_ids"], payload["query_mask"]),
+            first_contexts=first,
         )
         return {
             "episodes": [episode.state_dict() for episode in episodes],

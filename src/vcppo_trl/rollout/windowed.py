@@ -6,17 +6,19 @@ is a tool episode advanced by one window of policy tokens ([`tool_window`])."""
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ..episodes import episode_counts, flag_on_any_process, sampler_turns
+from ..episodes import ToolEpisode, episode_counts, flag_on_any_process, sampler_turns
 from ..parallel.collectives import max_across_processes
 from ..sampling.seam import Samples, left_pad, right_pad, unpadded_prompts
 from .maker import GenerationStats, RolloutMaker, RolloutStats
 from .overlap import WindowAhead
 from .response_pool import ResponsePool, WindowStep
+from .tool_overlap import pickled_environments
 from .types import Rollout, WindowMarks
 
 
@@ -106,7 +108,12 @@ def make_window(
     device = maker.accelerator.device
     pad = maker.tokenizer.pad_token_id
     overlap = None
-    if ahead is not None:  # the worker sampled this window while the last update trained (or samples it now)
+    if ahead is not None and maker.tool_loop is not None:  # tool episodes the worker advanced by this window
+        if ahead.pending is None:
+            submit_tool_window(maker, pool, draw=draw, ahead=ahead)
+        generated, wait = ahead.take_window()
+        step, seconds, with_logprobs = take_tool_window(maker, pool, generated)
+    elif ahead is not None:  # the worker sampled this window while the last update trained (or samples it now)
         if ahead.pending is None:
             context_ids, context_mask, budget = next_window(maker, pool, draw=draw)
             ahead.submit_window(context_ids, context_mask, budget=budget)
@@ -164,9 +171,12 @@ def make_window(
     rollout, work = maker.complete(rows, scored, train_policy, window=WindowMarks(window_mask, finished))
     rollout.token_staleness = pool.token_staleness(rollout.response_mask)
     step = dataclasses.replace(step, in_flight=pool.release(step.finished))
-    if ahead is not None:  # the next window's contexts are known now: the worker samples it while this update trains
+    if ahead is not None and maker.tool_loop is not None:  # the next window's episodes go to the worker now
+        submit_tool_window(maker, pool, draw=draw, ahead=ahead)
+    elif ahead is not None:  # the next window's contexts are known now: the worker samples it while this update trains
         context_ids, context_mask, budget = next_window(maker, pool, draw=draw)
         ahead.submit_window(context_ids, context_mask, budget=budget)
+    if ahead is not None:
         overlap = ahead.stats(generated, wait, in_flight=1)
     generation = GenerationStats(seconds, step.new_tokens, getattr(maker.sampler, "sync_seconds", None))
     return rollout, RolloutStats(generation, work, reports=(step,) if overlap is None else (step, overlap))
@@ -185,25 +195,7 @@ def tool_window(
     sampler gave log-probs.
     """
     loop = maker.tool_loop
-    for slot in pool.slots:
-        if slot.episode is None:
-            raise ValueError(
-                "This checkpoint's pool holds responses without their tool episodes (saved by a run without "
-                "`tools`): resume it with its own settings."
-            )
-        if slot.environment is not None:  # a checkpoint's, unpickled: reused by the pool once its episode is over
-            loop.environments.adopt(slot.environment, slot.row)
-    started = []
-
-    def start(rows: list[dict[str, Any]]) -> list[list[int]]:
-        in_use = [slot.environment for slot in pool.slots if slot.environment is not None]
-        episodes, _, _, _, instances = loop.start(rows, maker.tokenize_prompts, environments_in_use=in_use)
-        started.extend(zip(episodes, instances or [None] * len(episodes)))
-        return [episode.prompt_ids for episode in episodes]
-
-    filled = pool.refill(draw, start)
-    for slot, (episode, instance) in zip(pool.slots[len(pool.slots) - filled :], started):
-        slot.episode, slot.environment = episode, instance
+    start_tool_episodes(maker, pool, draw, adopt=True)
     episodes = [slot.episode for slot in pool.slots]
     starts = [len(episode.completion_ids) for episode in episodes]
     generate, seconds = sampler_turns(maker.sampler, greedy=False, temperature=maker.settings.temperature)
@@ -218,12 +210,47 @@ def tool_window(
         ],
         device=maker.accelerator.device,
     )
+    return tool_step(maker, pool, starts), seconds[0], all(episode.logprobs is not None for episode in episodes)
+
+
+def start_tool_episodes(
+    maker: RolloutMaker, pool: ResponsePool, draw: Callable[[], list[dict[str, Any]]], *, adopt: bool
+) -> None:
+    """Refill the pool's free slots with new tool episodes (with `environment_factory`, each with its environment,
+    reset). `adopt`: the environments of episodes in flight (a checkpoint's, unpickled) join the pool of instances,
+    to be reused once their episodes are over (in this process; not for the copies a rollout worker sends back)."""
+    loop = maker.tool_loop
+    for slot in pool.slots:
+        if slot.episode is None:
+            raise ValueError(
+                "This checkpoint's pool holds responses without their tool episodes (saved by a run without "
+                "`tools`): resume it with its own settings."
+            )
+        if adopt and slot.environment is not None:
+            loop.environments.adopt(slot.environment, slot.row)
+    started = []
+
+    def start(rows: list[dict[str, Any]]) -> list[list[int]]:
+        in_use = [slot.environment for slot in pool.slots if slot.environment is not None]
+        episodes, _, _, _, instances = loop.start(rows, maker.tokenize_prompts, environments_in_use=in_use)
+        started.extend(zip(episodes, instances or [None] * len(episodes)))
+        return [episode.prompt_ids for episode in episodes]
+
+    filled = pool.refill(draw, start)
+    for slot, (episode, instance) in zip(pool.slots[len(pool.slots) - filled :], started):
+        slot.episode, slot.environment = episode, instance
+
+
+def tool_step(maker: RolloutMaker, pool: ResponsePool, starts: list[int]) -> WindowStep:
+    """The window's step once every slot's episode advanced (`starts`: each completion's length before it): each
+    slot's response is its episode's completion."""
+    episodes = [slot.episode for slot in pool.slots]
     for slot, episode in zip(pool.slots, episodes):
         slot.response_ids = list(episode.completion_ids)
         slot.sampler_logprobs = list(episode.logprobs or [])
         slot.windows += 1
     stops = maker.stop_token_ids
-    step = WindowStep(
+    return WindowStep(
         starts,
         finished=[episode.done for episode in episodes],
         has_stop=[
@@ -234,7 +261,36 @@ def tool_window(
         new_tokens=sum(episode.policy_tokens_since(start) for episode, start in zip(episodes, starts)),
         prefilled_tokens=sum(starts),
     )
-    return step, seconds[0], all(episode.logprobs is not None for episode in episodes)
+
+
+def submit_tool_window(
+    maker: RolloutMaker, pool: ResponsePool, *, draw: Callable[[], list[dict[str, Any]]], ahead: WindowAhead
+) -> None:
+    """Windows of tool episodes one update ahead (`tools`, `generation_window`, `max_staleness=1`): refill the pool and
+    send every slot's episode (and environment) to the worker, which advances them by the window
+    ([`~rollout.tool_overlap.EpisodesInWorker`]) while this update trains."""
+    start_tool_episodes(maker, pool, draw, adopt=False)
+    environments = [slot.environment for slot in pool.slots]
+    payload = {
+        "episodes": [slot.episode.state_dict() for slot in pool.slots],
+        "budget": pool.window,
+        "environments": None if environments[0] is None else pickled_environments(environments),
+    }
+    ahead.submit_episodes(payload)
+
+
+def take_tool_window(maker: RolloutMaker, pool: ResponsePool, generated) -> tuple[WindowStep, float, bool]:
+    """The worker's window of tool episodes (`generated`, submitted by [`submit_tool_window`]): each slot's episode and
+    environment as the worker left them, and the window's step."""
+    starts = [len(slot.episode.completion_ids) for slot in pool.slots]
+    returned = generated.episodes
+    instances = [None] * len(pool.slots)
+    if returned["environments"] is not None:
+        instances = pickle.loads(returned["environments"])
+    for slot, state, instance in zip(pool.slots, returned["episodes"], instances):
+        slot.episode, slot.environment = ToolEpisode.from_state(state), instance
+    episodes = [slot.episode for slot in pool.slots]
+    return tool_step(maker, pool, starts), generated.seconds, all(e.logprobs is not None for e in episodes)
 
 
 def next_window(
