@@ -16,6 +16,8 @@ LOADING_WORKER = os.path.join(DISTRIBUTED, "loading_worker.py")
 # One rank of the 2-process check of the rollout's split forwards (sequence parallelism).
 SP_ROLLOUT_WORKER = os.path.join(DISTRIBUTED, "sp_rollout_worker.py")
 TOOLS_WORKER = os.path.join(DISTRIBUTED, "tools_worker.py")
+# One rank of the 2-process DDP run of tool episodes in each rank's rollout worker (`max_staleness`).
+TOOL_OVERLAP_WORKER = os.path.join(DISTRIBUTED, "tool_overlap_worker.py")
 # One rank of the 2-process run with a `rollout_func` (DDP, ZeRO-3, FSDP2).
 ROLLOUT_FUNC_WORKER = os.path.join(DISTRIBUTED, "rollout_func_worker.py")
 # A group advantage estimator's advantages on 2 processes, against group_advantages of both ranks' scores.

@@ -17,6 +17,7 @@ from ...paths import (
     REPO,
     ROLLOUT_FUNC_WORKER,
     SP_ROLLOUT_WORKER,
+    TOOL_OVERLAP_WORKER,
     TOOLS_WORKER,
     WORKER,
 )
@@ -957,6 +958,21 @@ def test_tool_episodes_under_windows_keep_the_ranks_in_step(tmp_path):
     # Over the finished episodes: rank 1's (no call) from the first update, rank 0's (2 calls each) in the last.
     *earlier, last = [m["tools/call_frequency"] for m in r0["tools"]]
     assert last > 0 and not any(earlier)
+
+
+@pytest.mark.parametrize("window", [None, 24])
+def test_tool_episodes_in_each_ranks_rollout_worker(tmp_path, window):
+    """`tools=` with `max_staleness=1` on two DDP processes: each rank's rollout worker runs that rank's episodes (whole,
+    or a window ahead), the `add` calls happen in the workers, each rank scores its own prompts, the logged staleness
+    and tool metrics are the same on both ranks (over both ranks' episodes), and the ranks end with the same weights."""
+    _run_worker(TOOL_OVERLAP_WORKER, "ddp", [str(tmp_path)] + ([] if window is None else [str(window)]))
+    r0, r1 = (json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1))
+    assert r0["global_step"] == r1["global_step"] == 4
+    assert r0["policy_hash"] == r1["policy_hash"]
+    assert r0["staleness"] == r1["staleness"] == [0.0, 1.0, 1.0, 1.0]
+    assert r0["tools"] == r1["tools"]
+    assert any(m.get("tools/call_frequency", 0) > 0 for m in r0["tools"])  # calls made in the workers
+    assert r0["seen"] and r1["seen"] and not set(r0["seen"]) & set(r1["seen"])  # each rank its own prompts
 
 
 @pytest.mark.parametrize("launcher", ["ddp", "zero3", "fsdp2"])
