@@ -139,7 +139,7 @@ def local_tool(a: int) -> int:
     return a
 
 
-def test_what_tools_under_overlap_do_not_take_yet_is_refused_with_the_reason(tiny_config):
+def test_a_tool_or_factory_that_cannot_travel_to_the_worker_is_refused_naming_it(tiny_config):
     from vcppo_trl.rollout import check_tools_travel, check_tools_under_overlap
 
     def nested(a: int) -> int:
@@ -164,13 +164,7 @@ def test_what_tools_under_overlap_do_not_take_yet_is_refused_with_the_reason(tin
             types.SimpleNamespace(max_staleness=1, generation_window=None),
             tools=[add],
             environment_factory={"a": AddingEnvironment, "b": in_main},
-            use_vllm=False,
         )
-    for name, settings, more in (("use_vllm", dict(), dict(use_vllm=True)),):
-        config = types.SimpleNamespace(**{"max_staleness": 1, "generation_window": None, **settings})
-        keywords = {"use_vllm": False, **more}
-        with pytest.raises(ValueError, match=rf"do not support `{name}` yet \(.+\): drop `{name}`"):
-            check_tools_under_overlap(config, tools=[add], **keywords)
 
 
 @pytest.mark.parametrize("kill_after", [1, 2])

@@ -1160,6 +1160,47 @@ def test_an_environments_reset_text_that_overflows_vllms_context_is_a_clear_erro
         trainer.train()
 
 
+@pytest.mark.parametrize("window", [None, 32])
+def test_tool_episodes_under_overlap_run_on_the_workers_vllm_engine(tiny_config, window):
+    """`tools=[add]` with `max_staleness=1` on vLLM: the rollout worker runs the episodes (whole, or a window ahead) on
+    its own vLLM engine through the tool loop; every batch after the first is one update stale and the first one's
+    vLLM log-probs equal the training forward's. (The tiny random policy calls no tool on vLLM, and the scripted
+    policy that does is HF-only: calls in the worker are tested with HF generate, test_tool_overlap.py.)"""
+    from datasets import Dataset
+
+    from tests import builders
+    from vcppo_trl.toy.tool_use import add, build_tool_tokenizer
+
+    tokenizer = build_tool_tokenizer()
+    prompts = [[{"role": "user", "content": f"Add 2 and 3 ({i})."}] for i in range(64)]
+    trainer = builders.tiny_trainer(
+        model=_wide_policy(tokenizer),
+        processing_class=tokenizer,
+        reward_funcs=lambda completions, **kw: [float(len(c)) for c in completions],
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        tools=[add],
+        args=tiny_config(
+            use_vllm=True,
+            vllm_mode="colocate",
+            temperature=1.0,
+            response_length=128,
+            max_staleness=1,
+            kl_coef=0.0,
+            max_steps=3,
+            generation_window=window,
+        ),
+    )
+    trainer.train()
+    worker = trainer.rollouts.worker if window is None else trainer.rollouts.ahead.worker
+    assert worker.name == "vllm-worker"
+    logs = builders.step_logs(trainer)
+    assert [logs[s]["sampling/staleness_max"] for s in sorted(logs)] == [0.0, 1.0, 1.0]
+    assert logs[1]["sampling/sampling_logp_difference/max"] < LOGPROB_TOLERANCE  # same weights: vLLM's are exact
+    assert any("tools/call_frequency" in e for e in logs.values())  # the tool loop's episodes, scored
+    if window is not None:
+        assert all(e["rollout/window_tokens"] > 0 for e in logs.values())
+
+
 def test_server_overlap_benchmark_smoke():
     """benchmarks/server_overlap.py's code paths at T = 16 on its own CPU server: both sides train, the overlapped one
     a batch ahead, and the printed shares and speed-up follow from the printed seconds. No timing is asserted."""

@@ -179,26 +179,11 @@ def check_custom_sampling(settings: SourceSettings, what: str) -> None:
             raise ValueError(f"`{what}` cannot be combined with `{name}` yet ({why}): unset `{name}`.")
 
 
-def check_tools_under_overlap(
-    settings: SourceSettings, *, tools: list[Callable], environment_factory=None, use_vllm: bool
-) -> None:
-    """With `max_staleness` > 0, refuse what tool episodes in the rollout worker do not take yet, each with the reason,
-    and a tool or an environment factory that cannot travel to the worker process
-    ([`~rollout.tool_overlap.check_tools_travel`])."""
+def check_tools_under_overlap(settings: SourceSettings, *, tools: list[Callable], environment_factory=None) -> None:
+    """With `max_staleness` > 0, refuse a tool or an environment factory that cannot travel to the rollout worker
+    process, which runs the episodes ([`~rollout.tool_overlap.check_tools_travel`])."""
     if settings.max_staleness == 0:
         return
-    refused = {
-        "use_vllm": (
-            use_vllm,
-            "tool episodes on the worker's own vLLM engine are not tested yet; the worker runs them on HF generate",
-        ),
-    }
-    for name, (present, why) in refused.items():
-        if present:
-            raise ValueError(
-                f"`tools` with `max_staleness` > 0 do not support `{name}` yet ({why}): drop `{name}`, or set "
-                "max_staleness=0."
-            )
     factories = environment_factory if isinstance(environment_factory, dict) else {None: environment_factory}
     check_tools_travel(tools, [f for f in factories.values() if f is not None])
 

@@ -58,7 +58,6 @@ def check_rollout_func(
             SourceSettings.from_args(args),
             tools=list(tools or []),
             environment_factory=environment_factory,
-            use_vllm=args.use_vllm,
         )
     if args.use_vllm and what == "rollout_func":
         raise ValueError(
