@@ -80,7 +80,7 @@ class RolloutForwards:
         `compute_policy`), a window's bootstrap values, and the reference's log-probabilities when
         `compute_reference`. Returns what they took.
         """
-        window = rollout.finished is not None
+        window = not rollout.responses_are_whole
         with measured(ForwardWork(), self.accelerator.device) as work:
             if not window or bool(rollout.finished.all()):  # every response finished: nothing to bootstrap
                 plan = self.forward_plan(rollout)

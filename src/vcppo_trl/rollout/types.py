@@ -78,6 +78,12 @@ class Rollout:
         return self.finished
 
     @property
+    def responses_are_whole(self) -> bool:
+        """Whether every response was sampled and finished in this update (no row is a window's, or unfinished): a
+        prompt's samples are then all here, as a group."""
+        return self.finished is None
+
+    @property
     def action_tokens(self) -> torch.Tensor:
         """`[B, T]` bool: the policy's own response tokens (the response mask less tool and environment tokens)."""
         return self.response_mask if self.action_mask is None else self.response_mask & self.action_mask

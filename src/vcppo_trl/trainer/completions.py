@@ -96,7 +96,7 @@ def completion_table(update: UpdateRecord, reward_func_names: list[str], step: i
         rollout.values[:, 0].float().tolist() if rollout.values is not None else [float("nan")] * len(lengths)
     )
     table["length"] = lengths.tolist()
-    if rollout.finished is not None:
+    if not rollout.responses_are_whole:
         table["finished"] = finished.tolist()
     return table
 

@@ -57,7 +57,7 @@ def grpo_rollout_metrics(
     scored = raw[~torch.isnan(raw)]
     metrics["reward"] = float(scored.mean()) if scored.numel() else float("nan")
     metrics["reward_std"] = _nanstd(raw)
-    if rollout.finished is None:
+    if rollout.responses_are_whole:
         if num_generations > 1 and raw.numel() % num_generations == 0:
             groups = raw.view(-1, num_generations)
             zero = torch.tensor([_nanstd(g) == 0.0 for g in groups], dtype=torch.float64)  # nan (one score): not zero
