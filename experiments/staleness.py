@@ -238,6 +238,14 @@ def report(results_dir: str) -> str:
         if len(runs.get(a, [])) >= 2 and len(runs.get(b, [])) >= 2:
             diff, low, high = welch_interval([curve_mean(r) for r in runs[a]], [curve_mean(r) for r in runs[b]])
             lines.append(f"| {a} − {b} | {diff:+.3f} [{low:+.3f}, {high:+.3f}] |")
+    lines += ["", "## Each run's primary measure (seed: curve mean / end sampled / end greedy)", ""]
+    for name in CELLS:
+        per_seed = [
+            f"{r['seed']}: {curve_mean(r):.3f} / {final(r):.3f} / {r['final_eval_greedy']['accuracy']:.2f}"
+            for r in runs.get(name, [])
+        ]
+        if per_seed:
+            lines.append(f"- {name}: " + "; ".join(per_seed))
     lines += ["", "## What plan.md §4's rules read", ""]
     mde = minimum_detectable_effect(runs)
     lines.append(f"- Minimum detectable effect: {'not yet' if mde is None else f'{mde:.3f}'}.")
@@ -252,7 +260,9 @@ def report(results_dir: str) -> str:
             f"- Rule 2: slope at lr1 − slope at lrhalf: {a - b:+.4f} [{a - b - half:+.4f}, {a - b + half:+.4f}]."
         )
     if len(runs.get("null_s0_lr1", [])) >= 2 and len(runs.get("s0_lr1", [])) >= 2:
-        diff, low, high = welch_interval([final(r) for r in runs["null_s0_lr1"]], [final(r) for r in runs["s0_lr1"]])
+        # On the primary measure, as the MDE is (plan.md §4).
+        null, s0 = ([curve_mean(r) for r in runs[name]] for name in ("null_s0_lr1", "s0_lr1"))
+        diff, low, high = welch_interval(null, s0)
         inside = "inside" if mde is not None and abs(diff) < mde else "outside (or no MDE yet)"
         lines.append(f"- Rule 1 (c): null − s0_lr1: {diff:+.3f} [{low:+.3f}, {high:+.3f}], {inside} the MDE.")
     return "\n".join(lines) + "\n"
