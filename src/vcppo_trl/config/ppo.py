@@ -550,8 +550,10 @@ class PPOConfig(_BaseConfig, metaclass=_ConfigKeywords):
             "at most s policy updates after the weights that sampled it. Values, old and reference log-probs are "
             "computed by the trainer when a batch is consumed, and the sampler's log-probs weight the policy loss "
             "(vllm_importance_sampling_*). One worker per process (DDP and ZeRO-3 too), sampling with HF generate, "
-            "or with a vLLM engine of its own under use_vllm (colocate mode). With generation_window, 1 at most: "
-            "the worker samples the pool's next window while the update trains. See docs/rollout_windows.md."
+            "or with a vLLM engine of its own under use_vllm (colocate mode); in server mode the server samples ahead. "
+            "With tools, the worker runs the episodes. A generation older than the bound (after a resume with a "
+            "lower one) is dropped and counted. With generation_window, 1 at most: the worker samples the pool's "
+            "next window while the update trains. See docs/rollout_windows.md."
         },
     )
     rollout_worker_threads: int = field(
