@@ -50,8 +50,8 @@ def test_a_bad_tools_path_stops_before_any_model_is_built(tmp_path):
         ValueError, match=r"--tools 'vcppo_trl\.toy\.defaults:TOY_NUM_TRAIN' is an object of type int, not a function"
     ):
         main([*base, "--tools", "vcppo_trl.toy.defaults:TOY_NUM_TRAIN"])
-    with pytest.raises(ValueError, match=r"--tools 'vcppo_trl\.rollout:ToolLoop' is a class, not a function"):
-        main([*base, "--tools", "vcppo_trl.rollout:ToolLoop"])
+    with pytest.raises(ValueError, match=r"--tools 'vcppo_trl\.episodes:ToolLoop' is a class, not a function"):
+        main([*base, "--tools", "vcppo_trl.episodes:ToolLoop"])
     # The arithmetic toy's prompts are text; the tool toy's policy learned `add` alone.
     with pytest.raises(ValueError, match="Tools need chat prompts.*--toy_task tool_use"):
         main([*base, "--toy_task", "arithmetic", "--tools", "vcppo_trl.toy.tool_use:add"])
