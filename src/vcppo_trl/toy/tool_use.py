@@ -155,7 +155,7 @@ def evaluate_with_tools(
     seed: int = 0,
     batch_size: int = 100,
 ) -> dict[str, Any]:
-    """Held-out episodes run through the trainers' own tool loop ([`~rollout.ToolLoop`]) on `model.generate`: greedy
+    """Held-out episodes run through the trainers' own tool loop ([`~episodes.ToolLoop`]) on `model.generate`: greedy
     (`samples_per_prompt=0`) or that many samples at temperature 1 per prompt. Returns `accuracy`,
     `tool_call_rate` (episodes that called the tool), `length_mean` (the policy's own tokens per episode),
     `completion_tokens_mean` (tool results included), `num_episodes`, `accuracy_by_difficulty`, and the accuracy of
