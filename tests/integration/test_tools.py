@@ -79,18 +79,7 @@ def test_value_pretraining_learns_on_tool_episodes_with_the_policy_frozen(tiny_c
     assert changed  # the PPO update moved it (the phase alone would not: its metric lines say lr 0 for the policy)
 
 
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        (
-            dict(max_staleness=1, generation_window=64, kl_coef=0.0),
-            "`tools` with `max_staleness` > 0 do not support `generation_window`",
-        ),
-    ],
-)
-def test_what_tools_cannot_be_combined_with_is_refused(tiny_config, overrides, message):
-    with pytest.raises(ValueError, match=message):
-        _trainer(tiny_config, builders.length_reward, **overrides)
+def test_tools_and_a_rollout_func_together_are_refused(tiny_config):
     with pytest.raises(ValueError, match="not both"):
         builders.tiny_trainer(
             processing_class=chat_tokenizer(), args=tiny_config(), tools=[add], rollout_func=lambda p, t: {}
